@@ -1,0 +1,396 @@
+"""A deterministic causal-LM training loop for pre-training and supervised fine-tuning.
+
+`train(model, examples, steps=...)` runs `steps` optimizer steps over `forgetlab.data.EncodedExample`s
+(labels −100 where no loss is taken: prompt tokens of task pairs; labels = input_ids for plain text) with
+
+- the causal-LM loss: mean cross-entropy of the token at position i+1 predicted from positions ≤ i, over the
+  positions whose label is not −100;
+- batches shuffled by a `torch.Generator` seeded with `seed` (same seed, same batches, same weights);
+- AdamW or MoFO (`forgetlab.train.mofo.MoFO`, METHODS.md "MoFO"), an optional linear warm-up followed by a
+  cosine decay to 0 (or a constant rate), gradient clipping to norm 1.0;
+- the training-time fixes of METHODS.md: SFA averaging θ ← (1 − β)·θ + β·θo every ⌈p·T⌉ steps and at the end,
+  and the L1/L2-to-init penalties l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (θo = the weights at the start of the run);
+- a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of METHODS.md and whatever
+  `eval_fn(model, step)` returns.
+
+A non-finite loss or gradient stops the run: the weights are put back to the last ones that gave a finite
+loss and `forgetlab.errors.TrainingError` is raised (its `.result` holds the run up to that point).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import ParameterError, TrainingError, check_fraction
+from forgetlab.progress import Progress, report
+
+OPTIMIZERS = ("adamw", "mofo", "sgd")
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass
+class TrainResult:
+    """What a training run did: per-step losses and learning rates, periodic records, its settings.
+
+    `history` holds one dict per record (`step`, `distance` = D(θ, θo), plus the keys of `eval_fn`);
+    `averaged_at` lists the steps after which SFA averaged the weights; `stopped` is None for a run that
+    finished, else the reason it stopped.
+    """
+
+    steps: int
+    completed_steps: int = 0
+    losses: list[float] = field(default_factory=list)
+    penalties: list[float] = field(default_factory=list)
+    lrs: list[float] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
+    averaged_at: list[int] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    stopped: Optional[str] = None
+
+    @property
+    def final_loss(self) -> float:
+        """The training loss of the last completed step (NaN when no step was taken)."""
+        return self.losses[-1] if self.losses else float("nan")
+
+    def loss_frame(self) -> pd.DataFrame:
+        """One row per completed step: `step` (1-based), `loss` (task loss), `penalty`, `lr`."""
+        n = len(self.losses)
+        return pd.DataFrame(
+            {
+                "step": list(range(1, n + 1)),
+                "loss": self.losses,
+                "penalty": self.penalties[:n] if self.penalties else [0.0] * n,
+                "lr": self.lrs[:n],
+            }
+        )
+
+    def history_frame(self) -> pd.DataFrame:
+        """One row per record (step 0, every `eval_every` steps, the last step) with its flattened values."""
+        rows = [_flatten(h) for h in self.history]
+        return pd.DataFrame(rows)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Per-step losses joined with the periodic records on `step` (step 0 holds the initial record)."""
+        losses = self.loss_frame()
+        hist = self.history_frame()
+        if hist.empty:
+            return losses
+        return pd.merge(losses, hist, on="step", how="outer").sort_values("step").reset_index(drop=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `TrainResult.from_dict`)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainResult":
+        """Rebuild a result saved with `to_dict`."""
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, prefix=f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def lr_factor(step: int, steps: int, warmup: int = 0, schedule: str = "cosine") -> float:
+    """Multiplier of the base learning rate for the step with 0-based index `step` out of `steps`.
+
+    Linear warm-up: (step + 1) / warmup for step < warmup. Then `"cosine"`: ½·(1 + cos(π·s / S)) with
+    s = step − warmup and S = steps − warmup (the first step after warm-up gets the full rate, the rate
+    approaches 0 at the end); `"constant"`: 1.
+    """
+    if step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    span = max(1, steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / span))
+
+
+def sfa_interval(steps: int, p: float) -> int:
+    """The SFA averaging period ⌈p·T⌉ steps (at least 1) for a run of T = `steps` steps."""
+    return max(1, math.ceil(p * steps - 1e-9))
+
+
+def sfa_average_(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], beta: float) -> None:
+    """In place: θ ← (1 − β)·θ + β·θo for every parameter θ and its anchor θo (METHODS.md "SFA")."""
+    with torch.no_grad():
+        for p, p0 in zip(params, anchors):
+            p.mul_(1.0 - beta).add_(p0.to(device=p.device, dtype=p.dtype), alpha=beta)
+
+
+def add_penalty_grad_(
+    params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], l1: float, l2: float
+) -> float:
+    """Add the gradient of l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² to each `.grad`; return the penalty's value.
+
+    The gradient is l1·sign(θ − θo) + l2·(θ − θo) (the sub-gradient 0 where θ = θo), added in place so the
+    penalty costs no extra autograd graph.
+    """
+    total = 0.0
+    with torch.no_grad():
+        for p, p0 in zip(params, anchors):
+            diff = p.detach() - p0.to(device=p.device, dtype=p.dtype)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            if l2:
+                p.grad.add_(diff, alpha=l2)
+                total += 0.5 * l2 * float(diff.double().pow(2).sum())
+            if l1:
+                p.grad.add_(torch.sign(diff), alpha=l1)
+                total += l1 * float(diff.double().abs().sum())
+    return total
+
+
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of labels[:, 1:] predicted by logits[:, :-1], over labels ≠ −100 (in float32)."""
+    shift_logits = logits[:, :-1, :].float()
+    shift_labels = labels[:, 1:]
+    return torch.nn.functional.cross_entropy(
+        shift_logits.reshape(-1, shift_logits.shape[-1]), shift_labels.reshape(-1), ignore_index=-100
+    )
+
+
+def make_optimizer(
+    model: torch.nn.Module,
+    name: str,
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    weight_decay: float = 0.0,
+    fraction: float = 0.2,
+) -> torch.optim.Optimizer:
+    """Build the optimizer `name` ("adamw", "mofo" or "sgd") over the model's trainable parameters."""
+    key = str(name).lower()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if key == "adamw":
+        return torch.optim.AdamW([p for _, p in named], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if key == "mofo":
+        from forgetlab.train.mofo import MoFO
+
+        return MoFO(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fraction=fraction)
+    if key == "sgd":
+        return torch.optim.SGD([p for _, p in named], lr=lr, weight_decay=weight_decay)
+    raise ParameterError(f"Unknown optimizer {name!r}. Choose one of: {', '.join(OPTIMIZERS)}.")
+
+
+def _usable(examples: Sequence[Any]) -> list[Any]:
+    """The examples with at least one loss position after the first token (others carry no signal)."""
+    out = []
+    for ex in examples:
+        labels = list(ex.labels)
+        if len(labels) != len(ex.input_ids):
+            raise ParameterError(
+                f"An example has {len(ex.input_ids)} input ids but {len(labels)} labels; "
+                "encode it with forgetlab.data.encode_pairs or encode_text."
+            )
+        if any(lab != -100 for lab in labels[1:]):
+            out.append(ex)
+    return out
+
+
+class _Batches:
+    """Endless shuffled batches: a fresh permutation from a seeded generator every epoch."""
+
+    def __init__(self, n: int, batch_size: int, seed: int):
+        self.n = n
+        self.batch_size = batch_size
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.order: list[int] = []
+
+    def next(self) -> list[int]:
+        if len(self.order) < min(self.batch_size, self.n):
+            self.order = self.order + torch.randperm(self.n, generator=self.gen).tolist()
+        batch, self.order = self.order[: self.batch_size], self.order[self.batch_size :]
+        return batch
+
+
+def _distance(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
+    from forgetlab.taskvec import distance
+
+    return float(distance([p.detach() for p in params], list(anchors)))
+
+
+def train(
+    model: torch.nn.Module,
+    examples: Sequence[Any],
+    *,
+    steps: int,
+    batch_size: int = 8,
+    lr: float = 1e-3,
+    optimizer: str = "adamw",
+    weight_decay: float = 0.0,
+    fraction: float = 0.2,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    warmup: int = 0,
+    schedule: str = "cosine",
+    clip: Optional[float] = 1.0,
+    seed: int = 0,
+    sfa_p: Optional[float] = None,
+    sfa_beta: float = 0.5,
+    l1: float = 0.0,
+    l2: float = 0.0,
+    eval_every: Optional[int] = None,
+    eval_fn: Optional[Callable[[torch.nn.Module, int], dict]] = None,
+    record_distance: bool = True,
+    pad_id: int = 0,
+    device: Optional[str | torch.device] = None,
+    progress: Progress = None,
+) -> TrainResult:
+    """Train `model` in place for `steps` optimizer steps on `examples`; return a `TrainResult`.
+
+    Loss: the causal-LM cross-entropy on positions whose label ≠ −100, plus the L1/L2-to-init penalties
+    l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (METHODS.md "SFA" baselines). Optimizer: "adamw", "mofo" (update fraction
+    `fraction`, METHODS.md "MoFO") or "sgd". Learning rate: `lr` times `lr_factor` (linear warm-up over
+    `warmup` steps, then cosine decay or constant). Gradients are clipped to norm `clip` (None: no clipping).
+    SFA: with `sfa_p` set, θ ← (1 − β)·θ + β·θo after every ⌈p·T⌉-th step and after the last one
+    (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) and `eval_fn(model,
+    step)`, with the model in eval mode. Batches are drawn from a generator seeded with `seed`; dropout uses
+    a forked RNG seeded likewise, so the same call gives the same weights.
+    """
+    from forgetlab.data import collate
+
+    steps = int(steps)
+    if steps < 1:
+        raise ParameterError(f"steps must be a positive integer; got {steps}.")
+    if int(batch_size) < 1:
+        raise ParameterError(f"batch_size must be a positive integer; got {batch_size}.")
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ParameterError(f"lr must be a positive number; got {lr}.")
+    if warmup < 0 or warmup > steps:
+        raise ParameterError(f"warmup must lie in [0, steps={steps}]; got {warmup}.")
+    if schedule not in SCHEDULES:
+        raise ParameterError(f"Unknown schedule {schedule!r}. Choose one of: {', '.join(SCHEDULES)}.")
+    check_fraction("fraction", fraction)
+    if sfa_p is not None:
+        sfa_p = float(sfa_p)
+        if not (0.0 < sfa_p <= 1.0):
+            raise ParameterError(f"sfa_p must lie in (0, 1]; got {sfa_p}. 0.25 averages 4 times per run.")
+        check_fraction("sfa_beta", sfa_beta)
+    if l1 < 0 or l2 < 0:
+        raise ParameterError(f"l1 and l2 must be ≥ 0; got l1={l1}, l2={l2}.")
+    if eval_every is not None and int(eval_every) < 1:
+        raise ParameterError(f"eval_every must be a positive integer or None; got {eval_every}.")
+    if len(examples) == 0:
+        raise TrainingError("No training data: the example list is empty. Give the task some training pairs.")
+    usable = _usable(examples)
+    if not usable:
+        raise TrainingError(
+            "No training data with a loss: every example has all its labels set to -100 (no answer tokens). "
+            "Check the task's answers or raise max_length so the answers are not cut off."
+        )
+
+    if device is not None:
+        model.to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ParameterError("The model has no trainable parameters (all have requires_grad=False).")
+    dev = params[0].device
+
+    settings = dict(
+        steps=steps, batch_size=int(batch_size), lr=float(lr), optimizer=str(optimizer).lower(),
+        weight_decay=float(weight_decay), fraction=float(fraction), betas=list(betas), eps=float(eps),
+        warmup=int(warmup), schedule=schedule, clip=clip, seed=int(seed), sfa_p=sfa_p,
+        sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), eval_every=eval_every,
+        n_examples=len(examples), n_used=len(usable),
+    )
+    result = TrainResult(steps=steps, settings=settings)
+    opt = make_optimizer(model, optimizer, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                         fraction=fraction)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup, schedule))
+
+    anchors = [p.detach().clone() for p in params]          # θo: the weights at the start of the run
+    last_good = [p.detach().clone() for p in params]        # weights that last gave a finite loss
+    period = sfa_interval(steps, sfa_p) if sfa_p is not None else None
+    batches = _Batches(len(usable), int(batch_size), seed)
+    good_after = [0]                                         # how many steps had been taken by last_good
+    was_training = model.training
+    start = time.perf_counter()
+
+    def record(step: int) -> None:
+        entry: dict[str, Any] = {"step": step}
+        if record_distance:
+            entry["distance"] = _distance(params, anchors)
+        if eval_fn is not None:
+            model.eval()
+            with torch.no_grad():
+                extra = eval_fn(model, step) or {}
+            entry.update(extra)
+        model.train()
+        result.history.append(entry)
+
+    def fail(step: int, what: str) -> None:
+        with torch.no_grad():
+            for p, g in zip(params, last_good):
+                p.copy_(g)
+        result.stopped = f"{what} at step {step}"
+        result.seconds = time.perf_counter() - start
+        model.train(was_training)
+        err = TrainingError(
+            f"Training stopped: {what} at step {step} of {steps} (lr={lr}, optimizer={optimizer}). The model "
+            f"was restored to the last weights that gave a finite loss (after {good_after[0]} steps). "
+            "Lower the learning rate, add warm-up, or check the data."
+        )
+        err.result = result  # type: ignore[attr-defined]
+        raise err
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(seed))
+            model.train()
+            if eval_every is not None or eval_fn is not None:
+                record(0)
+            for i in range(steps):
+                step = i + 1
+                batch = collate([usable[j] for j in batches.next()], pad_id)
+                batch = {k: v.to(dev) for k, v in batch.items()}
+                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                loss = causal_lm_loss(out.logits, batch["labels"])
+                if not torch.isfinite(loss):
+                    fail(step, "the loss became NaN/inf")
+                with torch.no_grad():
+                    for p, g in zip(params, last_good):
+                        g.copy_(p)
+                good_after[0] = i
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                penalty = add_penalty_grad_(params, anchors, l1, l2) if (l1 or l2) else 0.0
+                if clip is not None:
+                    norm = torch.nn.utils.clip_grad_norm_(params, float(clip))
+                else:
+                    norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params if p.grad is not None))
+                if not torch.isfinite(norm):
+                    fail(step, "the gradient became NaN/inf")
+                result.lrs.append(float(opt.param_groups[0]["lr"]))
+                opt.step()
+                sched.step()
+                if period is not None and (step % period == 0 or step == steps):
+                    sfa_average_(params, anchors, sfa_beta)
+                    result.averaged_at.append(step)
+                result.losses.append(float(loss.detach()))
+                result.penalties.append(float(penalty))
+                result.completed_steps = step
+                if eval_every is not None and (step % int(eval_every) == 0 or step == steps):
+                    record(step)
+                elif eval_every is None and eval_fn is not None and step == steps:
+                    record(step)
+                report(progress, step / steps, f"step {step}/{steps} · loss {result.losses[-1]:.4f}")
+    finally:
+        model.train(was_training)
+        result.seconds = time.perf_counter() - start
+    return result
