@@ -1,0 +1,194 @@
+"""Long jobs in background threads: one copy per key, progress kept, results survive page switches/reloads.
+
+Design (chosen over st.fragment-only execution): a job runs in a daemon thread and is held in a
+process-wide registry (`REGISTRY`, a module-level `JobRegistry`), keyed by a string that names everything
+the result depends on (e.g. `job_key("merge", output_dir)`). Hence:
+
+- a second click — in the same or another browser session — finds the running job and attaches to it
+  instead of starting a second copy (the start is atomic under a lock);
+- the user may switch pages while it runs; coming back (or reloading the page, which opens a new
+  session) shows its progress and then its result, because the registry outlives sessions;
+- a job is cancelled by a flag that its progress callback checks: the next `progress(...)` call raises
+  `JobCancelled` inside the job, so the core's atomic outputs clean up after themselves.
+
+The job function never touches streamlit: it is `fn(progress) -> result`. `run_once()` draws the state
+with an auto-refreshing `st.fragment(run_every=...)` and returns the result once it is there.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import streamlit as st
+
+from forgetlab.ui.errors import render_error
+
+RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
+
+
+class JobCancelled(Exception):
+    """Raised inside a job's thread by its progress callback once the user asked to cancel it."""
+
+
+@dataclass
+class Job:
+    """One background job: its state, latest progress, and result or error."""
+
+    key: str
+    label: str
+    status: str = RUNNING
+    fraction: float = 0.0
+    message: str = ""
+    result: Any = None
+    error: BaseException | None = None
+    traceback: str = ""
+    started: float = field(default_factory=time.time)
+    finished: float | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    @property
+    def running(self) -> bool:
+        return self.status == RUNNING
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """The callback handed to the job function: records progress; raises JobCancelled when cancelled."""
+        if self._cancel.is_set():
+            raise JobCancelled(f"{self.label} was cancelled.")
+        self.fraction = min(1.0, max(0.0, float(fraction)))
+        self.message = message
+
+    def cancel(self) -> None:
+        """Ask the job to stop at its next progress report."""
+        self._cancel.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job ends (or `timeout` seconds pass); True if it ended."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return not self.running
+
+
+class JobRegistry:
+    """Process-wide table of jobs by key; `start` is atomic, so one key never has two running copies."""
+
+    def __init__(self, keep_finished: int = 64):
+        self._jobs: dict[str, Job] = {}
+        self._lock = threading.Lock()
+        self.keep_finished = keep_finished
+
+    def get(self, key: str) -> Job | None:
+        """The job stored under `key` (running or finished), or None."""
+        with self._lock:
+            return self._jobs.get(key)
+
+    def start(self, key: str, fn: Callable[[Callable[[float, str], None]], Any], *, label: str = "",
+              restart: bool = True) -> tuple[Job, bool]:
+        """Start `fn(progress)` under `key` unless a job with that key is running; returns (job, started).
+
+        A finished job under the same key is replaced when `restart` is true, else returned as it is.
+        """
+        with self._lock:
+            old = self._jobs.get(key)
+            if old is not None and (old.running or not restart):
+                return old, False
+            job = Job(key=key, label=label or key)
+            thread = threading.Thread(target=self._run, args=(job, fn), name=f"forgetlab-job-{key[:40]}",
+                                      daemon=True)
+            job._thread = thread
+            self._jobs[key] = job
+            self._prune()
+        thread.start()
+        return job, True
+
+    def forget(self, key: str) -> None:
+        """Drop a finished job (a running one is kept: cancel it first)."""
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is not None and not job.running:
+                del self._jobs[key]
+
+    def jobs(self) -> list[Job]:
+        """All jobs, newest first."""
+        with self._lock:
+            return sorted(self._jobs.values(), key=lambda j: j.started, reverse=True)
+
+    def _prune(self) -> None:
+        finished = sorted((j for j in self._jobs.values() if not j.running), key=lambda j: j.started)
+        for job in finished[: max(0, len(finished) - self.keep_finished)]:
+            del self._jobs[job.key]
+
+    @staticmethod
+    def _run(job: Job, fn: Callable) -> None:
+        try:
+            result = fn(job.progress)
+        except JobCancelled:
+            job.status = CANCELLED
+        except BaseException as exc:  # noqa: BLE001 - stored and shown on the page
+            job.error, job.traceback, job.status = exc, traceback.format_exc(), FAILED
+        else:
+            job.result, job.fraction, job.status = result, 1.0, DONE
+        finally:
+            job.finished = time.time()
+
+
+REGISTRY = JobRegistry()
+
+
+def job_key(*parts: Any) -> str:
+    """A stable key from the things a result depends on: readable prefix + hash of all parts (JSON)."""
+    blob = json.dumps(parts, sort_keys=True, default=str)
+    head = str(parts[0]) if parts else "job"
+    return f"{head}-{hashlib.sha1(blob.encode()).hexdigest()[:16]}"
+
+
+def _draw_running(job: Job, *, cancellable: bool) -> None:
+    elapsed = time.time() - job.started
+    text = f"{job.label} — {job.message}" if job.message else job.label
+    st.progress(job.fraction, text=f"{text} ({elapsed:.0f} s)")
+    if cancellable and st.button("Cancel", key=f"cancel-{job.key}"):
+        job.cancel()
+        st.toast(f"Cancelling {job.label}…")
+
+
+def run_once(key: str, fn: Callable[[Callable[[float, str], None]], Any], *, start: bool, label: str = "",
+             cancellable: bool = True, refresh: float = 0.5, registry: JobRegistry | None = None) -> Any:
+    """Run `fn(progress)` once per `key` in the background and draw its state; return its result when done.
+
+    `start` is typically the value of an st.button: True starts the job unless one with this key is running
+    (then it attaches, with an st.info saying so). While it runs, a fragment refreshes the progress bar every
+    `refresh` seconds and reruns the page when the job ends. Returns the result of a finished job (also
+    after page switches and reloads), or None while running / after a failure (shown) / cancellation.
+    """
+    reg = registry or REGISTRY
+    if start:
+        job, started = reg.start(key, fn, label=label)
+        if not started:
+            st.info(f"{job.label} is already running (started {time.time() - job.started:.0f} s ago, "
+                    "perhaps from another tab); showing its progress instead of starting a second copy.")
+    else:
+        job = reg.get(key)
+    if job is None:
+        return None
+    if job.running:
+        @st.fragment(run_every=refresh)
+        def _poll() -> None:
+            if job.running:
+                _draw_running(job, cancellable=cancellable)
+            else:  # ended since the page was drawn: redraw the page so it shows the result
+                st.rerun(scope="app")
+
+        _poll()
+        return None
+    if job.status == DONE:
+        return job.result
+    if job.status == CANCELLED:
+        st.info(f"{job.label} was cancelled; nothing was saved. Start it again to rerun.")
+        return None
+    render_error(job.error, job.traceback)
+    return None
