@@ -81,14 +81,21 @@ def default_pool_path() -> str | None:
 
 
 def pool_path() -> str | None:
-    """The pool.yaml path chosen in the sidebar (session state), or `default_pool_path()`."""
-    chosen = st.session_state.get(POOL_KEY)
-    return str(chosen) if chosen else default_pool_path()
+    """The pool.yaml path chosen in the sidebar (session state); `default_pool_path()` if none was chosen.
+
+    An explicit "no pool" choice (the user picked "own pool.yaml" but gave no path) gives None.
+    """
+    if POOL_KEY in st.session_state:
+        chosen = st.session_state[POOL_KEY]
+        return str(chosen) if chosen else None
+    return default_pool_path()
 
 
 def set_pool_path(path: str | os.PathLike | None) -> None:
-    """Choose the pool for this browser session (None: back to the default)."""
-    if path is None:
-        st.session_state.pop(POOL_KEY, None)
-    else:
-        st.session_state[POOL_KEY] = str(Path(path).expanduser())
+    """Choose the pool for this browser session; None chooses "no pool" explicitly."""
+    st.session_state[POOL_KEY] = str(Path(path).expanduser()) if path else ""
+
+
+def reset_pool_choice() -> None:
+    """Forget the session's pool choice: `pool_path()` falls back to `default_pool_path()`."""
+    st.session_state.pop(POOL_KEY, None)

@@ -1,0 +1,163 @@
+"""Reopen and compare saved runs: generic figures from a run's results table, labels, downloads.
+
+Every run saved by `forgetlab.workspace.save_run` has a recipe and (for tabular results) a results.csv.
+A kind may register its own reopener (`register_reopener(kind, fn)`, fn(SavedRun) -> list[go.Figure]);
+otherwise the figures are drawn from the table by shape:
+
+- a numeric sweep column (alpha, ratio, keep, density, step, …) → one line chart per metric, a line per
+  series (model / method / task / … column), coloured with `forgetlab.plots.color_for`;
+- `layer` + `module` (or `level`) columns → a heatmap of the first metric;
+- otherwise → grouped bars of each metric per row label.
+Comparing runs stacks their tables with a `run` column and draws the same figures with a line per run.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from forgetlab.plots import color_for
+
+SWEEP_COLUMNS = ("alpha", "ratio", "keep", "density", "drop", "lam", "gamma", "step", "steps", "epoch", "x",
+                 "point", "budget")
+SERIES_COLUMNS = ("run", "model", "method", "task", "series", "curve", "variant", "optimizer", "level", "name",
+                  "metric_name")
+ID_COLUMNS = ("seed", "index", "Unnamed: 0")
+MAX_FIGURES = 6
+
+_REOPENERS: dict[str, Callable] = {}
+
+
+def register_reopener(kind: str, fn: Callable) -> None:
+    """Use `fn(run) -> list[go.Figure]` to redraw runs of `kind` (a page's own charts) on the Runs page."""
+    _REOPENERS[kind] = fn
+
+
+def run_label(run) -> str:
+    """A short label for a run: its kind and creation time (plus the id suffix that makes it unique)."""
+    stamp = time.strftime("%m-%d %H:%M:%S", time.localtime(run.created))
+    return f"{run.kind} {stamp} ({run.id[-6:]})"
+
+
+def _numeric(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if pd.api.types.is_numeric_dtype(frame[c]) and c not in ID_COLUMNS]
+
+
+def sweep_column(frame: pd.DataFrame) -> str | None:
+    """The column along which the run swept (first of SWEEP_COLUMNS that is numeric), or None."""
+    numeric = set(_numeric(frame))
+    return next((c for c in SWEEP_COLUMNS if c in numeric), None)
+
+
+def series_columns(frame: pd.DataFrame) -> list[str]:
+    """Categorical columns that name a series (model, method, task…), in SERIES_COLUMNS order."""
+    return [c for c in SERIES_COLUMNS if c in frame.columns and not pd.api.types.is_numeric_dtype(frame[c])]
+
+
+def metric_columns(frame: pd.DataFrame) -> list[str]:
+    """Numeric columns that are measurements (not the sweep axis, a layer index or an id)."""
+    skip = {sweep_column(frame), "layer", "head"}
+    return [c for c in _numeric(frame) if c not in skip]
+
+
+def _series_names(frame: pd.DataFrame, cols: list[str]) -> pd.Series:
+    if not cols:
+        return pd.Series(["all"] * len(frame), index=frame.index)
+    return frame[cols].astype(str).agg(" · ".join, axis=1)
+
+
+def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
+    """Generic figures for a results table (see the module docstring for the rules)."""
+    if frame is None or frame.empty:
+        return []
+    metrics = metric_columns(frame)[:MAX_FIGURES]
+    if not metrics:
+        return []
+    x = sweep_column(frame)
+    series_cols = series_columns(frame)
+    names = _series_names(frame, series_cols)
+    figs = []
+    if x is not None:
+        for m in metrics:
+            fig = go.Figure()
+            for name in dict.fromkeys(names):
+                part = frame[names == name].sort_values(x)
+                colour_key = name.split(" · ")[0]
+                fig.add_trace(go.Scatter(x=part[x], y=part[m], mode="lines+markers", name=name,
+                                         line={"color": color_for(colour_key)},
+                                         marker={"color": color_for(colour_key)}))
+            fig.update_layout(title=f"{title} {m} vs {x}".strip(), xaxis_title=x, yaxis_title=m,
+                              height=360, margin={"t": 50, "b": 40, "l": 50, "r": 10})
+            figs.append(fig)
+        return figs
+    level_col = "module" if "module" in frame.columns else ("level" if "level" in frame.columns else None)
+    if "layer" in frame.columns and level_col is not None and "run" not in frame.columns:
+        m = metrics[0]
+        table = frame.pivot_table(index="layer", columns=level_col, values=m, aggfunc="mean")
+        fig = go.Figure(go.Heatmap(z=table.values, x=[str(c) for c in table.columns],
+                                   y=[str(i) for i in table.index], colorscale="Viridis", colorbar={"title": m}))
+        fig.update_layout(title=f"{title} {m} per layer × {level_col}".strip(), xaxis_title=level_col,
+                          yaxis_title="layer", height=420, margin={"t": 50, "b": 40, "l": 50, "r": 10})
+        return [fig]
+    row_cols = [c for c in series_cols if c != "run"] or [c for c in frame.columns if c not in metrics][:1]
+    rows = _series_names(frame, row_cols) if row_cols else pd.Series(frame.index.astype(str), index=frame.index)
+    groups = frame["run"].astype(str) if "run" in frame.columns else pd.Series(["value"] * len(frame),
+                                                                                index=frame.index)
+    for m in metrics:
+        fig = go.Figure()
+        for g in dict.fromkeys(groups):
+            sel = groups == g
+            colours = [color_for(g if "run" in frame.columns else r) for r in rows[sel]]
+            fig.add_trace(go.Bar(x=rows[sel], y=frame.loc[sel, m], name=g, marker={"color": colours}))
+        fig.update_layout(title=f"{title} {m}".strip(), barmode="group", yaxis_title=m, height=360,
+                          showlegend="run" in frame.columns, margin={"t": 50, "b": 40, "l": 50, "r": 10})
+        figs.append(fig)
+    return figs
+
+
+def run_figures(run) -> list[go.Figure]:
+    """The charts of one saved run: its kind's registered reopener, else `figures_from_frame`."""
+    fn = _REOPENERS.get(run.kind)
+    if fn is not None:
+        return list(fn(run))
+    return figures_from_frame(run.frame(), title=run.kind)
+
+
+def compare_frame(runs) -> pd.DataFrame:
+    """The results tables of several runs stacked, with a `run` column holding `run_label(run)`."""
+    parts = []
+    for run in runs:
+        frame = run.frame()
+        if frame is not None and not frame.empty:
+            parts.append(frame.assign(run=run_label(run)))
+    if not parts:
+        return pd.DataFrame()
+    out = pd.concat(parts, ignore_index=True)
+    return out[["run", *[c for c in out.columns if c != "run"]]]
+
+
+def compare_figures(runs) -> list[go.Figure]:
+    """Figures with one line (or bar group) per run, for runs of the same kind."""
+    kinds = {r.kind for r in runs}
+    if len(kinds) != 1:
+        return []
+    return figures_from_frame(compare_frame(runs), title=f"{next(iter(kinds))}:")
+
+
+def figure_html(fig: go.Figure) -> str:
+    """A standalone HTML file of the figure (plotly.js embedded, so it opens offline)."""
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def runs_table(runs) -> pd.DataFrame:
+    """One row per run: id, kind, created (local time), the recipe's main settings, folder."""
+    rows = []
+    for run in runs:
+        recipe = {k: v for k, v in run.recipe.items() if k not in ("kind", "created", "versions")}
+        summary = ", ".join(f"{k}={v}" for k, v in list(recipe.items())[:4] if not isinstance(v, (dict, list)))
+        rows.append({"id": run.id, "kind": run.kind,
+                     "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created)),
+                     "settings": summary, "folder": str(run.path)})
+    return pd.DataFrame(rows, columns=["id", "kind", "created", "settings", "folder"])
