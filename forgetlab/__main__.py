@@ -1,0 +1,6 @@
+"""`python -m forgetlab` runs the CLI."""
+import sys
+
+from forgetlab.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+"""`forgetlab ...`: every job the app runs, headless.
+
+Each area adds a module to `forgetlab/commands/` with `register(subparsers)`; its parsers set `func`.
+A ForgetlabError ends the command with exit status 2 and its message on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+import forgetlab.commands
+from forgetlab import __version__
+from forgetlab.errors import ForgetlabError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every command module's subcommands."""
+    parser = argparse.ArgumentParser(
+        prog="forgetlab",
+        description="Study catastrophic forgetting and model merging: inspect checkpoints, task vectors, "
+                    "evaluations, merges, linearity, sweeps and fine-tunes.",
+    )
+    parser.add_argument("--version", action="version", version=f"forgetlab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(forgetlab.commands.__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name == "io":
+            continue
+        module = importlib.import_module(f"forgetlab.commands.{info.name}")
+        if hasattr(module, "register"):
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ForgetlabError as exc:
+        sys.stderr.write(f"forgetlab: error: {exc}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("forgetlab: interrupted; nothing half-written was kept.\n")
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

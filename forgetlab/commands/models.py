@@ -1,0 +1,117 @@
+"""CLI: `forgetlab inspect`, `forgetlab taskvec`, `forgetlab eval` — checkpoints, task vectors, scorecards."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+
+
+def register(sub) -> None:
+    p = sub.add_parser("inspect", help="architecture, tensors, sizes and per-level counts of a model",
+                       description="Show a model's architecture, its tensors (name, shape, dtype) and parameter "
+                                   "counts per level. Reads headers only.")
+    p.add_argument("ref", help="HF folder, .gguf file, PEFT adapter folder or hub id")
+    p.add_argument("--base", help="base model, for a LoRA adapter")
+    p.add_argument("--tensors", action="store_true", help="list every tensor")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("taskvec", help="task-vector norms per layer/module and cosines between task vectors",
+                       description="Stream every fine-tuned model's task vector τ = θt − θ0 and report its "
+                                   "norms per layer and module, and the cosine matrix.")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--out", help="CSV file for the per-level norms (the cosines go to <out>.cosine.csv)")
+    p.set_defaults(func=cmd_taskvec)
+
+    p = sub.add_parser("eval", help="scorecard (generality, speciality per task) of every model of a pool",
+                       description="Evaluate every model of a pool: held-out general loss and perplexity, "
+                                   "exact match and answer loss per task.")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--models", nargs="*", help="which models (default: base and all fine-tuned)")
+    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
+    p.add_argument("--max-task", type=int, default=None, help="at most this many pairs per task")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", help="CSV or JSON file")
+    p.set_defaults(func=cmd_eval)
+
+
+def cmd_inspect(args) -> int:
+    from forgetlab.anatomy import Anatomy
+    from forgetlab.checkpoints import open_checkpoint
+
+    ckpt = open_checkpoint(args.ref, base=args.base)
+    cfg = ckpt.config
+    emit(f"{ckpt.ref}: {ckpt.kind} checkpoint, {cfg.model_type} ({', '.join(getattr(cfg, 'architectures', None) or [])})")
+    infos = ckpt.infos()
+    emit(f"{len(infos)} tensors, {ckpt.num_parameters:,} parameters, "
+         f"{sum(i.nbytes for i in infos.values()) / 2**20:.1f} MiB as stored")
+    try:
+        anatomy = Anatomy.from_config(cfg)
+        rows = []
+        for i in infos.values():
+            role = anatomy.role(i.name)
+            rows.append({"layer": role.layer if role.layer is not None else -1, "module": role.module or "other",
+                         "params": i.numel})
+        df = pd.DataFrame(rows).groupby(["module"], as_index=False)["params"].sum()
+        emit(f"{anatomy.num_layers} layers, {anatomy.num_heads} heads ({anatomy.num_kv_heads} kv), "
+             f"head dim {anatomy.head_dim}")
+        emit_frame(df)
+    except Exception as exc:  # an unknown architecture still lists its tensors
+        emit(f"(no per-level counts: {exc})")
+    if args.tensors:
+        emit_frame(pd.DataFrame([{"name": i.name, "shape": "x".join(map(str, i.shape)), "dtype": str(i.dtype)}
+                                 for i in infos.values()]))
+    return 0
+
+
+def cmd_taskvec(args) -> int:
+    from forgetlab.pool import ModelPool
+    from forgetlab.taskvec import cosine_matrix, task_vector_norms
+
+    pool = ModelPool.from_yaml(args.pool)
+    frames = []
+    for name in pool.model_names:
+        update, close = tqdm_progress(f"τ {name}")
+        try:
+            norms = task_vector_norms(pool, name, progress=update)
+        finally:
+            close()
+        frames.append(norms.by_level().assign(model=name))
+    df = pd.concat(frames, ignore_index=True)[["model", "layer", "module", "norm", "relative"]]
+    cos = cosine_matrix(pool).to_frame()
+    if args.out:
+        emit_frame(df, args.out)
+        cos.to_csv(f"{args.out.rsplit('.', 1)[0]}.cosine.csv")
+        emit(f"wrote {args.out.rsplit('.', 1)[0]}.cosine.csv")
+    else:
+        emit_frame(df)
+        emit("\ncosine similarity between task vectors:")
+        emit(cos.to_string(float_format="{:.3f}".format))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from forgetlab.evaluate import evaluate, scorecards_frame
+    from forgetlab.pool import BASE, ModelPool
+
+    pool = ModelPool.from_yaml(args.pool)
+    names = args.models or [BASE, *pool.model_names]
+    cards = []
+    for name in names:
+        model = pool.load(name, device=args.device)
+        update, close = tqdm_progress(f"eval {name}")
+        try:
+            cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name, max_general=args.max_general,
+                                  max_task=args.max_task, progress=update))
+        finally:
+            close()
+        pool.unload(name)
+    df = scorecards_frame(cards)
+    if args.out and args.out.endswith(".json"):
+        with open(args.out, "w") as fh:
+            json.dump([c.to_dict() for c in cards], fh, indent=2)
+        emit(f"wrote {args.out}")
+    else:
+        emit_frame(df, args.out)
+    return 0

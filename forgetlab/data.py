@@ -1,0 +1,202 @@
+"""Probe data: general text and task prompt/answer pairs, their tokenisation and batching.
+
+Task pairs come from JSONL (`{"prompt": ..., "answer": ...}` per line) or CSV (columns `prompt`, `answer`).
+General text comes from a text file (documents separated by blank lines) or JSONL (`{"text": ...}`).
+A pair is encoded as prompt tokens followed by answer tokens and EOS; only answer tokens (and EOS) carry
+labels, so the loss and the exact-match verdict concern the answer alone.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from forgetlab.errors import ProbeDataError
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class TaskPair:
+    """One task example: the prompt the model sees and the answer it should produce."""
+
+    prompt: str
+    answer: str
+
+
+@dataclass
+class TaskData:
+    """A task's splits: `train` (fine-tuning), `probe` (analysis samples), `eval` (speciality)."""
+
+    name: str
+    train: list[TaskPair] = field(default_factory=list)
+    probe: list[TaskPair] = field(default_factory=list)
+    eval: list[TaskPair] = field(default_factory=list)
+
+    def split(self, which: str) -> list[TaskPair]:
+        """One split by name, with a clear message when it is empty."""
+        pairs = getattr(self, which, None)
+        if pairs is None:
+            raise ProbeDataError(f"Unknown split {which!r}; use train, probe or eval.")
+        if not pairs:
+            raise ProbeDataError(f"Task {self.name!r} has no {which} samples: add a {which} file to the pool.")
+        return pairs
+
+
+@dataclass
+class Probes:
+    """Everything a pool evaluates with: held-out general text, task splits, and the prompt template."""
+
+    general: list[str] = field(default_factory=list)
+    tasks: dict[str, TaskData] = field(default_factory=dict)
+    general_train: list[str] = field(default_factory=list)
+    template: str | None = None
+
+    def task(self, name: str) -> TaskData:
+        """A task by name; an unknown name lists the known ones."""
+        try:
+            return self.tasks[name]
+        except KeyError:
+            known = ", ".join(self.tasks) or "none"
+            raise ProbeDataError(f"The pool has no task {name!r}; its tasks are: {known}.") from None
+
+
+@dataclass(frozen=True)
+class EncodedExample:
+    """Token ids and labels (IGNORE where no loss is taken) of one sequence."""
+
+    input_ids: list[int]
+    labels: list[int]
+
+
+def _need_file(path: str | Path, what: str) -> Path:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ProbeDataError(f"The {what} file {p} does not exist; check the path in the pool file.")
+    return p
+
+
+def read_task_pairs(path: str | Path) -> list[TaskPair]:
+    """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns)."""
+    p = _need_file(path, "task")
+    pairs: list[TaskPair] = []
+    if p.suffix.lower() == ".csv":
+        with open(p, newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            if not reader.fieldnames or not {"prompt", "answer"} <= set(reader.fieldnames):
+                raise ProbeDataError(f"{p} must have a header with columns 'prompt' and 'answer'; "
+                                     f"it has {reader.fieldnames}.")
+            for row in reader:
+                pairs.append(TaskPair(str(row["prompt"]), str(row["answer"])))
+    else:
+        with open(p, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ProbeDataError(f"{p}, line {lineno} is not valid JSON ({exc.msg}); each line must be "
+                                         '{"prompt": "...", "answer": "..."}.') from None
+                if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
+                    raise ProbeDataError(f"{p}, line {lineno} lacks 'prompt' or 'answer'; each line must be "
+                                         '{"prompt": "...", "answer": "..."}.')
+                pairs.append(TaskPair(str(rec["prompt"]), str(rec["answer"])))
+    if not pairs:
+        raise ProbeDataError(f"{p} holds no task pairs; add prompt/answer rows.")
+    return pairs
+
+
+def write_task_pairs(path: str | Path, pairs: Sequence[TaskPair]) -> None:
+    """Write task pairs as JSONL."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for pair in pairs:
+            fh.write(json.dumps({"prompt": pair.prompt, "answer": pair.answer}, ensure_ascii=False) + "\n")
+
+
+def read_general_text(path: str | Path) -> list[str]:
+    """General text documents: blank-line separated paragraphs of a text file, or JSONL `text` fields."""
+    p = _need_file(path, "general text")
+    docs: list[str] = []
+    if p.suffix.lower() == ".jsonl":
+        with open(p, encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    docs.append(str(rec["text"]))
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    raise ProbeDataError(f"{p}, line {lineno} must be {{\"text\": \"...\"}}.") from None
+    else:
+        text = p.read_text(encoding="utf-8", errors="replace")
+        docs = [d.strip() for d in text.split("\n\n") if d.strip()]
+    if not docs:
+        raise ProbeDataError(f"{p} holds no text; add held-out general text (paragraphs separated by blank lines).")
+    return docs
+
+
+def format_prompt(tokenizer, prompt: str, template: str | None = None) -> str:
+    """The text the model sees for a prompt: as is, or wrapped in the tokenizer's chat template."""
+    if template == "chat":
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
+    return prompt
+
+
+def encode_pairs(tokenizer, pairs: Sequence[TaskPair], max_length: int = 256,
+                 template: str | None = None) -> list[EncodedExample]:
+    """Encode pairs as prompt + answer + EOS; labels only on answer and EOS. Long prompts lose their start."""
+    if not pairs:
+        raise ProbeDataError("No task pairs to encode.")
+    eos = tokenizer.eos_token_id
+    out = []
+    for pair in pairs:
+        text = format_prompt(tokenizer, pair.prompt, template)
+        p_ids = tokenizer(text, add_special_tokens=template is None)["input_ids"]
+        a_ids = tokenizer(pair.answer, add_special_tokens=False)["input_ids"]
+        if eos is not None:
+            a_ids = a_ids + [eos]
+        a_ids = a_ids[:max_length - 1]
+        p_ids = p_ids[-(max_length - len(a_ids)):]
+        out.append(EncodedExample(p_ids + a_ids, [IGNORE] * len(p_ids) + a_ids))
+    return out
+
+
+def encode_text(tokenizer, texts: Sequence[str], block_size: int = 128) -> list[EncodedExample]:
+    """Concatenate documents (EOS between) and cut into blocks of `block_size` tokens; labels = inputs."""
+    if not texts:
+        raise ProbeDataError("No general text to encode.")
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    for t in texts:
+        stream.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
+        if eos is not None:
+            stream.append(eos)
+    blocks = [stream[i:i + block_size] for i in range(0, len(stream), block_size)]
+    blocks = [b for b in blocks if len(b) >= 2]
+    return [EncodedExample(b, list(b)) for b in blocks]
+
+
+def collate(examples: Sequence[EncodedExample], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Right-pad a batch: input_ids, attention_mask, and labels (IGNORE on padding)."""
+    n = max(len(e.input_ids) for e in examples)
+    ids = torch.full((len(examples), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(examples), n), dtype=torch.long)
+    labels = torch.full((len(examples), n), IGNORE, dtype=torch.long)
+    for i, e in enumerate(examples):
+        k = len(e.input_ids)
+        ids[i, :k] = torch.tensor(e.input_ids)
+        mask[i, :k] = 1
+        labels[i, :k] = torch.tensor(e.labels)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def batches(examples: Sequence[EncodedExample], batch_size: int, pad_id: int = 0):
+    """Consecutive batches of `batch_size` examples, collated."""
+    for i in range(0, len(examples), batch_size):
+        yield collate(examples[i:i + batch_size], pad_id)

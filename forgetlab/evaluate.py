@@ -1,0 +1,155 @@
+"""Forgetting, measured: generality on held-out text and speciality on each task (METHODS.md).
+
+- Generality: mean token loss (and perplexity = exp(loss)) on held-out general text.
+- Speciality: per task, teacher-forced exact match — the argmax at every answer position (answer tokens and
+  the closing EOS) equals the target token, the verdict greedy decoding would give, in one forward pass —
+  and the mean answer-token loss.
+Forward passes are batched, without gradients, and deterministic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from forgetlab.data import IGNORE, EncodedExample, Probes, TaskPair, collate, encode_pairs, encode_text
+from forgetlab.errors import ProbeDataError
+from forgetlab.progress import Progress, report, scaled
+
+
+@dataclass
+class TaskScore:
+    """Speciality on one task: exact-match rate, mean answer-token loss, number of pairs."""
+
+    task: str
+    exact_match: float
+    answer_loss: float
+    n: int
+
+
+@dataclass
+class Scorecard:
+    """Generality and speciality of one model."""
+
+    model: str
+    general_loss: float
+    perplexity: float
+    general_tokens: int
+    tasks: dict[str, TaskScore] = field(default_factory=dict)
+
+    def speciality(self, task: str | None = None) -> float:
+        """Exact match on `task`, or the mean over tasks when None."""
+        if task is not None:
+            return self.tasks[task].exact_match
+        return sum(t.exact_match for t in self.tasks.values()) / max(1, len(self.tasks))
+
+    def forgetting(self, base: "Scorecard") -> float:
+        """Generality lost against `base`: general loss(model) − general loss(base) (positive = forgot)."""
+        return self.general_loss - base.general_loss
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: model, general_loss, perplexity, then `<task>/exact_match` and `<task>/answer_loss`."""
+        row = {"model": self.model, "general_loss": self.general_loss, "perplexity": self.perplexity}
+        for t in self.tasks.values():
+            row[f"{t.task}/exact_match"] = t.exact_match
+            row[f"{t.task}/answer_loss"] = t.answer_loss
+        return pd.DataFrame([row])
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Scorecard":
+        tasks = {k: TaskScore(**v) for k, v in d.get("tasks", {}).items()}
+        return cls(d["model"], d["general_loss"], d["perplexity"], d["general_tokens"], tasks)
+
+
+def scorecards_frame(cards: Sequence[Scorecard]) -> pd.DataFrame:
+    """Several scorecards as one table, a row per model."""
+    return pd.concat([c.to_frame() for c in cards], ignore_index=True) if cards else pd.DataFrame()
+
+
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+@torch.no_grad()
+def token_losses(model, examples: Sequence[EncodedExample], batch_size: int = 16, pad_id: int = 0,
+                 progress: Progress = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per example: (loss of every labelled token, whether its argmax was right), in input order.
+
+    Token t is predicted from positions < t (shifted causal-LM loss). Examples are batched by length so that
+    padding stays small; padding never changes a result because the attention mask hides it.
+    """
+    device = _device_of(model)
+    order = sorted(range(len(examples)), key=lambda i: len(examples[i].input_ids))
+    out: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(examples)
+    for start in range(0, len(order), batch_size):
+        idx = order[start:start + batch_size]
+        batch = collate([examples[i] for i in idx], pad_id)
+        logits = model(input_ids=batch["input_ids"].to(device),
+                       attention_mask=batch["attention_mask"].to(device)).logits.float()
+        labels = batch["labels"][:, 1:].to(device)
+        logits = logits[:, :-1]
+        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp_min(0),
+                                 reduction="none").view(labels.shape)
+        right = logits.argmax(-1) == labels
+        keep = labels != IGNORE
+        for row, i in enumerate(idx):
+            out[i] = (losses[row][keep[row]].cpu(), right[row][keep[row]].cpu())
+        report(progress, min(len(order), start + batch_size) / len(order), "forward passes")
+    return out  # type: ignore[return-value]
+
+
+def general_loss(model, tokenizer, texts: Sequence[str], *, block_size: int = 128, max_blocks: int | None = None,
+                 batch_size: int = 16, progress: Progress = None) -> tuple[float, int]:
+    """Mean token loss on general text (all predicted tokens pooled) and the number of tokens."""
+    blocks = encode_text(tokenizer, texts, block_size)
+    if max_blocks is not None:
+        blocks = blocks[:max_blocks]
+    per = token_losses(model, blocks, batch_size, tokenizer.pad_token_id or 0, progress)
+    total = torch.cat([p[0] for p in per])
+    return float(total.mean()), int(total.numel())
+
+
+def task_score(model, tokenizer, task: str, pairs: Sequence[TaskPair], *, template: str | None = None,
+               max_length: int = 256, batch_size: int = 16, progress: Progress = None) -> TaskScore:
+    """Teacher-forced exact match and mean answer-token loss on a task's pairs."""
+    if not pairs:
+        raise ProbeDataError(f"Task {task!r} has no evaluation pairs.")
+    examples = encode_pairs(tokenizer, pairs, max_length, template)
+    per = token_losses(model, examples, batch_size, tokenizer.pad_token_id or 0, progress)
+    exact = sum(bool(r.all()) for _, r in per) / len(per)
+    loss = float(torch.cat([l for l, _ in per]).mean())
+    return TaskScore(task, exact, loss, len(per))
+
+
+def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: str = "eval",
+             batch_size: int = 16, block_size: int = 128, max_general: int | None = None,
+             max_task: int | None = None, tasks: Sequence[str] | None = None,
+             progress: Progress = None) -> Scorecard:
+    """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs."""
+    was_training = model.training
+    model.eval()
+    names = list(tasks) if tasks is not None else list(probes.tasks)
+    steps = 1 + len(names)
+    if probes.general:
+        loss, n_tok = general_loss(model, tokenizer, probes.general, block_size=block_size, max_blocks=max_general,
+                                   batch_size=batch_size, progress=scaled(progress, 0, 1 / steps))
+    else:
+        loss, n_tok = float("nan"), 0
+    scores = {}
+    for k, t in enumerate(names):
+        pairs = getattr(probes.task(t), split)
+        if max_task is not None:
+            pairs = pairs[:max_task]
+        scores[t] = task_score(model, tokenizer, t, pairs, template=probes.template, batch_size=batch_size,
+                               progress=scaled(progress, (k + 1) / steps, (k + 2) / steps))
+    if was_training:
+        model.train()
+    report(progress, 1.0, f"evaluated {name}")
+    return Scorecard(name, loss, math.exp(loss) if loss == loss else float("nan"), n_tok, scores)

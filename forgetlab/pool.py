@@ -1,0 +1,323 @@
+"""ModelPool: one base model, named fine-tuned models (full or LoRA adapters) and per-task probe data.
+
+A pool is built in code or read from a small YAML file (paths relative to the file):
+
+```yaml
+name: pico
+base: base                      # HF folder, .gguf file or hub id
+models:
+  math: ft-math                 # a full fine-tune
+  lora-math: {adapter: lora-math}
+probes:
+  general: data/general_heldout.txt
+  general_train: data/general_train.txt
+  tasks:
+    math: {train: data/math_train.jsonl, probe: data/math_probe.jsonl, eval: data/math_eval.jsonl}
+  template: null                # or "chat"
+```
+
+On creation the pool checks that every model matches the base (architecture, tensor names and shapes) and
+warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a model is never loaded twice.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from forgetlab.checkpoints import Checkpoint, LoraCheckpoint, load_model, load_tokenizer, open_checkpoint
+from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs
+from forgetlab.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+
+BASE = "base"
+_TIED_HEAD = "lm_head.weight"
+
+
+class NonFiniteWeightsWarning(UserWarning):
+    """A checkpoint holds NaN or Inf values."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    """How a pool member is stored: a full model folder, or an adapter applied to the base."""
+
+    name: str
+    ref: str
+    adapter: bool = False
+
+
+def _is_tied(ckpt: Checkpoint) -> bool:
+    return bool(getattr(ckpt.config, "tie_word_embeddings", False))
+
+
+def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
+    """Raise IncompatibleModelsError naming the first difference between `other` and `base`.
+
+    Checks the architecture family, the vocabulary size, the set of tensor names (a tied lm_head that one
+    file stores and the other omits is not a difference) and every tensor's shape.
+    """
+    bt, ot = base.config.model_type, other.config.model_type
+    if bt != ot:
+        raise IncompatibleModelsError(
+            f"{other_name} is a {ot} model but the base is a {bt} model: task vectors need the same "
+            "architecture. Pick a fine-tune of this base."
+        )
+    bv, ov = getattr(base.config, "vocab_size", None), getattr(other.config, "vocab_size", None)
+    if bv is not None and ov is not None and bv != ov:
+        raise IncompatibleModelsError(
+            f"{other_name} has a vocabulary of {ov} tokens but the base has {bv}: the embeddings differ in "
+            "size, so the models cannot be compared entry by entry. Resize the embeddings of one model "
+            "(e.g. model.resize_token_embeddings) or use a fine-tune that kept the base tokenizer."
+        )
+    bi, oi = base.infos(), other.infos()
+    ignore = {_TIED_HEAD} if (_is_tied(base) or _is_tied(other)) else set()
+    missing = sorted(set(bi) - set(oi) - ignore)
+    extra = sorted(set(oi) - set(bi) - ignore)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} tensor(s) of the base, e.g. {', '.join(missing[:3])}")
+        if extra:
+            parts.append(f"{len(extra)} tensor(s) the base lacks, e.g. {', '.join(extra[:3])}")
+        raise IncompatibleModelsError(f"{other_name} does not match the base: {'; '.join(parts)}.")
+    for name in bi:
+        if name in oi and bi[name].shape != oi[name].shape:
+            hint = " (a vocabulary-size mismatch)" if "embed" in name or name == _TIED_HEAD or "wte" in name else ""
+            raise IncompatibleModelsError(
+                f"Tensor {name} has shape {oi[name].shape} in {other_name} but {bi[name].shape} in the base"
+                f"{hint}: the models are not the same architecture."
+            )
+
+
+class ModelPool:
+    """A base model, named fine-tuned models and probe data, checked for compatibility on creation."""
+
+    def __init__(self, base: str | Path, models: dict[str, Any] | None = None, probes: Probes | None = None,
+                 *, name: str = "pool", source: Path | None = None, scan_nonfinite: bool = True):
+        self.name = name
+        self.source = Path(source) if source else None
+        self.probes = probes or Probes()
+        self.base_ref = str(base)
+        self.base = open_checkpoint(base)
+        self.entries: dict[str, ModelEntry] = {}
+        self._checkpoints: dict[str, Checkpoint] = {BASE: self.base}
+        self._loaded: dict[tuple[str, str, torch.dtype], Any] = {}
+        self._tokenizer = None
+        self.warnings: list[str] = []
+        self.probe_files: dict[str, Any] = {}
+        for mname, spec in (models or {}).items():
+            self.add(mname, spec, scan_nonfinite=False)
+        if scan_nonfinite:
+            for mname, ckpt in self._checkpoints.items():
+                self._warn_nonfinite(mname, ckpt)
+
+    # -- members
+    def add(self, name: str, spec: Any, scan_nonfinite: bool = True) -> Checkpoint:
+        """Add a fine-tuned model (`path`) or an adapter (`{"adapter": path}`) under `name`, checked."""
+        if name == BASE:
+            raise ForgetlabError("'base' names the base model; give the fine-tuned model another name.")
+        if name in self.entries:
+            raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
+        adapter = isinstance(spec, dict) and "adapter" in spec
+        ref = spec["adapter"] if adapter else (spec["path"] if isinstance(spec, dict) else spec)
+        ckpt = open_checkpoint(ref, base=self.base) if adapter else open_checkpoint(ref)
+        if isinstance(ckpt, LoraCheckpoint):
+            adapter = True
+        check_compatible(self.base, ckpt, name)
+        self.entries[name] = ModelEntry(name, str(ref), adapter)
+        self._checkpoints[name] = ckpt
+        if scan_nonfinite:
+            self._warn_nonfinite(name, ckpt)
+        return ckpt
+
+    def _warn_nonfinite(self, name: str, ckpt: Checkpoint) -> None:
+        if isinstance(ckpt, LoraCheckpoint):
+            bad = [n for n in ckpt.delta_names() if not bool(torch.isfinite(ckpt.delta(n)).all())]
+        else:
+            bad = ckpt.nonfinite_tensors()
+        if bad:
+            msg = (f"{name} has NaN/Inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
+                   f"{' …' if len(bad) > 5 else ''}. Results involving it will be NaN.")
+            self.warnings.append(msg)
+            warnings.warn(msg, NonFiniteWeightsWarning, stacklevel=3)
+
+    @property
+    def model_names(self) -> list[str]:
+        """Names of the fine-tuned models (the base is `"base"`)."""
+        return list(self.entries)
+
+    @property
+    def task_names(self) -> list[str]:
+        return list(self.probes.tasks)
+
+    def checkpoint(self, name: str) -> Checkpoint:
+        """The opened checkpoint of a member (`"base"` for the base)."""
+        try:
+            return self._checkpoints[name]
+        except KeyError:
+            known = ", ".join([BASE, *self.entries])
+            raise ForgetlabError(f"The pool has no model {name!r}; its models are: {known}.") from None
+
+    def load(self, name: str, device: str | None = None, dtype: torch.dtype = torch.float32):
+        """The model for forward passes, loaded once per (name, device, dtype) and cached."""
+        ckpt = self.checkpoint(name)
+        device = device or "cpu"
+        key = (name, device, dtype)
+        if key not in self._loaded:
+            if isinstance(ckpt, LoraCheckpoint):
+                ckpt = open_checkpoint(ckpt.ref, base=self.base)
+            if not ckpt.path.exists():
+                raise CheckpointError(f"{name} ({ckpt.ref}) is no longer on disk; restore it or reload the pool.")
+            self._loaded[key] = load_model(ckpt, device=device, dtype=dtype)
+        return self._loaded[key]
+
+    def unload(self, name: str | None = None) -> None:
+        """Forget loaded models (one, or all when `name` is None) to free memory."""
+        for key in [k for k in self._loaded if name is None or k[0] == name]:
+            del self._loaded[key]
+
+    @property
+    def tokenizer(self):
+        """The base model's tokenizer (loaded once)."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.base)
+        return self._tokenizer
+
+    @property
+    def config(self):
+        return self.base.config
+
+    @property
+    def anatomy(self):
+        """Which parameter belongs to which layer/attn/mlp/head, from the base's config."""
+        from forgetlab.anatomy import Anatomy
+
+        return Anatomy.from_config(self.base.config)
+
+    @property
+    def key(self) -> str:
+        """A string that changes when the pool's definition changes (for caches)."""
+        if self.source and self.source.exists():
+            return f"{self.source.resolve()}:{self.source.stat().st_mtime_ns}"
+        return f"{self.base_ref}|{sorted((e.name, e.ref) for e in self.entries.values())}"
+
+    # -- YAML
+    @classmethod
+    def from_yaml(cls, path: str | Path, scan_nonfinite: bool = True) -> "ModelPool":
+        """Read a pool file; paths inside are relative to it."""
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise ForgetlabError(f"The pool file {p} does not exist. Pass a pool.yaml, or build the demo zoo "
+                                 "with `forgetlab zoo build`.")
+        try:
+            spec = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ForgetlabError(f"The pool file {p} is not valid YAML: {exc}") from None
+        if not isinstance(spec, dict) or "base" not in spec:
+            raise ForgetlabError(f"The pool file {p} must be a mapping with at least `base:` (and `models:`).")
+        root = p.parent.resolve()
+
+        def rel(ref: str) -> str:
+            cand = (root / str(ref)).expanduser()
+            return str(cand) if cand.exists() or not _looks_like_hub_id(str(ref)) else str(ref)
+
+        models = {}
+        raw_models = spec.get("models") or {}
+        if not isinstance(raw_models, dict):
+            raise ForgetlabError(f"`models:` in {p} must map names to model folders.")
+        for name, m in raw_models.items():
+            if isinstance(m, dict) and "adapter" in m:
+                models[str(name)] = {"adapter": rel(m["adapter"])}
+            elif isinstance(m, dict) and "path" in m:
+                models[str(name)] = rel(m["path"])
+            elif isinstance(m, str):
+                models[str(name)] = rel(m)
+            else:
+                raise ForgetlabError(f"Model {name!r} in {p} must be a path or {{adapter: path}}; got {m!r}.")
+        probes = _read_probes(spec.get("probes") or {}, root, p)
+        pool = cls(rel(spec["base"]), models, probes, name=str(spec.get("name", p.parent.name)), source=p,
+                   scan_nonfinite=scan_nonfinite)
+        pool.probe_files = _probe_files(spec.get("probes") or {}, root)
+        return pool
+
+    def to_yaml(self, path: str | Path) -> Path:
+        """Write the pool's definition (models and the probe files it was read from, if any)."""
+        p = Path(path)
+        root = p.parent.resolve()
+
+        def rel(ref: str) -> str:
+            q = Path(ref)
+            try:
+                return str(q.resolve().relative_to(root)) if q.exists() else ref
+            except ValueError:
+                return str(q.resolve())
+
+        spec: dict[str, Any] = {"name": self.name, "base": rel(self.base_ref), "models": {}}
+        for e in self.entries.values():
+            spec["models"][e.name] = {"adapter": rel(e.ref)} if e.adapter else rel(e.ref)
+        if self.probe_files:
+            files = dict(self.probe_files)
+            spec["probes"] = {k: rel(v) if k in ("general", "general_train") else v for k, v in files.items()
+                              if k != "tasks"}
+            spec["probes"]["tasks"] = {t: {s: rel(f) for s, f in d.items()}
+                                       for t, d in files.get("tasks", {}).items()}
+        p.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return p
+
+    def __repr__(self) -> str:
+        return f"ModelPool({self.name!r}, base={self.base_ref!r}, models={self.model_names})"
+
+
+def _looks_like_hub_id(ref: str) -> bool:
+    from forgetlab.checkpoints import _HUB_ID
+
+    return bool(_HUB_ID.match(ref)) and not ref.startswith((".", "/", "~"))
+
+
+def _read_probes(spec: dict, root: Path, source: Path) -> Probes:
+    if not isinstance(spec, dict):
+        raise ProbeDataError(f"`probes:` in {source} must be a mapping (general, tasks, template).")
+    probes = Probes(template=spec.get("template"))
+    if spec.get("general"):
+        probes.general = read_general_text(root / spec["general"])
+    if spec.get("general_train"):
+        probes.general_train = read_general_text(root / spec["general_train"])
+    tasks = spec.get("tasks") or {}
+    if not isinstance(tasks, dict):
+        raise ProbeDataError(f"`probes.tasks` in {source} must map task names to their files.")
+    for tname, files in tasks.items():
+        if isinstance(files, str):
+            files = {"eval": files}
+        if not isinstance(files, dict):
+            raise ProbeDataError(f"Task {tname!r} in {source} must give train/probe/eval files.")
+        unknown = set(files) - {"train", "probe", "eval"}
+        if unknown:
+            raise ProbeDataError(f"Task {tname!r} in {source} has unknown splits {sorted(unknown)}; "
+                                 "use train, probe and eval.")
+        data = TaskData(str(tname))
+        for split, f in files.items():
+            setattr(data, split, read_task_pairs(root / f))
+        if not data.probe:
+            data.probe = data.eval
+        if not data.eval:
+            data.eval = data.probe
+        probes.tasks[str(tname)] = data
+    return probes
+
+
+def _probe_files(spec: dict, root: Path) -> dict[str, Any]:
+    """The probe section with absolute paths, so that `to_yaml` can write it relative to a new place."""
+    out: dict[str, Any] = {"template": spec.get("template")}
+    for key in ("general", "general_train"):
+        if spec.get(key):
+            out[key] = str((root / spec[key]).resolve())
+    tasks = {}
+    for tname, files in (spec.get("tasks") or {}).items():
+        files = {"eval": files} if isinstance(files, str) else files
+        tasks[str(tname)] = {s: str((root / f).resolve()) for s, f in files.items()}
+    out["tasks"] = tasks
+    return out

@@ -1,0 +1,19 @@
+"""Progress callbacks: long functions take `progress: Callable[[float, str], None] | None`."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+Progress = Optional[Callable[[float, str], None]]
+
+
+def report(progress: Progress, fraction: float, message: str = "") -> None:
+    """Call `progress(fraction, message)` if a callback was given; fraction is clipped to [0, 1]."""
+    if progress is not None:
+        progress(min(1.0, max(0.0, float(fraction))), message)
+
+
+def scaled(progress: Progress, start: float, stop: float) -> Progress:
+    """A callback that maps [0, 1] of a sub-task onto [start, stop] of `progress`."""
+    if progress is None:
+        return None
+    return lambda f, m="": report(progress, start + (stop - start) * f, m)
