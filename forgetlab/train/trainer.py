@@ -219,10 +219,15 @@ class _Batches:
         return batch
 
 
-def _distance(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
+def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
+    """D(θ, θo) of METHODS.md via `forgetlab.taskvec.distance` (NaN when every θo tensor has norm 0)."""
+    from forgetlab.errors import ForgetlabError
     from forgetlab.taskvec import distance
 
-    return float(distance([p.detach() for p in params], list(anchors)))
+    try:
+        return float(distance(list(zip(names, params)), dict(zip(names, anchors))))
+    except ForgetlabError:
+        return float("nan")
 
 
 def train(
@@ -297,7 +302,9 @@ def train(
 
     if device is not None:
         model.to(device)
-    params = [p for p in model.parameters() if p.requires_grad]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names = [n for n, _ in named]
+    params = [p for _, p in named]
     if not params:
         raise ParameterError("The model has no trainable parameters (all have requires_grad=False).")
     dev = params[0].device
@@ -325,7 +332,7 @@ def train(
     def record(step: int) -> None:
         entry: dict[str, Any] = {"step": step}
         if record_distance:
-            entry["distance"] = _distance(params, anchors)
+            entry["distance"] = _distance(names, params, anchors)
         if eval_fn is not None:
             model.eval()
             with torch.no_grad():

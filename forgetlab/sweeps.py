@@ -1,0 +1,579 @@
+"""Forgetting curves: what a post-hoc fix buys in speciality and costs in generality, over its setting.
+
+Each sweep takes a pool and one fine-tuned model θ1 (task vector τ = θ1 − θ0) and evaluates a series of
+models built from θ0 and θ1 (METHODS.md):
+
+- `alpha_curve`   WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1, α ∈ {0, 0.1, …, 1} by default;
+- `pruning_curve` FAPM θ = θ0 + mask ⊙ τ over pruning ratios, with the "magnitude" and "relative" ablations
+                  as extra series on the same axes;
+- `density_curve` DARE (drop rate p, survivors rescaled by 1/(1 − p)) and TIES trimming (keep fraction by
+                  |τ|; with one task vector sign election and the disjoint mean leave the trimmed τ as is),
+                  both plotted against the density (share of τ's entries that survive: 1 − p, or keep);
+- `hma_grid`      HMA: one α per block of decoder layers, over a list of α tuples (the MoFO rebuttal's 15
+                  triples by default).
+
+Every point carries a `forgetlab.evaluate.Scorecard` (generality: held-out general loss; speciality: exact
+match per task), the distance D(θ, θ0) (`forgetlab.taskvec.distance`), and its settings. `pareto_front`
+marks the points that no other point beats on both speciality (up) and general loss (down).
+
+Memory: a sweep holds ONE working copy of the model (freshly loaded, never the pool's cached one) and, for
+each point, rewrites its weights in place tensor by tensor from lazily read θ0/θ1 tensors; peak memory is
+one model plus a few tensors whatever the number of points. Endpoints are exact: α = 0 and pruning ratio 1
+write θ0 bit for bit, α = 1 and ratio 0 write θ1.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import ForgetlabError, IncompatibleModelsError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.evaluate import Scorecard, evaluate
+from forgetlab.progress import Progress, report, scaled
+
+KINDS = ("alpha", "pruning", "density", "hma")
+DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
+DEFAULT_RATIOS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
+PRUNING_SCORES = ("fapm", "magnitude", "relative")
+DEFAULT_DROPS = (0.0, 0.5, 0.7, 0.9, 0.95, 0.99)
+DEFAULT_KEEPS = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.01)
+DENSITY_METHODS = ("dare", "ties")
+HMA_TRIPLES = (
+    (0.05, 0.2, 0.35), (0.1, 0.2, 0.3), (0.2, 0.2, 0.2), (0.3, 0.2, 0.1), (0.35, 0.2, 0.05),
+    (0.3, 0.5, 0.7), (0.4, 0.5, 0.6), (0.5, 0.5, 0.5), (0.6, 0.5, 0.4), (0.7, 0.5, 0.3),
+    (0.65, 0.8, 0.95), (0.7, 0.8, 0.9), (0.8, 0.8, 0.8), (0.9, 0.8, 0.7), (0.95, 0.8, 0.65),
+)
+X_NAMES = {"alpha": "alpha", "pruning": "ratio", "density": "density", "hma": "mean_alpha"}
+
+
+# ----------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class SweepPoint:
+    """One evaluated model of a sweep: its series, swept value `x`, full settings, scorecard and D(θ, θ0)."""
+
+    series: str
+    x: float
+    settings: dict[str, Any]
+    scorecard: Scorecard
+    distance: float
+    pareto: bool = False
+    seconds: float = 0.0
+
+    @property
+    def general_loss(self) -> float:
+        """Generality as held-out general-text loss (lower is better)."""
+        return self.scorecard.general_loss
+
+    def speciality(self, task: Optional[str] = None) -> float:
+        """Exact match on `task` (the mean over the pool's tasks when None)."""
+        if task is not None and task in self.scorecard.tasks:
+            return self.scorecard.tasks[task].exact_match
+        return self.scorecard.speciality(None)
+
+    def answer_loss(self, task: Optional[str] = None) -> float:
+        """Answer-token loss on `task` (mean over tasks when None)."""
+        tasks = self.scorecard.tasks
+        if task is not None and task in tasks:
+            return tasks[task].answer_loss
+        return sum(t.answer_loss for t in tasks.values()) / max(1, len(tasks))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"series": self.series, "x": self.x, "settings": self.settings,
+                "scorecard": self.scorecard.to_dict(), "distance": self.distance, "pareto": self.pareto,
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SweepPoint":
+        return cls(series=d["series"], x=float(d["x"]), settings=dict(d.get("settings", {})),
+                   scorecard=Scorecard.from_dict(d["scorecard"]), distance=float(d["distance"]),
+                   pareto=bool(d.get("pareto", False)), seconds=float(d.get("seconds", 0.0)))
+
+
+@dataclass
+class SweepResult:
+    """A finished (or running) sweep: the points so far, what was swept, and the recipe to redo it.
+
+    `task` is the task whose exact match is the speciality axis (None: the mean over tasks); `x_name` names
+    the swept setting (alpha, ratio, density, mean_alpha).
+    """
+
+    kind: str
+    model: str
+    task: Optional[str]
+    x_name: str
+    points: list[SweepPoint] = field(default_factory=list)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def series(self) -> list[str]:
+        """Series names in order of first appearance."""
+        return list(dict.fromkeys(p.series for p in self.points))
+
+    def mark_pareto(self) -> list[bool]:
+        """Set `pareto` on every point (front over all series together); returns the flags."""
+        return pareto_front(self.points, task=self.task)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per point: series, x (and its named column), speciality, answer_loss, general_loss,
+        perplexity, distance, pareto, settings (JSON), then `<task>/exact_match` and `<task>/answer_loss`."""
+        rows = []
+        for p in self.points:
+            row = {"kind": self.kind, "model": self.model, "series": p.series, "x": p.x, self.x_name: p.x,
+                   "speciality": p.speciality(self.task), "answer_loss": p.answer_loss(self.task),
+                   "general_loss": p.general_loss, "perplexity": p.scorecard.perplexity,
+                   "distance": p.distance, "pareto": p.pareto,
+                   "settings": json.dumps(p.settings, sort_keys=True)}
+            for t in p.scorecard.tasks.values():
+                row[f"{t.task}/exact_match"] = t.exact_match
+                row[f"{t.task}/answer_loss"] = t.answer_loss
+            rows.append(row)
+        if not rows:
+            return pd.DataFrame(columns=["kind", "model", "series", "x", self.x_name, "speciality",
+                                         "answer_loss", "general_loss", "perplexity", "distance", "pareto",
+                                         "settings"])
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "model": self.model, "task": self.task, "x_name": self.x_name,
+                "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SweepResult":
+        return cls(kind=d["kind"], model=d["model"], task=d.get("task"), x_name=d["x_name"],
+                   points=[SweepPoint.from_dict(p) for p in d.get("points", [])],
+                   recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)))
+
+
+OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
+
+
+# ------------------------------------------------------------------------------------------ Pareto front
+
+
+def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> list[bool]:
+    """Non-dominated flags: point i is on the front unless some j has speciality_j ≥ speciality_i and
+    general_loss_j ≤ general_loss_i with at least one strict. Points with a NaN value are never on it;
+    identical points are all on it."""
+    if len(speciality) != len(general_loss):
+        raise ParameterError("pareto_mask needs as many speciality values as general losses.")
+    s = [float(v) for v in speciality]
+    g = [float(v) for v in general_loss]
+    ok = [not (math.isnan(a) or math.isnan(b)) for a, b in zip(s, g)]
+    flags = []
+    for i in range(len(s)):
+        if not ok[i]:
+            flags.append(False)
+            continue
+        dominated = any(
+            ok[j] and s[j] >= s[i] and g[j] <= g[i] and (s[j] > s[i] or g[j] < g[i]) for j in range(len(s))
+        )
+        flags.append(not dominated)
+    return flags
+
+
+def pareto_front(points: Sequence[Any], task: Optional[str] = None) -> list[bool]:
+    """Mark the non-dominated points (speciality up, general loss down) and return the flags.
+
+    `points` are `SweepPoint`s (their `pareto` attribute is set; speciality on `task`), objects with
+    `speciality` and `general_loss` attributes, or `(speciality, general_loss)` pairs.
+    """
+    spec, gen = [], []
+    for p in points:
+        if isinstance(p, SweepPoint):
+            spec.append(p.speciality(task))
+            gen.append(p.general_loss)
+        elif isinstance(p, (tuple, list)) and len(p) == 2:
+            spec.append(p[0])
+            gen.append(p[1])
+        else:
+            s = p.speciality(task) if callable(getattr(p, "speciality", None)) else p.speciality
+            spec.append(s)
+            gen.append(p.general_loss)
+    flags = pareto_mask(spec, gen)
+    for p, f in zip(points, flags):
+        if hasattr(p, "pareto"):
+            p.pareto = f
+    return flags
+
+
+# ------------------------------------------------------------------------------------------ working copy
+
+
+class _LazyTensors(Mapping):
+    """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32)."""
+
+    def __init__(self, ckpt, names: Sequence[str]):
+        self.ckpt = ckpt
+        self._names = list(names)
+        self._set = set(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._set:
+            raise KeyError(name)
+        return self.ckpt.read(name, dtype=torch.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set
+
+
+class WorkingCopy:
+    """One model whose weights are rewritten in place for each sweep point.
+
+    Loads the base once (a fresh model: the pool's cached models are never modified), then `apply(fn)`
+    writes fn(name, θ0, θ1) into every parameter, reading θ0 and θ1 tensor by tensor from the checkpoints.
+    """
+
+    def __init__(self, pool, model: str, device: Optional[str] = None):
+        from forgetlab.checkpoints import load_model
+
+        if model == "base":
+            raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
+                                 f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
+        self.base = pool.checkpoint("base")
+        self.tuned = pool.checkpoint(model)
+        self.model = load_model(self.base, device=device, dtype=torch.float32)
+        self.params = dict(self.model.named_parameters())   # tied weights appear once
+        base_names, tuned_names = set(self.base.names()), set(self.tuned.names())
+        for name in self.params:
+            if name not in base_names or name not in tuned_names:
+                where = "the base" if name not in base_names else model
+                raise IncompatibleModelsError(f"Parameter {name} of the model is not stored in {where}; "
+                                              "the checkpoint does not match its config.")
+        self.names = list(self.params)
+        self.theta0 = _LazyTensors(self.base, self.names)
+
+    def apply(self, fn: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Set every parameter to fn(name, θ0, θ1) (float32 tensors), in place."""
+        with torch.no_grad():
+            for name, p in self.params.items():
+                w0 = self.base.read(name, dtype=torch.float32)
+                w1 = self.tuned.read(name, dtype=torch.float32)
+                new = fn(name, w0, w1)
+                if new.shape != p.shape:
+                    raise IncompatibleModelsError(f"Tensor {name}: new value has shape {tuple(new.shape)}, "
+                                                  f"the model expects {tuple(p.shape)}.")
+                p.copy_(new.to(device=p.device, dtype=p.dtype))
+                del w0, w1, new
+
+    def distance(self) -> float:
+        """D(θ, θ0) of the current weights (`forgetlab.taskvec.distance`, θ0 streamed)."""
+        from forgetlab.taskvec import distance
+
+        try:
+            return float(distance(self.params, self.theta0))
+        except ForgetlabError:
+            return float("nan")
+
+
+# ------------------------------------------------------------------------------------------- the engine
+
+
+@dataclass
+class _Spec:
+    series: str
+    x: float
+    settings: dict[str, Any]
+    fn: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+    same_as: Optional[str] = None   # key of an identical model already evaluated (shared endpoints)
+    key: Optional[str] = None
+
+
+def _check_model(pool, model: str) -> None:
+    if model == "base":
+        raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
+                             f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
+    if model not in pool.model_names:
+        known = ", ".join(pool.model_names) or "none"
+        raise ForgetlabError(f"The pool has no fine-tuned model {model!r}; its fine-tuned models are: {known}. "
+                             "Add it to the pool file or pick another.")
+
+
+def default_task(pool, model: str) -> Optional[str]:
+    """The task a model was fine-tuned on, guessed from its name (the longest task name it contains);
+    None when no task name matches (speciality is then the mean over tasks)."""
+    low = model.lower()
+    hits = [t for t in pool.task_names if t.lower() in low]
+    return max(hits, key=len) if hits else None
+
+
+def _check_grid(name: str, values: Sequence[float]) -> list[float]:
+    vals = list(values) if values is not None else []
+    if not vals:
+        raise ParameterError(f"The {name} grid is empty; give at least one value in [0, 1], e.g. 0 0.5 1.")
+    return [check_fraction(f"every {name} value", v) for v in vals]
+
+
+def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[str], recipe: dict[str, Any],
+         device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
+         tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress) -> SweepResult:
+    _check_model(pool, model)
+    if not pool.probes.general:
+        raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
+                             "`probes: general:` to the pool file.")
+    if task is not None and task not in pool.task_names:
+        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
+    if task is None:
+        task = default_task(pool, model)
+    eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)
+    if task is not None and task not in eval_tasks:
+        eval_tasks.append(task)
+    result = SweepResult(kind=kind, model=model, task=task, x_name=X_NAMES[kind], recipe=recipe)
+    start = time.perf_counter()
+    report(progress, 0.0, f"loading a working copy of {model}")
+    work = WorkingCopy(pool, model, device=device)
+    tokenizer = pool.tokenizer
+    done: dict[str, tuple[Scorecard, float]] = {}
+    n = len(specs)
+    for i, spec in enumerate(specs):
+        t0 = time.perf_counter()
+        sub = scaled(progress, i / n, (i + 1) / n)
+        label = f"{spec.series} {result.x_name}={spec.x:g}"
+        if spec.same_as is not None and spec.same_as in done:
+            card, dist = done[spec.same_as]
+            card = Scorecard.from_dict(card.to_dict())
+            card.model = f"{model}:{label}"
+        else:
+            report(sub, 0.0, f"{label}: writing weights")
+            work.apply(spec.fn)
+            dist = work.distance()
+            card = evaluate(work.model, tokenizer, pool.probes, name=f"{model}:{label}", batch_size=batch_size,
+                            max_general=max_general, max_task=max_task, tasks=eval_tasks,
+                            progress=scaled(sub, 0.05, 1.0))
+            if spec.key is not None:
+                done[spec.key] = (card, dist)
+        point = SweepPoint(series=spec.series, x=float(spec.x), settings=dict(spec.settings), scorecard=card,
+                           distance=dist, seconds=time.perf_counter() - t0)
+        result.points.append(point)
+        result.mark_pareto()
+        result.seconds = time.perf_counter() - start
+        report(progress, (i + 1) / n, f"{label}: speciality {point.speciality(task):.3f}, "
+                                      f"general loss {point.general_loss:.3f}")
+        if on_point is not None:
+            on_point(point, result)
+    del work
+    return result
+
+
+def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
+    src = str(pool.source) if getattr(pool, "source", None) else None
+    return {"sweep": kind, "pool": src, "pool_name": getattr(pool, "name", None), "model": model, **kw}
+
+
+def _wise(alpha: float) -> Callable:
+    def fn(name, w0, w1):
+        if alpha == 0:
+            return w0
+        if alpha == 1:
+            return w1
+        return (1.0 - alpha) * w0 + alpha * w1
+    return fn
+
+
+def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
+                device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
+                max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
+                progress: Progress = None) -> SweepResult:
+    """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1).
+
+    α = 0 is the base and α = 1 the fine-tuned model, bit for bit. `on_point(point, result)` is called after
+    each point with the result so far.
+    """
+    grid = _check_grid("alpha", alphas)
+    specs = [_Spec("wise-ft", a, {"alpha": a}, _wise(a)) for a in grid]
+    recipe = _recipe(pool, model, "alpha", alphas=grid, task=task, max_general=max_general, max_task=max_task,
+                     tasks=list(tasks) if tasks is not None else None)
+    return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+
+
+def _pruned(ratio: float, score: str) -> Callable:
+    from forgetlab.merge.fapm import fapm_mask
+
+    def fn(name, w0, w1):
+        if ratio <= 0:
+            return w1
+        if ratio >= 1:
+            return w0
+        mask = fapm_mask(w1 - w0, w0, ratio, score)
+        return torch.where(mask, w1, w0)      # θ0 + mask ⊙ τ, exact where kept
+    return fn
+
+
+def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
+                  scores: Sequence[str] = PRUNING_SCORES, task: Optional[str] = None, device: Optional[str] = None,
+                  batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
+                  tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
+                  progress: Progress = None) -> SweepResult:
+    """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
+    entries of every tensor are zeroed (`forgetlab.merge.fapm.fapm_mask`), for each ratio and each score
+    ("fapm" S = |τ| − mean|W0|·|τ|/|W0|, and the ablations "magnitude" S = |τ|, "relative" S = −|τ|/|W0|).
+
+    Ratio 0 is the fine-tuned model and ratio 1 the base (identical across scores, evaluated once).
+    """
+    grid = _check_grid("ratio", ratios)
+    scores = list(scores)
+    if not scores:
+        raise ParameterError(f"Give at least one pruning score: {', '.join(PRUNING_SCORES)}.")
+    for s in scores:
+        if s not in PRUNING_SCORES:
+            raise ParameterError(f"Unknown pruning score {s!r}; choose from {', '.join(PRUNING_SCORES)}.")
+    specs = []
+    for s in scores:
+        for r in grid:
+            key = "ft" if r <= 0 else ("base" if r >= 1 else None)
+            seen = any(sp.key == key for sp in specs) if key else False
+            specs.append(_Spec(s, r, {"ratio": r, "score": s}, _pruned(r, s), same_as=key if seen else None,
+                               key=key))
+    recipe = _recipe(pool, model, "pruning", ratios=grid, scores=scores, task=task, max_general=max_general,
+                     max_task=max_task, tasks=list(tasks) if tasks is not None else None)
+    return _run(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+
+
+def _dare(drop: float, seed: int) -> Callable:
+    from forgetlab.merge.sparsify import dare, tensor_generator
+
+    def fn(name, w0, w1):
+        if drop <= 0:
+            return w1
+        if drop >= 1:
+            return w0
+        return w0 + dare(w1 - w0, drop, tensor_generator(seed, name, 0))
+    return fn
+
+
+def _ties(keep: float) -> Callable:
+    from forgetlab.merge.sparsify import magnitude_mask
+
+    def fn(name, w0, w1):
+        if keep >= 1:
+            return w1
+        if keep <= 0:
+            return w0
+        # one task vector: the elected sign is sign(τ) and the disjoint mean is the trimmed τ itself
+        return torch.where(magnitude_mask(w1 - w0, keep), w1, w0)
+    return fn
+
+
+def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
+                  keeps: Sequence[float] = DEFAULT_KEEPS, methods: Sequence[str] = DENSITY_METHODS, seed: int = 0,
+                  task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
+                  max_general: Optional[int] = None, max_task: Optional[int] = None,
+                  tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
+                  progress: Progress = None) -> SweepResult:
+    """Density curves of one task vector: DARE θ0 + dare(τ, p) (drop each entry with probability p, rescale
+    survivors by 1/(1 − p), seeded per tensor) over `drops`, and TIES θ0 + trim(τ, keep) (top keep fraction
+    by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model."""
+    methods = list(methods)
+    for m in methods:
+        if m not in DENSITY_METHODS:
+            raise ParameterError(f"Unknown density method {m!r}; choose from {', '.join(DENSITY_METHODS)}.")
+    if not methods:
+        raise ParameterError("Give at least one density method: dare, ties.")
+    specs = []
+    drop_grid = _check_grid("drop", drops) if "dare" in methods else []
+    keep_grid = _check_grid("keep", keeps) if "ties" in methods else []
+    for p in drop_grid:
+        key = "ft" if p <= 0 else ("base" if p >= 1 else None)
+        seen = any(sp.key == key for sp in specs) if key else False
+        specs.append(_Spec("dare", 1.0 - p, {"drop": p, "seed": int(seed)}, _dare(p, int(seed)),
+                           same_as=key if seen else None, key=key))
+    for k in keep_grid:
+        key = "ft" if k >= 1 else ("base" if k <= 0 else None)
+        seen = any(sp.key == key for sp in specs) if key else False
+        specs.append(_Spec("ties", k, {"keep": k}, _ties(k), same_as=key if seen else None, key=key))
+    recipe = _recipe(pool, model, "density", drops=drop_grid, keeps=keep_grid, methods=methods, seed=int(seed),
+                     task=task, max_general=max_general, max_task=max_task,
+                     tasks=list(tasks) if tasks is not None else None)
+    return _run(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+
+
+def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
+    from forgetlab.merge.interpolation import hma_alpha_for, layer_of, num_layers_of
+
+    n_layers = num_layers_of(config, names)
+    per_name = {n: hma_alpha_for(layer_of(n, config), n_layers, alphas) for n in names}
+
+    def fn(name, w0, w1):
+        return _wise(per_name[name])(name, w0, w1)
+    return fn
+
+
+def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
+             device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
+             max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
+             progress: Progress = None) -> SweepResult:
+    """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
+    blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — METHODS.md "HMA".
+    x = the tuple's mean α. Default grid: the MoFO rebuttal's 15 triples."""
+    tuples = [list(t) for t in (grid or [])]
+    if not tuples:
+        raise ParameterError("The HMA grid is empty; give α tuples such as 0.1,0.2,0.3.")
+    sizes = {len(t) for t in tuples}
+    if len(sizes) != 1 or 0 in sizes:
+        raise ParameterError(f"Every HMA tuple needs the same number of blocks (≥ 1); got sizes {sorted(sizes)}.")
+    tuples = [[check_fraction("every HMA alpha", a) for a in t] for t in tuples]
+    _check_model(pool, model)
+    names = [n for n in pool.base.names()]
+    specs = [_Spec("hma", sum(t) / len(t), {"alphas": t}, _hma(t, pool.config, names)) for t in tuples]
+    recipe = _recipe(pool, model, "hma", grid=tuples, task=task, max_general=max_general, max_task=max_task,
+                     tasks=list(tasks) if tasks is not None else None)
+    return _run(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+
+
+SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
+
+
+# ------------------------------------------------------------------------------------------- save/reopen
+
+
+def save_sweep(result: SweepResult, home_path: str | Path | None = None) -> Path:
+    """Save a sweep under the workspace's runs/ (kind `sweep-<kind>`: recipe.json, results.json, results.csv)."""
+    from forgetlab.workspace import save_run
+
+    recipe = dict(result.recipe)
+    recipe.setdefault("model", result.model)
+    recipe.setdefault("task", result.task)
+    return save_run(f"sweep-{result.kind}", recipe, result.to_dict(), frame=result.to_frame(),
+                    home_path=home_path)
+
+
+def load_sweep(path: str | Path) -> SweepResult:
+    """Reopen a sweep saved by `save_sweep`."""
+    from forgetlab.errors import WorkspaceError
+    from forgetlab.workspace import load_run
+
+    run = load_run(path)
+    if not str(run.kind).startswith("sweep-"):
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not a sweep.")
+    try:
+        return SweepResult.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The sweep in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+
+
+def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
+    """Saved sweeps (`forgetlab.workspace.SavedRun`s, newest first), optionally of one model."""
+    from forgetlab.workspace import list_runs
+
+    runs = [r for r in list_runs(home_path) if str(r.kind).startswith("sweep-")]
+    if model is not None:
+        runs = [r for r in runs if r.recipe.get("model") == model]
+    return runs
