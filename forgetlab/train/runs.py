@@ -1,0 +1,353 @@
+"""What-if fine-tunes over a model pool: one run or a comparison, forgetting recorded along the way.
+
+`finetune(pool, task, config)` trains a fresh copy of a pool member (the base by default) on the task's
+`train` pairs with `forgetlab.train.trainer.train`, and every `eval_every` steps records generality (held-out
+general loss), speciality (exact match and answer loss on the task's `eval` pairs) and D(θ, θ0)
+(METHODS.md "Forgetting, measured" and "MoFO"). `compare(pool, task, configs)` runs several configurations
+(AdamW, MoFO, SFA, L2 …) on the same data, steps and seed and marks the Pareto front of their final points.
+`save_finetuned(pool, run, name)` writes the trained model as an HF folder and adds it to the pool (and to
+its YAML file), so every other page can analyse it.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
+from forgetlab.evaluate import Scorecard, evaluate
+from forgetlab.progress import Progress, report, scaled
+from forgetlab.train.trainer import TrainResult, train
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning recipe. `label` names it in tables and charts; the rest are `train` arguments."""
+
+    label: str = "adamw"
+    optimizer: str = "adamw"
+    steps: int = 100
+    batch_size: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    fraction: float = 0.2
+    warmup: int = 0
+    schedule: str = "cosine"
+    seed: int = 0
+    sfa_p: Optional[float] = None
+    sfa_beta: float = 0.5
+    l1: float = 0.0
+    l2: float = 0.0
+
+    def train_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of `forgetlab.train.trainer.train` this config stands for."""
+        d = asdict(self)
+        d.pop("label")
+        return d
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneConfig":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
+                     fraction: float = 0.2, sfa_p: float = 0.25, sfa_beta: float = 0.5,
+                     l2: float = 1.0) -> list[FinetuneConfig]:
+    """The comparison of METHODS.md on equal footing: AdamW, MoFO (fraction), SFA (p, β) and L2-to-init (λ)."""
+    common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    return [
+        FinetuneConfig(label="adamw", optimizer="adamw", **common),
+        FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
+        FinetuneConfig(label=f"sfa-p{sfa_p:g}", optimizer="adamw", sfa_p=sfa_p, sfa_beta=sfa_beta, **common),
+        FinetuneConfig(label=f"l2-{l2:g}", optimizer="adamw", l2=l2, **common),
+    ]
+
+
+@dataclass
+class FinetuneRun:
+    """One fine-tune: its config, the task, where it started, the training record and the final scorecard.
+
+    `train.history` holds the periodic records (step, distance, general_loss, perplexity, exact_match,
+    answer_loss); `start_card` is the scorecard of the starting model (step 0).
+    """
+
+    config: FinetuneConfig
+    task: str
+    start: str
+    train: TrainResult
+    final: Optional[Scorecard] = None
+    start_card: Optional[Scorecard] = None
+    pareto: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.config.label
+
+    @property
+    def speciality(self) -> float:
+        """Final exact match on the task."""
+        return self.final.tasks[self.task].exact_match if self.final else float("nan")
+
+    @property
+    def general_loss(self) -> float:
+        """Final held-out general loss."""
+        return self.final.general_loss if self.final else float("nan")
+
+    @property
+    def distance(self) -> float:
+        """Final D(θ, θ0) from the start model."""
+        for rec in reversed(self.train.history):
+            if "distance" in rec:
+                return float(rec["distance"])
+        return float("nan")
+
+    def trajectory(self) -> pd.DataFrame:
+        """The periodic records as a table, one row per record, with the run's label."""
+        df = self.train.history_frame()
+        df.insert(0, "label", self.label)
+        return df
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row: label, settings, final speciality, general loss, forgetting, distance, pareto."""
+        base_gen = self.start_card.general_loss if self.start_card else float("nan")
+        row = {"label": self.label, "task": self.task, "start": self.start, "optimizer": self.config.optimizer,
+               "steps": self.train.completed_steps, "speciality": self.speciality,
+               "answer_loss": self.final.tasks[self.task].answer_loss if self.final else float("nan"),
+               "general_loss": self.general_loss, "forgetting": self.general_loss - base_gen,
+               "distance": self.distance, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
+               "seconds": self.train.seconds, "stopped": self.train.stopped}
+        return pd.DataFrame([row])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "task": self.task, "start": self.start,
+                "train": self.train.to_dict(), "final": self.final.to_dict() if self.final else None,
+                "start_card": self.start_card.to_dict() if self.start_card else None, "pareto": self.pareto}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneRun":
+        return cls(config=FinetuneConfig.from_dict(d["config"]), task=d["task"], start=d["start"],
+                   train=TrainResult.from_dict(d["train"]),
+                   final=Scorecard.from_dict(d["final"]) if d.get("final") else None,
+                   start_card=Scorecard.from_dict(d["start_card"]) if d.get("start_card") else None,
+                   pareto=bool(d.get("pareto", False)))
+
+
+@dataclass
+class FinetuneComparison:
+    """Several fine-tunes of the same task on the same data and steps, with the Pareto front marked."""
+
+    task: str
+    start: str
+    runs: list[FinetuneRun] = field(default_factory=list)
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+    def mark_pareto(self) -> list[bool]:
+        """Flag the runs whose final (speciality, general loss) no other run beats on both."""
+        from forgetlab.sweeps import pareto_mask
+
+        flags = pareto_mask([r.speciality for r in self.runs], [r.general_loss for r in self.runs])
+        for r, f in zip(self.runs, flags):
+            r.pareto = f
+        return flags
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per run (see `FinetuneRun.to_frame`)."""
+        if not self.runs:
+            return pd.DataFrame()
+        return pd.concat([r.to_frame() for r in self.runs], ignore_index=True)
+
+    def trajectories(self) -> pd.DataFrame:
+        """Every run's periodic records stacked, with a `label` column."""
+        if not self.runs:
+            return pd.DataFrame()
+        return pd.concat([r.trajectory() for r in self.runs], ignore_index=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.task, "start": self.start, "runs": [r.to_dict() for r in self.runs],
+                "recipe": self.recipe}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneComparison":
+        return cls(task=d["task"], start=d["start"], runs=[FinetuneRun.from_dict(r) for r in d.get("runs", [])],
+                   recipe=dict(d.get("recipe", {})))
+
+
+def training_examples(pool, task: str, *, max_length: int = 256, max_train: Optional[int] = None):
+    """The task's `train` pairs encoded for fine-tuning (loss on answer tokens and EOS only)."""
+    from forgetlab.data import encode_pairs
+
+    if task not in pool.task_names:
+        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
+    pairs = list(pool.probes.task(task).train or [])
+    if max_train is not None:
+        pairs = pairs[: int(max_train)]
+    if not pairs:
+        raise TrainingError(f"Task {task!r} has no training data: add a `train:` file for it under "
+                            "`probes: tasks:` in the pool file.")
+    return encode_pairs(pool.tokenizer, pairs, max_length, pool.probes.template)
+
+
+def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_general: Optional[int],
+             max_task: Optional[int]):
+    def fn(model, step: int) -> dict[str, Any]:
+        card = evaluate(model, pool.tokenizer, pool.probes, name=f"step {step}", batch_size=batch_size,
+                        max_general=max_general, max_task=max_task, tasks=eval_tasks)
+        rec: dict[str, Any] = {"general_loss": card.general_loss, "perplexity": card.perplexity,
+                               "exact_match": card.tasks[task].exact_match,
+                               "answer_loss": card.tasks[task].answer_loss, "scorecard": card.to_dict()}
+        for t, s in card.tasks.items():
+            if t != task:
+                rec[f"{t}/exact_match"] = s.exact_match
+        return rec
+    return fn
+
+
+def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
+    return Scorecard.from_dict(rec["scorecard"])
+
+
+def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: str = "base",
+             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
+             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
+             max_length: int = 256, batch_size_eval: int = 16, device: Optional[str] = None,
+             progress: Progress = None, return_model: bool = False):
+    """Fine-tune a fresh copy of pool member `start` on `task` with `config`; return a `FinetuneRun`
+    (and the trained model when `return_model`).
+
+    Records every `eval_every` steps (default: 10 records per run) and at steps 0 and T: generality (general
+    loss, perplexity), speciality on `task` (exact match, answer loss; other tasks' exact match too) and
+    D(θ, θ0) from the starting weights. The pool's cached models are never modified. A NaN loss raises
+    `TrainingError` after restoring the last good weights (see `trainer.train`).
+    """
+    from forgetlab.checkpoints import load_model
+
+    config = config or FinetuneConfig()
+    if start != "base" and start not in pool.model_names:
+        raise ForgetlabError(f"The pool has no model {start!r}; its models are: base, "
+                             f"{', '.join(pool.model_names)}. Pick one of them to fine-tune.")
+    if not pool.probes.general:
+        raise ProbeDataError("Fine-tuning records generality on held-out general text; add `probes: general:` "
+                             "to the pool file.")
+    examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
+    tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
+    if task not in tasks:
+        tasks.append(task)
+    every = eval_every if eval_every is not None else max(1, math.ceil(config.steps / 10))
+    report(progress, 0.0, f"{config.label}: loading {start}")
+    model = load_model(pool.checkpoint(start), device=device, dtype=torch.float32)
+    tok = pool.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    fn = _eval_fn(pool, task, tasks, batch_size_eval, max_general, max_task)
+    try:
+        result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
+                       progress=progress)
+    except TrainingError as err:
+        partial = getattr(err, "result", None)
+        if partial is not None:
+            err.run = FinetuneRun(config, task, start, partial)  # type: ignore[attr-defined]
+        raise
+    run = FinetuneRun(config=config, task=task, start=start, train=result,
+                      final=_records_to_card(result.history[-1]), start_card=_records_to_card(result.history[0]))
+    report(progress, 1.0, f"{config.label}: done · speciality {run.speciality:.3f} · general loss "
+                          f"{run.general_loss:.3f}")
+    if return_model:
+        return run, model
+    del model
+    return run
+
+
+def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = "base",
+            eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
+            max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
+            device: Optional[str] = None, on_run=None, progress: Progress = None) -> FinetuneComparison:
+    """Run each config from the same start on the same task data and mark the Pareto front of the finals.
+
+    Configs should share `steps`, `batch_size` and `seed` for a fair comparison (same batches in the same
+    order); `on_run(run, comparison)` is called after each run. Labels must be distinct.
+    """
+    configs = list(configs)
+    if not configs:
+        raise ParameterError("Give at least one fine-tuning config to compare.")
+    labels = [c.label for c in configs]
+    if len(set(labels)) != len(labels):
+        raise ParameterError(f"Config labels must be distinct; got {labels}.")
+    comp = FinetuneComparison(task=task, start=start, recipe={
+        "task": task, "start": start, "configs": [c.to_dict() for c in configs], "eval_every": eval_every,
+        "max_general": max_general, "max_task": max_task, "max_train": max_train,
+        "pool": str(pool.source) if getattr(pool, "source", None) else None})
+    n = len(configs)
+    for i, cfg in enumerate(configs):
+        run = finetune(pool, task, cfg, start=start, eval_every=eval_every, eval_tasks=eval_tasks,
+                       max_general=max_general, max_task=max_task, max_train=max_train, device=device,
+                       progress=scaled(progress, i / n, (i + 1) / n))
+        comp.runs.append(run)
+        comp.mark_pareto()
+        if on_run is not None:
+            on_run(run, comp)
+    return comp
+
+
+# --------------------------------------------------------------------------------------------- saving
+
+
+def save_finetune_run(result: FinetuneRun | FinetuneComparison, home_path=None) -> Path:
+    """Save a run or a comparison under the workspace's runs/ (kind `finetune`); reopen with `load_finetune_run`."""
+    from forgetlab.workspace import save_run
+
+    if isinstance(result, FinetuneRun):
+        recipe = {"task": result.task, "start": result.start, "configs": [result.config.to_dict()]}
+        comp = FinetuneComparison(result.task, result.start, [result], recipe)
+    else:
+        comp = result
+    return save_run("finetune", dict(comp.recipe), comp.to_dict(), frame=comp.to_frame(), home_path=home_path)
+
+
+def load_finetune_run(path) -> FinetuneComparison:
+    """Reopen a fine-tune saved by `save_finetune_run` (always as a comparison, possibly of one run)."""
+    from forgetlab.errors import WorkspaceError
+    from forgetlab.workspace import load_run
+
+    run = load_run(path)
+    if run.kind != "finetune":
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not a fine-tune.")
+    return FinetuneComparison.from_dict(run.results)
+
+
+def default_model_dir(pool, name: str) -> Path:
+    """Where `save_finetuned` puts a model: `finetuned/<name>` beside the pool file, else in the workspace."""
+    from forgetlab.workspace import home
+
+    if getattr(pool, "source", None):
+        return Path(pool.source).parent / "finetuned" / name
+    return home() / "finetuned" / name
+
+
+def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None, out_dir=None,
+                   overwrite: bool = False, update_yaml: bool = True) -> Path:
+    """Save a trained model as an HF folder (`forgetlab.checkpoints.save_model`, atomic) with its recipe
+    (`finetune.json`), add it to the pool under `name`, and rewrite the pool's YAML file if it has one.
+
+    An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
+    """
+    from forgetlab.checkpoints import save_model
+
+    if not name or name == "base" or "/" in name or name.startswith("."):
+        raise ParameterError(f"{name!r} cannot name a model; use letters, digits, '-' or '_' (not 'base').")
+    if name in pool.model_names:
+        raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
+    target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
+    extra = {"finetune.json": json.dumps(run.to_dict(), indent=2, default=str)} if run is not None else None
+    path = save_model(model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra)
+    pool.add(name, str(path))
+    if update_yaml and getattr(pool, "source", None):
+        pool.to_yaml(pool.source)
+    return path
