@@ -1,0 +1,174 @@
+"""The tensor-by-tensor driver shared by the in-memory API and the streaming engine.
+
+A *source* gives tensor names, shapes and one tensor at a time: `DictSource` wraps a state dict,
+`CheckpointSource` a lazily opened checkpoint (a LoRA adapter reads as base + ΔW, ΔW = (α/r)·B·A, without
+reading the base twice). `check_compatible` compares every model with the base before anything is read;
+`collect_stats` runs a method's global first pass; `merge_tensors` yields (name, merged tensor) one at a
+time, so peak memory is a few tensors times the number of models.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from forgetlab.errors import IncompatibleModelsError, ParameterError
+from forgetlab.merge.interpolation import layer_locator, num_layers_of
+from forgetlab.merge.registry import MethodSpec, TensorJob
+from forgetlab.progress import Progress, report
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Name, shape and dtype of one tensor of the base."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class DictSource:
+    """A state dict seen as a source (tensors are read as float32 copies on `device`)."""
+
+    def __init__(self, state: Mapping[str, torch.Tensor], label: str = "model"):
+        if not isinstance(state, Mapping):
+            raise ParameterError(f"{label} must be a state dict (name → tensor); got {type(state).__name__}.")
+        self.state = state
+        self.label = label
+
+    def entries(self) -> dict[str, Entry]:
+        return {n: Entry(n, tuple(t.shape), t.dtype) for n, t in self.state.items()}
+
+    def read(self, name: str, device: str = "cpu") -> torch.Tensor:
+        t = self.state[name]
+        return t.detach().to(device=device, dtype=torch.float32) if t.is_floating_point() else t.detach().clone()
+
+    def read_raw(self, name: str) -> torch.Tensor:
+        return self.state[name]
+
+    def delta(self, name: str, device: str = "cpu"):
+        return None
+
+
+class CheckpointSource:
+    """A forgetlab Checkpoint seen as a source; LoRA checkpoints give their ΔW through `delta`."""
+
+    def __init__(self, ckpt, label: str | None = None):
+        self.ckpt = ckpt
+        self.label = label or str(ckpt.ref)
+        self.is_lora = getattr(ckpt, "kind", "hf") == "lora"
+        self._delta_names = set(ckpt.delta_names()) if self.is_lora else set()
+
+    def entries(self) -> dict[str, Entry]:
+        return {n: Entry(n, tuple(i.shape), i.dtype) for n, i in self.ckpt.infos().items()}
+
+    def read(self, name: str, device: str = "cpu") -> torch.Tensor:
+        t = self.ckpt.read(name, dtype=None)
+        return t.to(device=device, dtype=torch.float32) if t.is_floating_point() else t
+
+    def read_raw(self, name: str) -> torch.Tensor:
+        return self.ckpt.read(name, dtype=None)
+
+    def delta(self, name: str, device: str = "cpu"):
+        """ΔW of a LoRA adapter for `name` (None for full checkpoints; zeros for untouched LoRA targets)."""
+        if not self.is_lora:
+            return None
+        if name not in self._delta_names:
+            return 0
+        return self.ckpt.delta(name, torch.float32).to(device)
+
+
+def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
+    """The base's tensors in storage order, after checking that every model has the same names and shapes.
+
+    Raises IncompatibleModelsError naming the tensor and both shapes, or the first missing/extra tensor.
+    """
+    base_entries = base.entries()
+    for m in models:
+        ent = m.entries()
+        missing = [n for n in base_entries if n not in ent]
+        if missing:
+            raise IncompatibleModelsError(
+                f"{m.label} has no tensor {missing[0]!r} (and {len(missing) - 1} more) that the base {base.label} "
+                "has: the models do not share an architecture. Merge models fine-tuned from the same base.")
+        extra = [n for n in ent if n not in base_entries]
+        if extra:
+            raise IncompatibleModelsError(
+                f"{m.label} has a tensor {extra[0]!r} that the base {base.label} lacks; merge models with the "
+                "same architecture as the base.")
+        for n, e in base_entries.items():
+            if ent[n].shape != e.shape:
+                raise IncompatibleModelsError(
+                    f"Tensor {n} has shape {e.shape} in the base {base.label} but {ent[n].shape} in {m.label}: "
+                    "merge models fine-tuned from the same base.")
+    return list(base_entries.values())
+
+
+def _finetuned(models, name: str, base_t: torch.Tensor, device: str) -> list[torch.Tensor]:
+    out = []
+    for m in models:
+        d = m.delta(name, device)
+        if d is None:
+            out.append(m.read(name, device))
+        elif isinstance(d, int):
+            out.append(base_t.clone())
+        else:
+            out.append(base_t + d)
+    return out
+
+
+def _float_entries(entries: Sequence[Entry]) -> list[Entry]:
+    return [e for e in entries if e.dtype.is_floating_point]
+
+
+def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], device: str = "cpu",
+                  progress: Progress = None) -> Any:
+    """Run the method's global first pass over every floating-point tensor (None if it needs none)."""
+    if not spec.needs_global_pass(params):
+        return None
+    floats = _float_entries(entries)
+    total = sum(e.numel for e in floats)
+    collector = spec.collector(len(models), total, params)
+    steps = collector.passes * max(1, len(floats))
+    done = 0
+    for p in range(collector.passes):
+        for e in floats:
+            base_t = base.read(e.name, device)
+            fts = _finetuned(models, e.name, base_t, device)
+            collector.add(p, e.name, base_t, [ft - base_t for ft in fts])
+            done += 1
+            report(progress, done / steps, f"statistics pass {p + 1}/{collector.passes}: {e.name}")
+        collector.end_pass(p)
+    return collector.result()
+
+
+def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], *, stats: Any = None,
+                  prepared: Mapping[str, Any] | None = None, config=None, device: str = "cpu",
+                  out_dtype: torch.dtype | None = None, progress: Progress = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (name, merged tensor) for every base tensor in order, cast to `out_dtype` (default: the base's
+    dtype) on the CPU. Non-floating tensors (e.g. integer buffers) are copied from the base."""
+    names = [e.name for e in entries]
+    n_layers = num_layers_of(config, names)
+    locate = layer_locator(config)
+    for i, e in enumerate(entries):
+        if not e.dtype.is_floating_point:
+            yield e.name, base.read_raw(e.name)
+            continue
+        base_t = base.read(e.name, device)
+        job = TensorJob(name=e.name, base=base_t, finetuned=_finetuned(models, e.name, base_t, device),
+                        params=params, stats=stats, prepared=None if prepared is None else prepared.get(e.name),
+                        layer=locate(e.name), num_layers=n_layers, device=device)
+        merged = spec.merge(job)
+        if tuple(merged.shape) != e.shape:
+            raise IncompatibleModelsError(f"internal: {spec.name} returned shape {tuple(merged.shape)} for {e.name} "
+                                          f"of shape {e.shape}.")
+        yield e.name, merged.to(device="cpu", dtype=out_dtype or e.dtype)
+        report(progress, (i + 1) / max(1, len(entries)), f"merged {e.name}")

@@ -1,0 +1,242 @@
+"""The registry of merge methods: one name per method, used by the recipe YAML, the CLI, the app and the docs.
+
+`METHODS` maps a name to its `MethodSpec`: parameters (`ParamSpec`: name, type, default, range or choices,
+help), a one-line description, and how it merges one tensor (`merge(job: TensorJob) -> Tensor`). The app
+builds its forms from it; `validate_params` checks user input against it.
+
+Hooks for methods that need more than the tensors of one name:
+
+- **Global first pass** — `collector(n_tasks, total_entries, params) -> StatsCollector` (see
+  `forgetlab.merge.stats`): the engine streams every tensor through the collector for `collector.passes`
+  sweeps before merging and hands `collector.result()` to every `TensorJob` as `job.stats`. Used by
+  `ties` with scope="global" and `pcb` with scope="global"; `MethodSpec.needs_global_pass(params)` says
+  when it applies.
+- **Prepared coefficients from a pool** — `prepare(ctx: PrepareContext) -> Mapping[str, Any]`: called once
+  before the merge with the model pool (its models and probe data), the opened checkpoints and the
+  validated parameters; it returns per-tensor coefficients keyed by tensor name (e.g. the weights a_j of
+  submodule-linearity merging for every parameter of a submodule). The engine passes
+  `prepared.get(name)` to the job as `job.prepared`. `merge_state_dicts(..., prepared=...)` accepts
+  coefficients computed beforehand, and `forgetlab.merge.run(..., pool=...)` calls `prepare` itself.
+  A method with `prepare` sets `needs_pool=True`.
+
+Other modules add methods with `register(MethodSpec(...))` (a name can be registered once).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from forgetlab.errors import ParameterError
+from forgetlab.merge.sparsify import tensor_generator
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter of a method.
+
+    type: "float" | "int" | "str" | "bool" | "floats" (a list of floats).
+    range: inclusive (low, high) bounds for numbers (each element for "floats"); choices for "str".
+    per_model: the value may be one number per fine-tuned model (a scalar applies to all); recipes give it
+    per model under `model_key` (e.g. `weight` for `weights`).
+    """
+
+    name: str
+    type: str
+    default: Any
+    help: str
+    range: tuple[float, float] | None = None
+    choices: tuple[str, ...] | None = None
+    per_model: bool = False
+    model_key: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "type": self.type, "default": self.default, "help": self.help,
+                "range": list(self.range) if self.range else None,
+                "choices": list(self.choices) if self.choices else None, "per_model": self.per_model}
+
+
+@dataclass
+class TensorJob:
+    """Everything a method needs to merge one named tensor (float32 on `device`)."""
+
+    name: str
+    base: torch.Tensor
+    finetuned: list[torch.Tensor]
+    params: dict[str, Any]
+    stats: Any = None
+    prepared: Any = None
+    layer: Any = "first"
+    num_layers: int = 1
+    device: str = "cpu"
+
+    @cached_property
+    def taus(self) -> list[torch.Tensor]:
+        """Task vectors τt = θt − θ0 of this tensor."""
+        return [ft - self.base for ft in self.finetuned]
+
+    def generator(self, index: int) -> torch.Generator:
+        """The seeded generator of model `index` for this tensor (see sparsify.tensor_generator)."""
+        return tensor_generator(int(self.params.get("seed", 0)), self.name, index, self.device)
+
+
+@dataclass
+class PrepareContext:
+    """What a `prepare` hook receives: the pool, the opened checkpoints and the validated parameters."""
+
+    pool: Any
+    base: Any
+    models: list[Any]
+    model_names: list[str]
+    params: dict[str, Any]
+    progress: Any = None
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered merge method: name, one-line description, parameters and its per-tensor function."""
+
+    name: str
+    description: str
+    params: tuple[ParamSpec, ...]
+    merge: Callable[[TensorJob], torch.Tensor]
+    min_models: int = 1
+    max_models: int | None = None
+    collector: Callable[[int, int, dict], Any] | None = None
+    global_when: Callable[[dict], bool] | None = None
+    prepare: Callable[[PrepareContext], Mapping[str, Any]] | None = None
+    needs_pool: bool = False
+    check: Callable[[dict, int], None] | None = None
+    mergekit: str | None = None
+    formula: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    def param(self, name: str) -> ParamSpec:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise ParameterError(f"{self.name} has no parameter {name!r}; its parameters are "
+                             f"{', '.join(self.param_names) or '(none)'}.")
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def needs_global_pass(self, params: Mapping[str, Any] | None = None) -> bool:
+        """True when the method takes a global first pass with these parameters (e.g. scope="global")."""
+        if self.collector is None:
+            return False
+        if self.global_when is None:
+            return True
+        return bool(self.global_when({**self.defaults(), **dict(params or {})}))
+
+    @property
+    def global_pass(self) -> bool:
+        """Whether the method needs a global first pass with its default parameters."""
+        return self.needs_global_pass({})
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "description": self.description, "formula": self.formula,
+                "params": [p.to_dict() for p in self.params], "min_models": self.min_models,
+                "max_models": self.max_models, "global_pass": self.global_pass,
+                "needs_pool": self.needs_pool, "mergekit": self.mergekit}
+
+
+METHODS: dict[str, MethodSpec] = {}
+
+
+def register(spec: MethodSpec) -> MethodSpec:
+    """Add a method to METHODS under `spec.name` (a name can be registered only once)."""
+    if spec.name in METHODS:
+        raise ParameterError(f"A merge method named {spec.name!r} is registered already.")
+    METHODS[spec.name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    """The MethodSpec called `name`, or a ParameterError listing the registered methods."""
+    spec = METHODS.get(name)
+    if spec is None:
+        raise ParameterError(f"Unknown merge method {name!r}; choose one of {', '.join(sorted(METHODS))}.")
+    return spec
+
+
+def _number(spec_name: str, p: ParamSpec, value: Any, integer: bool) -> float | int:
+    if isinstance(value, bool):
+        raise ParameterError(f"{spec_name}: {p.name} must be a number; got {value!r}.")
+    try:
+        v = int(value) if integer else float(value)
+        if integer and float(value) != v:
+            raise ValueError
+    except (TypeError, ValueError):
+        kind = "an integer" if integer else "a number"
+        raise ParameterError(f"{spec_name}: {p.name} must be {kind}; got {value!r}.") from None
+    if not integer and not math.isfinite(v):
+        raise ParameterError(f"{spec_name}: {p.name} must be finite; got {value!r}.")
+    if p.range is not None and not (p.range[0] <= v <= p.range[1]):
+        raise ParameterError(f"{spec_name}: {p.name} must lie in [{p.range[0]}, {p.range[1]}]; got {v}. "
+                             f"{p.help}")
+    return v
+
+
+def _coerce(spec_name: str, p: ParamSpec, value: Any, n_models: int | None) -> Any:
+    if p.per_model and isinstance(value, (list, tuple)):
+        if n_models is not None and len(value) != n_models:
+            raise ParameterError(f"{spec_name}: {p.name} has {len(value)} values for {n_models} fine-tuned "
+                                 "models; give one per model or a single number for all.")
+        return [_coerce(spec_name, ParamSpec(p.name, p.type, p.default, p.help, p.range, p.choices), v, None)
+                for v in value]
+    if p.type == "float":
+        v = _number(spec_name, p, value, integer=False)
+        return [v] * n_models if (p.per_model and n_models is not None) else v
+    if p.type == "int":
+        return _number(spec_name, p, value, integer=True)
+    if p.type == "bool":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ParameterError(f"{spec_name}: {p.name} must be true or false; got {value!r}.")
+    if p.type == "str":
+        if p.choices and value not in p.choices:
+            raise ParameterError(f"{spec_name}: {p.name} must be one of {', '.join(p.choices)}; got {value!r}.")
+        return str(value)
+    if p.type == "floats":
+        if isinstance(value, str):
+            value = [x for x in value.replace(",", " ").split() if x]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ParameterError(f"{spec_name}: {p.name} must be a non-empty list of numbers; got {value!r}.")
+        return [_number(spec_name, p, v, integer=False) for v in value]
+    raise ParameterError(f"internal: unknown parameter type {p.type!r} for {p.name}.")
+
+
+def validate_params(method: str | MethodSpec, params: Mapping[str, Any], n_models: int | None = None) -> dict:
+    """Check and complete a method's parameters: unknown names are refused (the message lists the valid
+    ones), values are coerced to their type and checked against their range/choices, per-model values are
+    expanded to one per model, and missing ones take their defaults. Also checks the number of models."""
+    spec = get_method(method) if isinstance(method, str) else method
+    unknown = [k for k in params if k not in spec.param_names]
+    if unknown:
+        raise ParameterError(f"{spec.name} has no parameter {', '.join(map(repr, unknown))}; its parameters "
+                             f"are {', '.join(spec.param_names) or '(none)'}.")
+    if n_models is not None:
+        if n_models < 1:
+            raise ParameterError(f"{spec.name} needs at least one fine-tuned model; none was given.")
+        if n_models < spec.min_models:
+            raise ParameterError(f"{spec.name} needs at least {spec.min_models} fine-tuned models; got {n_models}.")
+        if spec.max_models is not None and n_models > spec.max_models:
+            raise ParameterError(f"{spec.name} takes at most {spec.max_models} fine-tuned model(s); got {n_models}. "
+                                 "Pick fewer models or another method.")
+    out = {}
+    for p in spec.params:
+        value = params.get(p.name, p.default)
+        out[p.name] = _coerce(spec.name, p, value, n_models)
+    if spec.check is not None:
+        spec.check(out, n_models or 0)
+    return out
