@@ -1,0 +1,93 @@
+"""CLI: `forgetlab finetune POOL.yaml --task NAME --optimizer adamw|mofo ...` — what-if fine-tunes."""
+from __future__ import annotations
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+
+FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",
+         "pareto"]
+TRAJ = ["label", "step", "general_loss", "exact_match", "answer_loss", "distance"]
+
+
+def register(sub) -> None:
+    p = sub.add_parser("finetune", help="fine-tune on a task (AdamW, MoFO, SFA, L1/L2) and record forgetting",
+                       description="Fine-tune a pool member on a task's train pairs, recording generality, "
+                                   "speciality and D(θ, θ0) every few steps; optionally compare AdamW, MoFO, "
+                                   "SFA and L2 on the same data, or save the result as a new pool model.")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--task", required=True, help="the task to fine-tune on (its train split)")
+    p.add_argument("--start", default="base", help="the pool model to start from (default: base)")
+    p.add_argument("--optimizer", choices=["adamw", "mofo", "sgd"], default="adamw")
+    p.add_argument("--fraction", type=float, default=0.2, help="MoFO update fraction (default 0.2)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps before the cosine decay")
+    p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sfa-p", type=float, default=None, help="SFA: average with the start every ⌈p·T⌉ steps")
+    p.add_argument("--sfa-beta", type=float, default=0.5, help="SFA: θ ← (1 − β)·θ + β·θo (default 0.5)")
+    p.add_argument("--l1", type=float, default=0.0, help="L1-to-init penalty λ (loss + λ‖θ − θo‖₁)")
+    p.add_argument("--l2", type=float, default=0.0, help="L2-to-init penalty λ (loss + λ/2‖θ − θo‖²)")
+    p.add_argument("--compare", action="store_true",
+                   help="run AdamW, MoFO, SFA and L2 with these steps/lr/seed instead of one run")
+    p.add_argument("--eval-every", type=int, default=None, help="record every k steps (default: 10 records)")
+    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
+    p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
+    p.add_argument("--max-train", type=int, default=None, help="at most this many training pairs")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
+    p.add_argument("--out", help="also write the trajectories to this CSV or JSON file")
+    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+    p.set_defaults(func=cmd_finetune)
+
+
+def cmd_finetune(args) -> int:
+    from forgetlab.errors import ParameterError
+    from forgetlab.pool import ModelPool
+    from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
+                                      save_finetuned, standard_configs)
+
+    pool = ModelPool.from_yaml(args.pool)
+    opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
+                max_task=args.max_task, max_train=args.max_train, device=args.device)
+    update, close = tqdm_progress(f"finetune {args.task}")
+    try:
+        if args.compare:
+            if args.save_as:
+                raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
+            configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
+                                       fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
+                                       l2=args.l2 or 1.0)
+            comp = compare(pool, args.task, configs, progress=update, **opts)
+            model = None
+        else:
+            label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"
+            if args.sfa_p:
+                label += f"+sfa-p{args.sfa_p:g}"
+            if args.l1:
+                label += f"+l1-{args.l1:g}"
+            if args.l2:
+                label += f"+l2-{args.l2:g}"
+            cfg = FinetuneConfig(label=label, optimizer=args.optimizer, steps=args.steps,
+                                 batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                                 fraction=args.fraction, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
+                                 sfa_p=args.sfa_p, sfa_beta=args.sfa_beta, l1=args.l1, l2=args.l2)
+            run, model = finetune(pool, args.task, cfg, progress=update, return_model=True, **opts)
+            comp = FinetuneComparison(args.task, args.start, [run], {"task": args.task, "start": args.start,
+                                                                     "configs": [cfg.to_dict()]})
+            comp.mark_pareto()
+    finally:
+        close()
+    traj = comp.trajectories()
+    emit(f"fine-tuning {args.start} on {args.task}: trajectories")
+    emit_frame(traj[[c for c in TRAJ if c in traj.columns]])
+    emit("final")
+    emit_frame(comp.to_frame()[FINAL])
+    if args.out:
+        emit_frame(traj, args.out)
+    if not args.no_save:
+        emit(f"saved {save_finetune_run(comp)}")
+    if args.save_as and model is not None:
+        emit(f"added {args.save_as} to the pool: {save_finetuned(pool, model, args.save_as, run=comp.runs[0])}")
+    return 0

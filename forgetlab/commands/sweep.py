@@ -1,0 +1,95 @@
+"""CLI: `forgetlab sweep alpha|pruning|density|hma POOL.yaml --model NAME ...` — forgetting curves."""
+from __future__ import annotations
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+
+SHOWN = ["series", "x", "speciality", "answer_loss", "general_loss", "distance", "pareto"]
+
+
+def _floats(text: str) -> list[float]:
+    from forgetlab.errors import ParameterError
+
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0.1,0.2,0.3.") from None
+
+
+def _common(p) -> None:
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--model", required=True, help="the fine-tuned model of the pool to sweep")
+    p.add_argument("--task", default=None, help="task whose exact match is the speciality (default: the task "
+                                                "named in the model's name, else the mean over tasks)")
+    p.add_argument("--tasks", nargs="*", default=None, help="tasks to evaluate (default: all)")
+    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
+    p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
+    p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    p.add_argument("--out", help="also write the table to this CSV or JSON file")
+    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="forgetting curves: WiSE-FT α, FAPM pruning, DARE/TIES density, HMA grid",
+                       description="Evaluate generality and speciality along a post-hoc fix's setting, with "
+                                   "D(θ, θ0) and the Pareto front. One working copy of the model is rewritten "
+                                   "in place per point.")
+    kinds = p.add_subparsers(dest="kind", metavar="KIND", required=True)
+
+    k = kinds.add_parser("alpha", help="WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1")
+    _common(k)
+    k.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
+                   help="α grid, comma separated (default 0,0.1,…,1)")
+    k.set_defaults(func=cmd_sweep)
+
+    k = kinds.add_parser("pruning", help="FAPM pruning ratios, with magnitude/relative ablations")
+    _common(k)
+    k.add_argument("--ratios", default="0,0.2,0.4,0.6,0.8,0.9,0.95,0.99,1", help="pruning ratios (zeroed share)")
+    k.add_argument("--scores", nargs="+", default=["fapm", "magnitude", "relative"],
+                   help="series: fapm magnitude relative")
+    k.set_defaults(func=cmd_sweep)
+
+    k = kinds.add_parser("density", help="DARE drop rates and TIES keep fractions against density")
+    _common(k)
+    k.add_argument("--drops", default="0,0.5,0.7,0.9,0.95,0.99", help="DARE drop rates p")
+    k.add_argument("--keeps", default="1,0.5,0.3,0.2,0.1,0.05,0.01", help="TIES keep fractions")
+    k.add_argument("--methods", nargs="+", default=["dare", "ties"], help="dare ties")
+    k.add_argument("--seed", type=int, default=0, help="DARE seed")
+    k.set_defaults(func=cmd_sweep)
+
+    k = kinds.add_parser("hma", help="HMA: one α per block of layers, over a grid of α tuples")
+    _common(k)
+    k.add_argument("--grid", nargs="+", default=None,
+                   help="α tuples like 0.1,0.2,0.3 (default: the MoFO rebuttal's 15 triples)")
+    k.set_defaults(func=cmd_sweep)
+
+
+def cmd_sweep(args) -> int:
+    from forgetlab import sweeps
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(args.pool)
+    common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
+                  batch_size=args.batch_size, device=args.device)
+    if args.kind == "alpha":
+        extra = dict(alphas=_floats(args.alphas))
+    elif args.kind == "pruning":
+        extra = dict(ratios=_floats(args.ratios), scores=args.scores)
+    elif args.kind == "density":
+        extra = dict(drops=_floats(args.drops), keeps=_floats(args.keeps), methods=args.methods, seed=args.seed)
+    else:
+        extra = dict(grid=[_floats(t) for t in args.grid] if args.grid else sweeps.HMA_TRIPLES)
+    update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
+    try:
+        result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)
+    finally:
+        close()
+    frame = result.to_frame()
+    emit(f"{args.kind} sweep of {args.model} (speciality: {result.task or 'mean over tasks'} exact match; "
+         f"x = {result.x_name}; {len(result.points)} points in {result.seconds:.1f} s)")
+    emit_frame(frame[SHOWN])
+    if args.out:
+        emit_frame(frame, args.out)
+    if not args.no_save:
+        emit(f"saved {sweeps.save_sweep(result)}")
+    return 0
