@@ -521,7 +521,13 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
     dtype = _as_dtype(dtype)
     device = device or default_device()
     try:
-        if isinstance(ckpt, GGUFCheckpoint):
+        if isinstance(ckpt, GGUFCheckpoint) and "_tensors" in ckpt.__dict__:
+            # already dequantised once: build from the config instead of decoding the file again
+            model = AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
+            model.load_state_dict(ckpt._tensors, strict=False)
+            model.tie_weights()
+            model = model.to(dtype)
+        elif isinstance(ckpt, GGUFCheckpoint):
             model = AutoModelForCausalLM.from_pretrained(
                 str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name, dtype=dtype, trust_remote_code=False
             )
