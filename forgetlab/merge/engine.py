@@ -1,0 +1,129 @@
+"""The streaming merge engine: checkpoints on disk → merged HF folder, tensor by tensor.
+
+`run(recipe, out_dir)` opens the base and the fine-tuned models lazily (`forgetlab.checkpoints`; LoRA
+adapters read as base + ΔW), checks names and shapes from the headers, runs the method's global first pass
+when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.stats), then
+merges one tensor at a time into `write_hf_folder` (sharded safetensors + index, config and tokenizer from
+the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. The output appears only
+when complete (a temporary folder renamed into place); a failure removes it and leaves inputs untouched.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import yaml
+
+from forgetlab import checkpoints as ck
+from forgetlab.errors import ParameterError
+from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats, merge_tensors
+from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.registry import PrepareContext, get_method
+from forgetlab.progress import Progress, report, scaled
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
+
+
+@dataclass
+class MergeResult:
+    """Where a merge went and what it did."""
+
+    out_dir: Path
+    method: str
+    params: dict[str, Any]
+    n_tensors: int
+    n_parameters: int
+    seconds: float
+    global_pass: bool
+    stats: Any = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        return {"out_dir": str(self.out_dir), "method": self.method, "params": self.params,
+                "n_tensors": self.n_tensors, "n_parameters": self.n_parameters, "seconds": self.seconds,
+                "global_pass": self.global_pass}
+
+    def to_frame(self):
+        import pandas as pd
+        return pd.DataFrame([{k: v for k, v in self.to_dict().items() if k != "params"}])
+
+
+def _check_device(device: str) -> str:
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ParameterError("device='cuda' was asked but no CUDA device is available; use device='cpu'.")
+    return str(device)
+
+
+def open_sources(recipe: Recipe):
+    """Open the recipe's base and models lazily; returns (base checkpoint, base source, model sources)."""
+    base_ck = ck.open_checkpoint(recipe.base)
+    base = CheckpointSource(base_ck, f"base {recipe.base}")
+    models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
+    return base_ck, base, models
+
+
+def run(recipe: Recipe | str | Path | Mapping, out_dir: str | Path, progress: Progress = None,
+        overwrite: bool = False, device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
+        max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES) -> MergeResult:
+    """Merge the recipe's checkpoints into an HF folder at `out_dir` (see the module docstring).
+
+    An existing `out_dir` is refused unless `overwrite`. `device` ("cpu" or "cuda") is where the arithmetic
+    runs. Methods with a `prepare` hook (e.g. submodule-linearity merging) need `pool` (a ModelPool with
+    probe data) or `prepared` coefficients.
+    """
+    t0 = time.perf_counter()
+    recipe = load_recipe(recipe)
+    spec = get_method(recipe.method)
+    params = recipe.validated_params()
+    device = _check_device(device)
+    out = Path(out_dir).expanduser().resolve()
+    if out.exists() and not overwrite:
+        from forgetlab.errors import OutputExistsError
+        raise OutputExistsError(f"{out} exists already. Choose another output folder or pass overwrite=True "
+                                "(--overwrite on the command line).")
+    base_ck, base, models = open_sources(recipe)
+    entries = check_compatible(base, models)
+    config = base_ck.config
+    if spec.needs_pool and prepared is None:
+        if pool is None and recipe.pool:
+            from forgetlab.pool import ModelPool
+            pool = ModelPool.from_yaml(recipe.pool)
+        if pool is None:
+            raise ParameterError(f"{spec.name} computes its coefficients from a model pool with probe data: "
+                                 "pass pool=… or give `pool: path/to/pool.yaml` in the recipe.")
+        prepared = spec.prepare(PrepareContext(pool, base_ck, [m.ckpt for m in models],
+                                               [m.model for m in recipe.models], params,
+                                               scaled(progress, 0.0, 0.2)))
+    start = 0.2 if spec.needs_pool else 0.0
+    glob = spec.needs_global_pass(params)
+    mid = start + (0.5 * (1 - start) if glob else 0.0)
+    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid))
+    out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
+    plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
+            for e in entries]
+    if recipe.dtype:
+        config.dtype = recipe.dtype
+        cfg_arg = config
+    else:
+        cfg_file = Path(base_ck.config_dir) / "config.json"
+        cfg_arg = cfg_file if cfg_file.exists() else config
+    stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
+                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0))
+    recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
+                                                                    "resolved_params": params}},
+                                 sort_keys=False)
+    ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=base_ck, overwrite=overwrite,
+                       extra_files={"recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes)
+    report(progress, 1.0, f"merged into {out}")
+    return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
+                       time.perf_counter() - t0, glob, stats)
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("forgetlab")
+    except Exception:
+        return "dev"

@@ -1,0 +1,274 @@
+"""Merge recipes: forgetlab's YAML ↔ `Recipe`, and import/export of mergekit YAML.
+
+forgetlab recipe (parameter names of METHODS.md; per-model values under each model, e.g. `weight`):
+
+    method: ties
+    base: /models/base
+    models:
+      - model: /models/ft-math
+        weight: 1.0
+      - model: /models/ft-code
+    params: {keep: 0.2, lam: 1.0, scope: tensor}
+    dtype: float32        # optional: output dtype (default: the base's)
+    seed: 0               # optional: for seeded methods (dare_*)
+
+mergekit YAML (detected by its `merge_method` key) is imported for linear, task_arithmetic, ties,
+dare_linear, dare_ties and breadcrumbs: `density` → `keep` (ties, breadcrumbs) or `drop = 1 − density`
+(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`.
+Semantic differences are listed in docs/merging.md (DARE's rescaling, TIES's scope, linear's base).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from forgetlab.errors import ParameterError
+from forgetlab.merge.registry import get_method, validate_params
+
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+MERGEKIT_METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs")
+
+
+@dataclass
+class ModelEntry:
+    """One fine-tuned model of a recipe and its per-model parameters (e.g. {"weight": 0.5})."""
+
+    model: str
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, **self.params}
+
+
+@dataclass
+class Recipe:
+    """A merge: method, base, fine-tuned models (with per-model parameters), global parameters, dtype, seed."""
+
+    method: str
+    base: str
+    models: list[ModelEntry]
+    params: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None
+    seed: int | None = None
+    name: str | None = None
+    pool: str | None = None
+
+    # -- parameters
+    def method_params(self) -> dict[str, Any]:
+        """Parameters for the method: global ones, per-model ones gathered into lists, and the seed."""
+        spec = get_method(self.method)
+        out = dict(self.params)
+        by_key = {(p.model_key or p.name): p for p in spec.params if p.per_model}
+        for key, p in by_key.items():
+            values = [m.params.get(key) for m in self.models]
+            if any(v is not None for v in values):
+                if p.name in self.params:
+                    raise ParameterError(f"{p.name} is given both globally and per model; give it in one place.")
+                default = p.default
+                out[p.name] = [default if v is None else v for v in values]
+        for m in self.models:
+            unknown = [k for k in m.params if k not in by_key]
+            if unknown:
+                raise ParameterError(
+                    f"Model {m.model}: {', '.join(map(repr, unknown))} is not a per-model parameter of "
+                    f"{self.method}; per-model parameters are {', '.join(by_key) or '(none)'}.")
+        if self.seed is not None and "seed" in spec.param_names and "seed" not in out:
+            out["seed"] = int(self.seed)
+        return out
+
+    def validated_params(self) -> dict[str, Any]:
+        """`method_params()` checked against the registry (see validate_params)."""
+        return validate_params(self.method, self.method_params(), n_models=len(self.models))
+
+    # -- (de)serialisation
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"method": self.method, "base": self.base,
+                             "models": [m.to_dict() for m in self.models], "params": dict(self.params)}
+        for k in ("dtype", "seed", "name", "pool"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Recipe":
+        """Build from forgetlab's recipe dict (checks the keys; the method must be registered)."""
+        if not isinstance(d, Mapping):
+            raise ParameterError("A recipe must be a YAML mapping with method, base, models and params.")
+        allowed = {"method", "base", "models", "params", "dtype", "seed", "name", "pool", "forgetlab"}
+        unknown = [k for k in d if k not in allowed]
+        if unknown:
+            raise ParameterError(f"Unknown recipe key(s) {', '.join(map(repr, unknown))}; a recipe has "
+                                 f"{', '.join(sorted(allowed - {'forgetlab'}))}.")
+        for k in ("method", "base", "models"):
+            if k not in d or d[k] in (None, "", []):
+                if k == "models":
+                    raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
+                raise ParameterError(f"The recipe has no `{k}`.")
+        get_method(str(d["method"]))
+        models = []
+        for m in d["models"]:
+            if isinstance(m, str):
+                models.append(ModelEntry(m))
+            elif isinstance(m, Mapping) and "model" in m:
+                models.append(ModelEntry(str(m["model"]), {k: v for k, v in m.items() if k != "model"}))
+            else:
+                raise ParameterError(f"Each entry of `models` is a path or a mapping with `model:`; got {m!r}.")
+        dtype = d.get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            raise ParameterError(f"dtype must be one of {', '.join(DTYPES)}; got {dtype!r}.")
+        params = d.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ParameterError("`params` must be a mapping of parameter names to values.")
+        seed = d.get("seed")
+        return cls(str(d["method"]), str(d["base"]), models, dict(params), dtype,
+                   None if seed is None else int(seed), d.get("name"), d.get("pool"))
+
+    # -- mergekit
+    @classmethod
+    def from_mergekit(cls, d: Mapping[str, Any]) -> "Recipe":
+        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs)."""
+        method = d.get("merge_method")
+        if method not in MERGEKIT_METHODS:
+            raise ParameterError(f"mergekit method {method!r} has no forgetlab counterpart; importable methods: "
+                                 f"{', '.join(MERGEKIT_METHODS)}.")
+        if "slices" in d:
+            raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
+        top = dict(d.get("parameters") or {})
+        entries = d.get("models") or []
+        if not entries:
+            raise ParameterError("The mergekit recipe lists no models.")
+        base = d.get("base_model")
+        models: list[ModelEntry] = []
+        per_model: list[dict] = []
+        for e in entries:
+            if isinstance(e, str):
+                e = {"model": e}
+            ref = e.get("model")
+            if isinstance(ref, Mapping):
+                ref = ref.get("model") or ref.get("path")
+            mp = dict(e.get("parameters") or {})
+            if base is not None and str(ref) == str(base):
+                continue  # mergekit lets the base appear among the models; its delta is zero
+            models.append(ModelEntry(str(ref)))
+            per_model.append(mp)
+        if base is None:
+            if method != "linear":
+                raise ParameterError(f"mergekit {method} needs a base_model.")
+            base = models[0].model
+        for k, v in list(top.items()):
+            if not isinstance(v, (int, float, bool)):
+                raise ParameterError(f"mergekit parameter {k}={v!r} (gradients or filters) is not supported; "
+                                     "give plain numbers.")
+
+        def value(key, default=None):
+            vals = [mp.get(key, top.get(key, default)) for mp in per_model]
+            for v in vals:
+                if v is not None and not isinstance(v, (int, float)):
+                    raise ParameterError(f"mergekit parameter {key}={v!r} (gradients or filters) is not supported.")
+            return vals
+
+        def single(key, default):
+            vals = value(key, default)
+            if len(set(vals)) > 1:
+                raise ParameterError(f"mergekit gives {key} per model ({vals}); forgetlab's {method} takes one value "
+                                     f"for all models.")
+            return vals[0]
+
+        params: dict[str, Any] = {}
+        weights = value("weight", 1.0)
+        if method == "linear":
+            params["normalize"] = bool(top.get("normalize", True))
+        else:
+            lam = top.get("lambda", 1.0)
+            params["lam"] = float(lam)
+            normalize = bool(top.get("normalize", method == "ties"))
+            if method == "ties" and not normalize:
+                raise ParameterError("mergekit ties with normalize: false has no forgetlab counterpart (forgetlab's "
+                                     "TIES always takes the disjoint mean).")
+            if method != "ties" and normalize:
+                raise ParameterError(f"mergekit {method} with normalize: true has no forgetlab counterpart.")
+        if method == "ties":
+            params["keep"] = float(single("density", 1.0))
+            params["scope"] = "tensor"
+        elif method in ("dare_linear", "dare_ties"):
+            params["drop"] = 1.0 - float(single("density", 1.0))
+            if not bool(top.get("rescale", True)):
+                raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab "
+                                     "always rescales survivors by 1/(1 − drop)).")
+        elif method == "breadcrumbs":
+            params["keep"] = float(single("density", 1.0))
+            params["gamma"] = float(single("gamma", 0.01))
+        models = [ModelEntry(m.model, {"weight": float(w)}) if w is not None and float(w) != 1.0 else m
+                  for m, w in zip(models, weights)]
+        dtype = d.get("out_dtype") or d.get("dtype")
+        if dtype is not None and dtype not in DTYPES:
+            raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+        return cls(method, str(base), models, params, dtype)
+
+    def to_mergekit(self) -> dict:
+        """The equivalent mergekit YAML dict (refused for methods or settings mergekit does not have)."""
+        if self.method not in MERGEKIT_METHODS:
+            raise ParameterError(f"{self.method} has no mergekit counterpart; exportable methods: "
+                                 f"{', '.join(MERGEKIT_METHODS)}.")
+        p = self.validated_params()
+        weights = p.get("weights") or [1.0] * len(self.models)
+        models = []
+        for m, w in zip(self.models, weights):
+            mp: dict[str, Any] = {"weight": float(w)}
+            if self.method in ("ties", "breadcrumbs"):
+                mp["density"] = float(p["keep"])
+            if self.method in ("dare_linear", "dare_ties"):
+                mp["density"] = 1.0 - float(p["drop"])
+            if self.method == "breadcrumbs":
+                mp["gamma"] = float(p["gamma"])
+            models.append({"model": m.model, "parameters": mp})
+        out: dict[str, Any] = {"merge_method": self.method}
+        if self.method == "linear":
+            out["parameters"] = {"normalize": bool(p["normalize"])}
+        else:
+            if self.method == "ties" and p["scope"] != "tensor":
+                raise ParameterError("mergekit's TIES trims per tensor only; export a recipe with scope: tensor.")
+            out["base_model"] = self.base
+            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method == "ties"}
+            if self.method in ("dare_linear", "dare_ties"):
+                out["parameters"]["rescale"] = True
+        out["models"] = models
+        out["dtype"] = self.dtype or "float32"
+        return out
+
+
+def is_mergekit(d: Mapping[str, Any]) -> bool:
+    """A YAML dict is a mergekit recipe when it has `merge_method` (ours has `method`)."""
+    return isinstance(d, Mapping) and "merge_method" in d
+
+
+def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
+    """A Recipe from a Recipe, a dict, a YAML string or a YAML file path; the format (ours or mergekit's) is
+    detected from the keys."""
+    if isinstance(source, Recipe):
+        return source
+    if isinstance(source, Mapping):
+        d = source
+    else:
+        text = str(source)
+        path = Path(text).expanduser()
+        if "\n" not in text and path.suffix in (".yaml", ".yml", ".json"):
+            if not path.exists():
+                raise ParameterError(f"Recipe file {path} does not exist.")
+            text = path.read_text()
+        try:
+            d = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ParameterError(f"The recipe is not valid YAML: {exc}") from None
+    return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
+
+
+def mergekit_yaml(recipe: Recipe) -> str:
+    """mergekit YAML text for a recipe (see Recipe.to_mergekit)."""
+    return yaml.safe_dump(recipe.to_mergekit(), sort_keys=False)

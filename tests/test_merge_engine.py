@@ -1,0 +1,239 @@
+"""The streaming engine: streamed == in-memory, global statistics == whole-vector ones, atomic output,
+LoRA adapters, and bad input (existing output, failure half-way, incompatible models)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from forgetlab.checkpoints import open_checkpoint
+from forgetlab.errors import IncompatibleModelsError, OutputExistsError, ParameterError
+from forgetlab.merge import METHODS, merge_state_dicts, run
+from forgetlab.merge import pcb as pcbmod
+from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats
+from forgetlab.merge.recipes import Recipe
+from forgetlab.merge.stats import kth_largest
+
+
+def _load_folder(path: Path) -> dict[str, torch.Tensor]:
+    out = {}
+    for f in sorted(path.glob("*.safetensors")):
+        out.update(load_file(str(f)))
+    return out
+
+
+def _recipe(pool, method, params, n=2):
+    return {"method": method, "base": str(pool.base), "models": [str(p) for p in list(pool.finetuned.values())[:n]],
+            "params": params}
+
+
+def _in_memory(pool, method, params, n=2):
+    base = open_checkpoint(pool.base)
+    fts = [open_checkpoint(p).state_dict() for p in list(pool.finetuned.values())[:n]]
+    return merge_state_dicts(method, base.state_dict(), fts, config=base.config, **params)
+
+
+CASES = [("ties", {"scope": "global", "keep": 0.3}), ("ties", {"keep": 0.3}), ("pcb", {}),
+         ("pcb", {"scope": "tensor", "lam": [0.5, 1.5]}), ("dare_ties", {"drop": 0.5, "seed": 11}),
+         ("hma", {"alphas": [0.2, 0.9]}), ("fapm", {"ratio": 0.7}), ("breadcrumbs", {"keep": 0.3, "gamma": 0.05}),
+         ("consensus", {"k": 1}), ("linear", {"weights": [1, 3]})]
+
+
+@pytest.mark.parametrize("method,params", CASES)
+def test_streaming_equals_in_memory(tiny_llama, tmp_path, method, params):
+    n = 1 if method == "hma" else 2
+    res = run(_recipe(tiny_llama, method, params, n), tmp_path / "out", max_shard_bytes=30_000)
+    got = _load_folder(res.out_dir)
+    exp = _in_memory(tiny_llama, method, params, n)
+    assert set(got) == set(exp)
+    for k in exp:
+        assert torch.equal(got[k], exp[k]), k
+    assert (res.out_dir / "model.safetensors.index.json").exists()  # sharded
+    assert (res.out_dir / "config.json").exists() and (res.out_dir / "tokenizer.json").exists()
+    saved = Recipe.from_dict(yaml.safe_load((res.out_dir / "recipe.yaml").read_text()))
+    assert saved.method == method
+
+
+def test_merged_folder_loads_as_a_model(tiny_llama, tmp_path):
+    from forgetlab.checkpoints import load_model
+    res = run(_recipe(tiny_llama, "task_arithmetic", {"lam": 0.5}), tmp_path / "m")
+    model = load_model(res.out_dir)
+    ids = torch.tensor([[1, 5, 7]])
+    assert torch.isfinite(model(ids).logits).all()
+
+
+def _concat_taus(pool, n=2):
+    base = open_checkpoint(pool.base)
+    names = [nm for nm in base.names()]
+    b = torch.cat([base.read(nm).reshape(-1) for nm in names])
+    taus = []
+    for p in list(pool.finetuned.values())[:n]:
+        c = open_checkpoint(p)
+        taus.append(torch.cat([c.read(nm).reshape(-1) for nm in names]) - b)
+    return names, taus
+
+
+def _sources(pool, n=2):
+    base = CheckpointSource(open_checkpoint(pool.base))
+    models = [CheckpointSource(open_checkpoint(p)) for p in list(pool.finetuned.values())[:n]]
+    return base, models, check_compatible(base, models)
+
+
+def test_global_ties_thresholds_equal_whole_vector_kth_largest(tiny_llama):
+    base, models, entries = _sources(tiny_llama)
+    params = {"keep": 0.25, "scope": "global", "lam": 1.0, "weights": [1.0, 1.0]}
+    thr = collect_stats(METHODS["ties"], params, base, models, entries)
+    _, taus = _concat_taus(tiny_llama)
+    k = int(0.25 * taus[0].numel())
+    assert thr == [kth_largest(t.abs(), k) for t in taus]
+    # and the merged result equals TIES applied to the whole flattened vector
+    whole = {**params, "scope": "tensor"}  # one tensor holding everything: plain top-k, no streaming statistics
+    merged = merge_state_dicts("ties", {"v": torch.zeros_like(taus[0])}, [{"v": t} for t in taus], **whole)["v"]
+    exp = torch.cat([v.reshape(-1) - open_checkpoint(tiny_llama.base).read(k_) .reshape(-1)
+                     for k_, v in _in_memory(tiny_llama, "ties", params).items()])
+    assert torch.allclose(merged, exp, atol=1e-6)
+
+
+def test_global_pcb_statistics_equal_whole_vector_computation(tiny_llama):
+    base, models, entries = _sources(tiny_llama)
+    st = collect_stats(METHODS["pcb"], {"keep": 0.2, "lam": [1.0, 1.0], "scope": "global"}, base, models, entries)
+    _, taus = _concat_taus(tiny_llama)
+    n01 = lambda x: (x - x.min()) / (x.max() - x.min())  # noqa: E731
+    intra0 = torch.softmax(2 * n01(taus[0] ** 2).double(), 0)
+    inter0 = torch.softmax(n01(taus[0] ** 2).double(), 0) + torch.softmax(n01(taus[0] * taus[1]).double(), 0)
+    assert st.lo[(0, 1)] == float((taus[0] * taus[1]).min()) and st.hi[(0, 0)] == float((taus[0] ** 2).max())
+    assert st.z_intra[0] == pytest.approx(float(torch.exp(2 * n01(taus[0] ** 2).double()).sum()), rel=1e-6)
+    beta0 = (intra0 * inter0).float()
+    k = int(0.2 * taus[0].numel())
+    assert st.thresholds[0] == pytest.approx(kth_largest(beta0, k), rel=1e-5)
+    # merged global PCB == PCB with statistics of the concatenated vector
+    whole = pcbmod.pcb_merge(taus, keep=0.2, lam=1.0)
+    got = _in_memory(tiny_llama, "pcb", {"scope": "global"})
+    b = open_checkpoint(tiny_llama.base)
+    streamed = torch.cat([got[nm].reshape(-1) - b.read(nm).reshape(-1) for nm in b.names()])
+    assert torch.allclose(streamed, whole, atol=1e-6)
+
+
+def _tree_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def test_failure_half_way_leaves_no_output_and_inputs_untouched(tiny_llama, tmp_path, monkeypatch):
+    before = _tree_digest(tiny_llama.root)
+    spec = METHODS["task_arithmetic"]
+    calls = {"n": 0}
+    original = spec.merge
+
+    def failing(job):
+        calls["n"] += 1
+        if calls["n"] == 8:
+            raise OSError("simulated disk failure")
+        return original(job)
+
+    import dataclasses
+    monkeypatch.setitem(METHODS, "task_arithmetic", dataclasses.replace(spec, merge=failing))
+    with pytest.raises(OSError, match="simulated"):
+        run(_recipe(tiny_llama, "task_arithmetic", {}), tmp_path / "out", max_shard_bytes=30_000)
+    assert calls["n"] == 8
+    assert list(tmp_path.iterdir()) == []  # neither the output nor a temporary folder
+    assert _tree_digest(tiny_llama.root) == before
+
+
+def test_write_error_leaves_no_output(tiny_llama, tmp_path, monkeypatch):
+    import forgetlab.checkpoints as ck
+    orig = ck._ShardStream.write
+    state = {"n": 0}
+
+    def bad_write(self, name, tensor):
+        state["n"] += 1
+        if state["n"] == 5:
+            raise OSError(28, "No space left on device")
+        return orig(self, name, tensor)
+
+    monkeypatch.setattr(ck._ShardStream, "write", bad_write)
+    with pytest.raises(OSError):
+        run(_recipe(tiny_llama, "ties", {}), tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_is_refused_unless_overwrite(tiny_llama, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="overwrite"):
+        run(_recipe(tiny_llama, "linear", {}), out)
+    assert (out / "keep.txt").read_text() == "mine"
+    run(_recipe(tiny_llama, "linear", {}), out, overwrite=True)
+    assert not (out / "keep.txt").exists() and (out / "recipe.yaml").exists()
+
+
+def test_incompatible_models_are_refused_before_writing(tiny_llama, tiny_gpt2, tmp_path):
+    r = {"method": "task_arithmetic", "base": str(tiny_llama.base), "models": [str(tiny_gpt2.finetuned["ft0"])]}
+    with pytest.raises(IncompatibleModelsError):
+        run(r, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_recipe_without_models_or_with_bad_params(tiny_llama, tmp_path):
+    with pytest.raises(ParameterError, match="no fine-tuned model"):
+        run({"method": "ties", "base": str(tiny_llama.base), "models": []}, tmp_path / "o")
+    with pytest.raises(ParameterError, match="keep"):
+        run(_recipe(tiny_llama, "ties", {"keep": -1}), tmp_path / "o")
+    if not torch.cuda.is_available():
+        with pytest.raises(ParameterError, match="cuda"):
+            run(_recipe(tiny_llama, "ties", {}), tmp_path / "o", device="cuda")
+
+
+def _make_lora(pool, tmp_path) -> Path:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(pool.base))
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    peft_model = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+    out = tmp_path / "lora"
+    peft_model.save_pretrained(str(out))
+    return out
+
+
+def test_fapm_on_a_lora_adapter_prunes_its_delta(tiny_llama, tmp_path):
+    lora = _make_lora(tiny_llama, tmp_path)
+    ck = open_checkpoint(lora, base=tiny_llama.base)
+    res = run({"method": "fapm", "base": str(tiny_llama.base), "models": [str(lora)], "params": {"ratio": 0.5}},
+              tmp_path / "out")
+    got = _load_folder(res.out_dir)
+    base = open_checkpoint(tiny_llama.base)
+    from forgetlab.merge.fapm import fapm_prune
+    target = ck.delta_names()[0]
+    d = ck.delta(target)
+    exp = base.read(target) + fapm_prune(d, base.read(target), 0.5)
+    assert torch.allclose(got[target], exp, atol=1e-6)
+    untouched = "model.embed_tokens.weight"
+    assert torch.equal(got[untouched], base.read(untouched))
+    # LoRA task vector merged with a full fine-tune by task arithmetic
+    r2 = run({"method": "task_arithmetic", "base": str(tiny_llama.base),
+              "models": [str(lora), str(tiny_llama.finetuned["ft0"])]}, tmp_path / "out2")
+    got2 = _load_folder(r2.out_dir)
+    ft0 = open_checkpoint(tiny_llama.finetuned["ft0"]).read(target)
+    assert torch.allclose(got2[target], ft0 + d, atol=1e-6)
+
+
+def test_progress_reaches_one(tiny_llama, tmp_path):
+    seen = []
+    run(_recipe(tiny_llama, "pcb", {}), tmp_path / "out", progress=lambda f, m: seen.append(f))
+    assert seen[-1] == 1.0 and all(0 <= f <= 1 for f in seen)
+    assert seen == sorted(seen)
