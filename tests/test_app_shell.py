@@ -223,3 +223,220 @@ def test_run_once_shows_progress_then_result_and_ignores_a_second_click():
     at.run(timeout=30)
     assert not at.exception
     assert [m.value for m in at.markdown] == ["result 7"]
+
+# ---------------------------------------------------------------- navigation order
+
+
+def test_pages_are_listed_in_the_fixed_order_when_they_exist(tmp_path):
+    from forgetlab.ui.navigation import PAGE_ORDER, existing_pages
+
+    assert [p.stem for p in PAGE_ORDER] == ["models", "linearity", "forgetting", "features", "merge",
+                                            "finetune", "runs"]
+    for stem in ["runs", "merge", "models", "notes"]:
+        (tmp_path / f"{stem}.py").write_text("")
+    assert [p.stem for p in existing_pages(tmp_path)] == ["models", "merge", "runs"]
+
+# ---------------------------------------------------------------- the pool adapter
+
+
+def _pool_script():
+    import streamlit as st
+
+    from forgetlab.ui import get_pool
+
+    pool = get_pool()
+    if pool is not None:
+        st.write(f"models {','.join(pool.model_names)}")
+        st.session_state.setdefault("pool_ids", []).append(id(pool))
+    st.write("end of page")
+
+
+def _copy_pool(src, dst):
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst / "pool.yaml"
+
+
+def test_get_pool_is_cached_and_reloads_when_the_file_changes(tiny_llama, tmp_path):
+    import os
+
+    pool_yaml = _copy_pool(tiny_llama.root, tmp_path / "pool")
+    at = AppTest.from_function(_pool_script)
+    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
+    at.run(timeout=60)
+    assert not at.exception and not at.error
+    assert at.markdown[0].value == "models ft0,ft1"
+    at.run(timeout=60)
+    ids = at.session_state["pool_ids"]
+    assert ids[0] == ids[1]                                  # a rerun never rebuilds the pool
+    text = pool_yaml.read_text().replace("  ft1: ft1\n", "")
+    pool_yaml.write_text(text)
+    st_ = pool_yaml.stat()
+    os.utime(pool_yaml, ns=(st_.st_atime_ns, st_.st_mtime_ns + 10**9))
+    at.run(timeout=60)
+    assert at.markdown[0].value == "models ft0"               # the edited file was read again
+    assert at.session_state["pool_ids"][-1] != ids[0]
+
+
+def test_malformed_pool_file_is_a_message_and_the_page_goes_on(tmp_path):
+    bad = tmp_path / "pool.yaml"
+    bad.write_text("base: [unclosed\n  models: {")
+    at = AppTest.from_function(_pool_script)
+    at.session_state["forgetlab_pool_path"] = str(bad)
+    at.run(timeout=60)
+    assert not at.exception
+    assert len(at.error) == 1 and str(bad) in at.error[0].value and "YAML" in at.error[0].value
+    assert at.markdown[-1].value == "end of page"
+    bad.write_text("models: {}\n")                            # valid YAML, no base
+    at.run(timeout=60)
+    assert "base" in at.error[0].value and at.markdown[-1].value == "end of page"
+    at.session_state["forgetlab_pool_path"] = str(tmp_path / "nope.yaml")
+    at.run(timeout=60)
+    assert "does not exist" in at.error[0].value
+
+
+def test_model_deleted_from_disk_while_held_is_reported(tiny_llama, tmp_path):
+    import shutil
+
+    pool_yaml = _copy_pool(tiny_llama.root, tmp_path / "pool")
+    at = AppTest.from_function(_pool_script)
+    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
+    at.run(timeout=60)
+    assert at.markdown[0].value == "models ft0,ft1"
+    shutil.rmtree(tmp_path / "pool" / "ft1")
+    at.run(timeout=60)
+    assert not at.exception
+    assert len(at.error) == 1 and "ft1" in at.error[0].value and "removed from disk" in at.error[0].value
+    assert at.markdown[-1].value == "end of page"
+    at.run(timeout=60)                                        # the stale pool was dropped: the file is re-read
+    assert not at.exception and "ft1" in at.error[0].value
+    assert (tmp_path / "pool" / "pool.yaml").exists() and (tmp_path / "pool" / "ft0").exists()
+
+
+def test_no_pool_chosen_is_an_info_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    monkeypatch.delenv("FORGETLAB_POOL", raising=False)
+    at = AppTest.from_function(_pool_script).run(timeout=60)
+    assert not at.exception and not at.error
+    assert "No model pool" in at.info[0].value
+
+# ---------------------------------------------------------------- jobs across sessions
+
+
+def _merge_like_script():
+    import threading
+    import time
+
+    import streamlit as st
+
+    from forgetlab.ui import job_key, run_once
+    from forgetlab.ui.jobs import REGISTRY
+
+    out = st.session_state["out"]
+    gate = REGISTRY.__dict__.setdefault("_test_gates", {}).setdefault(out, threading.Event())
+
+    def merge(progress):
+        from pathlib import Path
+
+        progress(0.1, "tensors")
+        assert gate.wait(20)
+        Path(out).mkdir()                     # a second copy would fail here: the output exists
+        (Path(out) / "model.safetensors").write_text("x")
+        return out
+
+    clicked = st.button("Run merge")
+    result = run_once(job_key("merge", out), merge, start=clicked, label="Merge")
+    if result:
+        st.success(f"saved {result}")
+    st.write(f"t={time.time()}")
+
+
+def test_two_sessions_same_merge_same_output_run_once_and_reload_reattaches(tmp_path):
+    from forgetlab.ui.jobs import REGISTRY, job_key
+
+    out = str(tmp_path / "merged")
+    a, b = AppTest.from_function(_merge_like_script), AppTest.from_function(_merge_like_script)
+    for at in (a, b):
+        at.session_state["out"] = out
+        at.run(timeout=30)
+    a.button[0].click().run(timeout=30)
+    job = REGISTRY.get(job_key("merge", out))
+    assert job is not None and job.running
+    b.button[0].click().run(timeout=30)                      # the other session clicks too
+    assert REGISTRY.get(job_key("merge", out)) is job
+    assert "already running" in b.info[0].value
+    reloaded = AppTest.from_function(_merge_like_script)     # a page reload = a fresh session
+    reloaded.session_state["out"] = out
+    reloaded.run(timeout=30)
+    assert not reloaded.exception and len(reloaded.get("progress")) == 1
+    REGISTRY._test_gates[out].set()
+    assert job.wait(20) and job.status == "done", job.traceback
+    for at in (a, b, reloaded):
+        at.run(timeout=30)
+        assert not at.exception and not at.error
+        assert at.success[0].value == f"saved {out}"
+    assert sorted(p.name for p in (tmp_path / "merged").iterdir()) == ["model.safetensors"]
+
+# ---------------------------------------------------------------- app.py: sidebar and first run
+
+APP = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "app.py")
+
+
+def _app(home, monkeypatch) -> AppTest:
+    """app.py in a copy of the app tree holding only the Runs page (the area pages have their own tests).
+
+    AppTest resets `PagesManager.uses_pages_directory` before every run, so with a pages/ folder its second
+    run would execute the page alone (the old multipage mode), not app.py. The real server sets the flag to
+    False for good once st.navigation runs; the patch below does the same.
+    """
+    import shutil
+    from pathlib import Path
+
+    from streamlit.runtime.pages_manager import PagesManager
+
+    original_init = PagesManager.__init__
+
+    def init_v2(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", init_v2)
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    monkeypatch.delenv("FORGETLAB_POOL", raising=False)
+    tree = Path(home) / ".app"
+    (tree / "pages").mkdir(parents=True)
+    shutil.copy(APP, tree / "app.py")
+    shutil.copy(Path(APP).parent / "pages" / "runs.py", tree / "pages" / "runs.py")
+    return AppTest.from_file(str(tree / "app.py"), default_timeout=60)
+
+
+def test_app_with_an_empty_workspace_offers_the_demo_zoo(tmp_path, monkeypatch):
+    at = _app(tmp_path, monkeypatch).run()
+    assert not at.exception and not at.error
+    assert at.sidebar.text_input(key="app_workspace").value == str(tmp_path)
+    assert at.sidebar.selectbox(key="app_pool_choice").options == ["Your own pool.yaml…"]
+    assert at.subheader[0].value == "Welcome to forgetlab"
+    assert at.title[0].value == "Runs"                        # the page still renders below the offer
+
+
+def test_app_sidebar_picks_zoo_presets_and_own_pool_files(tiny_llama, tmp_path, monkeypatch):
+    import shutil
+
+    shutil.copytree(tiny_llama.root, tmp_path / "zoo" / "pico")
+    own = _copy_pool(tiny_llama.root, tmp_path / "mine")
+    at = _app(tmp_path, monkeypatch).run()
+    assert not at.exception and not at.error
+    choice = at.sidebar.selectbox(key="app_pool_choice")
+    assert choice.options == ["pico", "Your own pool.yaml…"] and choice.value == "pico"
+    assert at.session_state["forgetlab_pool_path"] == str(tmp_path / "zoo" / "pico" / "pool.yaml")
+    assert not any(s.value == "Welcome to forgetlab" for s in at.subheader)
+    choice.set_value("Your own pool.yaml…").run()
+    assert at.session_state["forgetlab_pool_path"] == ""     # explicit "no pool" until a path is given
+    assert at.subheader[0].value == "Welcome to forgetlab"
+    at.sidebar.text_input(key="app_pool_own").input(str(own)).run()
+    assert at.session_state["forgetlab_pool_path"] == str(own)
+    assert not at.exception and not any(s.value == "Welcome to forgetlab" for s in at.subheader)
+    assert [s.options for s in at.sidebar.selectbox if s.key == "app_device"] == [
+        ["cpu", "cuda"] if __import__("torch").cuda.is_available() else ["cpu"]]
