@@ -1,0 +1,118 @@
+"""CLI: `forgetlab merge`, `forgetlab methods`, `forgetlab merge-export`, `forgetlab pcb-search`."""
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+
+
+def register(subparsers) -> None:
+    """Add the merge subcommands."""
+    p = subparsers.add_parser("merge", help="Merge checkpoints by a recipe (forgetlab or mergekit YAML) into an "
+                              "HF folder.", description="Merge checkpoints tensor by tensor into OUT_DIR. The "
+                              "recipe format (forgetlab's or mergekit's) is detected from its keys.")
+    p.add_argument("recipe", help="Recipe YAML file (forgetlab: method/base/models/params; mergekit: merge_method).")
+    p.add_argument("out_dir", help="Output folder (refused if it exists, unless --overwrite).")
+    p.add_argument("--overwrite", action="store_true", help="Replace OUT_DIR if it exists (only once complete).")
+    p.add_argument("--device", default="cpu", help="Where the arithmetic runs: cpu (default) or cuda.")
+    p.add_argument("--pool", help="pool.yaml with probe data, for methods that need one (e.g. slwm).")
+    p.set_defaults(func=_merge)
+
+    m = subparsers.add_parser("methods", help="List the merge methods with their parameters and defaults.")
+    m.add_argument("--json", action="store_true", help="Print the registry as JSON.")
+    m.set_defaults(func=_methods)
+
+    e = subparsers.add_parser("merge-export", help="Convert a merge recipe to mergekit YAML (or back to ours).")
+    e.add_argument("recipe", help="Recipe YAML (either format).")
+    e.add_argument("--to", choices=("mergekit", "forgetlab"), default="mergekit", help="Target format.")
+    e.add_argument("--out", help="Write to this file instead of standard output.")
+    e.set_defaults(func=_export)
+
+    s = subparsers.add_parser("pcb-search", help="Search PCB's per-task λ with CMA-ES on the pool's probe data.")
+    s.add_argument("recipe", help="A pcb recipe (its keep, lam and scope are used; λ is the start).")
+    s.add_argument("--pool", required=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
+    s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
+    s.add_argument("--seed", type=int, default=0, help="Seed of CMA-ES.")
+    s.add_argument("--out", help="Write the recipe with the λ found (per model) to this YAML file.")
+    s.set_defaults(func=_pcb_search)
+
+
+def _merge(args) -> int:
+    from forgetlab.merge import run
+
+    pool = None
+    if args.pool:
+        from forgetlab.pool import ModelPool
+        pool = ModelPool.from_yaml(args.pool)
+    update, close = tqdm_progress("merge")
+    try:
+        res = run(args.recipe, args.out_dir, progress=update, overwrite=args.overwrite, device=args.device, pool=pool)
+    finally:
+        close()
+    emit(f"merged {res.n_tensors} tensors ({res.n_parameters:,} parameters) with {res.method} in "
+         f"{res.seconds:.1f} s into {res.out_dir}")
+    return 0
+
+
+def _methods(args) -> int:
+    import pandas as pd
+
+    from forgetlab.merge import METHODS
+
+    if args.json:
+        emit(json.dumps({n: s.to_dict() for n, s in METHODS.items()}, indent=2))
+        return 0
+    rows = []
+    for name, spec in METHODS.items():
+        params = ", ".join(f"{p.name}={p.default}" for p in spec.params)
+        rows.append({"method": name, "parameters": params, "description": spec.description})
+    emit_frame(pd.DataFrame(rows))
+    return 0
+
+
+def _export(args) -> int:
+    from forgetlab.merge.recipes import load_recipe
+
+    recipe = load_recipe(args.recipe)
+    text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
+    if args.out:
+        with open(args.out, "w") as fh:
+            fh.write(text)
+        emit(f"wrote {args.out}")
+    else:
+        emit(text.rstrip("\n"))
+    return 0
+
+
+def _pcb_search(args) -> int:
+    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.errors import ParameterError
+    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
+    from forgetlab.merge.recipes import ModelEntry, load_recipe
+    from forgetlab.pool import ModelPool
+
+    recipe = load_recipe(args.recipe)
+    if recipe.method != "pcb":
+        raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
+    p = recipe.validated_params()
+    pool = ModelPool.from_yaml(args.pool)
+    base = open_checkpoint(recipe.base)
+    fts = [open_checkpoint(m.model, base=base).state_dict() for m in recipe.models]
+    update, close = tqdm_progress("λ search")
+    try:
+        res = search_pcb_lambdas(base.state_dict(), fts, probe_loss(pool), keep=p["keep"], lam=float(p["lam"][0]),
+                                 scope=p["scope"], budget=args.budget, seed=args.seed, progress=update)
+    finally:
+        close()
+    emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")
+    emit("λ = " + ", ".join(f"{v:.4f}" for v in res.lambdas))
+    if args.out:
+        params = {k: v for k, v in recipe.params.items() if k != "lam"}
+        models = [ModelEntry(m.model, {**m.params, "lam": round(v, 6)}) for m, v in zip(recipe.models, res.lambdas)]
+        out = type(recipe)(recipe.method, recipe.base, models, params, recipe.dtype, recipe.seed, recipe.name)
+        with open(args.out, "w") as fh:
+            fh.write(out.to_yaml())
+        emit(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,162 @@
+"""PCB per-task λ search with CMA-ES (METHODS.md, PCB-merging; seed pcb-merging-rebuttal.txt).
+
+θ(λ) = θ0 + Σi λi·Ci with Ci = β̂i ⊙ τi / Σj β̂j: the balance matrices β̂ do not depend on λ, so they are
+computed once (`pcb_components`) and every evaluation is a cheap weighted sum. CMA-ES (the `cma` package)
+starts from λi = λ and minimises a validation loss the caller supplies — a function of the merged state
+dict, or of the λ vector — under a budget of evaluations; the best λ seen (the start included) is returned.
+`probe_loss(pool)` builds the validation loss that the app and the CLI use: the mean answer loss on the
+pool's tasks' probe split (forgetlab.evaluate.task_score), on one working copy of the base model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import MissingDependencyError, ParameterError
+from forgetlab.merge import pcb as pcbmod
+from forgetlab.merge.core import DictSource, check_compatible, collect_stats
+from forgetlab.merge.registry import get_method, validate_params
+from forgetlab.progress import Progress, report, scaled
+
+
+@dataclass
+class LambdaSearchResult:
+    """Best per-task λ found, its loss, the start's loss and every evaluation (λ vector, loss)."""
+
+    lambdas: list[float]
+    loss: float
+    initial_loss: float
+    history: list[tuple[list[float], float]] = field(default_factory=list)
+
+    @property
+    def n_evals(self) -> int:
+        return len(self.history)
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = [{"eval": i + 1, **{f"lam_{j}": v for j, v in enumerate(l)}, "loss": s}
+                for i, (l, s) in enumerate(self.history)]
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        return {"lambdas": self.lambdas, "loss": self.loss, "initial_loss": self.initial_loss,
+                "history": [{"lambdas": l, "loss": s} for l, s in self.history]}
+
+
+def pcb_components(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
+                   keep: float = 0.2, scope: str = "global", progress: Progress = None) -> list[dict[str, torch.Tensor]]:
+    """Ci = β̂i ⊙ τi / Σj β̂j per tensor and task (0 where Σ β̂ = 0): PCB's merged task vector is Σi λi·Ci."""
+    spec = get_method("pcb")
+    params = validate_params(spec, {"keep": keep, "scope": scope}, n_models=len(finetuned))
+    base_src = DictSource(base, "the base")
+    models = [DictSource(sd, f"model {i + 1}") for i, sd in enumerate(finetuned)]
+    entries = check_compatible(base_src, models)
+    stats = collect_stats(spec, params, base_src, models, entries, progress=scaled(progress, 0, 0.5))
+    comps: list[dict[str, torch.Tensor]] = [{} for _ in finetuned]
+    for n, e in enumerate(entries):
+        if not e.dtype.is_floating_point:
+            continue
+        b = base[e.name].to(torch.float32)
+        taus = [sd[e.name].to(torch.float32) - b for sd in finetuned]
+        st = stats if scope == "global" else pcbmod.pcb_stats(taus, keep)
+        betas = pcbmod.pcb_balance(taus, st)
+        bhat = [torch.zeros_like(x) if t is None else torch.where(x >= t, x, torch.zeros_like(x))
+                for x, t in zip(betas, st.thresholds)]
+        den = sum(bhat)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        for i in range(len(taus)):
+            comps[i][e.name] = torch.where(den > 0, bhat[i] * taus[i] / safe, torch.zeros_like(den))
+        report(progress, 0.5 + 0.5 * (n + 1) / len(entries), f"PCB components {e.name}")
+    return comps
+
+
+def compose(base: Mapping[str, torch.Tensor], components: Sequence[Mapping[str, torch.Tensor]],
+            lambdas: Sequence[float]) -> dict[str, torch.Tensor]:
+    """θ0 + Σi λi·Ci, in the base's dtypes."""
+    out = {}
+    for name, b in base.items():
+        if not b.is_floating_point() or name not in components[0]:
+            out[name] = b
+            continue
+        acc = b.to(torch.float32).clone()
+        for lam, c in zip(lambdas, components):
+            acc.add_(c[name], alpha=float(lam))
+        out[name] = acc.to(b.dtype)
+    return out
+
+
+def search_pcb_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
+                       validation_loss: Callable, *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
+                       budget: int = 30, sigma0: float = 0.3, bounds: tuple[float, float] = (0.0, 3.0),
+                       seed: int = 0, loss_of: str = "state_dict", progress: Progress = None) -> LambdaSearchResult:
+    """Search per-task λi for PCB with CMA-ES from λi = `lam`, minimising `validation_loss`.
+
+    `validation_loss(state_dict) -> float` (loss_of="state_dict") or `validation_loss(lambdas) -> float`
+    (loss_of="lambdas"). At most `budget` evaluations (the start counts as one); λi stay within `bounds`.
+    """
+    try:
+        import cma
+    except ImportError:  # pragma: no cover - cma is a dependency
+        raise MissingDependencyError("The λ search needs the cma package: pip install cma") from None
+    if loss_of not in ("state_dict", "lambdas"):
+        raise ParameterError(f"loss_of must be 'state_dict' or 'lambdas'; got {loss_of!r}.")
+    if int(budget) < 1:
+        raise ParameterError(f"budget must be at least 1 evaluation; got {budget}.")
+    if not bounds[0] <= lam <= bounds[1]:
+        raise ParameterError(f"The start λ={lam} lies outside the bounds {bounds}; widen the bounds.")
+    n = len(finetuned)
+    comps = pcb_components(base, finetuned, keep, scope, scaled(progress, 0, 0.2))
+    history: list[tuple[list[float], float]] = []
+
+    def f(x) -> float:
+        lams = [float(v) for v in x]
+        value = validation_loss(lams) if loss_of == "lambdas" else validation_loss(compose(base, comps, lams))
+        value = float(value)
+        history.append((lams, value))
+        report(progress, 0.2 + 0.8 * len(history) / budget, f"λ search {len(history)}/{budget}: loss {value:.4f}")
+        return value if value == value else float("inf")
+
+    x0 = [float(lam)] * n
+    initial = f(x0)
+    if budget > 1:
+        es = cma.CMAEvolutionStrategy(x0, sigma0, {"bounds": [bounds[0], bounds[1]], "seed": int(seed) + 1,
+                                                   "verbose": -9, "maxfevals": budget - 1})
+        while not es.stop() and len(history) < budget:
+            xs = es.ask()
+            xs = xs[: budget - len(history)]
+            losses = [f(x) for x in xs]
+            if len(xs) < es.popsize:
+                break
+            es.tell(xs, losses)
+    best = min(history, key=lambda h: h[1] if h[1] == h[1] else float("inf"))
+    report(progress, 1.0, f"best λ {best[0]} loss {best[1]:.4f}")
+    return LambdaSearchResult(best[0], best[1], initial, history)
+
+
+def probe_loss(pool, tasks: Sequence[str] | None = None, split: str = "probe", max_task: int | None = 32,
+               batch_size: int = 16, device: str | None = None) -> Callable[[Mapping[str, torch.Tensor]], float]:
+    """Validation loss for the λ search: the mean answer loss over the pool's tasks (their `split` pairs),
+    on one working copy of the base model whose weights are replaced at every call."""
+    from forgetlab.checkpoints import load_model
+    from forgetlab.evaluate import task_score
+
+    probes = pool.probes
+    if probes is None or not probes.tasks:
+        raise ParameterError("The λ search needs probe data: give the pool task probe files (pool.yaml probes).")
+    names = list(tasks) if tasks else list(probes.tasks)
+    model = load_model(pool.checkpoint("base"), device=device)
+    tok = pool.tokenizer
+    dev = next(model.parameters()).device
+
+    def loss(state: Mapping[str, torch.Tensor]) -> float:
+        with torch.no_grad():
+            model.load_state_dict({k: v.to(dev) for k, v in state.items()}, strict=False)
+        vals = []
+        for t in names:
+            pairs = getattr(probes.task(t), split)[: max_task]
+            vals.append(task_score(model, tok, t, pairs, template=probes.template, batch_size=batch_size).answer_loss)
+        return float(sum(vals) / len(vals))
+
+    return loss

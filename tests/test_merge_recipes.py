@@ -1,0 +1,167 @@
+"""Recipes (ours ↔ mergekit), the CLI subcommands and the PCB λ search."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from forgetlab.cli import main
+from forgetlab.errors import ParameterError
+from forgetlab.merge import merge_state_dicts
+from forgetlab.merge.lambda_search import compose, pcb_components, probe_loss, search_pcb_lambdas
+from forgetlab.merge.recipes import Recipe, load_recipe
+
+
+def test_our_recipe_round_trip_and_per_model_params():
+    text = """
+method: ties
+base: /m/base
+models:
+  - model: /m/a
+    weight: 0.5
+  - /m/b
+params: {keep: 0.3}
+seed: 4
+"""
+    r = load_recipe(text)
+    assert r.method_params() == {"keep": 0.3, "weights": [0.5, 1.0]}
+    assert load_recipe(r.to_yaml()).to_dict() == r.to_dict()
+    v = r.validated_params()
+    assert v["scope"] == "tensor" and v["lam"] == 1.0
+
+
+def test_seed_goes_to_seeded_methods_only():
+    r = Recipe.from_dict({"method": "dare_ties", "base": "b", "models": ["a"], "seed": 9})
+    assert r.method_params()["seed"] == 9
+    r2 = Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "seed": 9})
+    assert "seed" not in r2.method_params()
+
+
+@pytest.mark.parametrize("mk,exp_method,exp_params", [
+    ({"merge_method": "ties", "base_model": "b", "models": [{"model": "a", "parameters": {"density": 0.4, "weight": 1}},
+                                                             {"model": "c", "parameters": {"density": 0.4, "weight": 1}}],
+      "parameters": {"lambda": 0.8}}, "ties", {"keep": 0.4, "lam": 0.8, "scope": "tensor"}),
+    ({"merge_method": "dare_linear", "base_model": "b", "models": [{"model": "a", "parameters": {"density": 0.3,
+                                                                                                "weight": 1}}]},
+     "dare_linear", {"drop": 0.7, "lam": 1.0}),
+    ({"merge_method": "breadcrumbs", "base_model": "b", "models": [{"model": "a", "parameters": {"density": 0.2,
+                                                                                                "gamma": 0.05}}]},
+     "breadcrumbs", {"keep": 0.2, "gamma": 0.05, "lam": 1.0}),
+    ({"merge_method": "linear", "models": [{"model": "a", "parameters": {"weight": 2}}, {"model": "c",
+                                                                                         "parameters": {"weight": 1}}]},
+     "linear", {"normalize": True}),
+])
+def test_mergekit_import(mk, exp_method, exp_params):
+    r = load_recipe(yaml.safe_dump(mk))
+    assert r.method == exp_method
+    for k, v in exp_params.items():
+        assert r.params[k] == pytest.approx(v)
+    if exp_method == "linear":
+        assert r.base == "a" and r.method_params()["weights"] == [2.0, 1.0]
+
+
+def test_mergekit_export_round_trips_through_import():
+    r = Recipe.from_dict({"method": "ties", "base": "/b", "models": [{"model": "/a", "weight": 2.0}, "/c"],
+                          "params": {"keep": 0.25, "lam": 0.9}})
+    mk = r.to_mergekit()
+    assert mk["models"][0]["parameters"] == {"weight": 2.0, "density": 0.25}
+    assert mk["parameters"] == {"lambda": 0.9, "normalize": True}
+    back = Recipe.from_mergekit(mk)
+    assert back.validated_params() == r.validated_params()
+
+
+def test_mergekit_import_refuses_what_has_no_counterpart():
+    with pytest.raises(ParameterError, match="slerp"):
+        load_recipe({"merge_method": "slerp", "base_model": "b", "models": [{"model": "a"}]})
+    with pytest.raises(ParameterError, match="one value"):
+        load_recipe({"merge_method": "ties", "base_model": "b",
+                     "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
+    with pytest.raises(ParameterError, match="normalize"):
+        load_recipe({"merge_method": "task_arithmetic", "base_model": "b", "models": [{"model": "a"}],
+                     "parameters": {"normalize": True}})
+    with pytest.raises(ParameterError, match="no mergekit counterpart"):
+        Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
+    with pytest.raises(ParameterError, match="scope: tensor"):
+        Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "params": {"scope": "global"}}).to_mergekit()
+
+
+def test_bad_recipes():
+    with pytest.raises(ParameterError, match="no fine-tuned model"):
+        Recipe.from_dict({"method": "ties", "base": "b", "models": []})
+    with pytest.raises(ParameterError, match="Unknown merge method"):
+        Recipe.from_dict({"method": "nope", "base": "b", "models": ["a"]})
+    with pytest.raises(ParameterError, match="Unknown recipe key"):
+        Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "paramz": {}})
+    with pytest.raises(ParameterError, match="per-model parameter"):
+        Recipe.from_dict({"method": "ties", "base": "b", "models": [{"model": "a", "keep": 0.1}]}).method_params()
+
+
+def test_cli_merge_methods_and_export(tiny_llama, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "ties", "base": str(tiny_llama.base),
+                                      "models": [str(p) for p in tiny_llama.finetuned.values()]}))
+    assert main(["merge", str(recipe), str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "recipe.yaml").exists()
+    assert main(["merge", str(recipe), str(tmp_path / "out")]) == 2
+    assert "exists already" in capsys.readouterr().err
+    assert main(["merge", str(recipe), str(tmp_path / "out"), "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert "pcb" in listing and "keep=0.2" in listing
+    assert main(["merge-export", str(recipe)]) == 0
+    mk = yaml.safe_load(capsys.readouterr().out)
+    assert mk["merge_method"] == "ties" and mk["models"][0]["parameters"]["density"] == 0.2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"method": "ties", "base": str(tiny_llama.base), "models": [str(tiny_llama.base)],
+                                   "params": {"keep": 3}}))
+    assert main(["merge", str(bad), str(tmp_path / "o2")]) == 2
+    assert "keep must lie in [0.0, 1.0]" in capsys.readouterr().err
+
+
+def _toy():
+    g = torch.Generator().manual_seed(0)
+    base = {"w": torch.randn(40, generator=g), "v": torch.randn(3, 5, generator=g)}
+    fts = [{k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    return base, fts
+
+
+@pytest.mark.parametrize("scope", ["global", "tensor"])
+def test_pcb_components_reproduce_pcb_with_per_task_lambdas(scope):
+    base, fts = _toy()
+    comps = pcb_components(base, fts, keep=0.3, scope=scope)
+    got = compose(base, comps, [0.4, 1.7])
+    exp = merge_state_dicts("pcb", base, fts, keep=0.3, lam=[0.4, 1.7], scope=scope)
+    for k in base:
+        assert torch.allclose(got[k], exp[k], atol=1e-6)
+
+
+def test_cma_search_finds_the_minimum_of_a_known_loss_within_budget():
+    base, fts = _toy()
+    target = [0.6, 1.8]
+    calls = []
+
+    def loss(lams):
+        calls.append(1)
+        return sum((a - b) ** 2 for a, b in zip(lams, target))
+
+    res = search_pcb_lambdas(base, fts, loss, loss_of="lambdas", budget=60, seed=1)
+    assert len(calls) == res.n_evals <= 60
+    assert res.loss < res.initial_loss
+    assert all(abs(a - b) < 0.15 for a, b in zip(res.lambdas, target))
+    assert len(res.to_frame()) == res.n_evals
+
+
+def test_cma_search_with_a_state_dict_loss_and_probe_data(tiny_llama):
+    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.pool import ModelPool
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    base = open_checkpoint(tiny_llama.base).state_dict()
+    fts = [open_checkpoint(p).state_dict() for p in tiny_llama.finetuned.values()]
+    loss = probe_loss(pool, max_task=4)
+    res = search_pcb_lambdas(base, fts, loss, budget=5, seed=0)
+    assert res.n_evals == 5 and math.isfinite(res.loss) and res.loss <= res.initial_loss
+    # the loss really depends on the weights: the base and the start merge (λ = 1) score differently
+    assert loss(base) != pytest.approx(res.history[0][1])
