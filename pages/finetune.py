@@ -1,0 +1,122 @@
+"""Fine-tune: what if the model had been fine-tuned differently? AdamW vs MoFO vs SFA vs L2, forgetting over steps."""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
+from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
+                                  save_finetuned, standard_configs)
+from forgetlab.ui import clear_pool_cache, device_settings, progress_bar, require_pool, show_errors
+
+st.title("Fine-tune")
+st.caption("Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
+           "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "
+           "data, steps and seed.")
+
+pool = require_pool()
+if not pool.task_names:
+    st.info("The pool has no tasks; add task files under `probes: tasks:` in the pool file.")
+    st.stop()
+
+RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
+
+left, right = st.columns([1, 2])
+with left:
+    task = st.selectbox("task", pool.task_names, key="finetune_task")
+    start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
+    mode = st.radio("mode", ["one run", "comparison"], horizontal=True, key="finetune_mode",
+                    help="comparison: AdamW, MoFO, SFA and L2-to-init with the same steps, lr, batches and seed")
+    c1, c2 = st.columns(2)
+    steps = c1.number_input("steps", 1, 100_000, 60, key="finetune_steps")
+    lr = c2.number_input("learning rate", 1e-6, 1.0, 1e-3, format="%.5f", key="finetune_lr")
+    batch = c1.number_input("batch size", 1, 512, 8, key="finetune_batch")
+    seed = c2.number_input("seed", 0, 2**31 - 1, 0, key="finetune_seed")
+    fraction = c1.number_input("MoFO fraction", 0.01, 1.0, 0.2, key="finetune_fraction")
+    sfa_beta = c2.number_input("SFA β", 0.0, 1.0, 0.5, key="finetune_sfa_beta")
+    if mode == "one run":
+        optimizer = st.radio("optimizer", ["adamw", "mofo"], horizontal=True, key="finetune_optimizer")
+        use_sfa = st.checkbox("SFA averaging", key="finetune_use_sfa")
+        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_sfa_p") if use_sfa else None
+        l1 = st.number_input("L1-to-init λ", 0.0, 1e6, 0.0, key="finetune_l1")
+        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 0.0, key="finetune_l2")
+    else:
+        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_cmp_sfa_p")
+        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 1.0, key="finetune_cmp_l2")
+    c3, c4 = st.columns(2)
+    eval_every = c3.number_input("record every k steps", 1, 100_000, max(1, int(steps) // 6),
+                                 key="finetune_eval_every")
+    max_general = c4.number_input("general blocks (max)", 1, 4096, 16, key="finetune_max_general")
+    max_task = c3.number_input("eval pairs (max)", 1, 4096, 50, key="finetune_max_task")
+    go = st.button("Fine-tune", type="primary", key="finetune_run")
+
+with right:
+    live = st.empty()
+    if go:
+        device, _dtype = device_settings()
+        common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general),
+                      max_task=int(max_task), device=device)
+        with show_errors():
+            st.session_state.pop(MODEL_KEY, None)
+            if mode == "one run":
+                label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
+                label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
+                label += f"+l1-{l1:g}" if l1 else ""
+                label += f"+l2-{l2:g}" if l2 else ""
+                cfg = FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
+                                     batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
+                                     sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))
+                with progress_bar(f"Fine-tuning {start} on {task} ({label})") as progress:
+                    run, model = finetune(pool, task, cfg, progress=progress, return_model=True, **common)
+                result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
+                                                                 "configs": [cfg.to_dict()]})
+                result.mark_pareto()
+                st.session_state[MODEL_KEY] = model
+            else:
+                configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
+                                           fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta),
+                                           l2=float(l2))
+
+                def on_run(run, partial) -> None:
+                    with live.container():
+                        st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
+                        st.plotly_chart(trajectories_figure(partial), key=f"finetune_live_{len(partial.runs)}")
+
+                with progress_bar(f"Comparing {len(configs)} fine-tunes of {start} on {task}") as progress:
+                    result = compare(pool, task, configs, on_run=on_run, progress=progress, **common)
+            path = save_finetune_run(result)
+            st.session_state[RESULT_KEY] = result
+            st.toast(f"Saved under {path}")
+        live.empty()
+
+    result = st.session_state.get(RESULT_KEY)
+    if result is None:
+        st.info("Configure a run (left) and press Fine-tune.")
+    else:
+        st.subheader(f"{result.start} fine-tuned on {result.task}")
+        st.plotly_chart(trajectories_figure(result), key="finetune_trajectories")
+        a, b = st.columns(2)
+        with a:
+            st.markdown("**Final trade-off**")
+            st.plotly_chart(final_scatter(result), key="finetune_final")
+        with b:
+            st.markdown("**Training loss**")
+            st.plotly_chart(loss_figure(result), key="finetune_loss")
+        frame = result.to_frame()
+        st.dataframe(frame, hide_index=True, key="finetune_table")
+        traj = result.trajectories()
+        st.download_button("Download trajectories (CSV)",
+                           traj.drop(columns=[c for c in traj.columns if c.startswith("scorecard")]).to_csv(index=False),
+                           file_name=f"finetune-{result.task}.csv", mime="text/csv", key="finetune_csv",
+                           on_click="ignore")
+        model = st.session_state.get(MODEL_KEY)
+        if model is not None and len(result.runs) == 1:
+            st.markdown("**Keep this model** — add it to the pool so every other page can analyse it.")
+            name = st.text_input("name in the pool", f"{result.task}-{result.runs[0].label}",
+                                 key="finetune_save_name")
+            if st.button("Save into the pool", key="finetune_save"):
+                with show_errors():
+                    path = save_finetuned(pool, model, name.strip(), run=result.runs[0])
+                    clear_pool_cache()
+                    st.success(f"Saved {name} to {path} and added it to the pool.")
+        elif len(result.runs) > 1:
+            st.caption("To save one of these models into the pool, run it alone (mode: one run).")

@@ -1,0 +1,124 @@
+"""Forgetting: what does each post-hoc fix buy in speciality and cost in generality, over its setting?"""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from forgetlab import sweeps
+from forgetlab.errors import ParameterError
+from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
+
+st.title("Forgetting")
+st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
+           "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "
+           "front marks the settings that no other setting beats on both.")
+
+pool = require_pool()
+if not pool.model_names:
+    st.info("The pool has no fine-tuned model to sweep. Add one to the pool file, or make one on the "
+            "Fine-tune page.")
+    st.stop()
+
+KIND_LABELS = {"alpha": "WiSE-FT α curve", "pruning": "FAPM pruning curve (+ ablations)",
+               "density": "DARE / TIES density curve", "hma": "HMA grid (α per block)"}
+RESULT_KEY = "forgetting_result"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0, 0.5, 1.") from None
+
+
+def _csv(values) -> str:
+    return ", ".join(f"{v:g}" for v in values)
+
+
+left, right = st.columns([1, 2])
+with left:
+    model = st.selectbox("fine-tuned model", pool.model_names, key="forgetting_model")
+    guess = sweeps.default_task(pool, model)
+    task_options = ["(mean over tasks)", *pool.task_names]
+    task_choice = st.selectbox("speciality task", task_options,
+                               index=task_options.index(guess) if guess in task_options else 0,
+                               key=f"forgetting_task_{model}")
+    task = None if task_choice == task_options[0] else task_choice
+    kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind")
+    extra: dict = {}
+    with show_errors():
+        if kind == "alpha":
+            text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas")
+            extra = {"alphas": _floats(text)}
+        elif kind == "pruning":
+            text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios")
+            scores = st.multiselect("scores", list(sweeps.PRUNING_SCORES), default=list(sweeps.PRUNING_SCORES),
+                                    key="forgetting_scores",
+                                    help="fapm: |τ| − mean|W0|·|τ|/|W0|; magnitude: |τ|; relative: −|τ|/|W0|")
+            extra = {"ratios": _floats(text), "scores": scores}
+        elif kind == "density":
+            drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops")
+            keeps = st.text_input("TIES keep fractions", _csv(sweeps.DEFAULT_KEEPS), key="forgetting_keeps")
+            seed = st.number_input("DARE seed", 0, 2**31 - 1, 0, key="forgetting_seed")
+            extra = {"drops": _floats(drops), "keeps": _floats(keeps), "seed": int(seed)}
+        else:
+            text = st.text_area("α tuples (one per line)",
+                                "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
+            extra = {"grid": [_floats(line) for line in text.splitlines() if line.strip()]}
+    c1, c2 = st.columns(2)
+    max_general = c1.number_input("general blocks (max)", 1, 4096, 32, key="forgetting_max_general")
+    max_task = c2.number_input("pairs per task (max)", 1, 4096, 50, key="forgetting_max_task")
+    run = st.button("Run sweep", type="primary", key="forgetting_run")
+
+with right:
+    live = st.empty()
+    if run and extra:
+        device, _dtype = device_settings()
+
+        def on_point(point, partial) -> None:
+            with live.container():
+                st.caption(f"{len(partial.points)} point(s) so far")
+                st.plotly_chart(tradeoff_figure(partial, task=task), key=f"forgetting_live_{len(partial.points)}")
+
+        with show_errors():
+            with progress_bar(f"{KIND_LABELS[kind]} of {model}") as progress:
+                result = sweeps.SWEEPS[kind](pool, model, task=task, device=device, max_general=int(max_general),
+                                             max_task=int(max_task), on_point=on_point, progress=progress, **extra)
+            path = sweeps.save_sweep(result)
+            st.session_state[RESULT_KEY] = result
+            st.toast(f"Saved under {path}")
+        live.empty()
+
+    saved = sweeps.list_sweeps(model=model)
+    current = st.session_state.get(RESULT_KEY)
+    if current is not None and current.model != model:
+        current = None
+    if saved:
+        labels = {r.id: f"{r.kind.removeprefix('sweep-')} · {r.id}" for r in saved}
+        chosen = st.multiselect("saved sweeps of this model to show", list(labels), format_func=labels.get,
+                                default=[] if current is not None else [saved[0].id], key=f"forgetting_saved_{model}")
+    else:
+        chosen = []
+    results = [current] if current is not None else []
+    with show_errors():
+        for r in saved:
+            if r.id in chosen:
+                loaded = sweeps.load_sweep(r.path)
+                if current is None or loaded.recipe != current.recipe:
+                    results.append(loaded)
+    if not results:
+        st.info("Run a sweep (left) or pick a saved one to see its curves.")
+    else:
+        for r in results:
+            r.task = task if task is not None else r.task
+        st.subheader("Speciality vs generality, every series")
+        st.plotly_chart(tradeoff_figure(results, task=task), key="forgetting_tradeoff")
+        for i, r in enumerate(results):
+            st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}")
+            r.mark_pareto()
+            st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}")
+        frame = pd.concat([r.to_frame() for r in results], ignore_index=True)
+        st.dataframe(frame, hide_index=True, key="forgetting_table")
+        st.download_button("Download table (CSV)", frame.to_csv(index=False), file_name=f"forgetting-{model}.csv",
+                           mime="text/csv", key="forgetting_csv", on_click="ignore")

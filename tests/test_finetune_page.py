@@ -1,0 +1,78 @@
+"""The Fine-tune page: one run saved into the pool, a comparison of four fixes, bad input shown as a message."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from forgetlab.pool import ModelPool
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "finetune.py")
+
+
+def _page(pool_yaml):
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
+    return at
+
+
+def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    at = _page(root / "pool.yaml")
+    at.run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Fine-tune"
+    at.number_input(key="finetune_steps").set_value(4)
+    at.number_input(key="finetune_eval_every").set_value(2)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.radio(key="finetune_optimizer").set_value("mofo")
+    at.button(key="finetune_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert list(table["label"]) == ["mofo-0.2"] and table["steps"].item() == 4
+    assert len(at.get("plotly_chart")) == 3
+    at.text_input(key="finetune_save_name").set_value("math-mofo")
+    at.button(key="finetune_save").click().run()
+    assert not at.exception, at.exception
+    assert any("math-mofo" in s.value for s in at.success)
+    assert "math-mofo" in ModelPool.from_yaml(root / "pool.yaml").model_names
+
+
+def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    at.radio(key="finetune_mode").set_value("comparison").run()
+    at.number_input(key="finetune_steps").set_value(2)
+    at.number_input(key="finetune_eval_every").set_value(1)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.number_input(key="finetune_max_task").set_value(2)
+    at.button(key="finetune_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1"]
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
+    """A base whose final norm is NaN gives a NaN loss at step 1: the page shows the trainer's message."""
+    from safetensors.torch import load_file, save_file
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    weights = root / "base" / "model.safetensors"
+    tensors = load_file(str(weights))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * float("nan")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    at = _page(root / "pool.yaml")
+    at.run()
+    at.number_input(key="finetune_steps").set_value(3)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.button(key="finetune_run").click().run()
+    assert not at.exception, at.exception
+    assert any("NaN" in e.value and "step 1" in e.value for e in at.error), [e.value for e in at.error]

@@ -1,0 +1,58 @@
+"""The Forgetting page: run a sweep on a tiny pool, see curves, scatter and table; reopen saved sweeps."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "forgetting.py")
+
+
+def _page(pool_yaml):
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
+    return at
+
+
+def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Forgetting"
+    assert any("Run a sweep" in i.value for i in at.info)
+    at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
+    at.number_input(key="forgetting_max_general").set_value(2)
+    at.number_input(key="forgetting_max_task").set_value(3)
+    at.button(key="forgetting_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert list(table["alpha"]) == [0.0, 0.5, 1.0]
+    assert table["pareto"].any()
+    assert len(at.get("plotly_chart")) == 2           # trade-off scatter + curves
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+    # a fresh session shows the saved sweep
+    again = _page(tiny_llama.pool_yaml)
+    again.run()
+    assert not again.exception, again.exception
+    assert list(again.dataframe[0].value["alpha"]) == [0.0, 0.5, 1.0]
+
+
+def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    at.radio(key="forgetting_kind").set_value("pruning").run()
+    at.text_input(key="forgetting_ratios").set_value("0, 0.9, 1")
+    at.multiselect(key="forgetting_scores").set_value(["fapm", "magnitude"])
+    at.number_input(key="forgetting_max_general").set_value(1)
+    at.number_input(key="forgetting_max_task").set_value(2)
+    at.button(key="forgetting_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert set(at.dataframe[0].value["series"]) == {"fapm", "magnitude"}
+    at.text_input(key="forgetting_ratios").set_value("0, 1.5")
+    at.button(key="forgetting_run").click().run()
+    assert not at.exception
+    assert any("[0, 1]" in e.value for e in at.error)
