@@ -1,0 +1,294 @@
+"""Submodule features across tasks and models, and their t-SNE map.
+
+`capture_features` runs each model (base, fine-tuned, merged: any set) on the probe samples of each task and
+reads one submodule's output with a forward hook: the decoder's last hidden state (``model``), a decoder layer
+(``layer``), its attention (``attn``), its MLP (``mlp``) or one head's contribution to the attention output
+(``head``, see `forgetlab.linearity.head_outputs`). Each sample becomes one vector: the mean over its answer
+tokens (``pooling="answer"``) or its last token (``pooling="last"``).
+
+`embed_tsne` standardises nothing and reduces with PCA to at most 50 dimensions, then runs t-SNE (openTSNE;
+scikit-learn's TSNE when openTSNE is missing), seeded. It returns the 2-D coordinates with their (task, model)
+labels and, per model, the distances between task clusters: the Euclidean distance between the centroids of two
+tasks' points, in the t-SNE plane and in the PCA space, and their average over task pairs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from forgetlab.anatomy import Anatomy
+from forgetlab.errors import MissingDependencyError, ParameterError
+from forgetlab.linearity import (encode_samples, head_outputs, last_hidden, select_pairs, _first_tensor,
+                                 _strip_kwargs)
+from forgetlab.progress import Progress, report, scaled
+
+FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head")
+POOLINGS = ("answer", "last")
+BACKENDS = ("auto", "opentsne", "sklearn")
+
+
+@dataclass
+class FeatureSet:
+    """Pooled features: ``X`` [samples × features] and ``labels`` (task, model, sample) per row."""
+
+    X: np.ndarray
+    labels: pd.DataFrame
+    level: str
+    layer: Optional[int]
+    head: Optional[int]
+    pooling: str
+
+    def __len__(self) -> int:
+        return int(self.X.shape[0])
+
+    def to_frame(self) -> pd.DataFrame:
+        """The labels with the features as columns f0, f1, …"""
+        feats = pd.DataFrame(self.X, columns=[f"f{i}" for i in range(self.X.shape[1])])
+        return pd.concat([self.labels.reset_index(drop=True), feats], axis=1)
+
+
+@dataclass
+class TsneResult:
+    """t-SNE coordinates (x, y, task, model, sample) and the distances between task clusters."""
+
+    coords: pd.DataFrame
+    distances: pd.DataFrame
+    backend: str
+    perplexity: float
+    pca_dims: int
+    seed: int
+    meta: dict = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The coordinates with their labels."""
+        return self.coords.copy()
+
+    def cluster_summary(self) -> pd.DataFrame:
+        """Per model: the average distance between task clusters (t-SNE plane and PCA space)."""
+        if self.distances.empty:
+            return pd.DataFrame(columns=["model", "mean_distance_tsne", "mean_distance_pca", "pairs"])
+        g = self.distances.groupby("model", sort=False)
+        return pd.DataFrame({"mean_distance_tsne": g["distance_tsne"].mean(),
+                             "mean_distance_pca": g["distance_pca"].mean(),
+                             "pairs": g.size()}).reset_index()
+
+    def to_dict(self) -> dict:
+        return {"coords": self.coords.to_dict(orient="list"), "distances": self.distances.to_dict(orient="list"),
+                "backend": self.backend, "perplexity": self.perplexity, "pca_dims": self.pca_dims,
+                "seed": self.seed, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TsneResult":
+        return cls(pd.DataFrame(d["coords"]), pd.DataFrame(d["distances"]), d["backend"], d["perplexity"],
+                   d["pca_dims"], d["seed"], d.get("meta", {}))
+
+
+def _resolve(pool_or_data, models, tasks, device):
+    """({label: model}, tokenizer, {task: pairs}, template)."""
+    if isinstance(pool_or_data, (tuple, list)):
+        if len(pool_or_data) != 3:
+            raise ParameterError("Pass a ModelPool or a ({name: model}, tokenizer, {task: pairs}) tuple.")
+        mods, tok, pairs = pool_or_data
+        mods = dict(mods)
+        if models is not None:
+            mods = {m: mods[m] for m in models}
+        pairs = dict(pairs)
+        if tasks is not None:
+            missing = [t for t in tasks if t not in pairs]
+            if missing:
+                raise ParameterError(f"No probe data for task(s) {missing}; known: {', '.join(pairs)}.")
+            pairs = {t: pairs[t] for t in tasks}
+        return mods, tok, pairs, None
+    pool = pool_or_data
+    names = list(models) if models is not None else ["base", *pool.model_names]
+    loaded = {n: pool.load(n, device=device) for n in names}
+    tasks = list(tasks) if tasks is not None else list(pool.probes.tasks)
+    pairs = {t: pool.probes.task(t).probe for t in tasks}
+    return loaded, pool.tokenizer, pairs, getattr(pool.probes, "template", None)
+
+
+def _pool_rows(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, pooling: str) -> torch.Tensor:
+    """[b, s, h] → [b, h]: mean over answer positions [start, length) or the last real token."""
+    if pooling == "last":
+        return x[torch.arange(x.shape[0]), lengths - 1]
+    pos = torch.arange(x.shape[1])[None, :]
+    m = ((pos >= starts[:, None]) & (pos < lengths[:, None])).to(x.dtype)
+    return (x * m[:, :, None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1)
+
+
+@torch.no_grad()
+def _model_features(model, anatomy: Optional[Anatomy], ids, level, layer, head):
+    if level == "model":
+        return last_hidden(model, anatomy, ids)
+    mods = dict(model.named_modules())
+    got: dict[str, Any] = {}
+    if level == "head":
+        target = mods[anatomy.attn_path(layer)]
+
+        def pre(mod, args, kwargs):
+            got["x"] = args[0] if args else kwargs["hidden_states"]
+            got["kw"] = _strip_kwargs(kwargs)
+        handle = target.register_forward_pre_hook(pre, with_kwargs=True)
+    else:
+        target = mods[anatomy.module_path(level, layer)]
+        handle = target.register_forward_hook(lambda m, a, o: got.__setitem__("out", _first_tensor(o)))
+    try:
+        last_hidden(model, anatomy, ids)
+    finally:
+        handle.remove()
+    if level == "head":
+        return head_outputs(anatomy, target, got["x"], got["kw"])[:, head]
+    return got["out"]
+
+
+def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models: Optional[Sequence[str]] = None, *,
+                     level: str = "layer", layer: Optional[int] = -1, head: Optional[int] = None,
+                     pooling: str = "answer", samples: Optional[int] = 30, batch_size: int = 8,
+                     max_length: int = 128, device: Optional[str] = None, progress: Progress = None) -> FeatureSet:
+    """One pooled feature vector per (model, task, probe sample) for a chosen submodule (module docstring).
+
+    ``pool_or_data``: a ModelPool (``models`` are pool names, default base + every fine-tuned model; ``tasks``
+    default every task) or a ``({label: model}, tokenizer, {task: pairs})`` tuple (e.g. with a merged model).
+    ``layer`` may be negative (−1 = last layer); ``head`` is needed for the ``head`` level.
+    """
+    if level not in FEATURE_LEVELS:
+        raise ParameterError(f"Unknown level {level!r}; choose one of {', '.join(FEATURE_LEVELS)}.")
+    if pooling not in POOLINGS:
+        raise ParameterError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}.")
+    mods, tok, pairs, template = _resolve(pool_or_data, models, tasks, device)
+    if not mods:
+        raise ParameterError("No models to capture features from.")
+    if not pairs:
+        raise ParameterError("No tasks to capture features for; the pool has no probe data.")
+    first = next(iter(mods.values()))
+    try:
+        anatomy = Anatomy.from_model(first)
+    except ParameterError:
+        if level != "model":
+            raise
+        anatomy = None
+    for name, m in mods.items():
+        try:
+            other = Anatomy.from_model(m) if anatomy is not None else None
+        except ParameterError:
+            other = None
+        if anatomy is not None and (other is None or not anatomy.same_structure(other)):
+            raise ParameterError(f"Model {name!r} has a different submodule structure "
+                                 f"({other.describe() if other else 'unknown'}) from the first "
+                                 f"({anatomy.describe()}); compare models of one architecture.")
+    if level != "model":
+        n = anatomy.num_layers
+        if layer is None or not (-n <= layer < n):
+            raise ParameterError(f"Layer {layer!r} does not exist: this model has layers 0..{n - 1} (or -1 for last).")
+        layer = layer % n
+    else:
+        layer = None
+    if level == "head":
+        if head is None or not (0 <= head < anatomy.num_heads):
+            raise ParameterError(f"The head level needs head= one of 0..{anatomy.num_heads - 1}.")
+    else:
+        head = None
+    encs = {t: encode_samples(tok, select_pairs(p, samples, t), max_length=max_length, template=template)
+            for t, p in pairs.items()}
+    rows, labels = [], []
+    total = sum(len(range(0, len(e), batch_size)) for e in encs.values()) * len(mods)
+    done = 0
+    for mname, model in mods.items():
+        dev = next(model.parameters()).device
+        for t, enc in encs.items():
+            for a in range(0, len(enc), batch_size):
+                chunk = enc.chunk(a, min(a + batch_size, len(enc)))
+                feats = _model_features(model, anatomy, chunk.input_ids.to(dev), level, layer, head)
+                rows.append(_pool_rows(feats.float().cpu(), chunk.lengths, chunk.answer_starts, pooling))
+                labels += [{"task": t, "model": mname, "sample": a + i} for i in range(len(chunk))]
+                done += 1
+                report(progress, done / total, f"{mname}: {t}")
+    X = torch.cat(rows).numpy().astype(np.float64)
+    return FeatureSet(X, pd.DataFrame(labels), level, layer, head, pooling)
+
+
+def pca_reduce(X: np.ndarray, dims: int = 50, seed: int = 0) -> np.ndarray:
+    """Centre and project onto the top min(dims, n_samples, n_features) principal components (scikit-learn PCA)."""
+    from sklearn.decomposition import PCA
+
+    k = int(min(dims, X.shape[0], X.shape[1]))
+    if k < 1:
+        raise ParameterError("No features to reduce.")
+    if k == X.shape[1] and k <= dims:
+        return X - X.mean(0, keepdims=True)
+    return PCA(n_components=k, random_state=seed).fit_transform(X)
+
+
+def tsne_2d(Y: np.ndarray, perplexity: float = 30.0, seed: int = 0, backend: str = "auto",
+            n_jobs: int = 1) -> tuple[np.ndarray, str]:
+    """2-D t-SNE of ``Y`` with openTSNE (or scikit-learn when asked or when openTSNE is missing); seeded, so the
+    same input and seed give the same map. Returns (coordinates, backend used)."""
+    if backend not in BACKENDS:
+        raise ParameterError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}.")
+    n = Y.shape[0]
+    if n < 4:
+        raise ParameterError(f"t-SNE needs at least 4 points; got {n}. Use more samples, tasks or models.")
+    perp = float(min(perplexity, (n - 1) / 3.0))
+    if backend in ("auto", "opentsne"):
+        try:
+            from openTSNE import TSNE as OTSNE
+        except ImportError:
+            if backend == "opentsne":
+                raise MissingDependencyError("openTSNE is not installed: pip install openTSNE") from None
+        else:
+            emb = OTSNE(n_components=2, perplexity=perp, random_state=seed, n_jobs=n_jobs, verbose=False,
+                        neighbors="exact" if n < 1000 else "auto",
+                        negative_gradient_method="bh" if n < 10000 else "auto").fit(np.ascontiguousarray(Y))
+            return np.asarray(emb), "opentsne"
+    from sklearn.manifold import TSNE
+
+    out = TSNE(n_components=2, perplexity=perp, random_state=seed, init="pca", n_jobs=n_jobs).fit_transform(Y)
+    return np.asarray(out), "sklearn"
+
+
+def cluster_distances(points: np.ndarray, labels: pd.DataFrame) -> pd.DataFrame:
+    """Per model and pair of tasks: the Euclidean distance between the two tasks' centroids in ``points``."""
+    rows = []
+    for model, grp in labels.groupby("model", sort=False):
+        cents = {t: points[idx.to_numpy()].mean(0) for t, idx in grp.groupby("task", sort=False).groups.items()}
+        for a, b in combinations(cents, 2):
+            rows.append({"model": model, "task_a": a, "task_b": b,
+                         "distance": float(np.linalg.norm(cents[a] - cents[b]))})
+    return pd.DataFrame(rows, columns=["model", "task_a", "task_b", "distance"])
+
+
+def embed_tsne(features: FeatureSet, *, perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50,
+               backend: str = "auto", progress: Progress = None) -> TsneResult:
+    """PCA to ``pca_dims`` dimensions, then seeded 2-D t-SNE; coordinates with (task, model) labels and the
+    distances between task clusters per model (module docstring)."""
+    if len(features) == 0:
+        raise ParameterError("No features to embed.")
+    report(progress, 0.05, "PCA")
+    labels = features.labels.reset_index(drop=True)
+    Y = pca_reduce(features.X, pca_dims, seed)
+    report(progress, 0.2, "t-SNE")
+    xy, used = tsne_2d(Y, perplexity, seed, backend)
+    coords = labels.assign(x=xy[:, 0], y=xy[:, 1])[["x", "y", "task", "model", "sample"]]
+    d_t = cluster_distances(xy, labels).rename(columns={"distance": "distance_tsne"})
+    d_p = cluster_distances(Y, labels).rename(columns={"distance": "distance_pca"})
+    dist = d_t.merge(d_p, on=["model", "task_a", "task_b"], how="outer")
+    report(progress, 1.0, "done")
+    return TsneResult(coords, dist, used, float(min(perplexity, (len(features) - 1) / 3.0)), int(Y.shape[1]), seed,
+                      {"level": features.level, "layer": features.layer, "head": features.head,
+                       "pooling": features.pooling})
+
+
+def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", layer: Optional[int] = -1,
+                head: Optional[int] = None, pooling: str = "answer", samples: Optional[int] = 30,
+                perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50, backend: str = "auto",
+                device: Optional[str] = None, progress: Progress = None) -> TsneResult:
+    """`capture_features` then `embed_tsne`, in one call (what the Features page and CLI run)."""
+    fs = capture_features(pool_or_data, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
+                          samples=samples, device=device, progress=scaled(progress, 0.0, 0.6))
+    return embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
+                      progress=scaled(progress, 0.6, 1.0))
