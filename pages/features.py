@@ -1,0 +1,78 @@
+"""Features: do the tasks separate in a submodule's features, and how does fine-tuning or merging move them?"""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab import features
+from forgetlab.plots.features import distance_bars, tsne_scatter
+from forgetlab.ui import device_settings, job_key, progress_bar, require_pool, show_errors
+
+st.title("Features")
+st.caption("One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
+           "token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, the symbol "
+           "the model.")
+
+pool = require_pool()
+if not pool.task_names:
+    st.info("The pool has no probe data: add tasks with probe files to the pool file.")
+    st.stop()
+
+
+@st.cache_resource
+def _results() -> dict:
+    """t-SNE maps by (pool, settings), shared by every session of this process."""
+    return {}
+
+
+anatomy = None
+with show_errors():
+    anatomy = pool.anatomy
+level_options = list(features.FEATURE_LEVELS) if anatomy is not None else ["model"]
+left, right = st.columns([1, 3])
+with left:
+    all_models = ["base", *pool.model_names]
+    models = st.multiselect("models", all_models, default=all_models, key="features_models")
+    tasks = st.multiselect("tasks", pool.task_names, default=pool.task_names, key="features_tasks")
+    level = st.selectbox("submodule", level_options, index=min(1, len(level_options) - 1), key="features_level",
+                         format_func={"model": "last hidden state", "layer": "decoder layer", "attn": "attention",
+                                      "mlp": "MLP", "head": "attention head"}.get)
+    layer = head = None
+    if level != "model":
+        layer = st.selectbox("layer", list(range(anatomy.num_layers)), index=anatomy.num_layers - 1,
+                             key="features_layer")
+    if level == "head":
+        head = st.selectbox("head", list(range(anatomy.num_heads)), key="features_head")
+    pooling = st.radio("pooling", list(features.POOLINGS), key="features_pooling",
+                       format_func={"answer": "mean over answer tokens", "last": "last token"}.get)
+    n_min = min((len(pool.probes.tasks[t].probe) for t in tasks), default=1) or 1
+    samples = st.number_input("samples per task", 1, n_min, min(30, n_min), key="features_samples")
+    perplexity = st.number_input("perplexity", 2.0, 100.0, 30.0, key="features_perplexity",
+                                 help="capped at (points − 1) / 3")
+    seed = st.number_input("seed", 0, 2**31 - 1, 0, key="features_seed")
+    run = st.button("Map features", type="primary", key="features_run")
+
+key = job_key("features", pool.key, tuple(models), tuple(tasks), level, layer, head, pooling, int(samples),
+              float(perplexity), int(seed))
+with right:
+    cache = _results()
+    if run:
+        device, _dtype = device_settings()
+        with show_errors():
+            with progress_bar("Capturing features and mapping them with t-SNE") as progress:
+                cache[key] = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head,
+                                                  pooling=pooling, samples=int(samples), perplexity=perplexity,
+                                                  seed=int(seed), device=device, progress=progress)
+    result = cache.get(key)
+    if result is None:
+        st.info("Choose models, tasks and a submodule, then press **Map features**.")
+        st.stop()
+    st.plotly_chart(tsne_scatter(result), key="features_scatter")
+    st.subheader("Distance between task clusters")
+    st.caption("Euclidean distance between task centroids, per model: in the t-SNE plane and in the PCA space "
+               "(the latter is the one to compare; t-SNE distances are only indicative).")
+    st.dataframe(result.cluster_summary(), hide_index=True, key="features_summary")
+    st.dataframe(result.distances, hide_index=True, key="features_distances")
+    if len(result.cluster_summary()):
+        st.plotly_chart(distance_bars(result), key="features_distance_bars")
+    st.download_button("Download coordinates (CSV)", result.coords.to_csv(index=False), mime="text/csv",
+                       file_name="features-tsne.csv", key="features_csv", on_click="ignore")

@@ -1,0 +1,107 @@
+"""Linearity: how linear is the model, and each of its submodules, in its task vector?"""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab import linearity
+from forgetlab.errors import ParameterError
+from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
+from forgetlab.ui import device_settings, job_key, progress_bar, require_pool, show_errors
+
+st.title("Linearity")
+st.caption("Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
+           "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "
+           "relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = 0.")
+
+pool = require_pool()
+if not pool.model_names or not pool.task_names:
+    st.info("The pool needs a fine-tuned model and probe data for a task: add them to the pool file.")
+    st.stop()
+
+
+@st.cache_resource
+def _results() -> dict:
+    """Results by (pool, task, model, settings), shared by every session of this process."""
+    return {}
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0, 0.1, 0.2.") from None
+
+
+left, right = st.columns([1, 3])
+with left:
+    task = st.selectbox("task", pool.task_names, key="linearity_task")
+    models = pool.model_names
+    model = st.selectbox("fine-tuned model", models, index=models.index(task) if task in models else 0,
+                         key="linearity_model")
+    n_probe = len(pool.probes.tasks[task].probe)
+    if n_probe == 0:
+        st.warning(f"Task {task!r} has no probe samples; add a probe file for it to the pool.")
+        st.stop()
+    samples = st.number_input("samples", 1, n_probe, min(30, n_probe), key=f"linearity_samples_{task}",
+                              help=f"probe pairs of the task used (it has {n_probe})")
+    alpha_text = st.text_input("α grid", ", ".join(f"{a:g}" for a in linearity.DEFAULT_ALPHAS),
+                               key="linearity_alphas")
+    try:
+        level_options = list(pool.anatomy.levels)
+    except ParameterError as exc:
+        st.caption(f"Only the model level: {exc}")
+        level_options = ["model"]
+    levels = st.multiselect("levels", level_options, default=level_options, key="linearity_levels")
+    capture = st.radio("inputs captured from", list(linearity.CAPTURES), key="linearity_capture",
+                       format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get)
+    run = st.button("Compute scores", type="primary", key="linearity_run")
+
+key = None
+with show_errors():
+    alphas = tuple(_floats(alpha_text))
+    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture)
+
+with right:
+    cache = _results()
+    if run and key is not None:
+        device, _dtype = device_settings()
+        with show_errors():
+            with progress_bar(f"Non-linearity of {model} on {task}") as progress:
+                cache[key] = linearity.nonlinearity_scores(
+                    pool, task, model=model, levels=levels, alphas=alphas, samples=int(samples),
+                    capture=capture, device=device, progress=progress)
+    result = cache.get(key) if key is not None else None
+    if result is None:
+        st.info("Choose the settings and press **Compute scores**. The whole table (every layer, module and "
+                "head) costs about as much as a few forward passes per α.")
+        st.stop()
+    by_level = result.by_level()
+    cols = st.columns(len(by_level))
+    for c, row in zip(cols, by_level.itertuples()):
+        c.metric(f"NLS · {row.level}", f"{row.nls_mean:.4f}", help=f"± {row.nls_std:.4f} over samples, "
+                 f"{row.submodules} submodule(s)")
+    st.plotly_chart(nls_heatmap(result), key="linearity_heatmap")
+    st.plotly_chart(level_bars(result), key="linearity_bars")
+    frame = result.to_frame()
+    labels = {}
+    for r in frame.itertuples():
+        if r.level == "model":
+            labels[("model", None, None)] = "model"
+        elif r.level == "head":
+            labels[(r.level, int(r.layer), int(r.head))] = f"layer {int(r.layer)} · head {int(r.head)}"
+        else:
+            labels[(r.level, int(r.layer), None)] = f"layer {int(r.layer)} · {r.level}"
+    chosen = st.multiselect("curves to draw (empty: the model and each level's mean)", list(labels),
+                            format_func=labels.get, key="linearity_curves")
+    st.plotly_chart(curves_figure(result, chosen or None), key="linearity_curve_chart")
+    shown = frame.assign(curve=[", ".join(f"{v:.3f}" for v in c) for c in frame["curve"]],
+                         curve_std=[", ".join(f"{v:.3f}" for v in c) for c in frame["curve_std"]])
+    st.dataframe(shown, hide_index=True, key="linearity_table")
+    st.caption(f"{result.samples} samples · α ∈ {{{', '.join(f'{a:g}' for a in result.alphas)}}} · inputs from "
+               f"the {result.capture} model · NLS = Σα |d(α) − (1 − α)|; residual = Property 1's relative error.")
+    d1, d2 = st.columns(2)
+    d1.download_button("Download scores (CSV)", shown.to_csv(index=False), mime="text/csv",
+                       file_name=f"linearity-{model}-{task}.csv", key="linearity_csv", on_click="ignore")
+    d2.download_button("Download d(α) curves (CSV)", result.curves_frame().to_csv(index=False), mime="text/csv",
+                       file_name=f"linearity-curves-{model}-{task}.csv", key="linearity_curves_csv",
+                       on_click="ignore")

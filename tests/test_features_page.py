@@ -1,0 +1,35 @@
+"""The Features page: a t-SNE map of a submodule's features on a tiny pool, cluster distances, CSV."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "features.py")
+
+
+def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["forgetlab_pool_path"] = str(tiny_gpt2.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Features"
+    assert any("Map features" in i.value for i in at.info)
+    at.number_input(key="features_samples").set_value(5)
+    at.number_input(key="features_perplexity").set_value(5.0)
+    at.button(key="features_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    summary = at.dataframe[0].value
+    assert list(summary["model"]) == ["base", "ft0", "ft1"] and (summary["mean_distance_pca"] > 0).all()
+    assert len(at.dataframe[1].value) == 3  # one task pair per model
+    assert len(at.get("plotly_chart")) == 2
+    at.selectbox(key="features_level").set_value("head").run()
+    at.selectbox(key="features_head").set_value(3)
+    at.multiselect(key="features_models").set_value(["ft0"])
+    at.radio(key="features_pooling").set_value("last")
+    at.button(key="features_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert list(at.dataframe[0].value["model"]) == ["ft0"]

@@ -1,0 +1,57 @@
+"""The Linearity page: compute scores on a tiny pool; heatmap, bars, curves, table, CSV; cached per settings."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "linearity.py")
+
+
+def _page(pool_yaml):
+    at = AppTest.from_file(PAGE, default_timeout=180)
+    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
+    return at
+
+
+def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    assert at.title[0].value == "Linearity"
+    assert any("Compute scores" in i.value for i in at.info)
+    at.selectbox(key="linearity_model").set_value("ft1")
+    at.number_input(key="linearity_samples_math").set_value(3)
+    at.text_input(key="linearity_alphas").set_value("0, 0.25, 0.5, 0.75")
+    at.button(key="linearity_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert list(table["level"].unique()) == ["model", "layer", "attn", "mlp", "head"]
+    assert len(table) == 1 + 3 * 2 + 4 * 2 and table["nls_mean"].notna().all()
+    assert len(at.get("plotly_chart")) == 3  # heatmap, bars, curves
+    assert len(at.metric) == 5
+    # a rerun with the same settings shows the cached result without recomputing (no status box)
+    at.run()
+    assert len(at.dataframe) == 1 and not at.get("status")
+    # choosing particular curves redraws
+    at.multiselect(key="linearity_curves").set_value([("model", None, None), ("head", 1, 2)]).run()
+    assert not at.exception, at.exception
+    # other settings: not computed yet
+    at.radio(key="linearity_capture").set_value("base").run()
+    assert any("Compute scores" in i.value for i in at.info)
+
+
+def test_linearity_page_bad_alphas_message(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    at.text_input(key="linearity_alphas").set_value("0, 1.5")
+    at.number_input(key="linearity_samples_math").set_value(2)
+    at.button(key="linearity_run").click().run()
+    assert not at.exception
+    assert any("alphas" in e.value for e in at.error)
+    at.text_input(key="linearity_alphas").set_value("zero")
+    at.run()
+    assert any("Cannot read" in e.value for e in at.error)
