@@ -1,0 +1,62 @@
+"""CLI: `forgetlab features` — a submodule's features across tasks and models, mapped with t-SNE."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.errors import OutputExistsError
+
+
+def register(sub) -> None:
+    from forgetlab.features import BACKENDS, FEATURE_LEVELS, POOLINGS
+
+    p = sub.add_parser("features", help="t-SNE map of a submodule's features across tasks and models",
+                       description="Capture a submodule's output on each task's probe samples for each model, "
+                                   "pool it (answer tokens or last token), reduce with PCA to 50 dimensions, map "
+                                   "with t-SNE, and report the distances between task clusters.")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--models", nargs="+", help="models (default: base and every fine-tuned model)")
+    p.add_argument("--tasks", nargs="+", help="tasks (default: all)")
+    p.add_argument("--level", choices=list(FEATURE_LEVELS), default="layer", help="submodule (default layer)")
+    p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end; default -1)")
+    p.add_argument("--head", type=int, help="head index, for --level head")
+    p.add_argument("--pooling", choices=list(POOLINGS), default="answer")
+    p.add_argument("--samples", type=int, default=None, help="probe samples per task (default: all)")
+    p.add_argument("--perplexity", type=float, default=30.0)
+    p.add_argument("--pca-dims", type=int, default=50)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=list(BACKENDS), default="auto")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", help="CSV file for the coordinates (x, y, task, model, sample)")
+    p.add_argument("--distances", help="CSV file for the task-cluster distances")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_features)
+
+
+def cmd_features(args) -> int:
+    from forgetlab.commands.linearity import write_csv
+    from forgetlab.features import capture_features, embed_tsne
+    from forgetlab.pool import ModelPool
+    from forgetlab.progress import scaled
+
+    for f in (args.out, args.distances):
+        if f and Path(f).exists() and not args.overwrite:
+            raise OutputExistsError(f"{f} exists already; choose another file or pass --overwrite.")
+    pool = ModelPool.from_yaml(args.pool)
+    update, close = tqdm_progress("features")
+    try:
+        fs = capture_features(pool, args.tasks, args.models, level=args.level, layer=args.layer, head=args.head,
+                              pooling=args.pooling, samples=args.samples, device=args.device,
+                              progress=scaled(update, 0, 0.6))
+        result = embed_tsne(fs, perplexity=args.perplexity, seed=args.seed, pca_dims=args.pca_dims,
+                            backend=args.backend, progress=scaled(update, 0.6, 1.0))
+    finally:
+        close()
+    emit(f"{len(fs)} points, t-SNE by {result.backend} (perplexity {result.perplexity:g}, PCA {result.pca_dims} dims)")
+    emit("average distance between task clusters:")
+    emit_frame(result.cluster_summary())
+    if args.out:
+        write_csv(result.coords, args.out, args.overwrite)
+    if args.distances:
+        write_csv(result.distances, args.distances, args.overwrite)
+    return 0

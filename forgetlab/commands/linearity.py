@@ -1,0 +1,138 @@
+"""CLI: `forgetlab linearity` (non-linearity scores per level) and `forgetlab slwm-weights` (the weights
+submodule-linearity merging would choose)."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.errors import OutputExistsError, ParameterError
+
+
+def register(sub) -> None:
+    from forgetlab.linearity import CAPTURES, DEFAULT_ALPHAS, DEFAULT_LEVELS
+
+    p = sub.add_parser("linearity", help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
+                       description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a "
+                                   "fine-tuned model and of each submodule, re-run on inputs captured once "
+                                   "(METHODS.md, 'Submodule linearity').")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--task", required=True, help="task whose probe samples are used")
+    p.add_argument("--model", help="fine-tuned model (default: the one named like the task)")
+    p.add_argument("--levels", nargs="+", default=list(DEFAULT_LEVELS), choices=list(DEFAULT_LEVELS),
+                   help="levels to score (default: all)")
+    p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
+                   help="α grid, comma-separated (default 0,0.1,…,0.9)")
+    p.add_argument("--samples", type=int, default=30, help="probe samples of the task (default 30)")
+    p.add_argument("--capture", choices=list(CAPTURES), default="finetuned",
+                   help="model whose forward pass gives the submodule inputs")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default=None, help="cpu or cuda")
+    p.add_argument("--out", help="CSV file for the per-submodule table (curves as 'd(α0);d(α1);…')")
+    p.add_argument("--curves", help="CSV file for the long d(α) table")
+    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
+    p.add_argument("--no-save", action="store_true", help="do not save the run in the workspace")
+    p.set_defaults(func=cmd_linearity)
+
+    p = sub.add_parser("slwm-weights", help="the per-submodule task weights of submodule-linearity merging",
+                       description="Solve G a = b per submodule on the pool's probe data and print the weights "
+                                   "(submodule × task). Merge with `forgetlab merge` and method slwm.")
+    p.add_argument("pool", help="pool.yaml")
+    p.add_argument("--models", nargs="+", help="fine-tuned models (default: those named like the tasks)")
+    p.add_argument("--tasks", nargs="+", help="task of each model (default: the task named like the model)")
+    p.add_argument("--level", choices=["layer", "attn_mlp", "head_mlp"], default="attn_mlp")
+    p.add_argument("--samples", type=int, default=30, help="probe samples per task (default 30)")
+    p.add_argument("--ridge", type=float, default=1e-4, help="ridge relative to tr(G)/T (default 1e-4)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", help="CSV file")
+    p.add_argument("--overwrite", action="store_true")
+    p.set_defaults(func=cmd_slwm_weights)
+
+
+def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
+    """Write a CSV atomically (temporary file in the same folder, renamed into place); refuse to replace an
+    existing file unless `overwrite`."""
+    path = Path(out).expanduser()
+    if path.exists() and not overwrite:
+        raise OutputExistsError(f"{path} exists already; choose another file or pass --overwrite.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            df.to_csv(fh, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    emit(f"wrote {path}")
+    return path
+
+
+def parse_floats(text: str, what: str) -> list[float]:
+    """'0,0.1, 0.2' → [0.0, 0.1, 0.2], with a message on bad input."""
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {what} {text!r}; write numbers like 0,0.1,0.2.") from None
+
+
+def cmd_linearity(args) -> int:
+    from forgetlab.linearity import nonlinearity_scores
+    from forgetlab.pool import ModelPool
+
+    alphas = parse_floats(args.alphas, "--alphas")
+    for f in (args.out, args.curves):
+        if f and Path(f).exists() and not args.overwrite:
+            raise OutputExistsError(f"{f} exists already; choose another file or pass --overwrite.")
+    pool = ModelPool.from_yaml(args.pool)
+    update, close = tqdm_progress(f"linearity {args.task}")
+    try:
+        result = nonlinearity_scores(pool, args.task, model=args.model, levels=args.levels, alphas=alphas,
+                                     samples=args.samples, capture=args.capture, batch_size=args.batch_size,
+                                     device=args.device, progress=update)
+    finally:
+        close()
+    df = result.to_frame()
+    flat = df.assign(curve=[";".join(f"{v:.6g}" for v in c) for c in df["curve"]],
+                     curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
+    emit(f"{result.model} on {result.task}: {result.samples} samples, inputs from the {result.capture} model")
+    emit_frame(result.by_level())
+    if args.out:
+        write_csv(flat, args.out, args.overwrite)
+    else:
+        emit_frame(flat.drop(columns=["curve", "curve_std"]))
+    if args.curves:
+        write_csv(result.curves_frame(), args.curves, args.overwrite)
+    if not args.no_save:
+        from forgetlab.workspace import save_run
+
+        recipe = {"pool": str(Path(args.pool).resolve()), "task": result.task, "model": result.model,
+                  "levels": list(result.levels), "alphas": list(result.alphas), "samples": result.samples,
+                  "capture": result.capture}
+        emit(f"saved run {save_run('linearity', recipe, result.to_dict(), frame=flat)}")
+    return 0
+
+
+def cmd_slwm_weights(args) -> int:
+    from forgetlab.merge.slwm import slwm_weights
+    from forgetlab.pool import ModelPool
+
+    if args.out and Path(args.out).exists() and not args.overwrite:
+        raise OutputExistsError(f"{args.out} exists already; choose another file or pass --overwrite.")
+    pool = ModelPool.from_yaml(args.pool)
+    update, close = tqdm_progress("slwm weights")
+    try:
+        w = slwm_weights(pool, args.tasks, models=args.models, level=args.level, samples=args.samples,
+                         ridge=args.ridge, device=args.device, progress=update)
+    finally:
+        close()
+    df = w.to_frame()
+    if args.out:
+        write_csv(df, args.out, args.overwrite)
+    else:
+        emit_frame(df)
+    return 0
