@@ -155,3 +155,15 @@ def test_bad_input(pool):
         pruning_curve(pool, "ft0", scores=["random"])
     with pytest.raises(ParameterError, match="same number"):
         hma_grid(pool, "ft0", grid=[(0.1, 0.2), (0.1, 0.2, 0.3)])
+
+
+def test_gpt2_pool_with_tied_embeddings(tiny_gpt2):
+    gpool = ModelPool.from_yaml(tiny_gpt2.pool_yaml)
+    res = alpha_curve(gpool, "ft1", alphas=[0.0, 1.0], device="cpu", max_general=2, max_task=3)
+    _same(res.points[0].scorecard, evaluate(gpool.load("base", device="cpu"), gpool.tokenizer, gpool.probes,
+                                            max_general=2, max_task=3))
+    _same(res.points[1].scorecard, evaluate(gpool.load("ft1", device="cpu"), gpool.tokenizer, gpool.probes,
+                                            max_general=2, max_task=3))
+    res = pruning_curve(gpool, "ft1", ratios=[0.0, 0.9, 1.0], scores=["fapm"], device="cpu", max_general=2,
+                        max_task=3)
+    assert res.points[0].distance > res.points[1].distance > res.points[2].distance == 0.0
