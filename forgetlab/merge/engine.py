@@ -24,6 +24,9 @@ from forgetlab.merge.recipes import Recipe, load_recipe
 from forgetlab.merge.registry import PrepareContext, get_method
 from forgetlab.progress import Progress, report, scaled
 
+# Element-wise merging is memory-bound: measured with bench/merge_vs_mergekit.py (see docs/merging.md).
+DEFAULT_THREADS: int | None = None
+
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 
@@ -66,13 +69,25 @@ def open_sources(recipe: Recipe):
 
 def run(recipe: Recipe | str | Path | Mapping, out_dir: str | Path, progress: Progress = None,
         overwrite: bool = False, device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
-        max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES) -> MergeResult:
+        max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS) -> MergeResult:
     """Merge the recipe's checkpoints into an HF folder at `out_dir` (see the module docstring).
 
     An existing `out_dir` is refused unless `overwrite`. `device` ("cpu" or "cuda") is where the arithmetic
     runs. Methods with a `prepare` hook (e.g. submodule-linearity merging) need `pool` (a ModelPool with
-    probe data) or `prepared` coefficients.
+    probe data) or `prepared` coefficients. `threads` sets torch's intra-op threads for the merge (restored
+    afterwards; None keeps the caller's setting): see DEFAULT_THREADS.
     """
+    if threads is None:
+        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes)
+    old = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes)
+    finally:
+        torch.set_num_threads(old)
+
+
+def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes) -> MergeResult:
     t0 = time.perf_counter()
     recipe = load_recipe(recipe)
     spec = get_method(recipe.method)

@@ -1,0 +1,147 @@
+"""Merge: compose a recipe from the pool, run it, judge it beside the base and its parents, keep it."""
+from __future__ import annotations
+
+import time
+
+import streamlit as st
+
+from forgetlab.errors import ParameterError
+from forgetlab.merge import METHODS
+from forgetlab.merge.recipes import mergekit_yaml
+from forgetlab.merge.workflow import (
+    cards_frame,
+    evaluate_merge,
+    merge_into_workspace,
+    pool_recipe,
+    saved_merges,
+)
+from forgetlab.plots.merge import scorecard_figure
+from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
+
+st.title("Merge")
+st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
+           "scored at once beside the base and its parents: general-text loss (generality) and exact match per "
+           "task (speciality).")
+
+pool = require_pool()
+if not pool.model_names:
+    st.info("The pool has no fine-tuned model to merge. Add some to the pool file, or make one on the "
+            "Fine-tune page.")
+    st.stop()
+
+REPORT_KEY = "merge_report"
+CACHE_KEY = "merge_card_cache"
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0.1, 0.2, 0.3.") from None
+
+
+def _param_widget(method: str, p, models: list[str]):
+    key = f"merge_{method}_{p.name}"
+    lo, hi = (p.range if p.range else (None, None))
+    if p.per_model:
+        cols = st.columns(max(1, len(models)))
+        return [col.number_input(f"{p.name} · {m}", lo, hi, float(p.default), 0.05, key=f"{key}_{m}", help=p.help)
+                for col, m in zip(cols, models)]
+    if p.type == "float":
+        return st.number_input(p.name, lo, hi, float(p.default), 0.01, key=key, help=p.help, format="%.4f")
+    if p.type == "int":
+        return int(st.number_input(p.name, int(lo) if lo is not None else None,
+                                   int(min(hi, 2**31 - 1)) if hi is not None else None, int(p.default), 1,
+                                   key=key, help=p.help))
+    if p.type == "bool":
+        return st.checkbox(p.name, bool(p.default), key=key, help=p.help)
+    if p.type == "str":
+        choices = list(p.choices or [p.default])
+        return st.selectbox(p.name, choices, index=choices.index(p.default), key=key, help=p.help)
+    text = st.text_input(p.name, ", ".join(f"{v:g}" for v in p.default), key=key, help=p.help)
+    return _floats(text)
+
+
+left, right = st.columns([1, 2])
+with left:
+    models = st.multiselect("fine-tuned models", pool.model_names, default=pool.model_names, key="merge_models")
+    method = st.selectbox("method", list(METHODS), index=list(METHODS).index("ties") if "ties" in METHODS else 0,
+                          key="merge_method")
+    spec = METHODS[method]
+    st.caption(f"{spec.description}  \n`{spec.formula}`" if spec.formula else spec.description)
+    params: dict = {}
+    with show_errors():
+        for p in spec.params:
+            params[p.name] = _param_widget(method, p, models)
+    dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
+    default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
+    name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
+    c1, c2 = st.columns(2)
+    max_general = c1.number_input("general blocks (max)", 1, 4096, 32, key="merge_max_general")
+    max_task = c2.number_input("pairs per task (max)", 1, 4096, 50, key="merge_max_task")
+    go = st.button("Merge and evaluate", type="primary", key="merge_run")
+
+with right:
+    if go:
+        device, _dtype = device_settings()
+        with show_errors():
+            recipe = pool_recipe(pool, method, models, params, dtype=None if dtype.startswith("(") else dtype)
+            recipe.validated_params()
+            with progress_bar(f"Merging {len(models)} model(s) with {method}") as progress:
+                result = merge_into_workspace(recipe, name, device=device, pool=pool, progress=progress)
+            cache = st.session_state.setdefault(CACHE_KEY, {})
+            with progress_bar("Evaluating base, parents and merge") as progress:
+                cards = evaluate_merge(pool, result.out_dir, models, device=device, max_general=int(max_general),
+                                       max_task=int(max_task), cache=cache, progress=progress)
+            st.session_state[REPORT_KEY] = {"name": result.out_dir.name, "path": str(result.out_dir),
+                                            "recipe": recipe, "cards": cards, "seconds": result.seconds}
+            st.toast(f"Saved under {result.out_dir}")
+
+    report = st.session_state.get(REPORT_KEY)
+    if report is None:
+        st.info("Compose a merge on the left and run it; its scorecard appears here.")
+    else:
+        st.subheader(f"{report['name']}")
+        st.caption(f"merged in {report['seconds']:.1f} s into {report['path']}")
+        frame = cards_frame(report["cards"], merged=[report["name"]])
+        st.dataframe(frame, hide_index=True, key="merge_table")
+        st.plotly_chart(scorecard_figure(frame), key="merge_chart")
+        d1, d2 = st.columns(2)
+        d1.download_button("Download recipe (forgetlab YAML)", report["recipe"].to_yaml(),
+                           file_name=f"{report['name']}.yaml", key="merge_download")
+        try:
+            mk = mergekit_yaml(report["recipe"])
+        except ParameterError:
+            mk = None
+        if mk is not None:
+            d2.download_button("Download as mergekit YAML", mk, file_name=f"{report['name']}.mergekit.yaml",
+                               key="merge_download_mk")
+
+st.divider()
+st.subheader("Earlier merges")
+with show_errors():
+    earlier = saved_merges()
+if not earlier:
+    st.caption("No merge saved in this workspace yet.")
+else:
+    import pandas as pd
+
+    st.dataframe(pd.DataFrame([m.to_row() for m in earlier]), hide_index=True, key="merge_saved_table")
+    evaluated = [m for m in earlier if m.cards]
+    chosen = st.multiselect("compare evaluated merges", [m.name for m in evaluated], key="merge_compare")
+    if chosen:
+        picked = [m for m in evaluated if m.name in chosen]
+        cards, seen = [], set()
+        for m in picked:
+            for c in m.cards:
+                label = c.model
+                if label not in seen:
+                    seen.add(label)
+                    cards.append(c)
+        frame = cards_frame(cards, merged=chosen)
+        st.dataframe(frame, hide_index=True, key="merge_compare_table")
+        st.plotly_chart(scorecard_figure(frame, title="saved merges beside their base and parents"),
+                        key="merge_compare_chart")
+        for m in picked:
+            with st.expander(f"recipe of {m.name}"):
+                st.code(m.recipe_yaml(), language="yaml")
