@@ -1,0 +1,159 @@
+"""Drive the real app in a real browser: start `streamlit run app.py`, open pages in Debian's Chromium.
+
+Used by tests/test_e2e_browser.py and bench/app_latency.py. Every wait is bounded; the server runs in its
+own process group and is always stopped.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT = {"width": 1280, "height": 860}
+PLOT = ".js-plotly-plot"
+EXCEPTION = '[data-testid="stException"]'
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def streamlit_server(script: str | Path, *, env: dict[str, str] | None = None, log: Path | None = None,
+                     timeout: float = 60.0) -> Iterator[str]:
+    """Run `streamlit run <script>` headless on a free local port; yield its base URL; stop it after."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
+           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
+           "--server.fileWatcherType", "none"]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    out = open(log, "w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"streamlit exited with {proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.read().strip() == b"ok":
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"streamlit did not answer on {url} within {timeout:.0f} s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        if log:
+            out.close()
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[object]:
+    """A Playwright browser page in Debian's headless Chromium (no `playwright install` needed)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = browser.new_context(viewport=VIEWPORT)
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            yield page
+        finally:
+            browser.close()
+
+
+def wait_idle(page, timeout: float = 60.0, settle: float = 0.25) -> float:
+    """Wait until the app's script has finished running (and stays finished for `settle` s); returns seconds."""
+    start = time.monotonic()
+    deadline = start + timeout
+    idle_since = None
+    while True:
+        state = page.get_attribute('[data-testid="stApp"]', "data-test-script-state", timeout=timeout * 1000)
+        now = time.monotonic()
+        if state == "notRunning":
+            idle_since = idle_since or now
+            if now - idle_since >= settle:
+                return idle_since - start
+        else:
+            idle_since = None
+        if now > deadline:
+            raise TimeoutError(f"the app was still running after {timeout:.0f} s")
+        page.wait_for_timeout(50)
+
+
+def wait_for(page, predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll `predicate()` until true (bounded); returns the seconds it took."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+        page.wait_for_timeout(100)
+    return time.monotonic() - start
+
+
+def count(page, selector: str) -> int:
+    """How many elements match `selector` right now."""
+    return page.locator(selector).count()
+
+
+def exceptions(page) -> list[str]:
+    """Texts of the Streamlit exception boxes on the page (should be empty)."""
+    return [t[:500] for t in page.locator(EXCEPTION).all_inner_texts()]
+
+
+def goto(page, url: str, timeout: float = 60.0) -> None:
+    """Open a URL (a new browser session) and wait for the app to render and go idle."""
+    page.goto(url, wait_until="domcontentloaded")
+    page.wait_for_selector('[data-testid="stApp"]', timeout=timeout * 1000)
+    wait_idle(page, timeout)
+
+
+def click_nav(page, title: str, timeout: float = 60.0) -> float:
+    """Switch page through the sidebar navigation link titled `title` (same session, no reload).
+
+    Returns the seconds from the click until the app is idle again.
+    """
+    link = page.locator('[data-testid="stSidebarNavLink"]').filter(has_text=title).first
+    start = time.monotonic()
+    link.click()
+    page.wait_for_function(
+        "(t) => [...document.querySelectorAll('[data-testid=stSidebarNavLink]')].some("
+        "a => a.getAttribute('aria-current') === 'page' && a.innerText.trim().endsWith(t))",
+        arg=title, timeout=timeout * 1000)
+    wait_idle(page, timeout)
+    return time.monotonic() - start
+
+
+def screenshot(page, name: str, folder: Path = ROOT / "docs" / "screenshots") -> Path:
+    """A viewport-sized PNG of the page under docs/screenshots/<name>.png."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.png"
+    page.screenshot(path=str(path), full_page=False, animations="disabled")
+    return path
