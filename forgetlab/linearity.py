@@ -192,6 +192,7 @@ class LayerInputs:
     attn_kwargs: dict = field(default_factory=dict)
     mlp_args: tuple = ()
     mlp_kwargs: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)
 
     def attn_input(self) -> torch.Tensor:
         """The hidden states that entered the attention module."""
@@ -228,9 +229,11 @@ def _strip_kwargs(kwargs: dict) -> dict:
 
 @torch.no_grad()
 def capture_inputs(model, anatomy: Anatomy, input_ids: torch.Tensor, layers: Iterable[int],
-                   want_last_hidden: bool = False) -> tuple[dict[int, LayerInputs], Optional[torch.Tensor]]:
+                   want_last_hidden: bool = False,
+                   want_outputs: bool = False) -> tuple[dict[int, LayerInputs], Optional[torch.Tensor]]:
     """One forward pass with pre-hooks on each requested layer, its attention and its MLP: returns their
-    inputs (args + kwargs) per layer, and the last hidden state when asked."""
+    inputs (args + kwargs) per layer (and their outputs in ``.outputs`` when asked), and the last hidden
+    state when asked."""
     mods = dict(model.named_modules())
     got: dict[int, LayerInputs] = {i: LayerInputs() for i in layers}
     handles = []
@@ -241,11 +244,18 @@ def capture_inputs(model, anatomy: Anatomy, input_ids: torch.Tensor, layers: Ite
             setattr(got[i], f"{slot}_kwargs", _strip_kwargs(kwargs))
         return pre
 
+    def out_hook(i, slot):
+        def post(mod, args, out):
+            got[i].outputs[slot] = _first_tensor(out)
+        return post
+
     try:
         for i in got:
             for slot, path in (("layer", anatomy.layer_path(i)), ("attn", anatomy.attn_path(i)),
                                ("mlp", anatomy.mlp_path(i))):
                 handles.append(mods[path].register_forward_pre_hook(hook(i, slot), with_kwargs=True))
+                if want_outputs:
+                    handles.append(mods[path].register_forward_hook(out_hook(i, slot)))
         hidden = last_hidden(model, anatomy, input_ids)
     finally:
         for h in handles:
@@ -352,34 +362,32 @@ def check_head_decomposition(work: WorkingCopy, anatomy: Anatomy, layer: int, ca
 # ====================================================================================== scoring
 
 
-def _sample_norms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Per-sample Frobenius norm over real positions: x is [b, s, h] or [b, n, s, h]; mask [b, s]."""
-    m = mask[:, None, :, None] if x.dim() == 4 else mask[:, :, None]
-    xf = x if x.dtype == torch.float64 else x.float()
-    sq = torch.where(m, xf ** 2, torch.zeros((), dtype=xf.dtype, device=x.device))
-    return sq.sum(dim=(-1, -2)).double().sqrt()
-
-
 class _Curve:
-    """Accumulates d(α) and the Property 1 residual for one submodule (or all heads of a layer) on a chunk."""
+    """Accumulates d(α) and the Property 1 residual for one submodule (or all heads of a layer) on a chunk.
+
+    With u = f(α) − f(1) and Δ = f(1) − f(0) (padding zeroed): d = ‖u‖ / ‖Δ‖ and the residual is
+    ‖u + (1 − α)·Δ‖ / ‖Δ‖ = ‖f(α) − f(0) − α·(f(1) − f(0))‖ / ‖f(1) − f(0)‖ — four tensor passes per α."""
 
     def __init__(self, f1: torch.Tensor, f0: torch.Tensor, mask: torch.Tensor, alphas: Sequence[float]):
-        self.f1, self.f0, self.mask, self.alphas = f1, f0, mask, list(alphas)
-        self.den = _sample_norms(f0 - f1, mask)
-        ref = _sample_norms(f1, mask)
-        self.dead = self.den <= 1e-7 * (ref + 1e-30)
+        self.alphas = list(alphas)
+        dt = f1.dtype if f1.dtype == torch.float64 else torch.float32
+        self.m = (mask[:, None, :, None] if f1.dim() == 4 else mask[:, :, None]).to(dt)
+        self.f1m = f1.to(dt) * self.m
+        self.delta = (f1.to(dt) - f0.to(dt)) * self.m
+        self.den = torch.linalg.vector_norm(self.delta, dim=(-1, -2)).double()
+        ref = torch.linalg.vector_norm(self.f1m, dim=(-1, -2)).double()
+        dead = self.den <= 1e-7 * (ref + 1e-30)
+        self.den = torch.where(dead, torch.full_like(self.den, float("nan")), self.den)
         shape = tuple(self.den.shape) + (len(self.alphas),)
         self.d = torch.full(shape, float("nan"), dtype=torch.float64)
         self.res = torch.full(shape, float("nan"), dtype=torch.float64)
 
     def add(self, alpha: float, fa: torch.Tensor) -> None:
         j = self.alphas.index(alpha)
-        num = _sample_norms(fa - self.f1, self.mask)
-        lin = self.f0 + alpha * (self.f1 - self.f0)
-        res = _sample_norms(fa - lin, self.mask)
-        den = torch.where(self.dead, torch.full_like(self.den, float("nan")), self.den)
-        self.d[..., j] = num / den
-        self.res[..., j] = res / den
+        u = torch.addcmul(-self.f1m, fa.to(self.f1m.dtype), self.m)
+        self.d[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
+        u.add_(self.delta, alpha=1.0 - float(alpha))
+        self.res[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
 
 
 @dataclass
@@ -620,7 +628,8 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
             ids = chunk.input_ids.to(device_)
             mask = chunk.mask().to(device_)
             work.lerp(target, cap_alpha)
-            caps, h_cap = (capture_inputs(work.model, anatomy, ids, layers, want_last_hidden="model" in lv)
+            caps, h_cap = (capture_inputs(work.model, anatomy, ids, layers, want_last_hidden="model" in lv,
+                                          want_outputs=True)
                            if anatomy is not None else ({}, last_hidden(work.model, None, ids)))
             tick(f"captured inputs of samples {a + 1}-{b}")
             if "model" in lv:
@@ -658,7 +667,10 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                             outs["attn"] = heads.sum(1) + (bias if bias is not None else 0)
                     for level in sub:
                         if level not in outs:
-                            outs[level] = run_submodule(work, anatomy, i, level, caps[i])
+                            if alpha == cap_alpha:  # the capture pass ran these very inputs at these parameters
+                                outs[level] = caps[i].outputs[level]
+                            else:
+                                outs[level] = run_submodule(work, anatomy, i, level, caps[i])
                     for level, fa in outs.items():
                         if alpha == 1.0:
                             f1[level] = fa
