@@ -153,8 +153,8 @@ class Recipe:
             if isinstance(ref, Mapping):
                 ref = ref.get("model") or ref.get("path")
             mp = dict(e.get("parameters") or {})
-            if base is not None and str(ref) == str(base):
-                continue  # mergekit lets the base appear among the models; its delta is zero
+            if base is not None and str(ref) == str(base) and method != "linear":
+                continue  # mergekit lets the base appear among the models; its task vector is zero
             models.append(ModelEntry(str(ref)))
             per_model.append(mp)
         if base is None:
