@@ -1,6 +1,7 @@
 """Fine-tune: what if the model had been fine-tuned differently? AdamW vs MoFO vs SFA vs L2, forgetting over steps."""
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
@@ -65,8 +66,18 @@ with right:
                 cfg = FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
                                      batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
                                      sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))
+                records: list[dict] = []
+
+                def on_record(step, rec) -> None:
+                    records.append({"step": step, "general loss": rec["general_loss"],
+                                    f"{task} exact match": rec["exact_match"]})
+                    with live.container():
+                        st.caption(f"records so far (step {step} of {int(steps)})")
+                        st.line_chart(pd.DataFrame(records).set_index("step"), height=220)
+
                 with progress_bar(f"Fine-tuning {start} on {task} ({label})") as progress:
-                    run, model = finetune(pool, task, cfg, progress=progress, return_model=True, **common)
+                    run, model = finetune(pool, task, cfg, progress=progress, return_model=True,
+                                          on_record=on_record, **common)
                 result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
                                                                  "configs": [cfg.to_dict()]})
                 result.mark_pareto()

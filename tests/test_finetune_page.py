@@ -4,6 +4,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from streamlit.testing.v1 import AppTest
 
 from forgetlab.pool import ModelPool
@@ -58,6 +59,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
+@pytest.mark.filterwarnings("ignore::forgetlab.pool.NonFiniteWeightsWarning")
 def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
     """A base whose final norm is NaN gives a NaN loss at step 1: the page shows the trainer's message."""
     from safetensors.torch import load_file, save_file

@@ -89,3 +89,11 @@ def test_bad_input(pool, tiny_llama):
                                                   tasks={"x": TaskData("x", eval=[TaskPair("1+1=", "2")])}))
     with pytest.raises(TrainingError, match="no training data"):
         finetune(empty, "x", FinetuneConfig(steps=1))
+
+
+def test_on_record_sees_every_record(pool):
+    seen = []
+    run = finetune(pool, "copy", FinetuneConfig(steps=4, batch_size=4), eval_every=2, device="cpu", max_general=1,
+                   on_record=lambda step, rec: seen.append((step, rec["exact_match"])))
+    assert [s for s, _ in seen] == [0, 2, 4]
+    assert [r["exact_match"] for r in run.train.history] == [e for _, e in seen]

@@ -219,14 +219,15 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
              eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
              max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
              max_length: int = 256, batch_size_eval: int = 16, device: Optional[str] = None,
-             progress: Progress = None, return_model: bool = False):
+             progress: Progress = None, return_model: bool = False, on_record=None):
     """Fine-tune a fresh copy of pool member `start` on `task` with `config`; return a `FinetuneRun`
     (and the trained model when `return_model`).
 
     Records every `eval_every` steps (default: 10 records per run) and at steps 0 and T: generality (general
     loss, perplexity), speciality on `task` (exact match, answer loss; other tasks' exact match too) and
     D(θ, θ0) from the starting weights. The pool's cached models are never modified. A NaN loss raises
-    `TrainingError` after restoring the last good weights (see `trainer.train`).
+    `TrainingError` after restoring the last good weights (see `trainer.train`). `on_record(step, record)`
+    is called with each record as soon as it is made (for live charts).
     """
     from forgetlab.checkpoints import load_model
 
@@ -247,6 +248,13 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     tok = pool.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     fn = _eval_fn(pool, task, tasks, batch_size_eval, max_general, max_task)
+    if on_record is not None:
+        inner = fn
+
+        def fn(model, step):  # noqa: F811 - the same records, also handed to on_record
+            rec = inner(model, step)
+            on_record(step, rec)
+            return rec
     try:
         result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
                        progress=progress)
