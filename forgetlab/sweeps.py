@@ -86,12 +86,14 @@ class SweepPoint:
         return sum(t.answer_loss for t in tasks.values()) / max(1, len(tasks))
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"series": self.series, "x": self.x, "settings": self.settings,
                 "scorecard": self.scorecard.to_dict(), "distance": self.distance, "pareto": self.pareto,
                 "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepPoint":
+        """Rebuild an object saved with `to_dict`."""
         return cls(series=d["series"], x=float(d["x"]), settings=dict(d.get("settings", {})),
                    scorecard=Scorecard.from_dict(d["scorecard"]), distance=float(d["distance"]),
                    pareto=bool(d.get("pareto", False)), seconds=float(d.get("seconds", 0.0)))
@@ -143,11 +145,13 @@ class SweepResult:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"kind": self.kind, "model": self.model, "task": self.task, "x_name": self.x_name,
                 "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepResult":
+        """Rebuild an object saved with `to_dict`."""
         return cls(kind=d["kind"], model=d["model"], task=d.get("task"), x_name=d["x_name"],
                    points=[SweepPoint.from_dict(p) for p in d.get("points", [])],
                    recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)))

@@ -9,6 +9,7 @@ TRAJ = ["label", "step", "general_loss", "exact_match", "answer_loss", "distance
 
 
 def register(sub) -> None:
+    """Add `forgetlab finetune` to the CLI."""
     p = sub.add_parser("finetune", help="fine-tune on a task (AdamW, MoFO, SFA, L1/L2) and record forgetting",
                        description="Fine-tune a pool member on a task's train pairs, recording generality, "
                                    "speciality and D(θ, θ0) every few steps; optionally compare AdamW, MoFO, "
@@ -43,6 +44,7 @@ def register(sub) -> None:
 
 
 def cmd_finetune(args) -> int:
+    """Run one fine-tune or the comparison; print trajectories and finals; save the run and, with --save-as, the model."""
     from forgetlab.errors import ParameterError
     from forgetlab.pool import ModelPool
     from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,

@@ -30,6 +30,7 @@ def _common(p) -> None:
 
 
 def register(sub) -> None:
+    """Add `forgetlab sweep alpha|pruning|density|hma` to the CLI."""
     p = sub.add_parser("sweep", help="forgetting curves: WiSE-FT α, FAPM pruning, DARE/TIES density, HMA grid",
                        description="Evaluate generality and speciality along a post-hoc fix's setting, with "
                                    "D(θ, θ0) and the Pareto front. One working copy of the model is rewritten "
@@ -65,6 +66,7 @@ def register(sub) -> None:
 
 
 def cmd_sweep(args) -> int:
+    """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
     from forgetlab import sweeps
     from forgetlab.pool import ModelPool
 

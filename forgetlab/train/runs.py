@@ -51,10 +51,12 @@ class FinetuneConfig:
         return d
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `from_dict`)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneConfig":
+        """Rebuild an object saved with `to_dict`."""
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
 
@@ -90,6 +92,7 @@ class FinetuneRun:
 
     @property
     def label(self) -> str:
+        """The config's label (names the run in tables and charts)."""
         return self.config.label
 
     @property
@@ -128,12 +131,14 @@ class FinetuneRun:
         return pd.DataFrame([row])
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"config": self.config.to_dict(), "task": self.task, "start": self.start,
                 "train": self.train.to_dict(), "final": self.final.to_dict() if self.final else None,
                 "start_card": self.start_card.to_dict() if self.start_card else None, "pareto": self.pareto}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneRun":
+        """Rebuild an object saved with `to_dict`."""
         return cls(config=FinetuneConfig.from_dict(d["config"]), task=d["task"], start=d["start"],
                    train=TrainResult.from_dict(d["train"]),
                    final=Scorecard.from_dict(d["final"]) if d.get("final") else None,
@@ -172,11 +177,13 @@ class FinetuneComparison:
         return pd.concat([r.trajectory() for r in self.runs], ignore_index=True)
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"task": self.task, "start": self.start, "runs": [r.to_dict() for r in self.runs],
                 "recipe": self.recipe}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneComparison":
+        """Rebuild an object saved with `to_dict`."""
         return cls(task=d["task"], start=d["start"], runs=[FinetuneRun.from_dict(r) for r in d.get("runs", [])],
                    recipe=dict(d.get("recipe", {})))
 
