@@ -296,3 +296,20 @@ def test_wrong_number_of_per_model_weights():
     b, f = _rand_sd(0), _rand_sd(1)
     with pytest.raises(ParameterError, match="3 values for 2"):
         merge_state_dicts("task_arithmetic", b, [f, f], weights=[1, 2, 3])
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy_ties", "sparse"])
+def test_fast_kth_largest_is_exact_on_large_tensors(kind):
+    g = torch.Generator().manual_seed(0)
+    n = 1_100_000  # above the 2**20 size where the sampled bracket starts
+    if kind == "normal":
+        x = torch.randn(n, generator=g).abs()
+    elif kind == "heavy_ties":
+        x = torch.randint(0, 5, (n,), generator=g).float()
+    else:  # mostly zeros, a few large values: the sample bracket fails and the fallback runs
+        x = torch.zeros(n)
+        x[torch.randint(0, n, (3000,), generator=g)] = torch.rand(3000, generator=g) + 1
+    for k in (1, 2999, n // 5, n):
+        exp = torch.kthvalue(x, n - k + 1).values
+        assert sparsify.kth_largest_value(x, k) == exp
+        assert int(sparsify.topk_mask(x, k).sum()) == k

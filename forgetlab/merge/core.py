@@ -48,8 +48,8 @@ class DictSource:
         return {n: Entry(n, tuple(t.shape), t.dtype) for n, t in self.state.items()}
 
     def read(self, name: str, device: str = "cpu") -> torch.Tensor:
-        t = self.state[name]
-        return t.detach().to(device=device, dtype=torch.float32) if t.is_floating_point() else t.detach().clone()
+        t = self.state[name]  # always a copy: the job may work in place on what it reads
+        return t.detach().to(device=device, dtype=torch.float32, copy=True) if t.is_floating_point() else t.detach().clone()
 
     def read_raw(self, name: str) -> torch.Tensor:
         return self.state[name]
@@ -72,7 +72,9 @@ class CheckpointSource:
 
     def read(self, name: str, device: str = "cpu") -> torch.Tensor:
         t = self.ckpt.read(name, dtype=None)
-        return t.to(device=device, dtype=torch.float32) if t.is_floating_point() else t
+        # copy=True: safetensors may hand out a view of its (copy-on-write) memory map; the job works in
+        # place on what it reads, which must never alter what a later pass reads from the same file.
+        return t.to(device=device, dtype=torch.float32, copy=True) if t.is_floating_point() else t
 
     def read_raw(self, name: str) -> torch.Tensor:
         return self.ckpt.read(name, dtype=None)
@@ -143,7 +145,7 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
         for e in floats:
             base_t = base.read(e.name, device)
             fts = _finetuned(models, e.name, base_t, device)
-            collector.add(p, e.name, base_t, [ft - base_t for ft in fts])
+            collector.add(p, e.name, base_t, [ft.sub_(base_t) for ft in fts])  # owned copies: in place
             done += 1
             report(progress, done / steps, f"statistics pass {p + 1}/{collector.passes}: {e.name}")
         collector.end_pass(p)

@@ -56,14 +56,14 @@ def _merge_hma(job: TensorJob) -> torch.Tensor:
 # -- task-vector family
 
 def _merge_task_arithmetic(job: TensorJob) -> torch.Tensor:
-    return job.base + job.params["lam"] * _weighted_sum(job, job.taus)
+    return job.base + job.params["lam"] * _weighted_sum(job, job.take_taus())
 
 
 def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
-    keep = job.params["keep"]
+    keep, taus = job.params["keep"], job.take_taus()
     if job.params["scope"] == "global":
-        return [tau * _sp.threshold_mask(tau.abs(), thr) for tau, thr in zip(job.taus, job.stats)]
-    return [_sp.trim(tau, keep) for tau in job.taus]
+        return [tau.mul_(_sp.threshold_mask(tau.abs(), thr)) for tau, thr in zip(taus, job.stats)]
+    return [tau if keep >= 1 else tau.mul_(_sp.magnitude_mask(tau, keep)) for tau in taus]
 
 
 def _merge_ties(job: TensorJob) -> torch.Tensor:
@@ -72,7 +72,7 @@ def _merge_ties(job: TensorJob) -> torch.Tensor:
 
 
 def _dare_parts(job: TensorJob) -> list[torch.Tensor]:
-    return [_sp.dare(tau, job.params["drop"], job.generator(i)) for i, tau in enumerate(job.taus)]
+    return [_sp.dare(tau, job.params["drop"], job.generator(i)) for i, tau in enumerate(job.take_taus())]
 
 
 def _merge_dare_linear(job: TensorJob) -> torch.Tensor:
@@ -84,7 +84,7 @@ def _merge_dare_ties(job: TensorJob) -> torch.Tensor:
 
 
 def _merge_breadcrumbs(job: TensorJob) -> torch.Tensor:
-    parts = [_sp.breadcrumbs(tau, job.params["keep"], job.params["gamma"]) for tau in job.taus]
+    parts = [_sp.breadcrumbs(tau, job.params["keep"], job.params["gamma"]) for tau in job.take_taus()]
     return job.base + job.params["lam"] * _weighted_sum(job, parts)
 
 

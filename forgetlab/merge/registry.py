@@ -78,6 +78,15 @@ class TensorJob:
         """Task vectors τt = θt − θ0 of this tensor."""
         return [ft - self.base for ft in self.finetuned]
 
+    def take_taus(self) -> list[torch.Tensor]:
+        """Task vectors computed in place in the fine-tuned tensors (which the job owns): saves one copy per
+        model. `finetuned` then holds the task vectors too, so call this only if the method needs no θt."""
+        if "taus" not in self.__dict__:
+            for ft in self.finetuned:
+                ft.sub_(self.base)
+            self.__dict__["taus"] = self.finetuned
+        return self.__dict__["taus"]
+
     def generator(self, index: int) -> torch.Generator:
         """The seeded generator of model `index` for this tensor (see sparsify.tensor_generator)."""
         return tensor_generator(int(self.params.get("seed", 0)), self.name, index, self.device)

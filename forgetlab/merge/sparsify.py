@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
@@ -28,11 +29,39 @@ def keep_count(n: int, keep: float) -> int:
     return max(1, int(keep * n))
 
 
+def kth_largest_value(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Exact k-th largest entry of a flat float tensor (1 ≤ k ≤ n), as a 0-d tensor.
+
+    Large tensors avoid a full selection: a strided sample of ~65k entries brackets the target rank with a
+    margin of 4/√(sample), the bracket is checked by counting (the k-th largest lies in [lo, hi] iff
+    #(> hi) < k ≤ #(≥ lo)), and only the entries inside it go to torch.kthvalue. When the check fails (odd
+    distributions, many ties) the whole tensor goes to torch.kthvalue. Either way the result is exact.
+    """
+    n = values.numel()
+    if n <= (1 << 20):
+        return torch.kthvalue(values, n - k + 1).values
+    step = max(1, n // 65536)
+    sample = values[::step]
+    s = sample.numel()
+    q = 1.0 - k / n
+    margin = 4.0 / math.sqrt(s)
+    ordered = torch.sort(sample).values
+    lo = ordered[max(0, int(math.floor((q - margin) * (s - 1))))]
+    hi = ordered[min(s - 1, int(math.ceil((q + margin) * (s - 1))))]
+    above = int(torch.count_nonzero(values > hi))
+    inside = values[(values >= lo) & (values <= hi)]
+    rank = k - above
+    if 0 < rank <= inside.numel():
+        return torch.kthvalue(inside, inside.numel() - rank + 1).values
+    return torch.kthvalue(values, n - k + 1).values
+
+
 def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
     """Boolean mask (shape of `scores`) selecting exactly the `k` largest scores.
 
-    The cut is the k-th largest value (torch.kthvalue, O(n)); entries above it are kept, and entries equal to
-    it are kept in storage order until k are selected, so the result is deterministic and nested in k.
+    The cut is the exact k-th largest value (`kth_largest_value`); entries at or above it are kept, and if
+    several entries equal the cut, they are kept in storage order until k are selected, so the result is
+    deterministic and nested in k.
     """
     flat = scores.reshape(-1)
     n = flat.numel()
@@ -40,16 +69,13 @@ def topk_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
         return torch.zeros_like(scores, dtype=torch.bool)
     if k >= n:
         return torch.ones_like(scores, dtype=torch.bool)
-    work = flat if flat.device.type != "cpu" or flat.dtype != torch.float16 else flat.float()
-    cut = torch.kthvalue(work, n - k + 1).values
-    above = work > cut
-    missing = k - int(above.sum())
-    equal = work == cut
-    if missing == int(equal.sum()):
-        mask = above | equal
-    else:
-        mask = above
-        idx = equal.nonzero().reshape(-1)[:missing]
+    work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    cut = kth_largest_value(work, k)
+    mask = work >= cut
+    if int(torch.count_nonzero(mask)) != k:  # ties at the cut: keep the first ones in storage order
+        mask = work > cut
+        missing = k - int(torch.count_nonzero(mask))
+        idx = (work == cut).nonzero().reshape(-1)[:missing]
         mask[idx] = True
     return mask.reshape(scores.shape)
 
