@@ -204,7 +204,9 @@ def _usable(examples: Sequence[Any]) -> list[Any]:
 
 
 class _Batches:
-    """Endless shuffled batches: a fresh permutation from a seeded generator every epoch."""
+    """Endless shuffled batches of a fixed size: a fresh permutation from a seeded generator is appended
+    whenever fewer than a batch of indices remain, so a batch may straddle two epochs (never with a
+    repeated example when n ≤ batch_size: such a batch is the whole set)."""
 
     def __init__(self, n: int, batch_size: int, seed: int):
         self.n = n
