@@ -243,7 +243,7 @@ def tsne_2d(Y: np.ndarray, perplexity: float = 30.0, seed: int = 0, backend: str
         else:
             emb = OTSNE(n_components=2, perplexity=perp, random_state=seed, n_jobs=n_jobs, verbose=False,
                         neighbors="exact" if n < 1000 else "auto",
-                        negative_gradient_method="bh" if n < 10000 else "auto").fit(np.ascontiguousarray(Y))
+                        negative_gradient_method="bh" if n < 1000 else "fft").fit(np.ascontiguousarray(Y))
             return np.asarray(emb), "opentsne"
     from sklearn.manifold import TSNE
 
