@@ -237,3 +237,14 @@ def test_progress_reaches_one(tiny_llama, tmp_path):
     run(_recipe(tiny_llama, "pcb", {}), tmp_path / "out", progress=lambda f, m: seen.append(f))
     assert seen[-1] == 1.0 and all(0 <= f <= 1 for f in seen)
     assert seen == sorted(seen)
+
+
+def test_checkpoint_source_reads_owned_copies_equal_to_the_checkpoint(tiny_llama):
+    ck = open_checkpoint(tiny_llama.base)
+    src = CheckpointSource(ck)
+    assert src._pread is not None  # plain reads, not a memory map: peak RSS stays at a few tensors
+    for name in ck.names()[:5]:
+        t = src.read(name)
+        assert torch.equal(t, ck.read(name))
+        t.add_(1.0)  # the job may work in place: the next read is unaffected
+        assert torch.equal(src.read(name), ck.read(name))

@@ -8,6 +8,7 @@ time, so peak memory is a few tensors times the number of models.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -58,6 +59,57 @@ class DictSource:
         return None
 
 
+_ST = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+       "BOOL": torch.bool}
+
+
+class _PreadReader:
+    """Reads tensors of safetensors files with os.pread into fresh buffers instead of a memory map.
+
+    A memory map keeps every page it touched resident in the process (peak RSS ≈ the size of all inputs);
+    plain reads go through the page cache and hold only the tensors in use. The tensor owns its buffer, so
+    the merge can work on it in place. Headers are parsed once (8-byte little-endian length + JSON).
+    """
+
+    def __init__(self, files):
+        import json
+        import struct
+        self.index: dict[str, tuple[str, torch.dtype, tuple[int, ...], int, int]] = {}
+        for f in files:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            base = 8 + n
+            for name, meta in header.items():
+                if name == "__metadata__" or meta.get("dtype") not in _ST:
+                    continue
+                a, b = meta["data_offsets"]
+                self.index[name] = (str(f), _ST[meta["dtype"]], tuple(meta["shape"]), base + a, b - a)
+
+    def read(self, name: str) -> torch.Tensor | None:
+        entry = self.index.get(name)
+        if entry is None:
+            return None
+        file, dtype, shape, offset, nbytes = entry
+        buf = bytearray(nbytes)
+        view = memoryview(buf)
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            got = 0
+            while got < nbytes:
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n <= 0:
+                    from forgetlab.errors import CheckpointError
+                    raise CheckpointError(f"{file} ended inside tensor {name}: the file is truncated; re-save it.")
+                got += n
+        finally:
+            os.close(fd)
+        if nbytes == 0:
+            return torch.empty(shape, dtype=dtype)
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
 class CheckpointSource:
     """A forgetlab Checkpoint seen as a source; LoRA checkpoints give their ΔW through `delta`."""
 
@@ -66,18 +118,29 @@ class CheckpointSource:
         self.label = label or str(ckpt.ref)
         self.is_lora = getattr(ckpt, "kind", "hf") == "lora"
         self._delta_names = set(ckpt.delta_names()) if self.is_lora else set()
+        files = getattr(ckpt, "files", None)
+        self._pread = None
+        if not self.is_lora and files and all(str(f).endswith(".safetensors") for f in files):
+            try:
+                self._pread = _PreadReader(files)
+            except (OSError, ValueError, KeyError):
+                self._pread = None  # let forgetlab.checkpoints report what is wrong with the file
 
     def entries(self) -> dict[str, Entry]:
         return {n: Entry(n, tuple(i.shape), i.dtype) for n, i in self.ckpt.infos().items()}
 
     def read(self, name: str, device: str = "cpu") -> torch.Tensor:
+        t = self._pread.read(name) if self._pread is not None else None
+        if t is not None:  # a fresh buffer that the job owns
+            return t.to(device=device, dtype=torch.float32) if t.is_floating_point() else t
         t = self.ckpt.read(name, dtype=None)
         # copy=True: safetensors may hand out a view of its (copy-on-write) memory map; the job works in
         # place on what it reads, which must never alter what a later pass reads from the same file.
         return t.to(device=device, dtype=torch.float32, copy=True) if t.is_floating_point() else t
 
     def read_raw(self, name: str) -> torch.Tensor:
-        return self.ckpt.read(name, dtype=None)
+        t = self._pread.read(name) if self._pread is not None else None
+        return t if t is not None else self.ckpt.read(name, dtype=None)
 
     def delta(self, name: str, device: str = "cpu"):
         """ΔW of a LoRA adapter for `name` (None for full checkpoints; zeros for untouched LoRA targets)."""
