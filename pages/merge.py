@@ -55,8 +55,10 @@ def _param_widget(method: str, p, models: list[str]):
                                    key=key, help=p.help))
     if p.type == "bool":
         return st.checkbox(p.name, bool(p.default), key=key, help=p.help)
+    if p.type == "str" and not p.choices:
+        return st.text_input(p.name, str(p.default), key=key, help=p.help)
     if p.type == "str":
-        choices = list(p.choices or [p.default])
+        choices = list(p.choices)
         return st.selectbox(p.name, choices, index=choices.index(p.default), key=key, help=p.help)
     text = st.text_input(p.name, ", ".join(f"{v:g}" for v in p.default), key=key, help=p.help)
     return _floats(text)

@@ -70,3 +70,8 @@ def test_merge_page_shows_bad_parameters_as_errors(tiny_llama, tmp_path, monkeyp
     assert not at.exception, at.exception
     assert any("[0.0, 1.0]" in e.value for e in at.error)
     assert not (tmp_path / "merges").exists() or not any((tmp_path / "merges").iterdir())
+    # every registered method gets its form (free-text, choice and number parameters)
+    at.selectbox(key="merge_method").set_value("slwm").run()
+    assert not at.exception, at.exception
+    assert at.text_input(key="merge_slwm_tasks").value == ""
+    assert at.selectbox(key="merge_slwm_level").value == "attn_mlp"

@@ -15,3 +15,8 @@ def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs)
     """Merge checkpoints on disk by a recipe into an HF folder (see forgetlab.merge.engine.run)."""
     from forgetlab.merge.engine import run as _run
     return _run(recipe, out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)
+
+try:  # submodule-linearity merging lives in its own module (registers "slwm" when imported)
+    from forgetlab.merge import slwm as _slwm  # noqa: F401
+except ImportError:  # pragma: no cover - module absent in a partial checkout
+    pass
