@@ -207,3 +207,22 @@ def test_unknown_architecture_keeps_model_level_only(tok):
         nonlinearity_scores((base, ft, tok, PAIRS), "math", levels=("model", "head"), samples=2)
     df = nonlinearity_scores((base, ft, tok, PAIRS), "math", levels=("model",), samples=2).to_frame()
     assert len(df) == 1 and df.nls_mean.iloc[0] > 0
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
+def test_attention_from_heads_equals_module_rerun(tok, kind):
+    """With heads asked, the attn level is Σ heads + o bias; without, the module itself is re-run: same scores
+    (Qwen2 has q/k/v biases, Mistral a sliding-window config)."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    kw = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=128)
+    base = (Qwen2ForCausalLM(Qwen2Config(**kw)) if kind == "qwen2"
+            else MistralForCausalLM(MistralConfig(**kw, head_dim=8))).eval()
+    ft = _perturbed(base, scale=1.0)
+    with_heads = nonlinearity_scores((base, ft, tok, PAIRS), "m", levels=("attn", "head"), samples=4).to_frame()
+    alone = nonlinearity_scores((base, ft, tok, PAIRS), "m", levels=("attn",), samples=4).to_frame()
+    np.testing.assert_allclose(with_heads[with_heads.level == "attn"].nls_mean.to_numpy(), alone.nls_mean.to_numpy(),
+                               atol=1e-5)
+    assert alone.nls_mean.min() > 1e-3

@@ -172,3 +172,25 @@ def test_bad_input(tok):
                                          num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2))
     with pytest.raises(ForgetlabError, match="structure"):
         slwm_weights((base, [ft, other], tok, [PAIRS, PAIRS]), samples=2)
+
+
+def test_gpt2_head_coefficients_cover_fused_qkv_columns(tiny_gpt2):
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_gpt2.pool_yaml)
+    w = slwm_weights(pool, ["math", "copy"], models=["ft0", "ft1"], level="head_mlp", samples=3)
+    coefs, df = w.coefficients(), w.to_frame()
+    c_attn = coefs["transformer.h.1.attn.c_attn.weight"]
+    c_bias = coefs["transformer.h.1.attn.c_attn.bias"]
+    c_proj = coefs["transformer.h.1.attn.c_proj.weight"]
+    assert tuple(c_attn.shape) == (2, 1, 96) and tuple(c_bias.shape) == (2, 96) and tuple(c_proj.shape) == (2, 32, 1)
+    for h in range(4):
+        a = df[(df.module == "head") & (df.layer == 1) & (df["head"] == h)][["math", "copy"]].to_numpy()[0]
+        for off in (0, 32, 64):
+            np.testing.assert_allclose(c_attn[:, 0, off + 8 * h: off + 8 * h + 8].numpy(), np.tile(a[:, None], 8),
+                                       rtol=1e-5)
+            np.testing.assert_allclose(c_bias[:, off + 8 * h].numpy(), a, rtol=1e-5)
+        np.testing.assert_allclose(c_proj[:, 8 * h, 0].numpy(), a, rtol=1e-5)
+    assert coefs["transformer.h.1.attn.c_proj.bias"].flatten().tolist() == [0.5, 0.5]
+    mlp = df[(df.module == "mlp") & (df.layer == 0)][["math", "copy"]].to_numpy()[0]
+    np.testing.assert_allclose(coefs["transformer.h.0.mlp.c_fc.weight"].flatten().numpy(), mlp, rtol=1e-6)
