@@ -34,7 +34,8 @@ dt = time.perf_counter() - t
 if p.returncode:
     sys.stderr.write(p.stderr.decode(errors="replace")[-4000:])
     sys.exit(p.returncode)
-print(json.dumps({"seconds": dt, "peak_rss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"seconds": dt, "cpu_seconds": ru.ru_utime + ru.ru_stime, "peak_rss_kb": ru.ru_maxrss}))
 """
 
 FORGETLAB_CHILD = r"""
@@ -114,6 +115,8 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--intermediate", type=int, default=2048)
+    ap.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2],
+                    help="torch thread counts to run forgetlab with (default 1,2).")
     ap.add_argument("--repeats", type=int, default=1, help="Runs per measurement; the minimum time is kept.")
     ap.add_argument("--workdir", help="Folder for the models (default: a temporary folder, removed at the end).")
     ap.add_argument("--keep", action="store_true", help="Keep the generated models.")
@@ -153,35 +156,38 @@ def main() -> None:
             return min(runs, key=lambda r: r["seconds"])
 
         plain = best([sys.executable, "-c", PLAIN_CHILD, files, str(root / "plain.bin"), str(out_bytes)], env)
-        print(f"plain read {in_bytes / 1e9:.2f} GB + write {out_bytes / 1e9:.2f} GB: {plain['seconds']:.2f} s", flush=True)
+        print(f"plain read {in_bytes / 1e9:.2f} GB + write {out_bytes / 1e9:.2f} GB: {plain['seconds']:.2f} s "
+              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
         rows = []
         for name, rec in recipes.items():
             rfile = root / f"{name}.yaml"
             rfile.write_text(yaml.safe_dump(rec, sort_keys=False))
             fl = {}
-            for threads in (1, 2):
+            for threads in args.threads:
                 out_dir = root / f"fl-{name}-{threads}"
                 fl[threads] = best([sys.executable, "-c", FORGETLAB_CHILD, str(rfile), str(out_dir), str(threads)],
                                    env_fl, out_dir)
-                print(f"  forgetlab {name}, {threads} thread(s): {fl[threads]['seconds']:.2f} s, "
-                      f"{fl[threads]['peak_rss_kb'] / 1024:.0f} MB", flush=True)
+                print(f"  forgetlab {name}, {threads} thread(s): {fl[threads]['seconds']:.2f} s "
+                      f"(cpu {fl[threads]['cpu_seconds']:.2f} s), {fl[threads]['peak_rss_kb'] / 1024:.0f} MB", flush=True)
             mk_out = root / f"mk-{name}"
             mk = best([str(mk_yaml), str(rfile), str(mk_out), "--no-write-model-card", "--no-copy-tokenizer", "--quiet"],
                       env, mk_out)
-            print(f"  mergekit  {name}: {mk['seconds']:.2f} s, {mk['peak_rss_kb'] / 1024:.0f} MB", flush=True)
+            print(f"  mergekit  {name}: {mk['seconds']:.2f} s (cpu {mk['cpu_seconds']:.2f} s), "
+                  f"{mk['peak_rss_kb'] / 1024:.0f} MB", flush=True)
             rows.append((name, fl, mk))
         print()
-        print(f"{'recipe':<16} {'threads':>7} {'forgetlab s':>12} {'mergekit s':>11} {'time ratio':>10} "
-              f"{'forgetlab MB':>13} {'mergekit MB':>12} {'RSS ratio':>9} {'vs plain I/O':>12}")
+        print(f"{'recipe':<16} {'threads':>7} {'forgetlab s':>11} {'mergekit s':>10} {'time ratio':>10} "
+              f"{'cpu ratio':>9} {'forgetlab MB':>12} {'mergekit MB':>11} {'RSS ratio':>9} {'vs plain I/O':>12}")
         for name, fl, mk in rows:
             for threads, r in fl.items():
-                print(f"{name:<16} {threads:>7} {r['seconds']:>12.2f} {mk['seconds']:>11.2f} "
-                      f"{r['seconds'] / mk['seconds']:>10.2f} {r['peak_rss_kb'] / 1024:>13.0f} "
-                      f"{mk['peak_rss_kb'] / 1024:>12.0f} {r['peak_rss_kb'] / mk['peak_rss_kb']:>9.2f} "
-                      f"{plain['seconds'] / r['seconds']:>12.2f}")
-        print("\ntime/RSS ratio = forgetlab / mergekit (lower is better); 'vs plain I/O' = plain read+write time / "
-              "forgetlab time (1.0 = as fast as copying the bytes). mergekit ran with its defaults "
-              "(torch's default threads).")
+                print(f"{name:<16} {threads:>7} {r['seconds']:>11.2f} {mk['seconds']:>10.2f} "
+                      f"{r['seconds'] / mk['seconds']:>10.2f} {r['cpu_seconds'] / mk['cpu_seconds']:>9.2f} "
+                      f"{r['peak_rss_kb'] / 1024:>12.0f} {mk['peak_rss_kb'] / 1024:>11.0f} "
+                      f"{r['peak_rss_kb'] / mk['peak_rss_kb']:>9.2f} {plain['seconds'] / r['seconds']:>12.2f}")
+        print("\ntime/cpu/RSS ratio = forgetlab / mergekit (lower is better; cpu = user + system seconds of the "
+              "process, less sensitive to other load on the machine); 'vs plain I/O' = plain read+write wall time "
+              "/ forgetlab wall time (1.0 = as fast as copying the bytes). mergekit ran with its defaults "
+              f"(torch's default threads). Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.")
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

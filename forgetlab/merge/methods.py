@@ -31,11 +31,12 @@ def _seed() -> ParamSpec:
     return ParamSpec("seed", "int", 0, "Seed of the random drop masks (same seed, same masks).", (0, 2**63 - 1))
 
 
-def _weighted_sum(job: TensorJob, parts: list[torch.Tensor]) -> torch.Tensor:
-    total = torch.zeros_like(job.base)
+def _add_scaled(job: TensorJob, parts: list[torch.Tensor], lam: float) -> torch.Tensor:
+    """θ0 + λ·Σ wt·partt, accumulated in one output buffer (one pass per model)."""
+    out = job.base.clone()
     for part, w in zip(parts, job.params["weights"]):
-        total.add_(part, alpha=float(w))
-    return total
+        out.add_(part, alpha=float(lam) * float(w))
+    return out
 
 
 # -- interpolation family
@@ -56,7 +57,7 @@ def _merge_hma(job: TensorJob) -> torch.Tensor:
 # -- task-vector family
 
 def _merge_task_arithmetic(job: TensorJob) -> torch.Tensor:
-    return job.base + job.params["lam"] * _weighted_sum(job, job.take_taus())
+    return _add_scaled(job, job.take_taus(), job.params["lam"])
 
 
 def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
@@ -76,7 +77,7 @@ def _dare_parts(job: TensorJob) -> list[torch.Tensor]:
 
 
 def _merge_dare_linear(job: TensorJob) -> torch.Tensor:
-    return job.base + job.params["lam"] * _weighted_sum(job, _dare_parts(job))
+    return _add_scaled(job, _dare_parts(job), job.params["lam"])
 
 
 def _merge_dare_ties(job: TensorJob) -> torch.Tensor:
@@ -85,7 +86,7 @@ def _merge_dare_ties(job: TensorJob) -> torch.Tensor:
 
 def _merge_breadcrumbs(job: TensorJob) -> torch.Tensor:
     parts = [_sp.breadcrumbs(tau, job.params["keep"], job.params["gamma"]) for tau in job.take_taus()]
-    return job.base + job.params["lam"] * _weighted_sum(job, parts)
+    return _add_scaled(job, parts, job.params["lam"])
 
 
 def _check_breadcrumbs(params: dict, n: int) -> None:
@@ -114,7 +115,7 @@ def _merge_pcb(job: TensorJob) -> torch.Tensor:
 def _merge_fapm(job: TensorJob) -> torch.Tensor:
     p = job.params
     parts = [fapm_prune(tau, job.base, p["ratio"], p["score"]) for tau in job.taus]
-    return job.base + p["lam"] * _weighted_sum(job, parts)
+    return _add_scaled(job, parts, p["lam"])
 
 
 def _scope(default: str) -> ParamSpec:
