@@ -14,6 +14,7 @@ from forgetlab.merge.workflow import (
     merge_into_workspace,
     pool_recipe,
     saved_merges,
+    search_pool_lambdas,
 )
 from forgetlab.plots.merge import scorecard_figure
 from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
@@ -75,6 +76,13 @@ with left:
     with show_errors():
         for p in spec.params:
             params[p.name] = _param_widget(method, p, models)
+    search = None
+    if method == "pcb":
+        search = st.checkbox("search a λ per task with CMA-ES first", False, key="merge_pcb_search",
+                             help="Minimises the mean answer loss on the pool tasks' probe split; the λ found "
+                                  "replace the λ above.")
+        budget = st.number_input("λ search budget (evaluations)", 2, 500, 12, key="merge_pcb_budget",
+                                 disabled=not search)
     dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
     default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
@@ -87,6 +95,14 @@ with right:
     if go:
         device, _dtype = device_settings()
         with show_errors():
+            if search:
+                lam0 = params["lam"][0] if isinstance(params["lam"], list) else params["lam"]
+                with progress_bar("Searching λ per task (CMA-ES on probe data)") as progress:
+                    found = search_pool_lambdas(pool, models, keep=params["keep"], lam=float(lam0),
+                                                scope=params["scope"], budget=int(budget), max_task=int(max_task),
+                                                device=device, progress=progress)
+                params["lam"] = [round(v, 6) for v in found.lambdas]
+                st.session_state["merge_search"] = found
             recipe = pool_recipe(pool, method, models, params, dtype=None if dtype.startswith("(") else dtype)
             recipe.validated_params()
             with progress_bar(f"Merging {len(models)} model(s) with {method}") as progress:
@@ -108,6 +124,11 @@ with right:
         frame = cards_frame(report["cards"], merged=[report["name"]])
         st.dataframe(frame, hide_index=True, key="merge_table")
         st.plotly_chart(scorecard_figure(frame), key="merge_chart")
+        found = st.session_state.get("merge_search")
+        if found is not None and report["recipe"].method == "pcb":
+            st.caption(f"λ search: probe answer loss {found.initial_loss:.4f} at the start → {found.loss:.4f} with "
+                       f"λ = {', '.join(f'{v:.3f}' for v in found.lambdas)} ({found.n_evals} evaluations)")
+            st.dataframe(found.to_frame(), hide_index=True, key="merge_search_table")
         d1, d2 = st.columns(2)
         d1.download_button("Download recipe (forgetlab YAML)", report["recipe"].to_yaml(),
                            file_name=f"{report['name']}.yaml", key="merge_download")

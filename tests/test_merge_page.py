@@ -75,3 +75,23 @@ def test_merge_page_shows_bad_parameters_as_errors(tiny_llama, tmp_path, monkeyp
     assert not at.exception, at.exception
     assert at.text_input(key="merge_slwm_tasks").value == ""
     assert at.selectbox(key="merge_slwm_level").value == "attn_mlp"
+
+
+def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    at.selectbox(key="merge_method").set_value("pcb").run()
+    at.checkbox(key="merge_pcb_search").check().run()
+    at.number_input(key="merge_pcb_budget").set_value(3)
+    at.text_input(key="merge_name_pcb").set_value("pcb-searched")
+    at.number_input(key="merge_max_general").set_value(1)
+    at.number_input(key="merge_max_task").set_value(2)
+    at.button(key="merge_run").click().run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    search = at.dataframe[1].value
+    assert len(search) == 3 and {"lam_0", "lam_1", "loss"} <= set(search.columns)
+    import yaml
+    recipe = yaml.safe_load((tmp_path / "merges" / "pcb-searched" / "recipe.yaml").read_text())
+    assert all("lam" in m for m in recipe["models"])  # the λ found, per model

@@ -162,3 +162,17 @@ def saved_merges(home: str | Path | None = None) -> list[SavedMerge]:
         except WorkspaceError:
             continue
     return sorted(out, key=lambda m: m.created, reverse=True)
+
+
+def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
+                        budget: int = 20, max_task: int | None = 32, seed: int = 0, device: str | None = None,
+                        progress: Progress = None):
+    """PCB per-task λ search (CMA-ES) for pool models, minimising the mean answer loss on the pool tasks'
+    probe split (`lambda_search.probe_loss`). Returns a LambdaSearchResult (λ in the order of `models`)."""
+    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
+
+    base = pool.checkpoint("base").state_dict()
+    fts = [pool.checkpoint(m).state_dict() for m in models]
+    loss = probe_loss(pool, max_task=max_task, device=device)
+    return search_pcb_lambdas(base, fts, loss, keep=keep, lam=lam, scope=scope, budget=budget, seed=seed,
+                              progress=progress)
