@@ -35,3 +35,17 @@ def test_slwm_weights_and_features_cli(tiny_gpt2, tmp_path, capsys):
     assert len(xy) == 3 * 2 * 4 and set(xy["model"]) == {"base", "ft0", "ft1"}
     assert "average distance between task clusters" in capsys.readouterr().out
     assert main(["features", str(tiny_gpt2.pool_yaml), "--level", "head", "--samples", "4"]) == 2
+
+
+def test_forgetlab_merge_knows_slwm(tiny_llama, tmp_path):
+    import yaml
+
+    recipe = tmp_path / "slwm.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "method": "slwm", "base": str(tiny_llama.base),
+        "models": [{"model": str(tiny_llama.finetuned["ft0"])}, {"model": str(tiny_llama.finetuned["ft1"])}],
+        "params": {"level": "layer", "samples": 2, "tasks": "math,copy"}}))
+    out = tmp_path / "merged"
+    assert main(["merge", str(recipe), str(out), "--pool", str(tiny_llama.pool_yaml)]) == 0
+    assert (out / "config.json").exists()
+    assert main(["merge", str(recipe), str(tmp_path / "m2")]) == 2  # no pool: a message, not a crash

@@ -13,6 +13,7 @@ from forgetlab.errors import OutputExistsError, ParameterError
 
 
 def register(sub) -> None:
+    import forgetlab.merge.slwm  # noqa: F401  (registers the `slwm` merge method for `forgetlab merge`)
     from forgetlab.linearity import CAPTURES, DEFAULT_ALPHAS, DEFAULT_LEVELS
 
     p = sub.add_parser("linearity", help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
