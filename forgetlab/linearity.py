@@ -389,6 +389,11 @@ class _Curve:
         u.add_(self.delta, alpha=1.0 - float(alpha))
         self.res[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
 
+    def finish(self) -> "_Curve":
+        """Drop the feature tensors once every α is in (keeps only the per-sample numbers)."""
+        self.m = self.f1m = self.delta = None
+        return self
+
 
 @dataclass
 class SubmoduleScore:
@@ -648,7 +653,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                     if alpha in al:
                         curve.add(alpha, fa)
                     tick(f"model level, α = {alpha:g}")
-                acc.setdefault(("model", None), []).append(curve)
+                acc.setdefault(("model", None), []).append(curve.finish())
             for i in layers:
                 names = anatomy.params_of("layer", layer=i)
                 f1: dict[str, torch.Tensor] = {}
@@ -680,7 +685,9 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                             curves[level].add(alpha, fa)
                     tick(f"layer {i}, α = {alpha:g}")
                 for level, c in curves.items():
-                    acc.setdefault((level, i), []).append(c)
+                    acc.setdefault((level, i), []).append(c.finish())
+                f1.clear()
+                caps[i] = None  # this layer's inputs are no longer needed
             del caps
 
     scores = []
@@ -800,7 +807,7 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
                     curve = _Curve(f1, fa, mask, al)
                 if alpha in al:
                     curve.add(alpha, fa)
-            d_parts.append(curve.d)
+            d_parts.append(curve.finish().d)
             r_parts.append(curve.res)
         d = torch.cat(d_parts).numpy()
         r = torch.cat(r_parts).numpy()
