@@ -248,3 +248,15 @@ def test_checkpoint_source_reads_owned_copies_equal_to_the_checkpoint(tiny_llama
         assert torch.equal(t, ck.read(name))
         t.add_(1.0)  # the job may work in place: the next read is unaffected
         assert torch.equal(src.read(name), ck.read(name))
+
+
+def test_output_dtype_from_the_recipe(tiny_llama, tmp_path):
+    r = _recipe(tiny_llama, "task_arithmetic", {"lam": 0.5})
+    r["dtype"] = "bfloat16"
+    res = run(r, tmp_path / "bf16")
+    got = _load_folder(res.out_dir)
+    assert {t.dtype for t in got.values()} == {torch.bfloat16}
+    assert json.loads((res.out_dir / "config.json").read_text())["dtype"] == "bfloat16"
+    exp = _in_memory(tiny_llama, "task_arithmetic", {"lam": 0.5})
+    k = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(got[k], exp[k].to(torch.bfloat16))

@@ -9,6 +9,7 @@ when complete (a temporary folder renamed into place); a failure removes it and 
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,7 +104,10 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
                                 "(--overwrite on the command line).")
     base_ck, base, models = open_sources(recipe)
     entries = check_compatible(base, models)
-    config = base_ck.config
+    cfg_file = Path(base_ck.config_dir) / "config.json"
+    # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions
+    # or the folder has no config.json to copy (GGUF).
+    config = base_ck.config if (spec.needs_layers or spec.needs_pool or not cfg_file.exists()) else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
             from forgetlab.pool import ModelPool
@@ -121,19 +125,26 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
             for e in entries]
-    if recipe.dtype:
-        config.dtype = recipe.dtype
-        cfg_arg = config
+    extra = {}
+    if cfg_file.exists():
+        cfg_arg = None if recipe.dtype else cfg_file
+        if recipe.dtype:
+            cfg_json = json.loads(cfg_file.read_text())
+            cfg_json["dtype"] = recipe.dtype
+            if "torch_dtype" in cfg_json:
+                cfg_json["torch_dtype"] = recipe.dtype
+            extra["config.json"] = json.dumps(cfg_json, indent=2) + "\n"
     else:
-        cfg_file = Path(base_ck.config_dir) / "config.json"
-        cfg_arg = cfg_file if cfg_file.exists() else config
+        if recipe.dtype:
+            config.dtype = recipe.dtype
+        cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0))
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}},
                                  sort_keys=False)
     ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=base_ck, overwrite=overwrite,
-                       extra_files={"recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes)
+                       extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes)
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
                        time.perf_counter() - t0, glob, stats)

@@ -134,7 +134,7 @@ BUILTIN = [
                (ParamSpec("alphas", "floats", [0.1, 0.2, 0.3], "One α per block of decoder layers, input to "
                           "output (B = number of values); embeddings use the first, final norm/lm_head the last.",
                           UNIT),),
-               _merge_hma, max_models=1, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b"),
+               _merge_hma, max_models=1, needs_layers=True, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b"),
     MethodSpec("task_arithmetic", "Task arithmetic: add the weighted sum of task vectors to the base.",
                (_lam(), _weights()), _merge_task_arithmetic, mergekit="task_arithmetic",
                formula="θ = θ0 + λ·Σ wt·τt"),

@@ -121,6 +121,7 @@ class MethodSpec:
     check: Callable[[dict, int], None] | None = None
     mergekit: str | None = None
     formula: str = ""
+    needs_layers: bool = False  # the merge uses job.layer / job.num_layers (the engine then reads the config)
     extra: dict = field(default_factory=dict)
 
     @property
