@@ -6,7 +6,7 @@ import time
 import streamlit as st
 
 from forgetlab.errors import ParameterError
-from forgetlab.merge import METHODS
+from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (
     cards_frame,
@@ -30,6 +30,7 @@ if not pool.model_names:
             "Fine-tune page.")
     st.stop()
 
+load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 CACHE_KEY = "merge_card_cache"
 

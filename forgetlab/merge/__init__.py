@@ -5,9 +5,11 @@ a streaming engine over checkpoints on disk, recipes (ours and mergekit's) and a
 """
 from forgetlab.merge import methods as _methods  # noqa: F401  (registers the built-in methods)
 from forgetlab.merge.api import merge_state_dicts
-from forgetlab.merge.registry import METHODS, MethodSpec, ParamSpec, PrepareContext, TensorJob, get_method, register, validate_params
+from forgetlab.merge.registry import (METHODS, MethodSpec, ParamSpec, PrepareContext, TensorJob, get_method,
+                                      load_plugins, register, validate_params)
 
-__all__ = ["METHODS", "MethodSpec", "ParamSpec", "PrepareContext", "TensorJob", "get_method", "merge_state_dicts",
+__all__ = ["METHODS", "MethodSpec", "ParamSpec", "PrepareContext", "TensorJob", "get_method", "load_plugins",
+           "merge_state_dicts",
            "register", "run", "validate_params"]
 
 
@@ -15,8 +17,3 @@ def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs)
     """Merge checkpoints on disk by a recipe into an HF folder (see forgetlab.merge.engine.run)."""
     from forgetlab.merge.engine import run as _run
     return _run(recipe, out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)
-
-try:  # submodule-linearity merging lives in its own module (registers "slwm" when imported)
-    from forgetlab.merge import slwm as _slwm  # noqa: F401
-except ImportError:  # pragma: no cover - module absent in a partial checkout
-    pass

@@ -169,9 +169,28 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
+# Modules that register more methods when imported. They are imported on demand (`load_plugins`), so that
+# a plain merge does not pay for their imports (slwm pulls in pandas and the evaluation stack).
+PLUGINS = ("forgetlab.merge.slwm",)
+
+
+def load_plugins() -> None:
+    """Import the PLUGINS modules (each registers its methods); missing modules are skipped."""
+    import importlib
+    for mod in PLUGINS:
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            continue
+
+
 def get_method(name: str) -> MethodSpec:
-    """The MethodSpec called `name`, or a ParameterError listing the registered methods."""
+    """The MethodSpec called `name` (loading the plugin modules if needed), or a ParameterError listing the
+    registered methods."""
     spec = METHODS.get(name)
+    if spec is None:
+        load_plugins()
+        spec = METHODS.get(name)
     if spec is None:
         raise ParameterError(f"Unknown merge method {name!r}; choose one of {', '.join(sorted(METHODS))}.")
     return spec
