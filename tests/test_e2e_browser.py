@@ -6,6 +6,7 @@ Screenshots go to docs/screenshots/. All waits are bounded (pytest-timeout caps 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -49,17 +50,19 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
         assert page.locator('[data-testid="stSidebarNav"] a').count() == len(stems)
         for spec in pages:
             stem = spec.stem
-            click_nav(page, spec.title)
+            t_load = click_nav(page, spec.title)
             assert page.locator("h1").first.is_visible(), f"{stem}: no title"
             assert not exceptions(page), f"{stem} raised on load: {exceptions(page)}"
+            t0 = time.monotonic()
             needed = action_for(stem)(page)
+            t_action = time.monotonic() - t0
             found = count(page, PLOT)
             errors = exceptions(page)
             screenshot(page, stem)
-            report.append((stem, found))
+            report.append(f"{stem}: load {t_load:.1f} s, action {t_action:.1f} s, {found} chart(s)")
             assert not errors, f"{stem} raised after its action: {errors}\n{log.read_text()[-3000:]}"
             assert found >= needed, f"{stem}: {found} chart(s), expected at least {needed}"
         # a page switch keeps the session's results: back to the first page, its charts are still there
         click_nav(page, pages[0].title)
         assert count(page, PLOT) >= 1 and page.locator(EXCEPTION).count() == 0
-    print("charts per page:", report)
+    print("\n".join(report))

@@ -120,3 +120,28 @@ def test_runs_page_with_empty_workspace_and_unreadable_run(tmp_path, monkeypatch
     at.run(timeout=60)
     assert not at.exception and at.tabs[0].label == "Runs (1)"   # the broken run is skipped, not fatal
     assert (bad / "recipe.json").exists()                        # and nothing was deleted
+
+
+def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(tiny_llama, tmp_path, monkeypatch):
+    from forgetlab import sweeps
+    from forgetlab.pool import ModelPool
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    ids = []
+    for model in ("ft0", "ft1"):
+        result = sweeps.alpha_curve(pool, model, alphas=[0.0, 1.0], max_general=2, max_task=2)
+        ids.append(sweeps.save_sweep(result).name)
+    at = AppTest.from_file(PAGE).run(timeout=60)
+    assert not at.exception and not at.error
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert "xaxis3" in specs[0]["layout"]                      # the Forgetting page's three-panel curves
+    assert {t["name"] for t in specs[1]["data"]} >= {"wise-ft"}  # and its trade-off chart
+    at.multiselect(key="runs_open_all").set_value(ids).run(timeout=60)
+    assert not at.exception and not at.error
+    first = json.loads(at.get("plotly_chart")[0].proto.spec)
+    series = [t for t in first["data"] if "pareto" not in t["name"].lower()]
+    assert len(series) == 2                                    # both sweeps on one trade-off chart
+    generic = [json.loads(c.proto.spec) for c in at.get("plotly_chart")][1:]
+    names = {t["name"].split(" · ")[0] for fig in generic for t in fig["data"]}
+    assert len(names) == 2                                     # and one line per run on the generic charts

@@ -28,11 +28,71 @@ ID_COLUMNS = ("seed", "index", "Unnamed: 0")
 MAX_FIGURES = 6
 
 _REOPENERS: dict[str, Callable] = {}
+_COMPARERS: dict[str, Callable] = {}
 
 
-def register_reopener(kind: str, fn: Callable) -> None:
-    """Use `fn(run) -> list[go.Figure]` to redraw runs of `kind` (a page's own charts) on the Runs page."""
+def register_reopener(kind: str, fn: Callable, compare: Callable | None = None) -> None:
+    """Redraw runs of `kind` with their page's own charts on the Runs page.
+
+    `fn(run) -> list[go.Figure]` reopens one run; `compare(runs) -> list[go.Figure]` (optional) draws several
+    runs of the kind together. A kind ending in "*" matches every kind with that prefix ("sweep-*").
+    """
     _REOPENERS[kind] = fn
+    if compare is not None:
+        _COMPARERS[kind] = compare
+
+
+def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
+    if kind in table:
+        return table[kind]
+    return next((fn for k, fn in table.items() if k.endswith("*") and kind.startswith(k[:-1])), None)
+
+
+# -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
+
+
+def _sweep(run):
+    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+    from forgetlab.sweeps import load_sweep
+
+    result = load_sweep(run.path)
+    return [curves_figure(result), tradeoff_figure(result)]
+
+
+def _sweeps(runs):
+    from forgetlab.plots.forgetting import tradeoff_figure
+    from forgetlab.sweeps import load_sweep
+
+    return [tradeoff_figure([load_sweep(r.path) for r in runs])]
+
+
+def _finetune(run):
+    from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
+    from forgetlab.train.runs import load_finetune_run
+
+    comp = load_finetune_run(run.path)
+    return [trajectories_figure(comp), loss_figure(comp), final_scatter(comp)]
+
+
+def _finetunes(runs):
+    from forgetlab.plots.finetune import final_scatter, trajectories_figure
+    from forgetlab.train.runs import load_finetune_run
+
+    every = [r for run in runs for r in load_finetune_run(run.path).runs]
+    return [trajectories_figure(every), final_scatter(every)]
+
+
+def _linearity(run):
+    from forgetlab.linearity import NonlinearityResult
+    from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
+
+    result = NonlinearityResult.from_dict(run.results)
+    return [nls_heatmap(result), level_bars(result), curves_figure(result)]
+
+
+register_reopener("sweep-*", _sweep, _sweeps)
+register_reopener("finetune", _finetune, _finetunes)
+register_reopener("linearity", _linearity)
 
 
 def run_label(run) -> str:
@@ -118,10 +178,14 @@ def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
 
 
 def run_figures(run) -> list[go.Figure]:
-    """The charts of one saved run: its kind's registered reopener, else `figures_from_frame`."""
-    fn = _REOPENERS.get(run.kind)
+    """The charts of one saved run: its kind's registered reopener, else (or if that fails on an old or
+    foreign run) `figures_from_frame` of its results table."""
+    fn = _lookup(_REOPENERS, run.kind)
     if fn is not None:
-        return list(fn(run))
+        try:
+            return list(fn(run))
+        except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
+            pass
     return figures_from_frame(run.frame(), title=run.kind)
 
 
@@ -139,11 +203,20 @@ def compare_frame(runs) -> pd.DataFrame:
 
 
 def compare_figures(runs) -> list[go.Figure]:
-    """Figures with one line (or bar group) per run, for runs of the same kind."""
+    """Runs of one kind on shared charts: the kind's own comparison (e.g. every sweep on one trade-off
+    chart) when it has one, then the generic figures with one line (or bar group) per run."""
     kinds = {r.kind for r in runs}
     if len(kinds) != 1:
         return []
-    return figures_from_frame(compare_frame(runs), title=f"{next(iter(kinds))}:")
+    kind = next(iter(kinds))
+    figs: list[go.Figure] = []
+    fn = _lookup(_COMPARERS, kind)
+    if fn is not None:
+        try:
+            figs = list(fn(runs))
+        except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
+            figs = []
+    return figs + figures_from_frame(compare_frame(runs), title=f"{kind}:")
 
 
 def figure_html(fig: go.Figure) -> str:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tests.e2e.harness import PLOT, count, wait_for, wait_idle
+from tests.e2e.harness import PLOT, alerts, count, wait_for, wait_idle
 
-JOB_TIMEOUT = 180.0
+JOB_TIMEOUT = 180.0      # a page's job, until the script is idle again
+CHART_TIMEOUT = 20.0     # then plotly has this long to draw the charts
 
 
 def _fill(page, label: str, value: str) -> None:
@@ -29,21 +30,59 @@ def _click(page, name: str | None = None) -> None:
 
 
 def _charts_at_least(page, n: int) -> int:
-    wait_for(page, lambda: count(page, PLOT) >= n, JOB_TIMEOUT, f"{n} chart(s)")
+    try:
+        wait_for(page, lambda: count(page, PLOT) >= n, CHART_TIMEOUT, f"{n} chart(s)")
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}; messages on the page: {alerts(page)}") from None
     return n
+
+
+def _fill_all(page, values: dict[str, str]) -> None:
+    for label, value in values.items():
+        _fill(page, label, value)
 
 
 def models(page) -> int:
     """Compute the scorecards of every model (the heatmaps are drawn on load)."""
+    _fill_all(page, {"general-text blocks (max)": "8", "pairs per task (max)": "8"})
     _click(page, "Evaluate")
     return _charts_at_least(page, 3)
 
 
+def linearity(page) -> int:
+    """Non-linearity scores on 8 samples and a 3-point α curve (α = 1 is the reference, not a point)."""
+    _fill_all(page, {"samples": "8", "α grid": "0, 0.25, 0.5"})
+    _click(page, "Compute scores")
+    return _charts_at_least(page, 1)
+
+
 def forgetting(page) -> int:
     """A 3-point WiSE-FT α curve of the first fine-tuned model."""
-    _fill(page, "α values", "0, 0.5, 1")
+    _fill_all(page, {"α values": "0, 0.5, 1", "general blocks (max)": "8", "pairs per task (max)": "8"})
     _click(page, "Run sweep")
     return _charts_at_least(page, 2)
+
+
+def features(page) -> int:
+    """A t-SNE map of 8 samples per task."""
+    _fill_all(page, {"samples per task": "8", "perplexity": "4"})
+    _click(page, "Map features")
+    return _charts_at_least(page, 1)
+
+
+def merge(page) -> int:
+    """The default merge (TIES of every fine-tuned model), saved and evaluated on few probes."""
+    _fill_all(page, {"general blocks (max)": "8", "pairs per task (max)": "8"})
+    _click(page, "Merge and evaluate")
+    return _charts_at_least(page, 1)
+
+
+def finetune(page) -> int:
+    """A 12-step fine-tune from the base, recorded every 4 steps."""
+    _fill_all(page, {"steps": "12", "record every k steps": "4", "general blocks (max)": "8",
+                     "eval pairs (max)": "8"})
+    _click(page, "Fine-tune")
+    return _charts_at_least(page, 1)
 
 
 def runs(page) -> int:
@@ -58,7 +97,8 @@ def generic(page) -> int:
     return _charts_at_least(page, 1)
 
 
-ACTIONS: dict[str, Callable] = {"models": models, "forgetting": forgetting, "runs": runs}
+ACTIONS: dict[str, Callable] = {"models": models, "linearity": linearity, "forgetting": forgetting,
+                                "features": features, "merge": merge, "finetune": finetune, "runs": runs}
 
 
 def action_for(stem: str) -> Callable:

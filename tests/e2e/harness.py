@@ -128,6 +128,11 @@ def exceptions(page) -> list[str]:
     return [t[:500] for t in page.locator(EXCEPTION).all_inner_texts()]
 
 
+def alerts(page) -> list[str]:
+    """Texts of the st.error / st.warning / st.info boxes on the page."""
+    return [t[:300] for t in page.locator('[data-testid="stAlert"]').all_inner_texts()]
+
+
 def goto(page, url: str, timeout: float = 60.0) -> None:
     """Open a URL (a new browser session) and wait for the app to render and go idle."""
     page.goto(url, wait_until="domcontentloaded")

@@ -1,0 +1,108 @@
+"""App latency in a real browser: first render of each page and re-render after a page switch.
+
+Peer, measured in the same run: a bare Streamlit app (st.navigation over two pages that only write a title
+and a line) served the same way. Each figure is the median of --repeat measurements; ratios are
+forgetlab / bare. "First render" = open the page's URL in a new browser session (a new Streamlit session;
+the server process is warm, so process-wide caches such as the loaded pool are shared, as in real use).
+"Re-render" = in one session, switch to another page and back through the sidebar. Times run until the
+app's script is idle again (the page fully drawn). The cold start (the first request after the server
+started: imports, pool opening) is printed on its own.
+
+    python bench/app_latency.py [--home FORGETLAB_HOME] [--repeat 3]
+
+Without --home, the tiny pico zoo is built into a temporary workspace first (about a minute).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.e2e.harness import chromium, click_nav, goto, streamlit_server  # noqa: E402
+
+BARE_APP = """
+import streamlit as st
+nav = st.navigation([st.Page("hello.py", title="Hello", default=True), st.Page("other.py", title="Other")])
+st.sidebar.write("sidebar")
+nav.run()
+"""
+BARE_PAGE = "import streamlit as st\nst.title({title!r})\nst.write('Hello, world.')\n"
+
+
+def _timed_goto(page, url: str) -> float:
+    start = time.monotonic()
+    goto(page, url, timeout=180)
+    return time.monotonic() - start
+
+
+def measure(url: str, pages: list[tuple[str, str]], other: tuple[str, str], repeat: int) -> dict:
+    """Cold start, then per page: median first render (new session) and median re-render after a switch."""
+    out: dict = {"pages": {}}
+    with chromium() as page:
+        out["cold"] = _timed_goto(page, url)
+        for stem, title in pages:
+            first, again = [], []
+            for _ in range(repeat):
+                first.append(_timed_goto(page, f"{url}/{stem}" if stem else url))
+                click_nav(page, other[1], timeout=180)
+                again.append(click_nav(page, title, timeout=180))
+            out["pages"][stem or title] = (statistics.median(first), statistics.median(again))
+    return out
+
+
+def bare_app(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "app.py").write_text(BARE_APP)
+    (folder / "hello.py").write_text(BARE_PAGE.format(title="Hello"))
+    (folder / "other.py").write_text(BARE_PAGE.format(title="Other"))
+    return folder / "app.py"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--home", type=Path, help="a FORGETLAB_HOME holding zoo/ (default: build the tiny pico zoo)")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+
+    from forgetlab.ui.navigation import existing_pages
+
+    tmp = Path(tempfile.mkdtemp(prefix="app-latency-"))
+    home = args.home
+    if home is None:
+        from forgetlab.zoo import build
+
+        home = tmp / "home"
+        t = time.monotonic()
+        build(preset="pico", size="tiny", home=home)
+        print(f"built the tiny pico zoo in {time.monotonic() - t:.0f} s")
+    specs = existing_pages(ROOT / "pages")
+    ours = [(p.stem, p.title) for p in specs]
+    other = ("runs", "Runs") if ours[-1][0] == "runs" and len(ours) > 1 else ours[0]
+
+    with streamlit_server(bare_app(tmp / "bare"), log=tmp / "bare.log") as url:
+        bare = measure(url, [("", "Hello")], ("other", "Other"), args.repeat)
+    with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "app.log") as url:
+        app = measure(url, [(s, t) for s, t in ours if s != other[0]] + [other], ours[0] if other != ours[0]
+                      else ours[-1], args.repeat)
+    b_first, b_again = bare["pages"]["Hello"]
+
+    import torch
+
+    print(f"chromium headless, {args.repeat} repeats (median), torch threads {torch.get_num_threads()}, "
+          f"workspace {home}")
+    print(f"cold start (first request after server start): forgetlab {app['cold']:.2f} s, "
+          f"bare {bare['cold']:.2f} s, ratio {app['cold'] / bare['cold']:.1f}x")
+    print(f"{'page':<12}{'first render s':>16}{'÷ bare':>9}{'re-render s':>14}{'÷ bare':>9}")
+    print(f"{'(bare)':<12}{b_first:>16.2f}{1:>9.1f}{b_again:>14.2f}{1:>9.1f}")
+    for stem, (first, again) in app["pages"].items():
+        print(f"{stem:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
+
+
+if __name__ == "__main__":
+    main()
