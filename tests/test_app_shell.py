@@ -440,3 +440,41 @@ def test_app_sidebar_picks_zoo_presets_and_own_pool_files(tiny_llama, tmp_path, 
     assert not at.exception and not any(s.value == "Welcome to forgetlab" for s in at.subheader)
     assert [s.options for s in at.sidebar.selectbox if s.key == "app_device"] == [
         ["cpu", "cuda"] if __import__("torch").cuda.is_available() else ["cpu"]]
+
+
+def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp_path, monkeypatch):
+    import shutil
+    import threading
+
+    import forgetlab.zoo
+    from forgetlab.ui.jobs import REGISTRY
+
+    gate, calls = threading.Event(), []
+
+    def fake_build(preset="pico", size="default", home=None, force=False, progress=None):
+        calls.append((preset, size, str(home)))
+        progress(0.2, "pretraining")
+        assert gate.wait(20)
+        root = shutil.copytree(tiny_llama.root, tmp_path / "zoo" / f"{preset}-{size}")
+        return type("ZooBuild", (), {"pool_yaml": root / "pool.yaml", "root": root})()
+
+    monkeypatch.setattr(forgetlab.zoo, "build", fake_build)
+    at = _app(tmp_path, monkeypatch).run()
+    assert at.selectbox(key="app_zoo_size").value == "default"
+    at.selectbox(key="app_zoo_size").set_value("tiny")
+    at.button(key="app_zoo_build").click().run()
+    assert len(at.get("progress")) == 1 and not at.exception
+    at.button(key="app_zoo_build").click().run()            # impatient second click: still one build
+    assert len(calls) == 1 and "already running" in at.info[0].value
+    gate.set()
+    for _ in range(50):
+        if not any(j.running for j in REGISTRY.jobs() if j.key.startswith("zoo-build")):
+            break
+        time.sleep(0.1)
+    at.run()
+    assert not at.exception and not at.error
+    assert calls == [("pico", "tiny", str(tmp_path))]
+    assert at.session_state["forgetlab_pool_path"] == str(tmp_path / "zoo" / "pico-tiny" / "pool.yaml")
+    at.run()
+    assert at.sidebar.selectbox(key="app_pool_choice").value == "pico-tiny"
+    assert not any(s.value == "Welcome to forgetlab" for s in at.subheader)

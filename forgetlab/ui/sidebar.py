@@ -80,7 +80,7 @@ def render_sidebar() -> str | None:
     return path
 
 
-ZOO_SIZES = {"tiny (≈1 min)": "tiny", "small (a few min)": "small", "full (≈10 min)": "full"}
+SIZE_NOTES = {"tiny": "tiny — about a minute, for a first look", "default": "default — a few minutes, clearer effects"}
 
 
 def _zoo_build():
@@ -117,7 +117,8 @@ def render_first_run() -> None:
         st.warning("The zoo builder (forgetlab.zoo.build) is not available in this installation.")
         return
     sizes = zoo_sizes()
-    size = st.selectbox("Zoo size", sizes, key="app_zoo_size") if sizes else None
+    size = (st.selectbox("Zoo size", sizes, index=sizes.index("default") if "default" in sizes else 0,
+                         format_func=lambda s: SIZE_NOTES.get(s, s), key="app_zoo_size") if sizes else None)
     home = workspace_home()
     key = job_key("zoo-build", str(home), "pico", size)
     clicked = st.button("Build the pico demo zoo", type="primary", key="app_zoo_build")
