@@ -1,0 +1,74 @@
+"""CLI: `forgetlab zoo build` and `forgetlab zoo show` — the embedded demo zoo."""
+from __future__ import annotations
+
+from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+
+
+def register(sub) -> None:
+    p = sub.add_parser("zoo", help="build or show the demo zoo (real base + fine-tuned models, offline)",
+                       description="The demo zoo: a base model and one fine-tune per task (math, code, "
+                                   "translate), built offline from data that installed packages ship.")
+    zsub = p.add_subparsers(dest="zoo_command", metavar="ZOO_COMMAND")
+
+    b = zsub.add_parser("build", help="build (or resume, or confirm) a zoo preset",
+                        description="Build the zoo preset into <FORGETLAB_HOME>/zoo/<preset>[-<size>]. A complete "
+                                    "zoo is left alone; an interrupted build resumes; a zoo from another "
+                                    "forgetlab version or other settings is rebuilt.")
+    _common(b)
+    b.add_argument("--force", action="store_true", help="rebuild from scratch even if the zoo is complete")
+    b.set_defaults(func=cmd_build)
+
+    s = zsub.add_parser("show", help="scorecards, sizes and build times recorded in a zoo's manifest",
+                        description="Show a built zoo: its folder, pool file, build time and the scorecard of "
+                                    "every model (held-out Wikipedia loss, exact match and answer loss per task).")
+    _common(s)
+    s.add_argument("--out", help="CSV or JSON file for the scorecards")
+    s.set_defaults(func=cmd_show)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _common(p) -> None:
+    from forgetlab.zoo.presets import PRESETS, SIZES
+
+    p.add_argument("--preset", choices=list(PRESETS), default="pico", help="pico (minutes) or smol (SmolLM2-135M)")
+    p.add_argument("--size", choices=list(SIZES), default="default", help="tiny builds in seconds (tests)")
+    p.add_argument("--home", default=None, help="workspace folder (default: $FORGETLAB_HOME or ~/.forgetlab)")
+
+
+def cmd_build(args) -> int:
+    from forgetlab.zoo import build
+
+    update, close = tqdm_progress(f"zoo {args.preset}/{args.size}")
+    try:
+        result = build(preset=args.preset, size=args.size, home=args.home, force=args.force, progress=update)
+    finally:
+        close()
+    if not result.built:
+        emit(f"zoo {result.root.name} is complete already; nothing to do ({result.pool_yaml}). "
+             "Use --force to rebuild it.")
+        return 0
+    emit(f"built zoo {result.root.name} in {result.manifest.get('last_run_seconds', result.seconds):.1f} s "
+         f"(total build time {result.seconds:.1f} s): {result.pool_yaml}")
+    emit_frame(result.to_frame())
+    return 0
+
+
+def cmd_show(args) -> int:
+    from forgetlab.errors import WorkspaceError
+    from forgetlab.zoo.build import POOL_YAML, ZooBuild
+    from forgetlab.zoo.manifest import read_manifest
+    from forgetlab.zoo import zoo_root
+
+    root = zoo_root(args.preset, args.size, args.home)
+    manifest = read_manifest(root)
+    if manifest is None:
+        raise WorkspaceError(f"No zoo at {root}. Build it with `forgetlab zoo build --preset {args.preset} "
+                             f"--size {args.size}`.")
+    state = "complete" if manifest.get("complete") else "incomplete (run `forgetlab zoo build` to resume)"
+    emit(f"zoo {root.name}: {state}; forgetlab {manifest.get('forgetlab_version')}, "
+         f"build time {float(manifest.get('build_seconds', 0)):.1f} s")
+    emit(f"pool file: {root / POOL_YAML}")
+    for name, rec in (manifest.get("steps") or {}).items():
+        emit(f"  {name:<14} {float(rec.get('seconds', 0)):8.1f} s")
+    emit_frame(ZooBuild(root / POOL_YAML, root, manifest, built=False).to_frame(), out=args.out)
+    return 0

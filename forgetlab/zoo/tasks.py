@@ -1,0 +1,249 @@
+"""Synthetic fine-tuning tasks of the demo zoo: prompt/answer pairs with seeded train/probe/eval splits.
+
+Three tasks, each a deterministic function of its seed:
+
+- `math`: multi-digit arithmetic — sums and differences of two-digit numbers and products from the
+  times table up to 12×9 (`Compute: 47+58=` → `105`).
+- `code`: evaluate a small Python expression (`>>> max(3, 8)` → `8`; `>>> 'cat'[::-1]` → `tac`; `>>> x = 4;
+  x * 3` → `12`), drawn from a dozen expression templates.
+- `translate`: translate a short English phrase word by word into Velari, an invented language with a fixed
+  seeded lexicon and its own word order (adjective after the noun, verb last): `English: the red fox
+  runs` → `ka vopi tesal domu`.
+
+Splits are disjoint by prompt: the candidate pool is generated, deduplicated, shuffled with the task seed and
+cut into eval, probe and train in that order, so the eval prompts are never trained on. For `translate` the
+eval phrases are new combinations of words that the train split does contain (the lexicon is arbitrary, so a
+word never seen in training could not be translated by any model).
+"""
+from __future__ import annotations
+
+import functools
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+import pandas as pd
+
+from forgetlab.data import TaskPair
+from forgetlab.errors import ParameterError
+
+TASKS = ("math", "code", "translate")
+TASK_SEEDS = {"math": 101, "code": 202, "translate": 303}
+
+
+@dataclass
+class TaskSplits:
+    """One task's pairs: `train` (fine-tuning), `probe` (analyses, features) and `eval` (held-out scoring)."""
+
+    name: str
+    train: list[TaskPair]
+    probe: list[TaskPair]
+    eval: list[TaskPair]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per pair: split, prompt, answer."""
+        rows = [{"split": split, "prompt": p.prompt, "answer": p.answer}
+                for split in ("train", "probe", "eval") for p in getattr(self, split)]
+        return pd.DataFrame(rows)
+
+
+# ------------------------------------------------------------------------------------------------ math
+
+def math_pair(rng: random.Random) -> TaskPair:
+    """One arithmetic problem: a+b or a−b (a ≥ b) with two-digit operands, or a×b with a ≤ 12 and b ≤ 9."""
+    op = rng.choice("+-*")
+    if op == "*":
+        a, b = rng.randint(2, 12), rng.randint(2, 9)
+        value = a * b
+    else:
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        if op == "-":
+            a, b = max(a, b), min(a, b)
+            value = a - b
+        else:
+            value = a + b
+    return TaskPair(prompt=f"Compute: {a}{op}{b}=", answer=str(value))
+
+
+# ------------------------------------------------------------------------------------------------ code
+
+_WORDS = ("cat", "dog", "sun", "map", "key", "box", "tree", "lamp", "rock", "fish", "bird", "moon",
+          "star", "code", "data", "list", "loop", "node")
+
+
+def _small_list(rng: random.Random, lo: int = 2, hi: int = 5) -> list[int]:
+    return [rng.randint(0, 9) for _ in range(rng.randint(lo, hi))]
+
+
+def _fmt(xs: list[int]) -> str:
+    return "[" + ", ".join(str(x) for x in xs) + "]"
+
+
+def _code_templates() -> list[Callable[[random.Random], tuple[str, str]]]:
+    def max_(r):
+        a, b = r.randint(0, 99), r.randint(0, 99)
+        return f"max({a}, {b})", str(max(a, b))
+
+    def min_(r):
+        a, b = r.randint(0, 99), r.randint(0, 99)
+        return f"min({a}, {b})", str(min(a, b))
+
+    def len_(r):
+        xs = _small_list(r, 1, 7)
+        return f"len({_fmt(xs)})", str(len(xs))
+
+    def sum_(r):
+        xs = _small_list(r, 2, 4)
+        return f"sum({_fmt(xs)})", str(sum(xs))
+
+    def sorted_(r):
+        xs = _small_list(r, 3, 4)
+        return f"sorted({_fmt(xs)})", _fmt(sorted(xs))
+
+    def index_(r):
+        xs = _small_list(r, 3, 5)
+        i = r.randrange(len(xs))
+        return f"{_fmt(xs)}[{i}]", str(xs[i])
+
+    def upper_(r):
+        w = r.choice(_WORDS)
+        return f"'{w}'.upper()", w.upper()
+
+    def reverse_(r):
+        w = r.choice(_WORDS)
+        return f"'{w}'[::-1]", w[::-1]
+
+    def assign_(r):
+        a, b = r.randint(1, 9), r.randint(1, 9)
+        op = r.choice("+*-")
+        value = {"+": a + b, "*": a * b, "-": a - b}[op]
+        return f"x = {a}; x {op} {b}", str(value)
+
+    def cond_(r):
+        a, b = r.randint(0, 20), r.randint(0, 20)
+        return f"{a} if {a} > {b} else {b}", str(a if a > b else b)
+
+    def abs_(r):
+        a = r.randint(1, 99)
+        return f"abs(-{a})", str(a)
+
+    def mod_(r):
+        a, b = r.randint(10, 99), r.randint(2, 9)
+        return f"{a} % {b}", str(a % b)
+
+    return [max_, min_, len_, sum_, sorted_, index_, upper_, reverse_, assign_, cond_, abs_, mod_]
+
+
+_CODE_TEMPLATES = _code_templates()
+
+
+def code_pair(rng: random.Random) -> TaskPair:
+    """One small Python expression and the value Python prints for it (checked by evaluating it)."""
+    expr, value = rng.choice(_CODE_TEMPLATES)(rng)
+    return TaskPair(prompt=f">>> {expr}\n", answer=value)
+
+
+# ------------------------------------------------------------------------------------------- translate
+
+_NOUNS = ("fox", "house", "river", "child", "bird", "king", "stone", "tree", "horse", "ship", "woman", "dog",
+          "city", "flower", "mountain", "teacher")
+_ADJECTIVES = ("red", "old", "small", "happy", "dark", "tall", "green", "quiet", "cold", "bright")
+_VERBS = ("runs", "sleeps", "sings", "falls", "waits", "grows", "shines", "swims", "speaks", "burns")
+_ARTICLE = "the"
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "th", "sh")
+_VOWELS = ("a", "e", "i", "o", "u")
+LEXICON_SEED = 7
+
+
+def velari_lexicon(seed: int = LEXICON_SEED) -> dict[str, str]:
+    """The fixed English → Velari lexicon: each word gets a distinct 2–3 syllable CV word (seeded)."""
+    return dict(_lexicon(int(seed)))
+
+
+@functools.lru_cache(maxsize=4)
+def _lexicon(seed: int) -> tuple[tuple[str, str], ...]:
+    rng = random.Random(seed)
+    english = [_ARTICLE, *_NOUNS, *_ADJECTIVES, *_VERBS]
+    used: set[str] = set()
+    lexicon: dict[str, str] = {}
+    for word in english:
+        while True:
+            n_syll = 1 if word == _ARTICLE else rng.choice((2, 2, 3))
+            w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(n_syll))
+            if word != _ARTICLE and rng.random() < 0.4:
+                w += rng.choice(("l", "n", "s", "r"))
+            if w not in used:
+                used.add(w)
+                lexicon[word] = w
+                break
+    return tuple(lexicon.items())
+
+
+def translate_phrase(words: list[str], lexicon: dict[str, str]) -> str:
+    """Velari for `the <adj>? <noun> <verb>?`: article, noun, adjective, verb — each word looked up."""
+    adj = [w for w in words if w in _ADJECTIVES]
+    noun = [w for w in words if w in _NOUNS]
+    verb = [w for w in words if w in _VERBS]
+    order = [_ARTICLE, *noun, *adj, *verb]
+    return " ".join(lexicon[w] for w in order)
+
+
+def translate_pair(rng: random.Random, lexicon: dict[str, str] | None = None) -> TaskPair:
+    """One English phrase (`the [adj] noun [verb]`) and its Velari translation."""
+    lexicon = lexicon or dict(_lexicon(LEXICON_SEED))
+    noun = rng.choice(_NOUNS)
+    shape = rng.choice(("an", "nv", "anv", "anv"))
+    words = [_ARTICLE]
+    if "a" in shape:
+        words.append(rng.choice(_ADJECTIVES))
+    words.append(noun)
+    if "v" in shape:
+        words.append(rng.choice(_VERBS))
+    return TaskPair(prompt=f"English: {' '.join(words)}\nVelari:", answer=translate_phrase(words, lexicon))
+
+
+# --------------------------------------------------------------------------------------------- splits
+
+_GENERATORS: dict[str, Callable[[random.Random], TaskPair]] = {
+    "math": math_pair,
+    "code": code_pair,
+    "translate": translate_pair,
+}
+
+
+def make_task(name: str, *, n_train: int, n_probe: int, n_eval: int, seed: int | None = None) -> TaskSplits:
+    """Generate task `name` with disjoint eval, probe and train splits (by prompt), deterministic in `seed`.
+
+    Candidates are drawn from a `random.Random(seed)` until enough distinct prompts exist (or the task's space
+    is exhausted), then cut in the order eval, probe, train.
+    """
+    if name not in _GENERATORS:
+        raise ParameterError(f"Unknown zoo task {name!r}. Choose one of: {', '.join(TASKS)}.")
+    for label, n in (("n_train", n_train), ("n_probe", n_probe), ("n_eval", n_eval)):
+        if int(n) < 1:
+            raise ParameterError(f"{label} must be a positive integer; got {n}.")
+    seed = TASK_SEEDS[name] if seed is None else int(seed)
+    rng = random.Random(seed)
+    gen = _GENERATORS[name]
+    need = n_train + n_probe + n_eval
+    seen: dict[str, TaskPair] = {}
+    misses = 0  # consecutive draws of a known prompt; many in a row mean the task's space is exhausted
+    while len(seen) < need and misses < 20 * len(seen) + 1000:
+        pair = gen(rng)
+        if pair.prompt in seen:
+            misses += 1
+            continue
+        misses = 0
+        seen[pair.prompt] = pair
+    pairs = list(seen.values())
+    if len(pairs) < need:
+        raise ParameterError(
+            f"Task {name!r} has only {len(pairs)} distinct prompts; ask for fewer than {need} pairs."
+        )
+    ev, pr, tr = pairs[:n_eval], pairs[n_eval:n_eval + n_probe], pairs[n_eval + n_probe:]
+    return TaskSplits(name=name, train=tr, probe=pr, eval=ev)
+
+
+def make_tasks(names: tuple[str, ...] = TASKS, *, n_train: int, n_probe: int, n_eval: int) -> dict[str, TaskSplits]:
+    """All zoo tasks with their fixed seeds (see `make_task`)."""
+    return {n: make_task(n, n_train=n_train, n_probe=n_probe, n_eval=n_eval) for n in names}

@@ -1,0 +1,200 @@
+"""Unit tests of the zoo's parts: Wikipedia cleaning and splitting, synthetic tasks, tokenizer, presets, manifest."""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+import pytest
+
+from forgetlab.errors import ParameterError, ProbeDataError
+from forgetlab.zoo import PRESETS, get_spec, zoo_root
+from forgetlab.zoo.corpus import RawArticle, clean_paragraphs, load_wiki_split, split_articles
+from forgetlab.zoo.manifest import FORMAT, new_manifest, stale_reason
+from forgetlab.zoo.tasks import TASKS, make_task, translate_phrase, velari_lexicon
+
+LONG = "This sentence is long enough to be kept as a paragraph of prose in the cleaned corpus of the zoo."
+
+
+# ------------------------------------------------------------------------------------------------ corpus
+
+def test_clean_paragraphs_drops_markup_and_keeps_prose():
+    filtered = "\n".join([
+        "==History==",
+        "'''Anarchism''' is a philosophy (; ''anarchos'') that " + LONG,
+        "* a list item that is long enough to pass the length limit but is a list and must go away.",
+        "| a table row | with cells | that is long enough to pass the length limit of eighty chars |",
+        "Short line.",
+        "A caption without a full stop at its end that is long enough to pass the length check of it",
+        "A line with a link left over [[Something]] that is long enough to pass the length limit here.",
+        "Plain prose with (  ) empty parentheses that a removed template left behind in the text " + LONG,
+    ])
+    out = clean_paragraphs(filtered)
+    assert out == [
+        "Anarchism is a philosophy (anarchos) that " + LONG,
+        "Plain prose with empty parentheses that a removed template left behind in the text " + LONG,
+    ]
+
+
+def _raw(title: str, n: int) -> RawArticle:
+    return RawArticle(title, "\n".join(f"{title} paragraph {i}. " + LONG for i in range(n)))
+
+
+def test_split_articles_is_by_article_deterministic_and_seeded():
+    arts = [_raw(f"Title {i:02d}", 3 + i % 4) for i in range(30)]
+    a = split_articles(arts, heldout_fraction=0.2, seed=1)
+    b = split_articles(list(reversed(arts)), heldout_fraction=0.2, seed=1)
+    c = split_articles(arts, heldout_fraction=0.2, seed=2)
+    assert a.train == b.train and a.heldout == b.heldout                   # order of input does not matter
+    assert a.heldout_titles != c.heldout_titles                            # the seed does
+    assert not set(a.train_titles) & set(a.heldout_titles)
+    assert set(a.train_titles) | set(a.heldout_titles) == {x.title for x in arts}
+    for para in a.heldout:                                                 # no held-out article leaks
+        assert para.split(" paragraph")[0] in a.heldout_titles
+    held_chars = sum(len(x.markup) for x in arts if x.title in a.heldout_titles)
+    total = sum(len(x.markup) for x in arts)
+    assert 0.2 * total <= held_chars < 0.2 * total + max(len(x.markup) for x in arts)
+
+
+def test_split_articles_caps_take_a_prefix_of_whole_paragraphs():
+    arts = [_raw(f"T{i}", 5) for i in range(10)]
+    full = split_articles(arts, heldout_fraction=0.2, seed=0)
+    capped = split_articles(arts, heldout_fraction=0.2, seed=0, max_train_chars=1000, max_heldout_chars=300)
+    assert capped.train == full.train[:len(capped.train)]
+    assert capped.heldout == full.heldout[:len(capped.heldout)]
+    assert sum(map(len, capped.train)) >= 1000 > sum(map(len, capped.train[:-1]))
+    with pytest.raises(ProbeDataError):
+        split_articles(arts[:1])
+
+
+def test_wikipedia_sample_is_clean_prose_split_by_article():
+    split = load_wiki_split(max_train_chars=60_000, max_heldout_chars=20_000)
+    assert sum(map(len, split.train)) >= 60_000 and sum(map(len, split.heldout)) >= 20_000
+    assert not set(split.train_titles) & set(split.heldout_titles)
+    assert not set(split.train) & set(split.heldout)
+    for para in split.train + split.heldout:
+        assert not re.search(r"\[\[|\]\]|\{\{|\}\}|'''|<ref|^=|\|", para), para[:120]
+        assert len(para) >= 80 and para[-1] in ".!?\"')"
+    again = load_wiki_split(max_train_chars=60_000, max_heldout_chars=20_000)
+    assert again.train == split.train and again.heldout == split.heldout
+
+
+# ------------------------------------------------------------------------------------------------- tasks
+
+def _python_value(expr: str) -> str:
+    """Evaluate a generated code prompt with Python itself (a reference computed another way)."""
+    env: dict = {"__builtins__": {"max": max, "min": min, "len": len, "sum": sum, "sorted": sorted, "abs": abs}}
+    *stmts, last = expr.split("; ")
+    for s in stmts:
+        exec(s, env)
+    value = eval(last, env)
+    return str(value)
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_task_splits_are_disjoint_sized_and_deterministic(name):
+    t = make_task(name, n_train=300, n_probe=20, n_eval=50)
+    assert (len(t.train), len(t.probe), len(t.eval)) == (300, 20, 50)
+    prompts = [set(p.prompt for p in getattr(t, s)) for s in ("train", "probe", "eval")]
+    assert not prompts[0] & prompts[2] and not prompts[0] & prompts[1] and not prompts[1] & prompts[2]
+    assert sum(map(len, prompts)) == 370                                   # no duplicate inside a split
+    assert make_task(name, n_train=300, n_probe=20, n_eval=50) == t
+    assert make_task(name, n_train=300, n_probe=20, n_eval=50, seed=999).eval != t.eval
+
+
+def test_math_answers_are_the_arithmetic_results():
+    t = make_task("math", n_train=200, n_probe=10, n_eval=50)
+    for p in t.train + t.eval:
+        a, op, b = re.fullmatch(r"Compute: (\d+)([-+*])(\d+)=", p.prompt).groups()
+        a, b = int(a), int(b)
+        assert p.answer == str({"+": a + b, "-": a - b, "*": a * b}[op])
+        assert int(p.answer) >= 0 and (a >= 10 or op == "*")
+
+
+def test_code_answers_are_what_python_evaluates():
+    t = make_task("code", n_train=300, n_probe=10, n_eval=50)
+    kinds = set()
+    for p in t.train + t.eval:
+        assert p.prompt.startswith(">>> ") and p.prompt.endswith("\n")
+        expr = p.prompt[4:-1]
+        kinds.add(re.match(r"[a-z]+|'|\[|\d", expr).group(0))
+        value = _python_value(expr)
+        assert p.answer == value, expr
+    assert len(kinds) >= 8                                                 # many templates are drawn
+
+
+def test_velari_lexicon_is_fixed_injective_and_eval_words_are_trained():
+    lex = velari_lexicon()
+    assert lex == velari_lexicon() and len(set(lex.values())) == len(lex)
+    assert translate_phrase(["the", "red", "fox", "runs"], lex) == " ".join(lex[w] for w in
+                                                                            ["the", "fox", "red", "runs"])
+    t = make_task("translate", n_train=600, n_probe=20, n_eval=60)
+    train_words = {w for p in t.train for w in p.prompt.split("\n")[0].split()[1:]}
+    for p in t.eval:
+        words = p.prompt.split("\n")[0].split()[1:]
+        assert set(words) <= train_words
+        assert p.answer == translate_phrase(words, lex)
+
+
+def test_make_task_rejects_bad_requests():
+    with pytest.raises(ParameterError, match="Unknown zoo task"):
+        make_task("poetry", n_train=1, n_probe=1, n_eval=1)
+    with pytest.raises(ParameterError, match="n_eval"):
+        make_task("math", n_train=1, n_probe=1, n_eval=0)
+    with pytest.raises(ParameterError, match="distinct prompts"):
+        make_task("translate", n_train=100_000, n_probe=1, n_eval=1)
+
+
+# --------------------------------------------------------------------------------------------- tokenizer
+
+def test_tokenizer_splits_digits_roundtrips_and_reloads(tmp_path):
+    from transformers import AutoTokenizer
+
+    from forgetlab.zoo.tokenizer import train_bpe_tokenizer
+
+    texts = [LONG, "Compute: 47+58=105", "English: the red fox\nVelari: ka vopi"] * 50
+    tok = train_bpe_tokenizer(texts, vocab_size=400)
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+    ids = tok("Compute: 4705=")["input_ids"]
+    assert ids[0] == tok.bos_token_id
+    assert [t for t in tok.convert_ids_to_tokens(ids) if t.isdigit()] == ["4", "7", "0", "5"]
+    sample = "Ünïcode text, never seen: ∑ 12 — ok?"
+    assert tok.decode(tok(sample, add_special_tokens=False)["input_ids"]) == sample
+    tok.save_pretrained(tmp_path)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert again(sample)["input_ids"] == tok(sample)["input_ids"]
+    assert (again.pad_token, again.bos_token, again.eos_token) == ("<pad>", "<s>", "</s>")
+
+
+# -------------------------------------------------------------------------------------- presets, manifest
+
+def test_presets_roots_and_fingerprints(tmp_path):
+    assert set(PRESETS) == {"pico", "smol"} and all(set(v) == {"tiny", "default"} for v in PRESETS.values())
+    assert zoo_root("pico", "default", tmp_path) == tmp_path / "zoo" / "pico"
+    assert zoo_root("pico", "tiny", tmp_path) == tmp_path / "zoo" / "pico-tiny"
+    assert zoo_root("smol", "tiny", tmp_path) == tmp_path / "zoo" / "smol-tiny"
+    spec = get_spec("pico", "tiny")
+    assert spec.fingerprint() == get_spec("pico", "tiny").fingerprint()
+    assert replace(spec, seed=1).fingerprint() != spec.fingerprint()
+    assert spec.model_names() == ["base", "ft-math", "ft-code", "ft-translate"]
+    assert get_spec("smol").model_names()[-3:] == ["lora-math", "lora-code", "lora-translate"]
+    assert set(spec.to_frame()["setting"]) >= {"pretrain.steps", "finetune.lr", "shape.hidden_size"}
+    with pytest.raises(ParameterError, match="pico, smol"):
+        get_spec("huge")
+    with pytest.raises(ParameterError, match="tiny, default"):
+        get_spec("pico", "xl")
+
+
+def test_manifest_is_trusted_only_for_same_format_version_and_settings():
+    import forgetlab
+
+    spec = get_spec("pico", "tiny")
+    m = new_manifest(spec)
+    json.dumps(m)                                                          # JSON-ready
+    assert m["format"] == FORMAT and m["forgetlab_version"] == forgetlab.__version__
+    assert m["seeds"]["tasks"] == {"math": 101, "code": 202, "translate": 303}
+    assert stale_reason(m, spec) is None
+    assert "no readable manifest" in stale_reason(None, spec)
+    assert "forgetlab '0.0.1'" in stale_reason({**m, "forgetlab_version": "0.0.1"}, spec)
+    assert "format" in stale_reason({**m, "format": FORMAT + 1}, spec)
+    assert "different settings" in stale_reason(m, replace(spec, seed=5))
