@@ -478,3 +478,39 @@ def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp
     at.run()
     assert at.sidebar.selectbox(key="app_pool_choice").value == "pico-tiny"
     assert not any(s.value == "Welcome to forgetlab" for s in at.subheader)
+
+
+def test_two_sessions_merging_into_the_same_output_one_wins_nothing_is_half_written(tiny_llama, tmp_path,
+                                                                                   monkeypatch):
+    """What the Merge page runs, from two sessions at once: one merge is saved whole, the other is refused."""
+    import threading
+
+    from forgetlab.errors import ForgetlabError
+    from forgetlab.merge.workflow import merge_into_workspace, pool_recipe
+    from forgetlab.pool import ModelPool
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    barrier, outcomes = threading.Barrier(2), []
+
+    def session():
+        recipe = pool_recipe(pool, "ties", ["ft0", "ft1"])
+        barrier.wait()
+        try:
+            outcomes.append(merge_into_workspace(recipe, "same-output", pool=pool))
+        except ForgetlabError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=session) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    saved = [o for o in outcomes if not isinstance(o, Exception)]
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(saved) == 1 and len(refused) == 1, outcomes
+    assert "same-output" in str(refused[0])
+    merges = tmp_path / "merges"
+    assert [p.name for p in merges.iterdir()] == ["same-output"]   # no temporary folder left behind
+    assert (merges / "same-output" / "recipe.yaml").exists()
+    assert list((merges / "same-output").glob("*.safetensors"))
