@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from forgetlab.errors import ForgetlabError
+from forgetlab.errors import CheckpointError, ForgetlabError, WorkspaceError
 from forgetlab.ui.errors import render_error
 from forgetlab.ui.settings import pool_path
 
@@ -31,8 +31,6 @@ def _load_pool(path: str, mtime: float) -> "ModelPool":
 def _pool_mtime(path: str) -> float:
     p = Path(path)
     if not p.is_file():
-        from forgetlab.errors import WorkspaceError
-
         raise WorkspaceError(f"The pool file {p} does not exist. Pick another pool in the sidebar or "
                              "build the pico zoo from the Models page.")
     return p.stat().st_mtime
@@ -86,19 +84,13 @@ def get_pool(*, show: bool = True) -> "ModelPool | None":
         if gone:
             clear_pool_cache()
             names = ", ".join(f"{n} ({p})" for n, p in gone)
-            raise _missing_error(f"These models of the pool were removed from disk while the app held them: "
+            raise CheckpointError(f"These models of the pool were removed from disk while the app held them: "
                                  f"{names}. Restore them or edit {path}; the pool was dropped from memory.")
         return pool
     except Exception as exc:  # noqa: BLE001 - the page must stay usable
         if show:
             render_error(exc)
         return None
-
-
-def _missing_error(message: str) -> ForgetlabError:
-    from forgetlab.errors import CheckpointError
-
-    return CheckpointError(message)
 
 
 def require_pool() -> "ModelPool":
