@@ -117,6 +117,8 @@ def main() -> None:
     ap.add_argument("--intermediate", type=int, default=2048)
     ap.add_argument("--threads", type=lambda t: [int(x) for x in t.split(",")], default=[1, 2],
                     help="torch thread counts to run forgetlab with (default 1,2).")
+    ap.add_argument("--recipes", type=lambda t: t.split(","), default=["task_arithmetic", "ties"],
+                    help="Which recipes to run (default task_arithmetic,ties).")
     ap.add_argument("--repeats", type=int, default=1, help="Runs per measurement; the minimum time is kept.")
     ap.add_argument("--workdir", help="Folder for the models (default: a temporary folder, removed at the end).")
     ap.add_argument("--keep", action="store_true", help="Keep the generated models.")
@@ -160,6 +162,8 @@ def main() -> None:
               f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)", flush=True)
         rows = []
         for name, rec in recipes.items():
+            if name not in args.recipes:
+                continue
             rfile = root / f"{name}.yaml"
             rfile.write_text(yaml.safe_dump(rec, sort_keys=False))
             fl = {}
