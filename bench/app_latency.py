@@ -41,18 +41,23 @@ def _timed_goto(page, url: str) -> float:
     return time.monotonic() - start
 
 
-def measure(url: str, pages: list[tuple[str, str]], other: tuple[str, str], repeat: int) -> dict:
-    """Cold start, then per page: median first render (new session) and median re-render after a switch."""
+def measure(url: str, pages: list[tuple[str, str, str]], repeat: int, shots: Path) -> dict:
+    """Cold start, then per (url path, title, other page's title): median first render in a new session and
+    median re-render when coming back from the other page."""
     out: dict = {"pages": {}}
     with chromium() as page:
         out["cold"] = _timed_goto(page, url)
-        for stem, title in pages:
+        for path, title, other in pages:
             first, again = [], []
-            for _ in range(repeat):
-                first.append(_timed_goto(page, f"{url}/{stem}" if stem else url))
-                click_nav(page, other[1], timeout=180)
-                again.append(click_nav(page, title, timeout=180))
-            out["pages"][stem or title] = (statistics.median(first), statistics.median(again))
+            try:
+                for _ in range(repeat):
+                    first.append(_timed_goto(page, f"{url}/{path}"))
+                    click_nav(page, other, timeout=180)
+                    again.append(click_nav(page, title, timeout=180))
+            except Exception:
+                page.screenshot(path=str(shots / f"failed-{title}.png"))
+                raise
+            out["pages"][title] = (statistics.median(first), statistics.median(again))
     return out
 
 
@@ -68,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--home", type=Path, help="a FORGETLAB_HOME holding zoo/ (default: build the tiny pico zoo)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="keep the temporary folder (server logs)")
     args = ap.parse_args(argv)
 
     from forgetlab.ui.navigation import existing_pages
@@ -82,26 +88,28 @@ def main(argv: list[str] | None = None) -> None:
         build(preset="pico", size="tiny", home=home)
         print(f"built the tiny pico zoo in {time.monotonic() - t:.0f} s")
     specs = existing_pages(ROOT / "pages")
-    ours = [(p.stem, p.title) for p in specs]
-    other = ("runs", "Runs") if ours[-1][0] == "runs" and len(ours) > 1 else ours[0]
+    # the default page lives at "/", the others at "/<stem>"; come back to each from Runs (Runs: from Models)
+    ours = [("" if i == 0 else p.stem, p.title, specs[0].title if p.stem == "runs" else specs[-1].title)
+            for i, p in enumerate(specs)]
 
     with streamlit_server(bare_app(tmp / "bare"), log=tmp / "bare.log") as url:
-        bare = measure(url, [("", "Hello")], ("other", "Other"), args.repeat)
+        bare = measure(url, [("", "Hello", "Other")], args.repeat, tmp)
     with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "app.log") as url:
-        app = measure(url, [(s, t) for s, t in ours if s != other[0]] + [other], ours[0] if other != ours[0]
-                      else ours[-1], args.repeat)
+        app = measure(url, ours, args.repeat, tmp)
     b_first, b_again = bare["pages"]["Hello"]
 
-    import torch
+    import os
 
-    print(f"chromium headless, {args.repeat} repeats (median), torch threads {torch.get_num_threads()}, "
-          f"workspace {home}")
+    print(f"chromium headless, {args.repeat} repeats (median), workspace {home}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"cold start (first request after server start): forgetlab {app['cold']:.2f} s, "
           f"bare {bare['cold']:.2f} s, ratio {app['cold'] / bare['cold']:.1f}x")
     print(f"{'page':<12}{'first render s':>16}{'÷ bare':>9}{'re-render s':>14}{'÷ bare':>9}")
     print(f"{'(bare)':<12}{b_first:>16.2f}{1:>9.1f}{b_again:>14.2f}{1:>9.1f}")
-    for stem, (first, again) in app["pages"].items():
-        print(f"{stem:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
+    for title, (first, again) in app["pages"].items():
+        print(f"{title:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
+    if args.keep:
+        print(f"server logs in {tmp}")
 
 
 if __name__ == "__main__":

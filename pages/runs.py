@@ -32,6 +32,12 @@ def _merges(root: str, mtime: float):
     return ws.list_merges()
 
 
+@st.cache_data(show_spinner=False, max_entries=64)
+def _figures(run_id: str, mtime: float, _run):
+    """A run's charts, rebuilt only when its folder changes (switching back to this page redraws from cache)."""
+    return run_figures(_run)
+
+
 def _downloads(figs, key: str) -> None:
     cols = st.columns(max(1, len(figs)))
     for i, (fig, col) in enumerate(zip(figs, cols)):
@@ -47,7 +53,7 @@ def show_run(run) -> None:
         st.json(run.recipe)
     with show_errors():
         frame = run.frame()
-        figs = run_figures(run)
+        figs = _figures(str(run.path), _mtime(run.path), run)
         for i, fig in enumerate(figs):
             st.plotly_chart(fig, key=f"runs_chart_{run.id}_{i}")
         if frame is not None:
