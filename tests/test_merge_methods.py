@@ -313,3 +313,11 @@ def test_fast_kth_largest_is_exact_on_large_tensors(kind):
         exp = torch.kthvalue(x, n - k + 1).values
         assert sparsify.kth_largest_value(x, k) == exp
         assert int(sparsify.topk_mask(x, k).sum()) == k
+
+
+def test_linear_weights_summing_to_zero_are_refused_before_merging():
+    b, f = _rand_sd(0), _rand_sd(1)
+    with pytest.raises(ParameterError, match="sum to 0"):
+        merge_state_dicts("linear", b, [f, f], weights=[1, -1])
+    out = merge_state_dicts("linear", b, [f, f], weights=[1, -1], normalize=False)
+    assert torch.allclose(out["a"], torch.zeros_like(out["a"]))

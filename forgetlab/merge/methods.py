@@ -45,6 +45,12 @@ def _merge_linear(job: TensorJob) -> torch.Tensor:
     return _interp.linear(job.finetuned, job.params["weights"], job.params["normalize"])
 
 
+def _check_linear(params: dict, n: int) -> None:
+    if params["normalize"] and abs(sum(params["weights"])) < 1e-12:
+        raise ParameterError("linear weights sum to 0, so normalising by their sum is undefined; change a weight "
+                             "or set normalize: false.")
+
+
 def _merge_wise_ft(job: TensorJob) -> torch.Tensor:
     return _interp.wise_ft(job.base, job.finetuned[0], job.params["alpha"])
 
@@ -126,7 +132,7 @@ def _scope(default: str) -> ParamSpec:
 BUILTIN = [
     MethodSpec("linear", "Model soup: weighted average of the fine-tuned models.",
                (_weights(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
-               _merge_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi"),
+               _merge_linear, check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi"),
     MethodSpec("wise_ft", "WiSE-FT: interpolate the base and one fine-tuned model.",
                (ParamSpec("alpha", "float", 0.5, "α = 0 gives the base, α = 1 the fine-tuned model.", UNIT),),
                _merge_wise_ft, max_models=1, formula="θ = (1 − α)·θ0 + α·θ1"),
