@@ -72,7 +72,7 @@ with left:
     method = st.selectbox("method", list(METHODS), index=list(METHODS).index("ties") if "ties" in METHODS else 0,
                           key="merge_method")
     spec = METHODS[method]
-    st.caption(f"{spec.description}  \n`{spec.formula}`" if spec.formula else spec.description)
+    st.caption(f"{spec.description}  \n{spec.formula}" if spec.formula else spec.description)
     params: dict = {}
     with show_errors():
         for p in spec.params:
