@@ -198,3 +198,17 @@ def test_manifest_is_trusted_only_for_same_format_version_and_settings():
     assert "forgetlab '0.0.1'" in stale_reason({**m, "forgetlab_version": "0.0.1"}, spec)
     assert "format" in stale_reason({**m, "format": FORMAT + 1}, spec)
     assert "different settings" in stale_reason(m, replace(spec, seed=5))
+
+
+def test_build_threads_fall_back_to_one_on_a_busy_machine(monkeypatch):
+    import importlib
+
+    zb = importlib.import_module("forgetlab.zoo.build")                  # the module, not the function
+
+    monkeypatch.setattr(zb.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(zb.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert zb.build_threads(2) == 2 and zb.build_threads(1) == 1
+    monkeypatch.setattr(zb.os, "getloadavg", lambda: (1.7, 0.0, 0.0))
+    assert zb.build_threads(2) == 1
+    monkeypatch.setattr(zb.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
+    assert zb.build_threads(0) == 1

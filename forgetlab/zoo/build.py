@@ -288,6 +288,22 @@ class _Builder:
 
 # ------------------------------------------------------------------------------------------------ build
 
+def build_threads(wanted: int) -> int:
+    """Torch threads for a build: `wanted` when that many cores are idle, else 1.
+
+    On a busy two-core machine two threads were measured up to 10× slower than one (bench/zoo_build.py); on
+    an idle one two threads are faster for the default pico size. Idle cores = CPUs − 1-minute load average.
+    """
+    wanted = max(1, int(wanted))
+    if wanted == 1:
+        return 1
+    try:
+        idle = (os.cpu_count() or 1) - os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return wanted
+    return wanted if idle >= wanted - 0.5 else 1
+
+
 def preflight(spec: ZooSpec) -> None:
     """Check, before anything is written, that the packages whose data the build needs are installed.
 
@@ -361,7 +377,9 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
     total = sum(s.weight for s in steps)
     start_frac = 0.0
     previous_threads = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(spec.threads)))
+    threads = build_threads(spec.threads)
+    manifest["threads"] = threads
+    torch.set_num_threads(threads)
     run_start = time.perf_counter()
     try:
         for step in steps:
@@ -389,7 +407,6 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
 
     _write_text_atomic(pool_yaml, yaml.safe_dump(pool_spec(spec), sort_keys=False))
     manifest["complete"] = True
-    manifest["threads"] = int(spec.threads)
     manifest["last_run_seconds"] = round(time.perf_counter() - run_start, 3)
     manifest["scorecards"] = {k: manifest["scorecards"][k] for k in
                               ["base", *spec.tasks, *(f"lora-{t}" for t in spec.tasks)]
