@@ -114,7 +114,8 @@ def show_merges(merges) -> None:
 
 st.title("Runs")
 st.caption("What has been computed so far? Every analysis, sweep, merge and fine-tune saved under the workspace: "
-           "reopen its charts, compare runs of one kind on one chart, download results.")
+           "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML here; "
+           "PNG with the camera icon above each chart) and merge recipes.")
 
 runs, merges = [], []
 with show_errors():

@@ -13,7 +13,7 @@ import pytest
 
 from tests.e2e.actions import action_for
 from tests.e2e.harness import CHROMIUM, EXCEPTION, PLOT, ROOT, chromium, click_nav, count, exceptions, goto, \
-    screenshot, streamlit_server
+    screenshot, streamlit_server, wait_idle
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -65,4 +65,18 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
         # a page switch keeps the session's results: back to the first page, its charts are still there
         click_nav(page, pages[0].title)
         assert count(page, PLOT) >= 1 and page.locator(EXCEPTION).count() == 0
+        # reloading in the middle of a job: the page comes back usable and no saved run is lost
+        saved = sorted(p.name for p in (app_home / "runs").iterdir()) if (app_home / "runs").exists() else []
+        busy = next((p for p in pages if p.stem == "forgetting"), None)
+        if busy is not None:
+            click_nav(page, busy.title)
+            page.get_by_role("button", name="Run sweep", exact=True).first.click()
+            page.wait_for_timeout(700)
+            page.reload(wait_until="domcontentloaded")
+            wait_idle(page, 120)
+            assert page.locator("h1").first.inner_text().strip() == busy.title
+            assert not exceptions(page), exceptions(page)
+        time.sleep(1)
+        after = sorted(p.name for p in (app_home / "runs").iterdir()) if saved else []
+        assert set(saved) <= set(after), "a saved run disappeared"
     print("\n".join(report))
