@@ -36,6 +36,7 @@ def nls_heatmap(result: NonlinearityResult) -> go.Figure:
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(float), x=[str(c) for c in grid.columns], y=list(grid.index),
                                colorscale="Viridis", colorbar=dict(title="NLS"), text=text,
                                hovertemplate="layer %{x} · %{y}<br>%{text}<extra></extra>"))
+    fig.update_xaxes(type="category")
     fig.update_layout(xaxis_title="layer", yaxis_title="module", yaxis_autorange="reversed",
                       margin=dict(t=30, b=10), title=f"Non-linearity score, {result.model} on {result.task}")
     return fig
