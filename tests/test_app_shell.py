@@ -514,3 +514,17 @@ def test_two_sessions_merging_into_the_same_output_one_wins_nothing_is_half_writ
     assert [p.name for p in merges.iterdir()] == ["same-output"]   # no temporary folder left behind
     assert (merges / "same-output" / "recipe.yaml").exists()
     assert list((merges / "same-output").glob("*.safetensors"))
+
+
+def test_changing_the_workspace_in_the_sidebar_lists_its_zoo(tiny_llama, tmp_path, monkeypatch):
+    import os
+    import shutil
+
+    other = tmp_path / "other-home"
+    shutil.copytree(tiny_llama.root, other / "zoo" / "pico")
+    at = _app(tmp_path / "home", monkeypatch).run()
+    assert at.sidebar.selectbox(key="app_pool_choice").options == ["Your own pool.yaml…"]
+    at.sidebar.text_input(key="app_workspace").input(str(other)).run()
+    assert not at.exception and os.environ["FORGETLAB_HOME"] == str(other)
+    assert at.sidebar.selectbox(key="app_pool_choice").value == "pico"
+    assert at.session_state["forgetlab_pool_path"] == str(other / "zoo" / "pico" / "pool.yaml")

@@ -58,6 +58,9 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
             t_action = time.monotonic() - t0
             found = count(page, PLOT)
             errors = exceptions(page)
+            if found:                       # show the result, not only the form
+                page.locator(PLOT).first.evaluate("e => e.scrollIntoView({block: 'center'})")
+                page.wait_for_timeout(300)
             screenshot(page, stem)
             report.append(f"{stem}: load {t_load:.1f} s, action {t_action:.1f} s, {found} chart(s)")
             assert not errors, f"{stem} raised after its action: {errors}\n{log.read_text()[-3000:]}"

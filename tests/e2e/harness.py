@@ -157,8 +157,9 @@ def click_nav(page, title: str, timeout: float = 60.0) -> float:
 
 
 def screenshot(page, name: str, folder: Path = ROOT / "docs" / "screenshots") -> Path:
-    """A viewport-sized PNG of the page under docs/screenshots/<name>.png."""
+    """A viewport-sized PNG of the page under docs/screenshots/<name>.png (toasts hidden)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
-    page.screenshot(path=str(path), full_page=False, animations="disabled")
+    page.screenshot(path=str(path), full_page=False, animations="disabled",
+                    style='[data-testid="stToast"], [data-testid="stToastContainer"] {display: none !important}')
     return path
