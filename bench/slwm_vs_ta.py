@@ -26,6 +26,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", default=os.environ.get("FORGETLAB_HOME", "/tmp/forgetlab-bench-home"))
     ap.add_argument("--size", default="default", help="pico size (default or tiny)")
+    ap.add_argument("--pool", help="use this existing pool.yaml (three fine-tuned models named like their tasks) "
+                                   "instead of building the pico zoo")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--levels", default="layer,attn_mlp,head_mlp")
     ap.add_argument("--grid", default="0.2,0.33,0.5,0.7,1.0", help="λ grid for task arithmetic")
@@ -42,10 +44,15 @@ def main() -> None:
     from forgetlab.zoo import build
 
     t0 = time.perf_counter()
-    zb = build(preset="pico", size=args.size, home=Path(args.home))
-    print(f"zoo {zb.root} ({'built' if zb.built else 'reused'} in {time.perf_counter() - t0:.0f} s); "
-          f"torch threads = {torch.get_num_threads()}")
-    pool = ModelPool.from_yaml(zb.pool_yaml)
+    if args.pool:
+        pool_yaml = Path(args.pool)
+        print(f"pool {pool_yaml}; torch threads = {torch.get_num_threads()}")
+    else:
+        zb = build(preset="pico", size=args.size, home=Path(args.home))
+        pool_yaml = zb.pool_yaml
+        print(f"zoo {zb.root} ({'built' if zb.built else 'reused'} in {time.perf_counter() - t0:.0f} s); "
+              f"torch threads = {torch.get_num_threads()}")
+    pool = ModelPool.from_yaml(pool_yaml)
     tasks = [t for t in pool.task_names if t in pool.model_names]
     T = len(tasks)
     base = pool.load("base")
