@@ -60,7 +60,7 @@ def load_smol(gguf: Path):
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     config.architectures = ["LlamaForCausalLM"]
-    config.torch_dtype = "float32"
+    config.dtype = "float32"
     plain = LlamaForCausalLM(config)
     missing, unexpected = plain.load_state_dict(quantised.state_dict(), strict=False)
     del quantised
