@@ -79,7 +79,8 @@ def main() -> int:
                 if preset == "pico" and size in ratios:
                     other = 1 if spec.threads == 2 else 2
                     train_s = sum(r["seconds"] for k, r in result.manifest["steps"].items() if k != "data")
-                    est = train_s * (ratios[size] if other == 2 else 1 / ratios[size])
+                    # ratios = t(1 thread) / t(2 threads)
+                    est = train_s / ratios[size] if other == 2 else train_s * ratios[size]
                     print(f"model steps {train_s:.1f} s; with {other} thread(s) they would take about {est:.1f} s "
                           f"(ratio ×{train_s / est:.2f})")
                 for name, rec in result.manifest["steps"].items():
