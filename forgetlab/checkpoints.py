@@ -581,6 +581,7 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[
         raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable folder.") from None
     try:
         yield tmp
+        tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
         if out.exists():
             if not overwrite:
                 raise OutputExistsError(f"{out} appeared while writing; nothing was overwritten.")
@@ -589,7 +590,13 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[
             tmp.rename(out)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            tmp.rename(out)
+            try:
+                tmp.rename(out)
+            except OSError:
+                if out.exists():  # another writer finished first: theirs stays, ours is dropped
+                    raise OutputExistsError(f"{out} was written by another job while this one ran; "
+                                            "nothing was overwritten. Choose another output folder.") from None
+                raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
