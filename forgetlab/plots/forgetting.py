@@ -23,8 +23,8 @@ def _hover(p: SweepPoint, task) -> str:
 def curves_figure(result: SweepResult) -> go.Figure:
     """Three panels against the swept setting, one line per series: speciality (exact match on the sweep's
     task, ↑), held-out general loss (↓) and D(θ, θ0)."""
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        f"speciality: {result.task or 'mean'} exact match ↑", "general loss (held-out) ↓", "D(θ, θ0)"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=(
+        f"{result.task or 'mean'} exact match ↑", "general loss ↓", "D(θ, θ0)"))
     for series in result.series:
         pts = sorted((p for p in result.points if p.series == series), key=lambda p: p.x)
         xs = [p.x for p in pts]
