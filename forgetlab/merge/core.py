@@ -9,31 +9,19 @@ time, so peak memory is a few tensors times the number of models.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from forgetlab.checkpoints import TensorInfo
 from forgetlab.errors import IncompatibleModelsError, ParameterError
 from forgetlab.merge.interpolation import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
 from forgetlab.progress import Progress, report
 
 
-@dataclass(frozen=True)
-class Entry:
-    """Name, shape and dtype of one tensor of the base."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+# Name, shape and dtype of one tensor of the base: the checkpoints module's header record.
+Entry = TensorInfo
 
 
 class DictSource:
