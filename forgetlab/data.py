@@ -80,6 +80,19 @@ def _need_file(path: str | Path, what: str) -> Path:
     return p
 
 
+def _jsonl_records(p: Path, shape: str):
+    """(line number, parsed JSON) for each non-blank line; a bad line names itself and the expected shape."""
+    with open(p, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ProbeDataError(f"{p}, line {lineno} is not valid JSON ({exc.msg}); each line must be "
+                                     f"{shape}.") from None
+
+
 def read_task_pairs(path: str | Path) -> list[TaskPair]:
     """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns)."""
     p = _need_file(path, "task")
@@ -93,19 +106,11 @@ def read_task_pairs(path: str | Path) -> list[TaskPair]:
             for row in reader:
                 pairs.append(TaskPair(str(row["prompt"]), str(row["answer"])))
     else:
-        with open(p, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ProbeDataError(f"{p}, line {lineno} is not valid JSON ({exc.msg}); each line must be "
-                                         '{"prompt": "...", "answer": "..."}.') from None
-                if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
-                    raise ProbeDataError(f"{p}, line {lineno} lacks 'prompt' or 'answer'; each line must be "
-                                         '{"prompt": "...", "answer": "..."}.')
-                pairs.append(TaskPair(str(rec["prompt"]), str(rec["answer"])))
+        shape = '{"prompt": "...", "answer": "..."}'
+        for lineno, rec in _jsonl_records(p, shape):
+            if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
+                raise ProbeDataError(f"{p}, line {lineno} lacks 'prompt' or 'answer'; each line must be {shape}.")
+            pairs.append(TaskPair(str(rec["prompt"]), str(rec["answer"])))
     if not pairs:
         raise ProbeDataError(f"{p} holds no task pairs; add prompt/answer rows.")
     return pairs
@@ -123,15 +128,10 @@ def read_general_text(path: str | Path) -> list[str]:
     p = _need_file(path, "general text")
     docs: list[str] = []
     if p.suffix.lower() == ".jsonl":
-        with open(p, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                    docs.append(str(rec["text"]))
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise ProbeDataError(f"{p}, line {lineno} must be {{\"text\": \"...\"}}.") from None
+        for lineno, rec in _jsonl_records(p, '{"text": "..."}'):
+            if not isinstance(rec, dict) or "text" not in rec:
+                raise ProbeDataError(f'{p}, line {lineno} must be {{"text": "..."}}.')
+            docs.append(str(rec["text"]))
     else:
         text = p.read_text(encoding="utf-8", errors="replace")
         docs = [d.strip() for d in text.split("\n\n") if d.strip()]
