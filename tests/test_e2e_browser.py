@@ -1,7 +1,7 @@
 """End to end, in a real browser: `streamlit run app.py` on the tiny pico zoo, every page, one action each.
 
 Needs Debian's Chromium (tools/install_browser.sh) and the Python `playwright` package; skipped otherwise.
-Screenshots go to docs/screenshots/. All waits are bounded (pytest-timeout caps the whole test too).
+Screenshots go to $FORGETLAB_SCREENSHOTS (set it to docs/screenshots to refresh the README's), else a temp folder. All waits are bounded (pytest-timeout caps the whole test too).
 """
 from __future__ import annotations
 

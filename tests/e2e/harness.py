@@ -156,8 +156,19 @@ def click_nav(page, title: str, timeout: float = 60.0) -> float:
     return time.monotonic() - start
 
 
-def screenshot(page, name: str, folder: Path = ROOT / "docs" / "screenshots") -> Path:
-    """A viewport-sized PNG of the page under docs/screenshots/<name>.png (toasts hidden)."""
+def screenshot_folder() -> Path:
+    """Where screenshots go: $FORGETLAB_SCREENSHOTS if set (e.g. docs/screenshots to refresh the README's),
+    else a folder under the system temp dir, so that a test run never changes tracked files."""
+    import os
+    import tempfile
+
+    env = os.environ.get("FORGETLAB_SCREENSHOTS")
+    return Path(env) if env else Path(tempfile.gettempdir()) / "forgetlab-e2e-screenshots"
+
+
+def screenshot(page, name: str, folder: Path | None = None) -> Path:
+    """A viewport-sized PNG of the page as <folder>/<name>.png (toasts hidden); see `screenshot_folder`."""
+    folder = folder or screenshot_folder()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.png"
     page.screenshot(path=str(path), full_page=False, animations="disabled",
