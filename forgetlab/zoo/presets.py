@@ -164,7 +164,7 @@ _SMOL_DEFAULT = ZooSpec(
     preset="smol",
     size="default",
     data=DataSpec(wiki_train_chars=200_000, wiki_heldout_chars=60_000, n_train=600, n_probe=32, n_eval=64),
-    finetune=TrainSpec(steps=60, batch_size=8, lr=5e-5, warmup=6, max_length=96),
+    finetune=TrainSpec(steps=60, batch_size=8, lr=3e-4, warmup=6, max_length=96),
     lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_SMOL_LORA_TARGETS,
                   train=TrainSpec(steps=60, batch_size=8, lr=1e-3, warmup=6, max_length=96)),
     evaluation=EvalSpec(max_general=24, max_task=64, block_size=128, batch_size=8),
