@@ -7,7 +7,7 @@ import streamlit as st
 from forgetlab import sweeps
 from forgetlab.errors import ParameterError
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
+from forgetlab.ui import device_settings, progress_bar, require_finetuned, require_pool, show_errors
 
 st.title("Forgetting")
 st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -15,10 +15,7 @@ st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep 
            "front marks the settings that no other setting beats on both.")
 
 pool = require_pool()
-if not pool.model_names:
-    st.info("The pool has no fine-tuned model to sweep. Add one to the pool file, or make one on the "
-            "Fine-tune page.")
-    st.stop()
+require_finetuned(pool, "sweep")
 
 KIND_LABELS = {"alpha": "WiSE-FT α curve", "pruning": "FAPM pruning curve (+ ablations)",
                "density": "DARE / TIES density curve", "hma": "HMA grid (α per block)"}

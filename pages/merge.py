@@ -17,7 +17,7 @@ from forgetlab.merge.workflow import (
     search_pool_lambdas,
 )
 from forgetlab.plots.merge import scorecard_figure
-from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
+from forgetlab.ui import device_settings, progress_bar, require_finetuned, require_pool, show_errors
 
 st.title("Merge")
 st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
@@ -25,10 +25,7 @@ st.caption("Pick fine-tuned models and a merge method; the merged model is writt
            "task (speciality).")
 
 pool = require_pool()
-if not pool.model_names:
-    st.info("The pool has no fine-tuned model to merge. Add some to the pool file, or make one on the "
-            "Fine-tune page.")
-    st.stop()
+require_finetuned(pool, "merge")
 
 load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"

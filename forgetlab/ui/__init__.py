@@ -8,7 +8,7 @@
 """
 from forgetlab.ui.errors import render_error, show_errors
 from forgetlab.ui.jobs import REGISTRY, Job, JobCancelled, JobRegistry, job_key, run_once
-from forgetlab.ui.pool import clear_pool_cache, get_pool, require_pool
+from forgetlab.ui.pool import clear_pool_cache, get_pool, require_finetuned, require_pool
 from forgetlab.ui.progress import progress_bar
 from forgetlab.ui.settings import (
     device_settings,
@@ -21,6 +21,7 @@ from forgetlab.ui.settings import (
 
 __all__ = [
     "REGISTRY", "Job", "JobCancelled", "JobRegistry", "clear_pool_cache", "device_settings", "get_pool",
-    "job_key", "pool_path", "progress_bar", "render_device_settings", "render_error", "require_pool",
+    "job_key", "pool_path", "progress_bar", "render_device_settings", "render_error", "require_finetuned",
+    "require_pool",
     "run_once", "set_pool_path", "show_errors", "workspace_home", "zoo_presets",
 ]

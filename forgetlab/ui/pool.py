@@ -99,3 +99,11 @@ def require_pool() -> "ModelPool":
     if pool is None:
         st.stop()
     return pool
+
+
+def require_finetuned(pool: "ModelPool", purpose: str) -> None:
+    """Stop the page with a hint when the pool has no fine-tuned model to `purpose` (e.g. "sweep")."""
+    if not pool.model_names:
+        st.info(f"The pool has no fine-tuned model to {purpose}. Add one to the pool file, or make one on the "
+                "Fine-tune page.")
+        st.stop()
