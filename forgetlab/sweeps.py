@@ -545,6 +545,29 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
 
 
+class _Checked(Exception):
+    """Raised by `check`'s progress callback at a sweep's first report, which follows all its checks."""
+
+
+def check(kind: str, pool, model: str, **settings) -> None:
+    """Raise the ForgetlabError that `SWEEPS[kind](pool, model, **settings)` would raise for bad settings,
+    without loading a model (the app calls it before starting the sweep in the background).
+
+    Every sweep checks its model, grid, task and probe data before its first progress report (the loading
+    of the working copy), so the sweep itself is run up to that report and stopped there.
+    """
+    if kind not in SWEEPS:
+        raise ParameterError(f"Unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}.")
+
+    def stop(fraction: float, message: str) -> None:
+        raise _Checked
+
+    try:
+        SWEEPS[kind](pool, model, progress=stop, **settings)
+    except _Checked:
+        return
+
+
 # ------------------------------------------------------------------------------------------- save/reopen
 
 

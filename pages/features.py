@@ -5,7 +5,8 @@ import streamlit as st
 
 from forgetlab import features
 from forgetlab.plots.features import distance_bars, tsne_scatter
-from forgetlab.ui import device_settings, job_key, progress_bar, require_pool, show_errors
+from forgetlab.errors import ParameterError
+from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 
 st.title("Features")
 st.caption("One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
@@ -51,18 +52,31 @@ with left:
     seed = st.number_input("seed", 0, 2**31 - 1, 0, key="features_seed")
     run = st.button("Map features", type="primary", key="features_run")
 
+device, _dtype = device_settings()
 key = job_key("features", pool.key, tuple(models), tuple(tasks), level, layer, head, pooling, int(samples),
-              float(perplexity), int(seed))
+              float(perplexity), int(seed), device)
 with right:
     cache = _results()
+    start = False
     if run:
-        device, _dtype = device_settings()
         with show_errors():
-            with progress_bar("Capturing features and mapping them with t-SNE") as progress:
-                cache[key] = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head,
-                                                  pooling=pooling, samples=int(samples), perplexity=perplexity,
-                                                  seed=int(seed), device=device, progress=progress)
+            if not models or not tasks:
+                raise ParameterError("Choose at least one model and one task to map.")
+            start = True
+
+    def work(progress):
+        cache[key] = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head,
+                                          pooling=pooling, samples=int(samples), perplexity=perplexity,
+                                          seed=int(seed), device=device, progress=progress)
+        return cache[key]
+
+    last = run_once(key, work, start=start, label="Capturing features and mapping them with t-SNE",
+                    slot="features")
     result = cache.get(key)
+    if result is None and last is not None:
+        st.info("These settings are not mapped yet; below is the last map made on this page. Press "
+                "**Map features** for the settings on the left.")
+        result = last
     if result is None:
         st.info("Choose models, tasks and a submodule, then press **Map features**.")
         st.stop()

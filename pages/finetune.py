@@ -7,7 +7,8 @@ import streamlit as st
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
 from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
                                   save_finetuned, standard_configs)
-from forgetlab.ui import clear_pool_cache, device_settings, progress_bar, require_pool, show_errors
+from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, run_once, show_errors,
+                          workspace_home)
 
 st.title("Fine-tune")
 st.caption("Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
@@ -51,53 +52,58 @@ with left:
     go = st.button("Fine-tune", type="primary", key="finetune_run")
 
 with right:
-    live = st.empty()
-    if go:
-        device, _dtype = device_settings()
-        common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general),
-                      max_task=int(max_task), device=device)
-        with show_errors():
-            st.session_state.pop(MODEL_KEY, None)
-            if mode == "one run":
-                label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
-                label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
-                label += f"+l1-{l1:g}" if l1 else ""
-                label += f"+l2-{l2:g}" if l2 else ""
-                cfg = FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
-                                     batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
-                                     sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))
-                records: list[dict] = []
+    device, _dtype = device_settings()
+    common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
+                  device=device)
+    if mode == "one run":
+        label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
+        label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
+        label += f"+l1-{l1:g}" if l1 else ""
+        label += f"+l2-{l2:g}" if l2 else ""
+        configs = [FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
+                                  batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
+                                  sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))]
+    else:
+        configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
+                                   fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta), l2=float(l2))
 
-                def on_record(step, rec) -> None:
-                    records.append({"step": step, "general loss": rec["general_loss"],
-                                    f"{task} exact match": rec["exact_match"]})
-                    with live.container():
-                        st.caption(f"records so far (step {step} of {int(steps)})")
-                        st.line_chart(pd.DataFrame(records).set_index("step"), height=220)
+    def work(progress):
+        """The fine-tune(s), publishing what is recorded so far, then saved; one run keeps its model too."""
+        model = None
+        if mode == "one run":
+            records: list[dict] = []
 
-                with progress_bar(f"Fine-tuning {start} on {task} ({label})") as progress:
-                    run, model = finetune(pool, task, cfg, progress=progress, return_model=True,
-                                          on_record=on_record, **common)
-                result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
-                                                                 "configs": [cfg.to_dict()]})
-                result.mark_pareto()
-                st.session_state[MODEL_KEY] = model
-            else:
-                configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
-                                           fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta),
-                                           l2=float(l2))
+            def on_record(step, rec) -> None:
+                records.append({"step": step, "general loss": rec["general_loss"],
+                                f"{task} exact match": rec["exact_match"]})
+                progress.publish(pd.DataFrame(records).set_index("step"))
 
-                def on_run(run, partial) -> None:
-                    with live.container():
-                        st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
-                        st.plotly_chart(trajectories_figure(partial), key=f"finetune_live_{len(partial.runs)}")
+            run, model = finetune(pool, task, configs[0], progress=progress, return_model=True,
+                                  on_record=on_record, **common)
+            result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
+                                                             "configs": [configs[0].to_dict()]})
+            result.mark_pareto()
+        else:
+            result = compare(pool, task, configs, progress=progress, **common,
+                             on_run=lambda run, partial: progress.publish(FinetuneComparison(
+                                 partial.task, partial.start, list(partial.runs), partial.recipe)))
+        return result, model, save_finetune_run(result)
 
-                with progress_bar(f"Comparing {len(configs)} fine-tunes of {start} on {task}") as progress:
-                    result = compare(pool, task, configs, on_run=on_run, progress=progress, **common)
-            path = save_finetune_run(result)
-            st.session_state[RESULT_KEY] = result
-            st.toast(f"Saved under {path}")
-        live.empty()
+    def show_partial(partial) -> None:
+        if isinstance(partial, pd.DataFrame):
+            st.caption(f"records so far (step {partial.index[-1]} of {int(steps)})")
+            st.line_chart(partial, height=220)
+        else:
+            st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
+            st.plotly_chart(trajectories_figure(partial), key="finetune_live")
+
+    def keep(done) -> None:
+        st.session_state[RESULT_KEY], st.session_state[MODEL_KEY], path = done
+        st.toast(f"Saved under {path}")
+
+    key = job_key("finetune", pool.key, str(workspace_home()), task, [c.to_dict() for c in configs], common)
+    run_once(key, work, start=go, label=f"Fine-tuning {start} on {task} ({len(configs)} run(s))", slot="finetune",
+             on_done=keep, show_partial=show_partial)
 
     result = st.session_state.get(RESULT_KEY)
     if result is None:

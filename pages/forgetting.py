@@ -1,13 +1,16 @@
 """Forgetting: what does each post-hoc fix buy in speciality and cost in generality, over its setting?"""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 import streamlit as st
 
 from forgetlab import sweeps
 from forgetlab.errors import ParameterError
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import device_settings, progress_bar, require_finetuned, require_pool, show_errors
+from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
+                          workspace_home)
 
 st.title("Forgetting")
 st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -69,23 +72,31 @@ with left:
     run = st.button("Run sweep", type="primary", key="forgetting_run")
 
 with right:
-    live = st.empty()
+    device, _dtype = device_settings()
+    settings = dict(task=task, device=device, max_general=int(max_general), max_task=int(max_task), **extra)
+    key = job_key("forgetting", pool.key, str(workspace_home()), model, kind, settings)
+    start = False
     if run and extra:
-        device, _dtype = device_settings()
-
-        def on_point(point, partial) -> None:
-            with live.container():
-                st.caption(f"{len(partial.points)} point(s) so far")
-                st.plotly_chart(tradeoff_figure(partial, task=task), key=f"forgetting_live_{len(partial.points)}")
-
         with show_errors():
-            with progress_bar(f"{KIND_LABELS[kind]} of {model}") as progress:
-                result = sweeps.SWEEPS[kind](pool, model, task=task, device=device, max_general=int(max_general),
-                                             max_task=int(max_task), on_point=on_point, progress=progress, **extra)
-            path = sweeps.save_sweep(result)
-            st.session_state[RESULT_KEY] = result
-            st.toast(f"Saved under {path}")
-        live.empty()
+            sweeps.check(kind, pool, model, **settings)
+            start = True
+
+    def work(progress):
+        """The sweep, publishing a snapshot after each point, then saved (also if nobody is watching)."""
+        result = sweeps.SWEEPS[kind](pool, model, progress=progress, **settings, on_point=lambda point, partial:
+                                     progress.publish(replace(partial, points=list(partial.points))))
+        return result, sweeps.save_sweep(result)
+
+    def show_partial(partial) -> None:
+        st.caption(f"{len(partial.points)} point(s) so far")
+        st.plotly_chart(tradeoff_figure(partial, task=partial.task), key="forgetting_live")
+
+    def keep(done) -> None:
+        st.session_state[RESULT_KEY] = done[0]
+        st.toast(f"Saved under {done[1]}")
+
+    run_once(key, work, start=start, label=f"{KIND_LABELS[kind]} of {model}", slot="forgetting", on_done=keep,
+             show_partial=show_partial)
 
     saved = sweeps.list_sweeps(model=model)
     current = st.session_state.get(RESULT_KEY)

@@ -6,7 +6,7 @@ import streamlit as st
 from forgetlab import linearity
 from forgetlab.errors import ParameterError
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
-from forgetlab.ui import device_settings, job_key, progress_bar, require_pool, show_errors
+from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 
 st.title("Linearity")
 st.caption("Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
@@ -25,11 +25,15 @@ def _results() -> dict:
     return {}
 
 
-def _floats(text: str) -> list[float]:
+def _alphas(text: str) -> tuple[float, ...]:
     try:
-        return [float(v) for v in text.replace(",", " ").split()]
+        alphas = tuple(float(v) for v in text.replace(",", " ").split())
     except ValueError:
         raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0, 0.1, 0.2.") from None
+    if not alphas or any(not 0 <= a < 1 for a in alphas) or len(set(alphas)) != len(alphas):
+        raise ParameterError(f"The alphas must be distinct numbers in [0, 1) (α = 1 is the reference); got "
+                             f"{text!r}. Write them like 0, 0.25, 0.5.")
+    return alphas
 
 
 left, right = st.columns([1, 3])
@@ -57,20 +61,30 @@ with left:
     run = st.button("Compute scores", type="primary", key="linearity_run")
 
 key = None
+device, _dtype = device_settings()
 with show_errors():
-    alphas = tuple(_floats(alpha_text))
-    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture)
+    alphas = _alphas(alpha_text)
+    if not levels:
+        raise ParameterError("Choose at least one level (model, layer, attn, mlp or head).")
+    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture, device)
 
 with right:
     cache = _results()
-    if run and key is not None:
-        device, _dtype = device_settings()
-        with show_errors():
-            with progress_bar(f"Non-linearity of {model} on {task}") as progress:
-                cache[key] = linearity.nonlinearity_scores(
-                    pool, task, model=model, levels=levels, alphas=alphas, samples=int(samples),
-                    capture=capture, device=device, progress=progress)
-    result = cache.get(key) if key is not None else None
+    if key is None:
+        st.stop()
+
+    def work(progress):
+        cache[key] = linearity.nonlinearity_scores(pool, task, model=model, levels=levels, alphas=alphas,
+                                                   samples=int(samples), capture=capture, device=device,
+                                                   progress=progress)
+        return cache[key]
+
+    last = run_once(key, work, start=run, label=f"Non-linearity of {model} on {task}", slot="linearity")
+    result = cache.get(key)
+    if result is None and last is not None:
+        st.info("These settings are not computed yet; below is the last result computed on this page "
+                f"({last.model} on {last.task}). Press **Compute scores** for the settings on the left.")
+        result = last
     if result is None:
         st.info("Choose the settings and press **Compute scores**. The whole table (every layer, module and "
                 "head) costs about as much as a few forward passes per α.")

@@ -10,6 +10,7 @@ from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (
     cards_frame,
+    check_merge_name,
     evaluate_merge,
     merge_into_workspace,
     pool_recipe,
@@ -17,7 +18,9 @@ from forgetlab.merge.workflow import (
     search_pool_lambdas,
 )
 from forgetlab.plots.merge import scorecard_figure
-from forgetlab.ui import device_settings, progress_bar, require_finetuned, require_pool, show_errors
+from forgetlab.progress import scaled
+from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
+                          workspace_home)
 
 st.title("Merge")
 st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
@@ -90,28 +93,39 @@ with left:
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
 
 with right:
+    device, _dtype = device_settings()
+    out_dtype = None if dtype.startswith("(") else dtype
+    start = False
     if go:
-        device, _dtype = device_settings()
         with show_errors():
-            if search:
-                lam0 = params["lam"][0] if isinstance(params["lam"], list) else params["lam"]
-                with progress_bar("Searching λ per task (CMA-ES on probe data)") as progress:
-                    found = search_pool_lambdas(pool, models, keep=params["keep"], lam=float(lam0),
-                                                scope=params["scope"], budget=int(budget), max_task=int(max_task),
-                                                device=device, progress=progress)
-                params["lam"] = [round(v, 6) for v in found.lambdas]
-                st.session_state["merge_search"] = found
-            recipe = pool_recipe(pool, method, models, params, dtype=None if dtype.startswith("(") else dtype)
-            recipe.validated_params()
-            with progress_bar(f"Merging {len(models)} model(s) with {method}") as progress:
-                result = merge_into_workspace(recipe, name, device=device, pool=pool, progress=progress)
-            cache = st.session_state.setdefault(CACHE_KEY, {})
-            with progress_bar("Evaluating base, parents and merge") as progress:
-                cards = evaluate_merge(pool, result.out_dir, models, device=device, max_general=int(max_general),
-                                       max_task=int(max_task), cache=cache, progress=progress)
-            st.session_state[REPORT_KEY] = {"name": result.out_dir.name, "path": str(result.out_dir),
-                                            "recipe": recipe, "cards": cards, "seconds": result.seconds}
-            st.toast(f"Saved under {result.out_dir}")
+            check_merge_name(name)
+            pool_recipe(pool, method, models, params, dtype=out_dtype).validated_params()
+            start = True
+    cache = st.session_state.setdefault(CACHE_KEY, {})
+
+    def work(progress):
+        """(λ search,) merge into merges/<name>, evaluate beside base and parents: the page's report."""
+        found, merge_params = None, dict(params)
+        if search:
+            lam0 = params["lam"][0] if isinstance(params["lam"], list) else params["lam"]
+            found = search_pool_lambdas(pool, models, keep=params["keep"], lam=float(lam0), scope=params["scope"],
+                                        budget=int(budget), max_task=int(max_task), device=device,
+                                        progress=scaled(progress, 0.0, 0.4))
+            merge_params["lam"] = [round(v, 6) for v in found.lambdas]
+        recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
+        result = merge_into_workspace(recipe, name, device=device, pool=pool,
+                                      progress=scaled(progress, 0.4 if search else 0.0, 0.7))
+        cards = evaluate_merge(pool, result.out_dir, models, device=device, max_general=int(max_general),
+                               max_task=int(max_task), cache=cache, progress=scaled(progress, 0.7, 1.0))
+        return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
+                "seconds": result.seconds, "search": found}
+
+    def keep(report) -> None:
+        st.session_state[REPORT_KEY] = report
+        st.toast(f"Saved under {report['path']}")
+
+    run_once(job_key("merge", str(workspace_home()), name), work, start=start, slot="merge", on_done=keep,
+             label=f"Merging {len(models)} model(s) with {method} into {name}")
 
     report = st.session_state.get(REPORT_KEY)
     if report is None:
@@ -122,8 +136,8 @@ with right:
         frame = cards_frame(report["cards"], merged=[report["name"]])
         st.dataframe(frame, hide_index=True, key="merge_table")
         st.plotly_chart(scorecard_figure(frame), key="merge_chart")
-        found = st.session_state.get("merge_search")
-        if found is not None and report["recipe"].method == "pcb":
+        found = report.get("search")
+        if found is not None:
             st.caption(f"λ search: probe answer loss {found.initial_loss:.4f} at the start → {found.loss:.4f} with "
                        f"λ = {', '.join(f'{v:.3f}' for v in found.lambdas)} ({found.n_evals} evaluations)")
             st.dataframe(found.to_frame(), hide_index=True, key="merge_search_table")

@@ -8,7 +8,7 @@ from forgetlab.evaluate import evaluate, scorecards_frame
 from forgetlab.plots.models import cosine_heatmap, norms_heatmap, scorecard_bars
 from forgetlab.pool import BASE
 from forgetlab.taskvec import cosine_matrix, task_vector_norms
-from forgetlab.ui import device_settings, progress_bar, require_pool, show_errors
+from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 
 st.title("Models")
 st.caption("What is in the pool, how good is each model at its task and at general text, "
@@ -19,10 +19,10 @@ for warning in pool.warnings:
     st.warning(warning)
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _scorecard(_pool, pool_key: str, name: str, device: str, max_general: int, max_task: int):
-    model = _pool.load(name, device=device)
-    return evaluate(model, _pool.tokenizer, _pool.probes, name=name, max_general=max_general, max_task=max_task)
+@st.cache_resource
+def _scorecards() -> dict:
+    """Scorecards by (pool, model, device, limits), shared by every session of this process."""
+    return {}
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
@@ -52,17 +52,34 @@ max_general = c1.number_input("general-text blocks (max)", 8, 4096, 64, step=8, 
 max_task = c2.number_input("pairs per task (max)", 4, 4096, 100, step=4, key="models_max_task")
 chosen = st.multiselect("models", [BASE, *pool.model_names], default=[BASE, *pool.model_names],
                         key="models_chosen")
-if st.button("Evaluate", type="primary", key="models_eval") or st.session_state.get("models_evaluated"):
-    st.session_state["models_evaluated"] = True
-    with show_errors():
-        cards = []
-        with progress_bar("Evaluating") as progress:
-            for i, name in enumerate(chosen):
-                progress(i / max(1, len(chosen)), name)
-                cards.append(_scorecard(pool, pool.key, name, device, int(max_general), int(max_task)))
-        if cards:
-            st.plotly_chart(scorecard_bars(cards), key="models_scores_fig")
-            st.dataframe(scorecards_frame(cards), hide_index=True, width="stretch")
+clicked = st.button("Evaluate", type="primary", key="models_eval")
+cards_cache = _scorecards()
+limits = (device, int(max_general), int(max_task))
+
+
+def work(progress):
+    """(pool key, scorecards of the chosen models); each card is computed once per pool, device and limits."""
+    cards = []
+    for i, name in enumerate(chosen):
+        progress(i / max(1, len(chosen)), name)
+        if (pool.key, name, limits) not in cards_cache:
+            model = pool.load(name, device=device)
+            cards_cache[(pool.key, name, limits)] = evaluate(model, pool.tokenizer, pool.probes, name=name,
+                                                             max_general=limits[1], max_task=limits[2])
+        cards.append(cards_cache[(pool.key, name, limits)])
+    return pool.key, cards
+
+
+def keep(done) -> None:
+    st.session_state["models_cards"] = done
+
+
+run_once(job_key("models", pool.key, chosen, limits), work, start=clicked, label="Evaluating", slot="models",
+         on_done=keep)
+shown_for, cards = st.session_state.get("models_cards", (None, None))
+if cards and shown_for == pool.key:
+    st.plotly_chart(scorecard_bars(cards), key="models_scores_fig")
+    st.dataframe(scorecards_frame(cards), hide_index=True, width="stretch")
 
 if pool.model_names:
     st.subheader("Task vectors τ = θt − θ0")

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "features.py")
 
 
@@ -19,6 +21,7 @@ def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypa
     at.number_input(key="features_samples").set_value(5)
     at.number_input(key="features_perplexity").set_value(5.0)
     at.button(key="features_run").click().run()
+    finish_jobs(at, "features")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     summary = at.dataframe[0].value
@@ -30,6 +33,7 @@ def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypa
     at.multiselect(key="features_models").set_value(["ft0"])
     at.radio(key="features_pooling").set_value("last")
     at.button(key="features_run").click().run()
+    finish_jobs(at, "features")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert list(at.dataframe[0].value["model"]) == ["ft0"]

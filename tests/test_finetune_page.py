@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs
+
 from forgetlab.pool import ModelPool
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "finetune.py")
@@ -31,6 +33,7 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="finetune_max_general").set_value(1)
     at.radio(key="finetune_optimizer").set_value("mofo")
     at.button(key="finetune_run").click().run()
+    finish_jobs(at, "finetune")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
@@ -53,6 +56,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="finetune_max_general").set_value(1)
     at.number_input(key="finetune_max_task").set_value(2)
     at.button(key="finetune_run").click().run()
+    finish_jobs(at, "finetune")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1"]
@@ -76,5 +80,6 @@ def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="finetune_steps").set_value(3)
     at.number_input(key="finetune_max_general").set_value(1)
     at.button(key="finetune_run").click().run()
+    finish_jobs(at, "finetune")
     assert not at.exception, at.exception
     assert any("NaN" in e.value and "step 1" in e.value for e in at.error), [e.value for e in at.error]

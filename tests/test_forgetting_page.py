@@ -5,6 +5,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "forgetting.py")
 
 
@@ -25,6 +27,7 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     at.number_input(key="forgetting_max_general").set_value(2)
     at.number_input(key="forgetting_max_task").set_value(3)
     at.button(key="forgetting_run").click().run()
+    finish_jobs(at, "forgetting")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
@@ -49,6 +52,7 @@ def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch)
     at.number_input(key="forgetting_max_general").set_value(1)
     at.number_input(key="forgetting_max_task").set_value(2)
     at.button(key="forgetting_run").click().run()
+    finish_jobs(at, "forgetting")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert set(at.dataframe[0].value["series"]) == {"fapm", "magnitude"}
@@ -56,3 +60,51 @@ def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch)
     at.button(key="forgetting_run").click().run()
     assert not at.exception
     assert any("[0, 1]" in e.value for e in at.error)
+
+
+def test_forgetting_sweep_runs_in_the_background_shows_partial_attaches_and_cancels(tiny_llama, tmp_path,
+                                                                                   monkeypatch):
+    """While the sweep runs: its points so far are drawn, a second click attaches to it, the job is found
+    again after a setting changed, and Cancel stops it with nothing saved."""
+    import threading
+
+    from forgetlab import sweeps
+    from tests.jobs_helper import running_jobs
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    first_point, gate = threading.Event(), threading.Event()
+    real = sweeps.alpha_curve
+
+    def gated(pool, model, *, on_point=None, **kwargs):
+        def hook(point, partial):
+            on_point(point, partial)
+            first_point.set()
+            assert gate.wait(60)
+        return real(pool, model, on_point=hook if on_point else None, **kwargs)
+
+    monkeypatch.setitem(sweeps.SWEEPS, "alpha", gated)
+    at = _page(tiny_llama.pool_yaml)
+    at.run()
+    at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
+    at.number_input(key="forgetting_max_general").set_value(2)
+    at.number_input(key="forgetting_max_task").set_value(3)
+    try:
+        at.button(key="forgetting_run").click().run()
+        (job,) = running_jobs("forgetting")
+        assert first_point.wait(60)
+        at.run()
+        assert not at.exception, at.exception
+        assert any("1 point(s) so far" in c.value for c in at.caption)       # the partial trade-off chart
+        assert len(at.get("plotly_chart")) == 1 and len(at.get("progress")) == 1
+        at.button(key="forgetting_run").click().run()                        # impatient second click
+        assert running_jobs("forgetting") == [job]
+        assert any("already running" in i.value for i in at.info)
+        at.text_input(key="forgetting_alphas").set_value("0, 1").run()       # other settings: still shown
+        assert len(at.get("progress")) == 1
+        at.button(key=f"cancel-{job.key}").click().run()
+    finally:
+        gate.set()
+    assert job.wait(60) and job.status == "cancelled"
+    at.run()
+    assert not at.exception and any("cancelled; nothing was saved" in i.value for i in at.info)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())

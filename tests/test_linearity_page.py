@@ -5,6 +5,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "linearity.py")
 
 
@@ -25,6 +27,7 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="linearity_samples_math").set_value(3)
     at.text_input(key="linearity_alphas").set_value("0, 0.25, 0.5, 0.75")
     at.button(key="linearity_run").click().run()
+    finish_jobs(at, "linearity")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value

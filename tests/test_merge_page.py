@@ -5,6 +5,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs, running_jobs
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "merge.py")
 
 
@@ -29,6 +31,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     at.number_input(key="merge_max_general").set_value(2)
     at.number_input(key="merge_max_task").set_value(3)
     at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
@@ -39,6 +42,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     assert len(at.get("plotly_chart")) == 1
     # the same name again is refused with a message, nothing overwritten
     at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
     assert any("exists already" in e.value for e in at.error)
     # a second merge with another method, then compare both in a fresh session
     at.selectbox(key="merge_method").set_value("wise_ft").run()
@@ -46,6 +50,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     at.number_input(key="merge_wise_ft_alpha").set_value(0.3)
     at.text_input(key="merge_name_wise_ft").set_value("second")
     at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     again = _page(tiny_llama.pool_yaml)
@@ -69,6 +74,7 @@ def test_merge_page_shows_bad_parameters_as_errors(tiny_llama, tmp_path, monkeyp
     at.button(key="merge_run").click().run()
     assert not at.exception, at.exception
     assert any("[0.0, 1.0]" in e.value for e in at.error)
+    assert not running_jobs("merge")                 # checked before any job started
     assert not (tmp_path / "merges").exists() or not any((tmp_path / "merges").iterdir())
     # every registered method gets its form (free-text, choice and number parameters)
     at.selectbox(key="merge_method").set_value("slwm").run()
@@ -88,6 +94,7 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="merge_max_general").set_value(1)
     at.number_input(key="merge_max_task").set_value(2)
     at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     search = at.dataframe[1].value

@@ -5,6 +5,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from tests.jobs_helper import finish_jobs
+
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "models.py")
 
 
@@ -20,6 +22,7 @@ def test_models_page_renders_and_evaluates(tiny_llama):
     at.multiselect(key="models_chosen").set_value(["base", "ft0"])
     at.number_input(key="models_max_task").set_value(4)
     at.button(key="models_eval").click().run()
+    finish_jobs(at, "models")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     scores = at.dataframe[1].value

@@ -11,8 +11,11 @@ the result depends on (e.g. `job_key("merge", output_dir)`). Hence:
 - a job is cancelled by a flag that its progress callback checks: the next `progress(...)` call raises
   `JobCancelled` inside the job, so the core's atomic outputs clean up after themselves.
 
-The job function never touches streamlit: it is `fn(progress) -> result`. `run_once()` draws the state
-with an auto-refreshing `st.fragment(run_every=...)` and returns the result once it is there.
+The job function never touches streamlit: it is `fn(progress) -> result`. The `progress` it receives is
+the Job itself (callable as `progress(fraction, message)`); a job that has something to show before it ends
+(e.g. the points of a sweep so far) hands it to `progress.publish(value)`. `run_once()` draws the state with
+an auto-refreshing `st.fragment(run_every=...)` (and the latest published value, through `show_partial`) and
+returns the result once it is there.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class Job:
     fraction: float = 0.0
     message: str = ""
     result: Any = None
+    partial: Any = None
     error: BaseException | None = None
     traceback: str = ""
     started: float = field(default_factory=time.time)
@@ -62,6 +66,14 @@ class Job:
             raise JobCancelled(f"{self.label} was cancelled.")
         self.fraction = min(1.0, max(0.0, float(fraction)))
         self.message = message
+
+    __call__ = progress
+
+    def publish(self, partial: Any) -> None:
+        """Keep `partial` (a snapshot of the result so far) for the page to draw while the job runs."""
+        if self._cancel.is_set():
+            raise JobCancelled(f"{self.label} was cancelled.")
+        self.partial = partial
 
     def cancel(self) -> None:
         """Ask the job to stop at its next progress report."""
@@ -87,7 +99,7 @@ class JobRegistry:
         with self._lock:
             return self._jobs.get(key)
 
-    def start(self, key: str, fn: Callable[[Callable[[float, str], None]], Any], *, label: str = "",
+    def start(self, key: str, fn: Callable[["Job"], Any], *, label: str = "",
               restart: bool = True) -> tuple[Job, bool]:
         """Start `fn(progress)` under `key` unless a job with that key is running; returns (job, started).
 
@@ -126,7 +138,7 @@ class JobRegistry:
     @staticmethod
     def _run(job: Job, fn: Callable) -> None:
         try:
-            result = fn(job.progress)
+            result = fn(job)
         except JobCancelled:
             job.status = CANCELLED
         except BaseException as exc:  # noqa: BLE001 - stored and shown on the page
@@ -156,23 +168,54 @@ def _draw_running(job: Job, *, cancellable: bool) -> None:
         st.toast(f"Cancelling {job.label}…")
 
 
-def run_once(key: str, fn: Callable[[Callable[[float, str], None]], Any], *, start: bool, label: str = "",
-             cancellable: bool = True, refresh: float = 0.5, registry: JobRegistry | None = None) -> Any:
+SEEN_KEY = "forgetlab_jobs_seen"
+
+
+def _token(job: Job) -> str:
+    return f"{job.key}@{job.started}"
+
+
+def _find(reg: JobRegistry, key: str, slot: str | None) -> tuple[Job | None, bool]:
+    """(job, found through the slot): the job of `key`; else, for a slot, the job this session last started
+    there, else a running job of that slot from another session (or from before a page reload)."""
+    job = reg.get(key)
+    if job is not None or not slot:
+        return job, False
+    last = reg.get(st.session_state.get(f"{slot}_job") or "")
+    if last is None:
+        last = next((j for j in reg.jobs() if j.running and j.key.startswith(f"{slot}-")), None)
+    return last, last is not None
+
+
+def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = "", cancellable: bool = True,
+             refresh: float = 0.5, slot: str | None = None, on_done: Callable[[Any], None] | None = None,
+             show_partial: Callable[[Any], None] | None = None, registry: JobRegistry | None = None) -> Any:
     """Run `fn(progress)` once per `key` in the background and draw its state; return its result when done.
 
     `start` is typically the value of an st.button: True starts the job unless one with this key is running
-    (then it attaches, with an st.info saying so). While it runs, a fragment refreshes the progress bar every
-    `refresh` seconds and reruns the page when the job ends. Returns the result of a finished job (also
-    after page switches and reloads), or None while running / after a failure (shown) / cancellation.
+    (then it attaches, with an st.info saying so). While it runs, a fragment refreshes the progress bar (and
+    `show_partial(job.partial)` once the job published something) every `refresh` seconds and reruns the
+    page when the job ends. Returns the result of a finished job (also after page switches and reloads), or
+    None while running / after a failure (shown) / cancellation.
+
+    `slot` (the page's name, the first part of its job keys) lets a page find its job again when its widgets
+    no longer give the same key (a page switch or a reload resets them, or the user changed a setting): the
+    job this session last started there is shown (its progress, then its result), or else a job of the
+    slot that is running for another session. `on_done(result)` is called once per finished job and browser
+    session, in the script thread: the place to keep the result in st.session_state or to say where it was
+    saved.
     """
     reg = registry or REGISTRY
+    via_slot = False
     if start:
         job, started = reg.start(key, fn, label=label)
         if not started:
             st.info(f"{job.label} is already running (started {time.time() - job.started:.0f} s ago, "
                     "perhaps from another tab); showing its progress instead of starting a second copy.")
+        if slot:
+            st.session_state[f"{slot}_job"] = key
     else:
-        job = reg.get(key)
+        job, via_slot = _find(reg, key, slot)
     if job is None:
         return None
     if job.running:
@@ -180,13 +223,22 @@ def run_once(key: str, fn: Callable[[Callable[[float, str], None]], Any], *, sta
         def _poll() -> None:
             if job.running:
                 _draw_running(job, cancellable=cancellable)
+                if show_partial is not None and job.partial is not None:
+                    show_partial(job.partial)
             else:  # ended since the page was drawn: redraw the page so it shows the result
                 st.rerun(scope="app")
 
         _poll()
         return None
+    seen = st.session_state.setdefault(SEEN_KEY, set())
+    first = _token(job) not in seen
+    seen.add(_token(job))
     if job.status == DONE:
+        if first and on_done is not None:
+            on_done(job.result)
         return job.result
+    if via_slot and not first:     # an old failure of other settings: said once, not on every rerun
+        return None
     if job.status == CANCELLED:
         st.info(f"{job.label} was cancelled; nothing was saved. Start it again to rerun.")
         return None

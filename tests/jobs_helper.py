@@ -1,0 +1,23 @@
+"""AppTest runs only the script thread: a page's background job (forgetlab.ui.jobs) must be waited for.
+
+`finish_jobs(at, "forgetting")` waits for every running job whose key starts with that prefix (the page's
+name, see `forgetlab.ui.jobs.job_key`) and reruns the page, which then shows the job's result.
+"""
+from __future__ import annotations
+
+import time
+
+
+def running_jobs(prefix: str = "") -> list:
+    """The jobs of the process-wide registry that are running now and whose key starts with `prefix`."""
+    from forgetlab.ui.jobs import REGISTRY
+
+    return [j for j in REGISTRY.jobs() if j.running and j.key.startswith(prefix)]
+
+
+def finish_jobs(at, prefix: str = "", timeout: float = 180.0):
+    """Wait (bounded) until the running jobs of `prefix` end, then `at.run()`; returns `at`."""
+    deadline = time.monotonic() + timeout
+    for job in running_jobs(prefix):
+        assert job.wait(max(0.0, deadline - time.monotonic())), f"{job.label} still running after {timeout} s"
+    return at.run()
