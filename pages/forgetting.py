@@ -108,20 +108,21 @@ with right:
                                 default=[] if current is not None else [saved[0].id], key=f"forgetting_saved_{model}")
     else:
         chosen = []
-    results = [current] if current is not None else []
+    results, ids = ([current], ["latest"]) if current is not None else ([], [])
     with show_errors():
         for r in saved:
             if r.id in chosen:
                 loaded = sweeps.load_sweep(r.path)
                 if current is None or loaded.recipe != current.recipe:
                     results.append(loaded)
+                    ids.append(r.id[-6:])
     if not results:
         st.info("Run a sweep (left) or pick a saved one to see its curves.")
     else:
         for r in results:
             r.task = task if task is not None else r.task
         st.subheader("Speciality vs generality, every series")
-        st.plotly_chart(tradeoff_figure(results, task=task), key="forgetting_tradeoff")
+        st.plotly_chart(tradeoff_figure(results, task=task, ids=ids), key="forgetting_tradeoff")
         for i, r in enumerate(results):
             st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}")
             r.mark_pareto()

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from forgetlab.evaluate import Scorecard, TaskScore
 from forgetlab.merge.workflow import cards_frame
-from forgetlab.plots.merge import distinct_colors, scorecard_figure
+from forgetlab.plots import color_map
+from forgetlab.plots.merge import scorecard_figure
 
 
 def _card(name, loss, em):
@@ -25,7 +26,7 @@ def test_scorecard_figure_has_generality_and_speciality_bars():
     assert len({t.marker.color for t in general}) == 3
 
 
-def test_distinct_colors_resolve_collisions():
+def test_colour_map_resolves_collisions():
     names = [f"model-{i}" for i in range(12)]
-    colors = distinct_colors(names)
+    colors = color_map(names)
     assert len(set(colors.values())) == 12

@@ -2,6 +2,7 @@
 training loss, and the final speciality-vs-generality scatter with the Pareto front."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import plotly.graph_objects as go
@@ -18,6 +19,23 @@ def _runs(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> lis
     if isinstance(data, FinetuneRun):
         return [data]
     return list(data)
+
+
+def runs_of(comparisons: Sequence[FinetuneComparison], ids: Sequence[str]) -> list[FinetuneRun]:
+    """The runs of several saved fine-tunes for one chart, each named so that none shares a legend entry:
+    a label used in more than one of them gets the start model and task when those differ, else the id."""
+    every = [(run, comp, i) for comp, i in zip(comparisons, ids) for run in comp.runs]
+    counts: dict[str, int] = {}
+    for run, _, _ in every:
+        counts[run.label] = counts.get(run.label, 0) + 1
+    origins = {(c.start, c.task) for c in comparisons}
+    out = []
+    for run, comp, i in every:
+        if counts[run.label] > 1:
+            where = f"{comp.start}→{comp.task}" if len(origins) == len(comparisons) else str(i)
+            run = replace(run, config=replace(run.config, label=f"{run.label} · {where}"))
+        out.append(run)
+    return out
 
 
 def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> go.Figure:

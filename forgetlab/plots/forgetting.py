@@ -8,7 +8,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.plots import color_for
+from forgetlab.plots import color_map
 from forgetlab.sweeps import SweepPoint, SweepResult, pareto_mask
 
 AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio (share of τ zeroed)",
@@ -20,22 +20,68 @@ def _hover(p: SweepPoint, task) -> str:
             f"<br>general loss {p.general_loss:.4f}<br>D(θ, θ0) {p.distance:.4f}")
 
 
-def curves_figure(result: SweepResult) -> go.Figure:
-    """Three panels against the swept setting, one line per series: speciality (exact match on the sweep's
-    task, ↑), held-out general loss (↓) and D(θ, θ0)."""
+_SAME_FOR_ALL = ("created", "versions", "pool", "pool_name", "sweep", "model", "task", "kind")
+
+
+def _compact(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(_compact(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def sweep_labels(results: Sequence[SweepResult], ids: Sequence[str] | None = None) -> list[str]:
+    """A short name per sweep that tells compared sweeps apart: what differs between them among kind, model,
+    task and the recipe's settings (e.g. "ft0", "pruning · ft1", "max_task=8"); where that is not enough,
+    the sweep's id from `ids` (e.g. its run id) or its number. One sweep alone gets an empty name."""
+    results = list(results)
+    if len(results) < 2:
+        return [""] * len(results)
+    keys = sorted({k for r in results for k in r.recipe} - set(_SAME_FOR_ALL))
+    getters = [(None, lambda r: r.kind), (None, lambda r: r.model), (None, lambda r: r.task or "mean")]
+    getters += [(k, lambda r, k=k: r.recipe.get(k)) for k in keys]
+    parts: list[list[str]] = [[] for _ in results]
+    for key, get in getters:
+        values = [json.dumps(get(r), sort_keys=True, default=str) for r in results]
+        if len(set(values)) > 1:
+            for out, r in zip(parts, results):
+                text = _compact(get(r))
+                out.append(text if key is None else f"{key}={text}")
+    labels = [" · ".join(p[:3]) for p in parts]
+    if len(set(labels)) < len(labels):
+        extra = list(ids) if ids is not None else [f"#{i + 1}" for i in range(len(results))]
+        labels = [f"{label} · {x}" if label else str(x) for label, x in zip(labels, extra)]
+    return labels
+
+
+def _series(results: Sequence[SweepResult], ids: Sequence[str] | None):
+    """(result, series, legend name, colour) per series of every sweep; colours from `color_map` on the
+    names, except that a compared sweep of one series is coloured by its own label (e.g. its model's colour)."""
+    rows = []
+    for res, label in zip(results, sweep_labels(results, ids)):
+        for series in res.series:
+            name = f"{label} · {series}" if label else series
+            rows.append((res, series, name, label if label and len(res.series) == 1 else name))
+    colors = color_map([key for *_, key in rows])
+    return [(res, series, name, colors[key]) for res, series, name, key in rows]
+
+
+def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[str] | None = None) -> go.Figure:
+    """Three panels against the swept setting, one line per series (of every sweep given, named by
+    `sweep_labels`): speciality (exact match on the sweep's task, ↑), held-out general loss (↓) and D(θ, θ0)."""
+    results = [results] if isinstance(results, SweepResult) else list(results)
+    first = results[0] if results else SweepResult("alpha", "", None, "alpha")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=(
-        f"{result.task or 'mean'} exact match ↑", "general loss ↓", "D(θ, θ0)"))
-    for series in result.series:
-        pts = sorted((p for p in result.points if p.series == series), key=lambda p: p.x)
+        f"{first.task or 'mean'} exact match ↑", "general loss ↓", "D(θ, θ0)"))
+    for res, series, name, color in _series(results, ids):
+        pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
         xs = [p.x for p in pts]
-        color = color_for(series)
-        hover = [_hover(p, result.task) for p in pts]
-        for col, ys in enumerate(([p.speciality(result.task) for p in pts], [p.general_loss for p in pts],
+        hover = [_hover(p, res.task) for p in pts]
+        for col, ys in enumerate(([p.speciality(res.task) for p in pts], [p.general_loss for p in pts],
                                   [p.distance for p in pts]), start=1):
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=series, legendgroup=series,
+            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, legendgroup=name,
                                      showlegend=col == 1, line=dict(color=color), hovertext=hover,
                                      hoverinfo="text"), row=1, col=col)
-    label = AXIS_LABELS.get(result.x_name, result.x_name)
+    label = AXIS_LABELS.get(first.x_name, first.x_name)
     for col in (1, 2, 3):
         fig.update_xaxes(title_text=label, row=1, col=col)
     fig.update_layout(margin=dict(t=40, b=10), legend_title="series", height=380)
@@ -43,27 +89,25 @@ def curves_figure(result: SweepResult) -> go.Figure:
 
 
 def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str | None = None,
-                    show_front: bool = True) -> go.Figure:
+                    show_front: bool = True, ids: Sequence[str] | None = None) -> go.Figure:
     """Speciality (↑, y) against held-out general loss (↓, x) for every point of every series of the given
-    sweeps; the Pareto front over all of them is drawn as a dashed step line and its points ringed."""
+    sweeps (compared sweeps named by `sweep_labels`, with `ids` telling identical settings apart); the
+    Pareto front over all of them is drawn as a dashed step line and its points ringed."""
     results = [results] if isinstance(results, SweepResult) else list(results)
     task = task if task is not None else (results[0].task if results else None)
     fig = go.Figure()
-    everything: list[tuple[str, SweepPoint]] = []
-    for res in results:
-        prefix = f"{res.kind}:" if len(results) > 1 else ""
-        for series in res.series:
-            pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
-            name = f"{prefix}{series}"
-            everything.extend((name, p) for p in pts)
-            fig.add_trace(go.Scatter(
-                x=[p.general_loss for p in pts], y=[p.speciality(task) for p in pts], mode="lines+markers",
-                name=name, line=dict(color=color_for(series), width=1), marker=dict(size=8),
-                text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task) for p in pts],
-                hoverinfo="text"))
+    everything: list[SweepPoint] = []
+    for res, series, name, color in _series(results, ids):
+        pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
+        everything.extend(pts)
+        fig.add_trace(go.Scatter(
+            x=[p.general_loss for p in pts], y=[p.speciality(task) for p in pts], mode="lines+markers",
+            name=name, line=dict(color=color, width=1), marker=dict(size=8),
+            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task) for p in pts],
+            hoverinfo="text"))
     if show_front and everything:
-        flags = pareto_mask([p.speciality(task) for _, p in everything], [p.general_loss for _, p in everything])
-        front = sorted((p for (_, p), f in zip(everything, flags) if f), key=lambda p: p.general_loss)
+        flags = pareto_mask([p.speciality(task) for p in everything], [p.general_loss for p in everything])
+        front = sorted((p for p, f in zip(everything, flags) if f), key=lambda p: p.general_loss)
         if front:
             fig.add_trace(go.Scatter(
                 x=[p.general_loss for p in front], y=[p.speciality(task) for p in front], mode="lines+markers",

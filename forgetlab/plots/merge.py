@@ -5,28 +5,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.plots import PALETTE, color_for
-
-
-def distinct_colors(names) -> dict[str, str]:
-    """`color_for(name)` for each name, except that a name whose colour is taken already gets the next free
-    palette colour, so that every bar group of one chart can be told apart."""
-    out: dict[str, str] = {}
-    used: set[str] = set()
-    for n in names:
-        c = color_for(n)
-        if c in used:
-            c = next((p for p in PALETTE if p not in used), c)
-        out[n] = c
-        used.add(c)
-    return out
+from forgetlab.plots import color_map
 
 
 def scorecard_figure(frame: pd.DataFrame, title: str = "") -> go.Figure:
     """Bars per model: general-text loss (generality, lower is better) and exact match per task
     (speciality, higher is better). `frame` is forgetlab.merge.workflow.cards_frame(...)."""
     tasks = [c.split("/")[0] for c in frame.columns if c.endswith("/exact_match")]
-    colors = distinct_colors([str(m) for m in frame["model"]])
+    colors = color_map([str(m) for m in frame["model"]])
     fig = make_subplots(rows=1, cols=2, column_widths=[0.35, 0.65], horizontal_spacing=0.12,
                         subplot_titles=("general-text loss ↓", "exact match per task ↑"))
     for _, row in frame.iterrows():

@@ -8,7 +8,9 @@ otherwise the figures are drawn from the table by shape:
   series (model / method / task / … column), coloured with `forgetlab.plots.color_for`;
 - `layer` + `module` (or `level`) columns → a heatmap of the first metric;
 - otherwise → grouped bars of each metric per row label.
-Comparing runs stacks their tables with a `run` column and draws the same figures with a line per run.
+Comparing runs of a kind with a registered comparison (sweeps, fine-tunes) draws its page's own charts with
+one named series per run; other kinds stack their tables with a `run` column and draw the generic figures
+with a line per run.
 """
 from __future__ import annotations
 
@@ -60,10 +62,11 @@ def _sweep(run):
 
 
 def _sweeps(runs):
-    from forgetlab.plots.forgetting import tradeoff_figure
+    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
     from forgetlab.sweeps import load_sweep
 
-    return [tradeoff_figure([load_sweep(r.path) for r in runs])]
+    results, ids = [load_sweep(r.path) for r in runs], [r.id[-6:] for r in runs]
+    return [tradeoff_figure(results, ids=ids), curves_figure(results, ids=ids)]
 
 
 def _finetune(run):
@@ -75,10 +78,10 @@ def _finetune(run):
 
 
 def _finetunes(runs):
-    from forgetlab.plots.finetune import final_scatter, trajectories_figure
+    from forgetlab.plots.finetune import final_scatter, runs_of, trajectories_figure
     from forgetlab.train.runs import load_finetune_run
 
-    every = [r for run in runs for r in load_finetune_run(run.path).runs]
+    every = runs_of([load_finetune_run(r.path) for r in runs], [r.id[-6:] for r in runs])
     return [trajectories_figure(every), final_scatter(every)]
 
 
@@ -203,20 +206,20 @@ def compare_frame(runs) -> pd.DataFrame:
 
 
 def compare_figures(runs) -> list[go.Figure]:
-    """Runs of one kind on shared charts: the kind's own comparison (e.g. every sweep on one trade-off
-    chart) when it has one, then the generic figures with one line (or bar group) per run."""
+    """Runs of one kind on shared charts: the kind's own comparison, drawn by its page's plotting functions
+    (e.g. every sweep on one trade-off chart) when it has one, else the generic figures with one line (or
+    bar group) per run."""
     kinds = {r.kind for r in runs}
     if len(kinds) != 1:
         return []
     kind = next(iter(kinds))
-    figs: list[go.Figure] = []
     fn = _lookup(_COMPARERS, kind)
     if fn is not None:
         try:
-            figs = list(fn(runs))
+            return list(fn(runs))
         except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
-            figs = []
-    return figs + figures_from_frame(compare_frame(runs), title=f"{kind}:")
+            pass
+    return figures_from_frame(compare_frame(runs), title=f"{kind}:")
 
 
 def figure_html(fig: go.Figure) -> str:
