@@ -1,7 +1,7 @@
 """forgetlab: what did fine-tuning change, and what did it cost? — the Streamlit app.
 
 Start it with `streamlit run app.py` (listens on localhost, see .streamlit/config.toml). The pages under
-pages/ are listed in a fixed order when their files exist (forgetlab.ui.navigation); the sidebar picks the
+views/ are listed in a fixed order when their files exist (forgetlab.ui.navigation); the sidebar picks the
 workspace, the model pool and the device. Models and results are cached by forgetlab.ui, and long jobs run
 in the background so that switching pages never reloads or recomputes anything.
 """
@@ -14,7 +14,9 @@ import streamlit as st
 from forgetlab.ui.navigation import existing_pages
 from forgetlab.ui.sidebar import render_first_run, render_sidebar
 
-PAGES_DIR = Path(__file__).resolve().parent / "pages"
+# Not "pages/": Streamlit would list that folder in its own sidebar menu for a moment on the first load,
+# before st.navigation replaces it.
+PAGES_DIR = Path(__file__).resolve().parent / "views"
 
 st.set_page_config(page_title="forgetlab", page_icon=":material/science:", layout="wide")
 navigation = st.navigation([

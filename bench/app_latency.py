@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
         t = time.monotonic()
         build(preset="pico", size="tiny", home=home)
         print(f"built the tiny pico zoo in {time.monotonic() - t:.0f} s")
-    specs = existing_pages(ROOT / "pages")
+    specs = existing_pages(ROOT / "views")
     # the default page lives at "/", the others at "/<stem>"; come back to each from Runs (Runs: from Models)
     ours = [("" if i == 0 else p.stem, p.title, specs[0].title if p.stem == "runs" else specs[-1].title)
             for i, p in enumerate(specs)]

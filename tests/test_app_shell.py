@@ -384,31 +384,16 @@ APP = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "app.py")
 
 
 def _app(home, monkeypatch) -> AppTest:
-    """app.py in a copy of the app tree holding only the Runs page (the area pages have their own tests).
-
-    AppTest resets `PagesManager.uses_pages_directory` before every run, so with a pages/ folder its second
-    run would execute the page alone (the old multipage mode), not app.py. The real server sets the flag to
-    False for good once st.navigation runs; the patch below does the same.
-    """
+    """app.py in a copy of the app tree holding only the Runs page (the area pages have their own tests)."""
     import shutil
     from pathlib import Path
-
-    from streamlit.runtime.pages_manager import PagesManager
-
-    original_init = PagesManager.__init__
-
-    def init_v2(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        PagesManager.uses_pages_directory = False
-
-    monkeypatch.setattr(PagesManager, "__init__", init_v2)
 
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
     monkeypatch.delenv("FORGETLAB_POOL", raising=False)
     tree = Path(home) / ".app"
-    (tree / "pages").mkdir(parents=True)
+    (tree / "views").mkdir(parents=True)
     shutil.copy(APP, tree / "app.py")
-    shutil.copy(Path(APP).parent / "pages" / "runs.py", tree / "pages" / "runs.py")
+    shutil.copy(Path(APP).parent / "views" / "runs.py", tree / "views" / "runs.py")
     return AppTest.from_file(str(tree / "app.py"), default_timeout=60)
 
 

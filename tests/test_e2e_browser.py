@@ -17,6 +17,12 @@ from tests.e2e.harness import CHROMIUM, EXCEPTION, PLOT, ROOT, chromium, click_n
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
+# every sidebar menu entry that appears while the first page loads (a cold server: the case that flashed)
+NAV_SEEN = """window.__navSeen = new Set();
+new MutationObserver(() => document.querySelectorAll('[data-testid="stSidebarNavLink"]').forEach(
+    a => window.__navSeen.add(a.innerText.trim()))).observe(document, {subtree: true, childList: true,
+                                                                      characterData: true});"""
+
 if not os.path.exists(CHROMIUM):
     pytest.skip("Chromium is not installed: run tools/install_browser.sh", allow_module_level=True)
 pytest.importorskip("playwright.sync_api")
@@ -39,15 +45,20 @@ def app_home(request, tmp_path_factory) -> Path:
 def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path):
     from forgetlab.ui.navigation import existing_pages
 
-    pages = existing_pages(ROOT / "pages")
+    pages = existing_pages(ROOT / "views")
     stems = [p.stem for p in pages]
     assert stems[-1] == "runs"
     log = tmp_path / "streamlit.log"
     report = []
     with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(app_home)}, log=log) as url, \
             chromium() as page:
+        page.add_init_script(NAV_SEEN)
         goto(page, url)
         assert page.locator('[data-testid="stSidebarNav"] a').count() == len(stems)
+        seen = page.evaluate("[...window.__navSeen]")
+        titles = [p.title for p in pages]
+        assert seen and all(any(text.endswith(t) for t in titles) for text in seen), \
+            f"the sidebar listed other pages on the first load: {seen}"     # no flash of Streamlit's own menu
         for spec in pages:
             stem = spec.stem
             t_load = click_nav(page, spec.title)

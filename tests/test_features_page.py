@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.jobs_helper import finish_jobs
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "features.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "views" / "features.py")
 
 
 def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from tests.jobs_helper import finish_jobs
 
 from forgetlab.pool import ModelPool
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "finetune.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "views" / "finetune.py")
 
 
 def _page(pool_yaml):

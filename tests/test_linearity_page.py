@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.jobs_helper import finish_jobs
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "linearity.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "views" / "linearity.py")
 
 
 def _page(pool_yaml):

@@ -7,7 +7,7 @@ from streamlit.testing.v1 import AppTest
 
 from tests.jobs_helper import finish_jobs
 
-PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "models.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "views" / "models.py")
 
 
 def test_models_page_renders_and_evaluates(tiny_llama):

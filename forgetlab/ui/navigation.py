@@ -1,4 +1,4 @@
-"""The app's pages: a fixed order, listed only when their file exists under pages/."""
+"""The app's pages: a fixed order, listed only when their file exists under views/."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class PageSpec:
-    """One page of the app: file stem under pages/, navigation title, icon."""
+    """One page of the app: file stem under views/, navigation title, icon."""
 
     stem: str
     title: str

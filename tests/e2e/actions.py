@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tests.e2e.harness import PLOT, alerts, count, wait_for, wait_idle
+from tests.e2e.harness import PLOT, alerts, count, wait_for, wait_idle, wait_jobs
 
-JOB_TIMEOUT = 180.0      # a page's job, until the script is idle again
+JOB_TIMEOUT = 180.0      # a page's background job, until it ended and the page shows its result
 CHART_TIMEOUT = 20.0     # then plotly has this long to draw the charts
 
 
@@ -27,6 +27,7 @@ def _click(page, name: str | None = None) -> None:
     button.click()
     page.wait_for_timeout(300)
     wait_idle(page, JOB_TIMEOUT)
+    wait_jobs(page, JOB_TIMEOUT)
 
 
 def _charts_at_least(page, n: int) -> int:

@@ -23,6 +23,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
 VIEWPORT = {"width": 1280, "height": 860}
 PLOT = ".js-plotly-plot"
 EXCEPTION = '[data-testid="stException"]'
+PROGRESS = '[data-testid="stProgress"]'
 
 
 def free_port() -> int:
@@ -106,6 +107,18 @@ def wait_idle(page, timeout: float = 60.0, settle: float = 0.25) -> float:
         if now > deadline:
             raise TimeoutError(f"the app was still running after {timeout:.0f} s")
         page.wait_for_timeout(50)
+
+
+def wait_jobs(page, timeout: float = 180.0) -> float:
+    """Wait until the page shows no background job's progress bar and the app is idle; returns seconds.
+
+    A running job redraws its progress every half second (an st.fragment), so `wait_idle` alone can return
+    while it runs; when it ends, the page reruns once more to show the result.
+    """
+    start = time.monotonic()
+    wait_for(page, lambda: count(page, PROGRESS) == 0, timeout, "background jobs to finish")
+    wait_idle(page, max(1.0, timeout - (time.monotonic() - start)))
+    return time.monotonic() - start
 
 
 def wait_for(page, predicate: Callable[[], bool], timeout: float, what: str) -> float:
