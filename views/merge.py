@@ -8,15 +8,8 @@ import streamlit as st
 from forgetlab.errors import ParameterError
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
-from forgetlab.merge.workflow import (
-    cards_frame,
-    check_merge_name,
-    evaluate_merge,
-    merge_into_workspace,
-    pool_recipe,
-    saved_merges,
-    search_pool_lambdas,
-)
+from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace,
+                                      pool_recipe, saved_merges, search_pool_lambdas)
 from forgetlab.plots.merge import scorecard_figure
 from forgetlab.progress import scaled
 from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
