@@ -17,8 +17,12 @@ How it stays cheap: the inputs of every layer, attention and MLP are captured ON
 from the fine-tuned model's forward pass on the task's probe samples; ``capture="base"`` uses the base) together
 with the keyword arguments the module received (rotary position embeddings, attention mask). They are held fixed
 while one working copy of the model is interpolated in place, layer by layer, to θ0 + α·τ, and each submodule is
-re-run on its cached input. All heads of a layer come out of one computation. `direct_scores` is the slow
-reference: one full forward pass per α per submodule.
+re-run on its cached input. All heads of a layer come out of one computation. With the input fixed, the
+attention's q/k/v projections (and rotary embeddings) and the MLP's input projections are affine in the
+parameters, so they are computed at α = 0 and 1 only and interpolated: per α, the attention and MLP levels
+cost only their core and output projection (`_LayerRerun`). The layer level re-runs the whole block per α —
+its MLP input depends on α through the normalised attention output — so the full table costs at least about
+twice the model level. `direct_scores` is the slow reference: one full forward pass per α per submodule.
 """
 from __future__ import annotations
 
@@ -198,6 +202,10 @@ class LayerInputs:
         """The hidden states that entered the attention module."""
         return self.attn_args[0] if self.attn_args else self.attn_kwargs["hidden_states"]
 
+    def mlp_input(self) -> torch.Tensor:
+        """The hidden states that entered the MLP."""
+        return self.mlp_args[0] if self.mlp_args else self.mlp_kwargs["hidden_states"]
+
 
 def _decoder(work_model, anatomy: Optional[Anatomy]):
     if anatomy is None:
@@ -270,6 +278,75 @@ def _apply_rotary(x, cos, sin):
 
 
 @torch.no_grad()
+def attention_projections(anatomy: Anatomy, attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The raw query, key and value projections ``[batch, seq, width]`` of an attention module on input ``x``
+    (before q/k norms and rotary embeddings). They are affine in the module's parameters, so for parameters
+    θ0 + α·τ they equal lerp(projections at θ0, projections at θ0 + τ, α)."""
+    if anatomy.family == "llama":
+        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+    return tuple(attn.c_attn(x).split(anatomy.hidden_size, dim=2))
+
+
+def attention_is_affine(attn) -> bool:
+    """True when the step from raw projections to per-head queries/keys/values (`split_heads`) is linear —
+    reshapes and rotary embeddings — and False with q/k norms (Qwen3), which are not."""
+    return getattr(attn, "q_norm", None) is None and getattr(attn, "k_norm", None) is None
+
+
+@torch.no_grad()
+def split_heads(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-head queries, keys and values ``[batch, heads, seq, head_dim]`` from raw projections: q/k norms
+    (Qwen3), rotary embeddings from the captured ``position_embeddings``, key/value heads repeated per group."""
+    b, s, _ = q.shape
+    nh, nkv, d = anatomy.num_heads, anatomy.num_kv_heads, anatomy.head_dim
+    if anatomy.family != "llama":
+        return tuple(t.view(b, s, nh, d).transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.view(b, s, nh, d), k.view(b, s, nkv, d), v.view(b, s, nkv, d)
+    if getattr(attn, "q_norm", None) is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    pe = kwargs.get("position_embeddings")
+    if pe is not None:
+        cos, sin = pe
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+    if nkv != nh:
+        k = k.repeat_interleave(nh // nkv, dim=1)
+        v = v.repeat_interleave(nh // nkv, dim=1)
+    return q, k, v
+
+
+@torch.no_grad()
+def attend(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict,
+           per_head: bool = True) -> torch.Tensor:
+    """softmax(q·kᵀ·scale + mask)·v (causal unless the captured ``attention_mask`` says otherwise) through the
+    module's output projection: per head ``[batch, heads, seq, hidden]`` (no bias) when ``per_head``, else the
+    module's output ``[batch, seq, hidden]`` (bias included)."""
+    b, nh, s, d = q.shape
+    hid = anatomy.hidden_size
+    mask = kwargs.get("attention_mask")
+    scale = getattr(attn, "scaling", None) or 1.0 / math.sqrt(d)
+    if isinstance(mask, torch.Tensor):
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[..., :s, :s], scale=scale)
+    else:
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    proj = attn.o_proj if anatomy.family == "llama" else attn.c_proj
+    if not per_head:
+        return proj(o.transpose(1, 2).reshape(b, s, nh * d))
+    if anatomy.family == "llama":
+        return torch.einsum("bnsd,hnd->bnsh", o, proj.weight.view(hid, nh, d))
+    return torch.einsum("bnsd,ndh->bnsh", o, proj.weight.view(nh, d, hid))
+
+
+@torch.no_grad()
+def attention_from_projections(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               kwargs: dict, per_head: bool = True) -> torch.Tensor:
+    """Attention output from raw projections (see `attention_projections`): `split_heads`, then `attend`."""
+    return attend(anatomy, attn, *split_heads(anatomy, attn, q, k, v, kwargs), kwargs, per_head=per_head)
+
+
+@torch.no_grad()
 def head_outputs(anatomy: Anatomy, attn, x: torch.Tensor, kwargs: dict) -> torch.Tensor:
     """Per-head contributions ``[batch, heads, seq, hidden]`` of an attention module on input ``x``.
 
@@ -278,45 +355,30 @@ def head_outputs(anatomy: Anatomy, attn, x: torch.Tensor, kwargs: dict) -> torch
     head h's rows of ``attn.c_proj`` (GPT-2). Summed over heads, plus the output-projection bias, they give the
     module's output; `attention_bias` returns that bias.
     """
-    b, s, _ = x.shape
-    nh, nkv, d, hid = anatomy.num_heads, anatomy.num_kv_heads, anatomy.head_dim, anatomy.hidden_size
+    return attention_from_projections(anatomy, attn, *attention_projections(anatomy, attn, x), kwargs)
+
+
+@torch.no_grad()
+def mlp_projections(anatomy: Anatomy, mlp, x: torch.Tensor) -> Optional[tuple[torch.Tensor, ...]]:
+    """The MLP's input projections on ``x`` (Llama family: gate and up; GPT-2: c_fc), affine in its parameters
+    like `attention_projections`; None for an MLP of another shape (it is then re-run whole)."""
     if anatomy.family == "llama":
-        q = attn.q_proj(x).view(b, s, nh, d)
-        k = attn.k_proj(x).view(b, s, nkv, d)
-        v = attn.v_proj(x).view(b, s, nkv, d)
-        if getattr(attn, "q_norm", None) is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        pe = kwargs.get("position_embeddings")
-        if pe is not None:
-            cos, sin = pe
-            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
-        if nkv != nh:
-            k = k.repeat_interleave(nh // nkv, dim=1)
-            v = v.repeat_interleave(nh // nkv, dim=1)
-        wo = attn.o_proj.weight.view(hid, nh, d)
-        eq = "bnsd,hnd->bnsh"
-    else:
-        q, k, v = attn.c_attn(x).split(hid, dim=2)
-        q, k, v = (t.view(b, s, nh, d).transpose(1, 2) for t in (q, k, v))
-        wo = attn.c_proj.weight.view(nh, d, hid)
-        eq = "bnsd,ndh->bnsh"
-    scale = getattr(attn, "scaling", None) or 1.0 / math.sqrt(d)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scale
-    mask = kwargs.get("attention_mask")
-    if isinstance(mask, torch.Tensor):
-        mask = mask[..., :s, :s]
-        if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        else:
-            scores = scores + mask.float()
-    else:
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-    w = scores.softmax(-1).to(v.dtype)
-    o = w @ v
-    return torch.einsum(eq, o, wo)
+        if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return mlp.gate_proj(x), mlp.up_proj(x)
+        return None
+    if all(hasattr(mlp, n) for n in ("c_fc", "c_proj", "act")):
+        return (mlp.c_fc(x),)
+    return None
+
+
+@torch.no_grad()
+def mlp_from_projections(anatomy: Anatomy, mlp, pre: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The MLP's output from its input projections (see `mlp_projections`) with its own activation and
+    output projection."""
+    if anatomy.family == "llama":
+        gate, up = pre
+        return mlp.down_proj(mlp.act_fn(gate) * up)
+    return mlp.dropout(mlp.c_proj(mlp.act(pre[0])))
 
 
 def attention_bias(anatomy: Anatomy, attn) -> Optional[torch.Tensor]:
@@ -373,6 +435,7 @@ class _Curve:
         dt = f1.dtype if f1.dtype == torch.float64 else torch.float32
         self.m = (mask[:, None, :, None] if f1.dim() == 4 else mask[:, :, None]).to(dt)
         self.f1m = f1.to(dt) * self.m
+        self.neg_f1m = -self.f1m
         self.delta = (f1.to(dt) - f0.to(dt)) * self.m
         self.den = torch.linalg.vector_norm(self.delta, dim=(-1, -2)).double()
         ref = torch.linalg.vector_norm(self.f1m, dim=(-1, -2)).double()
@@ -384,14 +447,14 @@ class _Curve:
 
     def add(self, alpha: float, fa: torch.Tensor) -> None:
         j = self.alphas.index(alpha)
-        u = torch.addcmul(-self.f1m, fa.to(self.f1m.dtype), self.m)
+        u = torch.addcmul(self.neg_f1m, fa.to(self.f1m.dtype), self.m)
         self.d[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
         u.add_(self.delta, alpha=1.0 - float(alpha))
         self.res[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
 
     def finish(self) -> "_Curve":
         """Drop the feature tensors once every α is in (keeps only the per-sample numbers)."""
-        self.m = self.f1m = self.delta = None
+        self.m = self.f1m = self.neg_f1m = self.delta = None
         return self
 
 
@@ -517,6 +580,92 @@ class NonlinearityResult:
                    tuple(data["levels"]), scores)
 
 
+def _lerp_all(a: tuple, b: tuple, alpha: float) -> tuple:
+    return tuple(torch.lerp(x, y, float(alpha)) for x, y in zip(a, b))
+
+
+def _same(fast: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
+    return bool((fast - ref).abs().max() <= tol * max(1.0, float(ref.abs().max())))
+
+
+class _LayerRerun:
+    """The outputs of one layer's submodules (``layer``, ``attn``, ``mlp``, ``head``) of the working copy on
+    their cached inputs, for the α its parameters are currently set to.
+
+    Why it is cheap: with the input held fixed, the attention's q/k/v projections and the MLP's input
+    projections are affine in the parameters, so they are computed at α = 0 and α = 1 only and interpolated
+    for every other α; per α only the attention core, the output projections and the whole layer are re-run.
+    Call `outputs` for α = 1 and α = 0 before any other α. Whether the shortcut reproduces a module (an
+    unknown variant might not) is checked once per run against the capture pass's own outputs (``fast``
+    holds the verdict per module kind); where it does not, the module is re-run whole."""
+
+    def __init__(self, work: WorkingCopy, anatomy: Anatomy, layer: int, cap: LayerInputs, levels: Sequence[str],
+                 cap_alpha: float, fast: dict[str, bool]):
+        self.work, self.anatomy, self.layer, self.cap = work, anatomy, layer, cap
+        self.levels, self.cap_alpha, self.fast = tuple(levels), cap_alpha, fast
+        self.attn = work.module(anatomy.attn_path(layer))
+        self.mlp = work.module(anatomy.mlp_path(layer))
+        self.ends: dict[tuple[str, float], Optional[tuple]] = {}
+        self.affine_heads = attention_is_affine(self.attn)
+
+    def _attention(self, qkv: tuple, per_head: bool) -> torch.Tensor:
+        if self.affine_heads:
+            return attend(self.anatomy, self.attn, *qkv, self.cap.attn_kwargs, per_head=per_head)
+        return attention_from_projections(self.anatomy, self.attn, *qkv, self.cap.attn_kwargs, per_head=per_head)
+
+    def _projections(self, kind: str, alpha: float) -> Optional[tuple]:
+        if alpha in (0.0, 1.0):
+            if kind == "attn":
+                got = attention_projections(self.anatomy, self.attn, self.cap.attn_input())
+                if self.affine_heads:  # rotary embeddings are linear too: apply them to the two ends only
+                    got = split_heads(self.anatomy, self.attn, *got, self.cap.attn_kwargs)
+            else:
+                got = mlp_projections(self.anatomy, self.mlp, self.cap.mlp_input())
+            self.ends[(kind, alpha)] = got
+            return got
+        lo, hi = self.ends[(kind, 0.0)], self.ends[(kind, 1.0)]
+        return None if lo is None else _lerp_all(lo, hi, alpha)
+
+    def _verified(self, kind: str, fast_out: Optional[torch.Tensor]) -> bool:
+        if kind not in self.fast:
+            self.fast[kind] = fast_out is not None and _same(fast_out, self.cap.outputs[kind])
+        return self.fast[kind]
+
+    def outputs(self, alpha: float) -> dict[str, torch.Tensor]:
+        """``{level: features}`` at the working copy's current parameters (θ0 + α·τ on this layer)."""
+        a, cap, outs = self.anatomy, self.cap, {}
+        at_capture = alpha == self.cap_alpha  # the capture pass ran these very inputs at these parameters
+        if "head" in self.levels or "attn" in self.levels:
+            qkv = self._projections("attn", alpha)
+            if "head" in self.levels:
+                outs["head"] = self._attention(qkv, per_head=True)
+                if "attn" in self.levels:
+                    bias = attention_bias(a, self.attn)
+                    outs["attn"] = outs["head"].sum(1) + (bias if bias is not None else 0)
+            else:
+                fast_out = None
+                if at_capture or self.fast.get("attn"):
+                    fast_out = self._attention(qkv, per_head=False)
+                if at_capture:
+                    self._verified("attn", fast_out)
+                # one computation path for every α, so that an unchanged module gives bitwise-equal ends
+                outs["attn"] = fast_out if self.fast.get("attn") else run_submodule(self.work, a, self.layer,
+                                                                                    "attn", cap)
+        if "mlp" in self.levels:
+            pre = self._projections("mlp", alpha)
+            fast_out = None
+            if pre is not None and (at_capture or self.fast.get("mlp")):
+                fast_out = mlp_from_projections(a, self.mlp, pre)
+            if at_capture:
+                self._verified("mlp", fast_out)
+            outs["mlp"] = fast_out if self.fast.get("mlp") and fast_out is not None else run_submodule(
+                self.work, a, self.layer, "mlp", cap)
+        if "layer" in self.levels:
+            outs["layer"] = cap.outputs["layer"] if at_capture else run_submodule(self.work, a, self.layer, "layer",
+                                                                                  cap)
+        return outs
+
+
 def _check_alphas(alphas) -> tuple:
     try:
         al = tuple(float(a) for a in alphas)
@@ -621,6 +770,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
     step = 0
     acc: dict[tuple, list] = {}
     head_checked = False
+    fast: dict[str, bool] = {}  # per module kind: does the projection shortcut reproduce the module? (checked once)
 
     def tick(msg):
         nonlocal step
@@ -658,24 +808,13 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                 names = anatomy.params_of("layer", layer=i)
                 f1: dict[str, torch.Tensor] = {}
                 curves: dict[str, _Curve] = {}
+                rerun = _LayerRerun(work, anatomy, i, caps[i], sub, cap_alpha, fast)
                 for alpha in order:
                     work.lerp(target, alpha, names)
-                    outs = {}
-                    if "head" in sub:
-                        heads = run_submodule(work, anatomy, i, "head", caps[i])
-                        if not head_checked:
-                            check_head_decomposition(work, anatomy, i, caps[i], heads)
-                            head_checked = True
-                        outs["head"] = heads
-                        if "attn" in sub:
-                            bias = attention_bias(anatomy, work.module(anatomy.attn_path(i)))
-                            outs["attn"] = heads.sum(1) + (bias if bias is not None else 0)
-                    for level in sub:
-                        if level not in outs:
-                            if alpha == cap_alpha:  # the capture pass ran these very inputs at these parameters
-                                outs[level] = caps[i].outputs[level]
-                            else:
-                                outs[level] = run_submodule(work, anatomy, i, level, caps[i])
+                    outs = rerun.outputs(alpha)
+                    if "head" in outs and not head_checked:
+                        check_head_decomposition(work, anatomy, i, caps[i], outs["head"])
+                        head_checked = True
                     for level, fa in outs.items():
                         if alpha == 1.0:
                             f1[level] = fa
@@ -744,9 +883,13 @@ def score_function(fn, theta0, theta1, inputs: torch.Tensor, alphas: Sequence[fl
 
 
 def _set_head_slices(work: WorkingCopy, anatomy: Anatomy, target: dict, layer: int, head: int, alpha: float):
+    """Head ``head``'s slices to θ0 + α·τ, and the q/k norm weights (Qwen3) with them: they are shared by every
+    head, so each head's function moves with them (as in `nonlinearity_scores`, which moves the whole layer)."""
     for sl in anatomy.head_slices(layer, head):
         dst = sl.take(work.params[sl.name].data)
         dst.copy_(torch.lerp(sl.take(work.base[sl.name]), sl.take(target[sl.name]), float(alpha)))
+    shared = [n for n in anatomy.params_of("attn", layer=layer) if ".q_norm." in n or ".k_norm." in n]
+    work.lerp(target, alpha, shared)
 
 
 def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional[str] = None,

@@ -209,20 +209,49 @@ def test_unknown_architecture_keeps_model_level_only(tok):
     assert len(df) == 1 and df.nls_mean.iloc[0] > 0
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "mistral"])
-def test_attention_from_heads_equals_module_rerun(tok, kind):
-    """With heads asked, the attn level is Σ heads + o bias; without, the module itself is re-run: same scores
-    (Qwen2 has q/k/v biases, Mistral a sliding-window config)."""
-    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def _variant(kind, vocab):
+    from transformers import (MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     torch.manual_seed(0)
-    kw = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+    kw = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=128)
-    base = (Qwen2ForCausalLM(Qwen2Config(**kw)) if kind == "qwen2"
-            else MistralForCausalLM(MistralConfig(**kw, head_dim=8))).eval()
+    if kind == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**kw)).eval()
+    if kind == "qwen3":
+        return Qwen3ForCausalLM(Qwen3Config(**kw, head_dim=8)).eval()
+    return MistralForCausalLM(MistralConfig(**kw, head_dim=8)).eval()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "mistral", "qwen3"])
+def test_projection_shortcut_equals_direct_recomputation(tok, kind):
+    """attn, mlp and heads come from projections interpolated between α = 0 and 1 (linear steps included, q/k
+    norms re-applied per α for Qwen3); they must equal full forward passes with hooks (Qwen2 has q/k/v biases,
+    Mistral a sliding-window config, Qwen3 q/k norms)."""
+    base = _variant(kind, len(tok))
     ft = _perturbed(base, scale=1.0)
-    with_heads = nonlinearity_scores((base, ft, tok, PAIRS), "m", levels=("attn", "head"), samples=4).to_frame()
-    alone = nonlinearity_scores((base, ft, tok, PAIRS), "m", levels=("attn",), samples=4).to_frame()
-    np.testing.assert_allclose(with_heads[with_heads.level == "attn"].nls_mean.to_numpy(), alone.nls_mean.to_numpy(),
-                               atol=1e-5)
-    assert alone.nls_mean.min() > 1e-3
+    args = dict(samples=4, alphas=(0.0, 0.2, 0.5, 0.8), batch_size=2)
+    for levels in [("attn", "head", "mlp", "layer"), ("attn",)]:
+        fast = nonlinearity_scores((base, ft, tok, PAIRS), "m", levels=levels, **args).to_frame()
+        slow = direct_scores((base, ft, tok, PAIRS), "m", levels=levels, **args).to_frame()
+        np.testing.assert_allclose(np.stack(fast.curve), np.stack(slow.curve), atol=2e-4)
+        assert fast.nls_mean.min() > 1e-3
+
+
+def test_unrecognised_mlp_is_rerun_whole(tok):
+    """An MLP whose forward is not down(act(gate)·up) fails the one-time check against the capture pass and is
+    re-run as a module: scores still equal direct recomputation (they would not through the shortcut)."""
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    class ShiftedMLP(LlamaMLP):
+        def forward(self, x):
+            return super().forward(x) + torch.tanh(x)
+
+    base = _llama(len(tok))
+    for layer in base.model.layers:
+        layer.mlp.__class__ = ShiftedMLP
+    ft = _perturbed(base, scale=1.0, only=("mlp",))
+    args = dict(samples=4, alphas=(0.0, 0.5), levels=("mlp",), batch_size=4)
+    fast = nonlinearity_scores((base, ft, tok, PAIRS), "m", **args).to_frame()
+    slow = direct_scores((base, ft, tok, PAIRS), "m", **args).to_frame()
+    np.testing.assert_allclose(np.stack(fast.curve), np.stack(slow.curve), atol=2e-4)
