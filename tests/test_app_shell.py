@@ -224,6 +224,52 @@ def test_run_once_shows_progress_then_result_and_ignores_a_second_click():
     assert not at.exception
     assert [m.value for m in at.markdown] == ["result 7"]
 
+def _slot_script():
+    import threading
+
+    import streamlit as st
+
+    from forgetlab.ui import job_key, run_once
+
+    gate = st.session_state.setdefault("gate", threading.Event())
+    delivered = st.session_state.setdefault("delivered", [])
+
+    def work(progress):
+        progress.publish("half way")
+        assert gate.wait(10)
+        return 7
+
+    clicked = st.button("Go")
+    key = job_key(st.session_state["slot"], st.session_state.get("setting", 1))
+    result = run_once(key, work, start=clicked, label="Slot job", slot=st.session_state["slot"],
+                      on_done=delivered.append, show_partial=lambda partial: st.write(f"partial: {partial}"))
+    if result is not None:
+        st.write(f"result {result}")
+
+
+def test_run_once_follows_the_slot_job_shows_partial_and_hands_the_result_over_once():
+    from tests.jobs_helper import finish_jobs, running_jobs
+
+    slot = f"slot{int(time.time() * 1000)}"
+    at = AppTest.from_function(_slot_script)
+    at.session_state["slot"] = slot
+    at.run(timeout=30)
+    at.button[0].click().run(timeout=30)
+    (job,) = running_jobs(slot)
+    for _ in range(100):
+        if job.partial is not None:
+            break
+        time.sleep(0.05)
+    at.session_state["setting"] = 2                  # the widgets no longer give the job's key
+    at.run(timeout=30)
+    assert len(at.get("progress")) == 1 and "partial: half way" in [m.value for m in at.markdown]
+    at.session_state["gate"].set()
+    finish_jobs(at, slot)
+    assert not at.exception and [m.value for m in at.markdown] == ["result 7"]
+    at.run(timeout=30)
+    assert at.session_state["delivered"] == [7]      # on_done once per job and session, not per rerun
+
+
 # ---------------------------------------------------------------- navigation order
 
 
