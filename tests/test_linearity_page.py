@@ -34,7 +34,14 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
     assert list(table["level"].unique()) == ["model", "layer", "attn", "mlp", "head"]
     assert len(table) == 1 + 3 * 2 + 4 * 2 and table["nls_mean"].notna().all()
     assert len(at.get("plotly_chart")) == 3  # heatmap, bars, curves
-    assert len(at.metric) == 5
+    assert [m.label for m in at.metric][:5] == [f"NLS · {lv}" for lv in ("model", "layer", "attn", "mlp", "head")]
+    # the task vector's size, which decides how linear submodules can be, computed another way
+    from forgetlab.pool import ModelPool
+    from forgetlab.taskvec import distance
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    expected = distance(pool.checkpoint("ft1").state_dict(), pool.checkpoint("base").state_dict())
+    assert at.metric[5].label == "D(θ, θ0)" and abs(float(at.metric[5].value) - expected) < 1e-4
     # a rerun with the same settings shows the cached result without recomputing (no status box)
     at.run()
     assert len(at.dataframe) == 1 and not at.get("status")

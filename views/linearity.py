@@ -25,6 +25,14 @@ def _results() -> dict:
     return {}
 
 
+@st.cache_data(show_spinner=False)
+def _distance(pool_key: str, model: str) -> float:
+    """D(θ, θ0) of a pool model, once per pool file version and model."""
+    from forgetlab.taskvec import checkpoint_distance
+
+    return checkpoint_distance(pool, model)
+
+
 def _alphas(text: str) -> tuple[float, ...]:
     try:
         alphas = tuple(float(v) for v in text.replace(",", " ").split())
@@ -87,13 +95,18 @@ with right:
         result = last
     if result is None:
         st.info("Choose the settings and press **Compute scores**. The whole table (every layer, module and "
-                "head) costs about as much as a few forward passes per α.")
+                "head) costs about three times the model level alone (docs/linearity.md).")
         st.stop()
     by_level = result.by_level()
-    cols = st.columns(len(by_level))
+    cols = st.columns(len(by_level) + 1)
     for c, row in zip(cols, by_level.itertuples()):
         c.metric(f"NLS · {row.level}", f"{row.nls_mean:.4f}", help=f"± {row.nls_std:.4f} over samples, "
                  f"{row.submodules} submodule(s)")
+    with show_errors():
+        cols[-1].metric("D(θ, θ0)", f"{_distance(pool.key, result.model):.4f}",
+                        help="mean relative distance ‖θ − θ0‖ / ‖θ0‖ over tensors. Submodules are near-linear "
+                             "for small task vectors (SmolLM2 fine-tunes: D ≈ 0.004) and far from it for large ones "
+                             "(pico: D ≈ 0.2–0.3), see docs/linearity.md.")
     st.plotly_chart(nls_heatmap(result), key="linearity_heatmap")
     st.plotly_chart(level_bars(result), key="linearity_bars")
     frame = result.to_frame()
