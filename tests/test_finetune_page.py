@@ -39,6 +39,11 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     table = at.dataframe[0].value
     assert list(table["label"]) == ["mofo-0.2"] and table["steps"].item() == 4
     assert len(at.get("plotly_chart")) == 3
+    # the trained model moved into the session: the finished job, kept for other tabs, holds no copy of it
+    from forgetlab.ui.jobs import REGISTRY
+
+    done = [j for j in REGISTRY.jobs() if j.key.startswith("finetune") and j.status == "done"][0]
+    assert "model" not in done.result and at.session_state["finetune_model"] is not None
     at.text_input(key="finetune_save_name").set_value("math-mofo")
     at.button(key="finetune_save").click().run()
     assert not at.exception, at.exception

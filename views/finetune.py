@@ -87,7 +87,7 @@ with right:
             result = compare(pool, task, configs, progress=progress, **common,
                              on_run=lambda run, partial: progress.publish(FinetuneComparison(
                                  partial.task, partial.start, list(partial.runs), partial.recipe)))
-        return result, model, save_finetune_run(result)
+        return {"result": result, "model": model, "path": save_finetune_run(result)}
 
     def show_partial(partial) -> None:
         if isinstance(partial, pd.DataFrame):
@@ -97,9 +97,10 @@ with right:
             st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
             st.plotly_chart(trajectories_figure(partial), key="finetune_live")
 
-    def keep(done) -> None:
-        st.session_state[RESULT_KEY], st.session_state[MODEL_KEY], path = done
-        st.toast(f"Saved under {path}")
+    def keep(done: dict) -> None:
+        # the model moves into this session: the finished job (kept for other tabs) must not hold a model copy
+        st.session_state[RESULT_KEY], st.session_state[MODEL_KEY] = done["result"], done.pop("model", None)
+        st.toast(f"Saved under {done['path']}")
 
     key = job_key("finetune", pool.key, str(workspace_home()), task, [c.to_dict() for c in configs], common)
     run_once(key, work, start=go, label=f"Fine-tuning {start} on {task} ({len(configs)} run(s))", slot="finetune",
