@@ -57,3 +57,11 @@ def check_fraction(name: str, value: float) -> float:
     if not (0.0 <= v <= 1.0):
         raise ParameterError(f"{name} must lie in [0, 1]; got {v}. Pass a value between 0 and 1.")
     return v
+
+
+def parse_floats(text: str, what: str = "the values") -> list[float]:
+    """'0, 0.1 0.2' → [0.0, 0.1, 0.2] (commas and/or spaces); ParameterError naming `what` on bad input."""
+    try:
+        return [float(v) for v in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise ParameterError(f"Cannot read {what} {text!r} as numbers; write them like 0, 0.5, 1.") from None

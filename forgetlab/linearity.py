@@ -666,7 +666,8 @@ class _LayerRerun:
         return outs
 
 
-def _check_alphas(alphas) -> tuple:
+def check_alphas(alphas) -> tuple:
+    """The α grid as a tuple of floats: distinct, in [0, 1) (α = 1 is the reference); ParameterError otherwise."""
     try:
         al = tuple(float(a) for a in alphas)
     except (TypeError, ValueError):
@@ -743,7 +744,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
     """
     if capture not in CAPTURES:
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
-    al = _check_alphas(alphas)
+    al = check_alphas(alphas)
     inp = resolve_models(pool_or_models, task, model, device)
     pairs = select_pairs(inp.pairs, samples, inp.task)
     check_same_structure(inp.base, inp.finetuned)
@@ -862,7 +863,7 @@ def score_function(fn, theta0, theta1, inputs: torch.Tensor, alphas: Sequence[fl
     """d_x(α), NLS_x and the Property 1 residual of any function ``fn(x, θ)`` on a batch of inputs
     (``inputs[i]`` is sample x_i; ``θ`` a tensor or a tuple of tensors, interpolated as θ0 + α·(θ1 − θ0)).
     The same formulas as `nonlinearity_scores`, for a submodule given as a plain function."""
-    al = _check_alphas(alphas)
+    al = check_alphas(alphas)
     t0 = theta0 if isinstance(theta0, (tuple, list)) else (theta0,)
     t1 = theta1 if isinstance(theta1, (tuple, list)) else (theta1,)
 
@@ -901,7 +902,7 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
     θ0 + α·τ, and the submodule's output is read with a hook. Slow; the reference for tests and benchmarks."""
     if capture not in CAPTURES:
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
-    al = _check_alphas(alphas)
+    al = check_alphas(alphas)
     inp = resolve_models(pool_or_models, task, model)
     pairs = select_pairs(inp.pairs, samples, inp.task)
     check_same_structure(inp.base, inp.finetuned)

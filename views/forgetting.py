@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab import sweeps
-from forgetlab.errors import ParameterError
+from forgetlab.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
                           workspace_home)
@@ -23,13 +23,6 @@ require_finetuned(pool, "sweep")
 KIND_LABELS = {"alpha": "WiSE-FT α curve", "pruning": "FAPM pruning curve (+ ablations)",
                "density": "DARE / TIES density curve", "hma": "HMA grid (α per block)"}
 RESULT_KEY = "forgetting_result"
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0, 0.5, 1.") from None
 
 
 def _csv(values) -> str:
@@ -50,22 +43,23 @@ with left:
     with show_errors():
         if kind == "alpha":
             text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas")
-            extra = {"alphas": _floats(text)}
+            extra = {"alphas": parse_floats(text, "the α values")}
         elif kind == "pruning":
             text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios")
             scores = st.multiselect("scores", list(sweeps.PRUNING_SCORES), default=list(sweeps.PRUNING_SCORES),
                                     key="forgetting_scores",
                                     help="fapm: |τ| − mean|W0|·|τ|/|W0|; magnitude: |τ|; relative: −|τ|/|W0|")
-            extra = {"ratios": _floats(text), "scores": scores}
+            extra = {"ratios": parse_floats(text, "the pruning ratios"), "scores": scores}
         elif kind == "density":
             drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops")
             keeps = st.text_input("TIES keep fractions", _csv(sweeps.DEFAULT_KEEPS), key="forgetting_keeps")
             seed = st.number_input("DARE seed", 0, 2**31 - 1, 0, key="forgetting_seed")
-            extra = {"drops": _floats(drops), "keeps": _floats(keeps), "seed": int(seed)}
+            extra = {"drops": parse_floats(drops, "the drop rates"), "seed": int(seed),
+                     "keeps": parse_floats(keeps, "the keep fractions")}
         else:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
-            extra = {"grid": [_floats(line) for line in text.splitlines() if line.strip()]}
+            extra = {"grid": [parse_floats(line, "the α tuple") for line in text.splitlines() if line.strip()]}
     c1, c2 = st.columns(2)
     max_general = c1.number_input("general blocks (max)", 1, 4096, 32, key="forgetting_max_general")
     max_task = c2.number_input("pairs per task (max)", 1, 4096, 50, key="forgetting_max_task")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab import linearity
-from forgetlab.errors import ParameterError
+from forgetlab.errors import ParameterError, parse_floats
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 
@@ -31,17 +31,6 @@ def _distance(pool_key: str, model: str) -> float:
     from forgetlab.taskvec import checkpoint_distance
 
     return checkpoint_distance(pool, model)
-
-
-def _alphas(text: str) -> tuple[float, ...]:
-    try:
-        alphas = tuple(float(v) for v in text.replace(",", " ").split())
-    except ValueError:
-        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0, 0.1, 0.2.") from None
-    if not alphas or any(not 0 <= a < 1 for a in alphas) or len(set(alphas)) != len(alphas):
-        raise ParameterError(f"The alphas must be distinct numbers in [0, 1) (α = 1 is the reference); got "
-                             f"{text!r}. Write them like 0, 0.25, 0.5.")
-    return alphas
 
 
 left, right = st.columns([1, 3])
@@ -71,7 +60,7 @@ with left:
 key = None
 device, _dtype = device_settings()
 with show_errors():
-    alphas = _alphas(alpha_text)
+    alphas = linearity.check_alphas(parse_floats(alpha_text, "the α grid"))
     if not levels:
         raise ParameterError("Choose at least one level (model, layer, attn, mlp or head).")
     key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture, device)

@@ -5,7 +5,7 @@ import time
 
 import streamlit as st
 
-from forgetlab.errors import ParameterError
+from forgetlab.errors import ParameterError, parse_floats
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace,
@@ -26,13 +26,6 @@ require_finetuned(pool, "merge")
 load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 CACHE_KEY = "merge_card_cache"
-
-
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0.1, 0.2, 0.3.") from None
 
 
 def _param_widget(method: str, p, models: list[str]):
@@ -56,7 +49,7 @@ def _param_widget(method: str, p, models: list[str]):
         choices = list(p.choices)
         return st.selectbox(p.name, choices, index=choices.index(p.default), key=key, help=p.help)
     text = st.text_input(p.name, ", ".join(f"{v:g}" for v in p.default), key=key, help=p.help)
-    return _floats(text)
+    return parse_floats(text, p.name)
 
 
 left, right = st.columns([1, 2])

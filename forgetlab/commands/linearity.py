@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import OutputExistsError, ParameterError
+from forgetlab.errors import OutputExistsError, ParameterError, parse_floats
 
 
 def register(sub) -> None:
@@ -71,14 +71,6 @@ def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
         raise
     emit(f"wrote {path}")
     return path
-
-
-def parse_floats(text: str, what: str) -> list[float]:
-    """'0,0.1, 0.2' → [0.0, 0.1, 0.2], with a message on bad input."""
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise ParameterError(f"Cannot read {what} {text!r}; write numbers like 0,0.1,0.2.") from None
 
 
 def cmd_linearity(args) -> int:

@@ -2,17 +2,9 @@
 from __future__ import annotations
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.errors import parse_floats
 
 SHOWN = ["series", "x", "speciality", "answer_loss", "general_loss", "distance", "pareto"]
-
-
-def _floats(text: str) -> list[float]:
-    from forgetlab.errors import ParameterError
-
-    try:
-        return [float(v) for v in text.replace(",", " ").split()]
-    except ValueError:
-        raise ParameterError(f"Cannot read {text!r} as numbers; write them like 0.1,0.2,0.3.") from None
 
 
 def _common(p) -> None:
@@ -74,13 +66,14 @@ def cmd_sweep(args) -> int:
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
                   batch_size=args.batch_size, device=args.device)
     if args.kind == "alpha":
-        extra = dict(alphas=_floats(args.alphas))
+        extra = dict(alphas=parse_floats(args.alphas, "--alphas"))
     elif args.kind == "pruning":
-        extra = dict(ratios=_floats(args.ratios), scores=args.scores)
+        extra = dict(ratios=parse_floats(args.ratios, "--ratios"), scores=args.scores)
     elif args.kind == "density":
-        extra = dict(drops=_floats(args.drops), keeps=_floats(args.keeps), methods=args.methods, seed=args.seed)
+        extra = dict(drops=parse_floats(args.drops, "--drops"), keeps=parse_floats(args.keeps, "--keeps"),
+                     methods=args.methods, seed=args.seed)
     else:
-        extra = dict(grid=[_floats(t) for t in args.grid] if args.grid else sweeps.HMA_TRIPLES)
+        extra = dict(grid=[parse_floats(t, "--grid") for t in args.grid] if args.grid else sweeps.HMA_TRIPLES)
     update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
     try:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)
