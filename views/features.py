@@ -6,7 +6,7 @@ import streamlit as st
 from forgetlab import features
 from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.errors import ParameterError
-from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
 
 st.title("Features")
 st.caption("One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
@@ -14,9 +14,7 @@ st.caption("One point per probe sample: a submodule's output, averaged over the 
            "the model.")
 
 pool = require_pool()
-if not pool.task_names:
-    st.info("The pool has no probe data: add tasks with probe files to the pool file.")
-    st.stop()
+require_tasks(pool, "a feature map")
 
 
 @st.cache_resource

@@ -7,8 +7,8 @@ import streamlit as st
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
 from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
                                   save_finetuned, standard_configs)
-from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
+                          show_errors, workspace_home)
 
 st.title("Fine-tune")
 st.caption("Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
@@ -16,9 +16,7 @@ st.caption("Fine-tune on a task and watch what it costs: held-out general loss, 
            "data, steps and seed.")
 
 pool = require_pool()
-if not pool.task_names:
-    st.info("The pool has no tasks; add task files under `probes: tasks:` in the pool file.")
-    st.stop()
+require_tasks(pool, "fine-tuning")
 
 RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
 

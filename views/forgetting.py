@@ -9,8 +9,8 @@ import streamlit as st
 from forgetlab import sweeps
 from forgetlab.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
+                          show_errors, workspace_home)
 
 st.title("Forgetting")
 st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -60,14 +60,12 @@ with left:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
             extra = {"grid": [parse_floats(line, "the α tuple") for line in text.splitlines() if line.strip()]}
-    c1, c2 = st.columns(2)
-    max_general = c1.number_input("general blocks (max)", 1, 4096, 32, key="forgetting_max_general")
-    max_task = c2.number_input("pairs per task (max)", 1, 4096, 50, key="forgetting_max_task")
+    max_general, max_task = eval_limits("forgetting")
     run = st.button("Run sweep", type="primary", key="forgetting_run")
 
 with right:
     device, _dtype = device_settings()
-    settings = dict(task=task, device=device, max_general=int(max_general), max_task=int(max_task), **extra)
+    settings = dict(task=task, device=device, max_general=max_general, max_task=max_task, **extra)
     key = job_key("forgetting", pool.key, str(workspace_home()), model, kind, settings)
     start = False
     if run and extra:

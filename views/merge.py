@@ -12,8 +12,8 @@ from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_me
                                       pool_recipe, saved_merges, search_pool_lambdas)
 from forgetlab.plots.merge import scorecard_figure
 from forgetlab.progress import scaled
-from forgetlab.ui import (device_settings, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
+                          show_errors, workspace_home)
 
 st.title("Merge")
 st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
@@ -73,9 +73,7 @@ with left:
     dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
     default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
-    c1, c2 = st.columns(2)
-    max_general = c1.number_input("general blocks (max)", 1, 4096, 32, key="merge_max_general")
-    max_task = c2.number_input("pairs per task (max)", 1, 4096, 50, key="merge_max_task")
+    max_general, max_task = eval_limits("merge")
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
 
 with right:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import OutputExistsError, ParameterError, parse_floats
+from forgetlab.errors import OutputExistsError, parse_floats
 
 
 def register(sub) -> None:

@@ -8,10 +8,11 @@
 """
 from forgetlab.ui.errors import render_error, show_errors
 from forgetlab.ui.jobs import REGISTRY, Job, JobCancelled, JobRegistry, job_key, run_once
-from forgetlab.ui.pool import clear_pool_cache, get_pool, require_finetuned, require_pool
+from forgetlab.ui.pool import clear_pool_cache, get_pool, require_finetuned, require_pool, require_tasks
 from forgetlab.ui.progress import progress_bar
 from forgetlab.ui.settings import (
     device_settings,
+    eval_limits,
     pool_path,
     render_device_settings,
     set_pool_path,
@@ -20,8 +21,8 @@ from forgetlab.ui.settings import (
 )
 
 __all__ = [
-    "REGISTRY", "Job", "JobCancelled", "JobRegistry", "clear_pool_cache", "device_settings", "get_pool",
+    "REGISTRY", "Job", "JobCancelled", "JobRegistry", "clear_pool_cache", "device_settings", "eval_limits", "get_pool",
     "job_key", "pool_path", "progress_bar", "render_device_settings", "render_error", "require_finetuned",
-    "require_pool",
+    "require_pool", "require_tasks",
     "run_once", "set_pool_path", "show_errors", "workspace_home", "zoo_presets",
 ]

@@ -101,6 +101,14 @@ def require_pool() -> "ModelPool":
     return pool
 
 
+def require_tasks(pool: "ModelPool", what: str) -> None:
+    """Stop the page with a hint when the pool has no task with probe data, which `what` needs."""
+    if not pool.task_names:
+        st.info(f"The pool has no tasks, which {what} needs: add task files under `probes: tasks:` in the pool "
+                "file.")
+        st.stop()
+
+
 def require_finetuned(pool: "ModelPool", purpose: str) -> None:
     """Stop the page with a hint when the pool has no fine-tuned model to `purpose` (e.g. "sweep")."""
     if not pool.model_names:

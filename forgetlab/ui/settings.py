@@ -99,3 +99,12 @@ def set_pool_path(path: str | os.PathLike | None) -> None:
 def reset_pool_choice() -> None:
     """Forget the session's pool choice: `pool_path()` falls back to `default_pool_path()`."""
     st.session_state.pop(POOL_KEY, None)
+
+
+def eval_limits(page: str, general: int = 32, task: int = 50) -> tuple[int, int]:
+    """Two inputs side by side, keyed by page: how many held-out general blocks and eval pairs per task an
+    evaluation uses (fewer: faster, noisier). Returns (max_general, max_task)."""
+    c1, c2 = st.columns(2)
+    max_general = c1.number_input("general blocks (max)", 1, 4096, general, key=f"{page}_max_general")
+    max_task = c2.number_input("pairs per task (max)", 1, 4096, task, key=f"{page}_max_task")
+    return int(max_general), int(max_task)
