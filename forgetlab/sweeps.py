@@ -72,8 +72,11 @@ class SweepPoint:
         """Generality as held-out general-text loss (lower is better)."""
         return self.scorecard.general_loss
 
-    def speciality(self, task: Optional[str] = None) -> float:
-        """Exact match on `task` (the mean over the pool's tasks when None)."""
+    def speciality(self, task: Optional[str] = None, measure: str = "exact_match") -> float:
+        """Exact match on `task` (the mean over the pool's tasks when None), or with ``measure="answer_loss"``
+        its answer-token loss (lower is better; see `MEASURES`)."""
+        if check_measure(measure) == "answer_loss":
+            return self.answer_loss(task)
         if task is not None and task in self.scorecard.tasks:
             return self.scorecard.tasks[task].exact_match
         return self.scorecard.speciality(None)
@@ -103,8 +106,9 @@ class SweepPoint:
 class SweepResult:
     """A finished (or running) sweep: the points so far, what was swept, and the recipe to redo it.
 
-    `task` is the task whose exact match is the speciality axis (None: the mean over tasks); `x_name` names
-    the swept setting (alpha, ratio, density, mean_alpha).
+    `task` is the task whose skill is the speciality axis (None: the mean over tasks), `measure` how that
+    skill is measured (`MEASURES`: exact match ↑, or answer loss ↓, which also moves when exact match is
+    still 0); `x_name` names the swept setting (alpha, ratio, density, mean_alpha).
     """
 
     kind: str
@@ -114,6 +118,7 @@ class SweepResult:
     points: list[SweepPoint] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    measure: str = "exact_match"
 
     @property
     def series(self) -> list[str]:
@@ -122,15 +127,17 @@ class SweepResult:
 
     def mark_pareto(self) -> list[bool]:
         """Set `pareto` on every point (front over all series together); returns the flags."""
-        return pareto_front(self.points, task=self.task)
+        return pareto_front(self.points, task=self.task, measure=self.measure)
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per point: series, x (and its named column), speciality, answer_loss, general_loss,
-        perplexity, distance, pareto, settings (JSON), then `<task>/exact_match` and `<task>/answer_loss`."""
+        """One row per point: series, x (and its named column), speciality (in `measure`), measure,
+        answer_loss, general_loss, perplexity, distance, pareto, settings (JSON), then `<task>/exact_match` and
+        `<task>/answer_loss`."""
         rows = []
         for p in self.points:
             row = {"kind": self.kind, "model": self.model, "series": p.series, "x": p.x, self.x_name: p.x,
-                   "speciality": p.speciality(self.task), "answer_loss": p.answer_loss(self.task),
+                   "speciality": p.speciality(self.task, self.measure), "measure": self.measure,
+                   "answer_loss": p.answer_loss(self.task),
                    "general_loss": p.general_loss, "perplexity": p.scorecard.perplexity,
                    "distance": p.distance, "pareto": p.pareto,
                    "settings": json.dumps(p.settings, sort_keys=True)}
@@ -139,7 +146,7 @@ class SweepResult:
                 row[f"{t.task}/answer_loss"] = t.answer_loss
             rows.append(row)
         if not rows:
-            return pd.DataFrame(columns=["kind", "model", "series", "x", self.x_name, "speciality",
+            return pd.DataFrame(columns=["kind", "model", "series", "x", self.x_name, "speciality", "measure",
                                          "answer_loss", "general_loss", "perplexity", "distance", "pareto",
                                          "settings"])
         return pd.DataFrame(rows)
@@ -147,20 +154,33 @@ class SweepResult:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"kind": self.kind, "model": self.model, "task": self.task, "x_name": self.x_name,
-                "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds}
+                "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds,
+                "measure": self.measure}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepResult":
         """Rebuild an object saved with `to_dict`."""
         return cls(kind=d["kind"], model=d["model"], task=d.get("task"), x_name=d["x_name"],
                    points=[SweepPoint.from_dict(p) for p in d.get("points", [])],
-                   recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)))
+                   recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)),
+                   measure=check_measure(d.get("measure", "exact_match")))
 
 
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
 
 
 # ------------------------------------------------------------------------------------------ Pareto front
+
+MEASURES: dict[str, tuple[str, bool]] = {"exact_match": ("exact match", True), "answer_loss": ("answer loss", False)}
+"""How speciality is measured: name → (label, higher is better)."""
+
+
+def check_measure(measure: str) -> str:
+    """`measure` if it is one of `MEASURES`, else ParameterError naming the choices."""
+    if measure not in MEASURES:
+        raise ParameterError(f"Unknown speciality measure {measure!r}; choose one of {', '.join(MEASURES)}.")
+    return measure
+
 
 
 def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> list[bool]:
@@ -184,16 +204,18 @@ def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> l
     return flags
 
 
-def pareto_front(points: Sequence[Any], task: Optional[str] = None) -> list[bool]:
+def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str = "exact_match") -> list[bool]:
     """Mark the non-dominated points (speciality up, general loss down) and return the flags.
 
-    `points` are `SweepPoint`s (their `pareto` attribute is set; speciality on `task`), objects with
-    `speciality` and `general_loss` attributes, or `(speciality, general_loss)` pairs.
+    `points` are `SweepPoint`s (their `pareto` attribute is set; speciality on `task` in `measure`, an
+    answer loss counting as better when lower), objects with `speciality` and `general_loss` attributes, or
+    `(speciality, general_loss)` pairs.
     """
     spec, gen = [], []
+    sign = 1.0 if MEASURES[check_measure(measure)][1] else -1.0
     for p in points:
         if isinstance(p, SweepPoint):
-            spec.append(p.speciality(task))
+            spec.append(sign * p.speciality(task, measure))
             gen.append(p.general_loss)
         elif isinstance(p, (tuple, list)) and len(p) == 2:
             spec.append(p[0])

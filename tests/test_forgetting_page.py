@@ -35,6 +35,13 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert table["pareto"].any()
     assert len(at.get("plotly_chart")) == 2           # trade-off scatter + curves
     assert len(list((tmp_path / "runs").iterdir())) == 1
+    # speciality measured by answer loss: the charts and table change, nothing is recomputed
+    at.radio(key="forgetting_measure").set_value("answer_loss").run()
+    assert not at.exception, at.exception
+    by_loss = at.dataframe[0].value
+    assert set(by_loss["measure"]) == {"answer_loss"}
+    assert list(by_loss["speciality"]) == list(by_loss["answer_loss"]) == list(table["answer_loss"])
+    assert len(list((tmp_path / "runs").iterdir())) == 1
     # a fresh session shows the saved sweep
     again = _page(tiny_llama.pool_yaml)
     again.run()

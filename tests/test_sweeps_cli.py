@@ -19,6 +19,22 @@ def test_sweep_alpha_cli(tiny_llama, tmp_path, monkeypatch, capsys):
     assert len(runs) == 1
     res = load_sweep(runs[0].path)
     assert [p.x for p in res.points] == [0.0, 0.5, 1.0]
+    assert res.measure == "exact_match"
+
+
+def test_sweep_cli_answer_loss_measure(tiny_llama, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    out = tmp_path / "alpha.csv"
+    code = main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "0,1",
+                 "--max-general", "2", "--max-task", "2", "--device", "cpu", "--measure", "answer_loss",
+                 "--out", str(out)])
+    assert code == 0
+    assert "answer loss" in capsys.readouterr().out
+    import pandas as pd
+
+    frame = pd.read_csv(out)
+    assert list(frame["speciality"]) == list(frame["answer_loss"])
+    assert load_sweep(list_runs(tmp_path, kind="sweep-alpha")[0].path).measure == "answer_loss"
 
 
 def test_sweep_pruning_and_hma_cli(tiny_llama, tmp_path, monkeypatch, capsys):

@@ -24,3 +24,36 @@ def test_tradeoff_front_and_curves():
     curves = curves_figure(res)
     assert len(curves.data) == 6      # 2 series × 3 panels
     assert list(curves.data[0].y) == [0.9, 0.8, 0.1]
+
+
+def _scored(series, x, em, answer_loss, general_loss):
+    card = Scorecard("m", general_loss, 2.0, 10, {"math": TaskScore("math", em, answer_loss, 4)})
+    return SweepPoint(series, x, {"x": x}, card, distance=x)
+
+
+def test_answer_loss_measure_ranks_lower_loss_as_better():
+    """Exact match 0 everywhere except one point: with exact match the front is (B, D); measured by answer
+    loss (lower is better) it is (A, B): D has the worst answer loss, C is beaten by B on both axes."""
+    import pytest
+
+    from forgetlab.errors import ParameterError
+
+    pts = [_scored("wise-ft", 0.0, 0.0, 1.0, 3.0), _scored("wise-ft", 0.3, 0.0, 2.0, 2.0),
+           _scored("wise-ft", 0.6, 0.0, 2.5, 2.5), _scored("wise-ft", 1.0, 0.1, 3.0, 3.5)]
+    res = SweepResult("alpha", "ft", "math", "alpha", pts)
+    assert res.mark_pareto() == [False, True, False, True]
+    res.measure = "answer_loss"
+    assert res.mark_pareto() == [True, True, False, False]
+    frame = res.to_frame()
+    assert list(frame["speciality"]) == [1.0, 2.0, 2.5, 3.0] and set(frame["measure"]) == {"answer_loss"}
+    fig = tradeoff_figure(res)
+    front = [t for t in fig.data if t.name == "Pareto front"][0]
+    assert list(front.x) == [2.0, 3.0] and list(front.y) == [2.0, 1.0]
+    assert "answer loss ↓" in fig.layout.yaxis.title.text
+    curves = curves_figure(res)
+    assert list(curves.data[0].y) == [1.0, 2.0, 2.5, 3.0]
+    assert curves.layout.annotations[0].text == "math answer loss ↓"
+    # the measure is saved with the sweep, and an unknown one is refused with the choices
+    assert SweepResult.from_dict(res.to_dict()).measure == "answer_loss"
+    with pytest.raises(ParameterError, match="exact_match, answer_loss"):
+        tradeoff_figure(res, measure="perplexity")

@@ -38,6 +38,10 @@ with left:
                                index=task_options.index(guess) if guess in task_options else 0,
                                key=f"forgetting_task_{model}")
     task = None if task_choice == task_options[0] else task_choice
+    measure = st.radio("speciality measured by", list(sweeps.MEASURES), horizontal=True, key="forgetting_measure",
+                       format_func=lambda m: sweeps.MEASURES[m][0],
+                       help="exact match (↑) of the answers, or the loss on the answer tokens (↓), which moves "
+                            "before exact match does. Only the charts change; nothing is recomputed.")
     kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind")
     extra: dict = {}
     with show_errors():
@@ -81,7 +85,7 @@ with right:
 
     def show_partial(partial) -> None:
         st.caption(f"{len(partial.points)} point(s) so far")
-        st.plotly_chart(tradeoff_figure(partial, task=partial.task), key="forgetting_live")
+        st.plotly_chart(tradeoff_figure(partial, task=partial.task, measure=measure), key="forgetting_live")
 
     def keep(done) -> None:
         st.session_state[RESULT_KEY] = done[0]
@@ -113,6 +117,7 @@ with right:
     else:
         for r in results:
             r.task = task if task is not None else r.task
+            r.measure = measure
         st.subheader("Speciality vs generality, every series")
         st.plotly_chart(tradeoff_figure(results, task=task, ids=ids), key="forgetting_tradeoff")
         for i, r in enumerate(results):

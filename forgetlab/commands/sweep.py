@@ -15,6 +15,9 @@ def _common(p) -> None:
     p.add_argument("--tasks", nargs="*", default=None, help="tasks to evaluate (default: all)")
     p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
     p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
+    p.add_argument("--measure", choices=["exact_match", "answer_loss"], default="exact_match",
+                   help="speciality measure of the table and the Pareto front: exact match (higher is better, "
+                        "default) or answer-token loss (lower is better)")
     p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="also write the table to this CSV or JSON file")
@@ -79,8 +82,11 @@ def cmd_sweep(args) -> int:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)
     finally:
         close()
+    result.measure = args.measure
+    result.mark_pareto()
     frame = result.to_frame()
-    emit(f"{args.kind} sweep of {args.model} (speciality: {result.task or 'mean over tasks'} exact match; "
+    emit(f"{args.kind} sweep of {args.model} (speciality: {result.task or 'mean over tasks'} "
+         f"{sweeps.MEASURES[result.measure][0]}; "
          f"x = {result.x_name}; {len(result.points)} points in {result.seconds:.1f} s)")
     emit_frame(frame[SHOWN])
     if args.out:

@@ -9,15 +9,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forgetlab.plots import color_map
-from forgetlab.sweeps import SweepPoint, SweepResult, pareto_mask
+from forgetlab.sweeps import MEASURES, SweepPoint, SweepResult, check_measure, pareto_mask
 
 AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio (share of τ zeroed)",
                "density": "density (share of τ kept)", "mean_alpha": "mean block α"}
 
 
-def _hover(p: SweepPoint, task) -> str:
-    return (f"{p.series}<br>{json.dumps(p.settings)}<br>speciality {p.speciality(task):.3f}"
+def _hover(p: SweepPoint, task, measure: str) -> str:
+    return (f"{p.series}<br>{json.dumps(p.settings)}<br>{MEASURES[measure][0]} {p.speciality(task, measure):.3f}"
             f"<br>general loss {p.general_loss:.4f}<br>D(θ, θ0) {p.distance:.4f}")
+
+
+def speciality_label(task: str | None, measure: str) -> str:
+    """Axis text of the speciality measure, with its direction: "math exact match ↑", "mean answer loss ↓"."""
+    label, higher = MEASURES[check_measure(measure)]
+    return f"{task or 'mean'} {label} {'↑' if higher else '↓'}"
 
 
 _SAME_FOR_ALL = ("created", "versions", "pool", "pool_name", "sweep", "model", "task", "kind")
@@ -67,16 +73,17 @@ def _series(results: Sequence[SweepResult], ids: Sequence[str] | None):
 
 def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[str] | None = None) -> go.Figure:
     """Three panels against the swept setting, one line per series (of every sweep given, named by
-    `sweep_labels`): speciality (exact match on the sweep's task, ↑), held-out general loss (↓) and D(θ, θ0)."""
+    `sweep_labels`): speciality (the sweep's task in its measure: exact match ↑ or answer loss ↓), held-out
+    general loss (↓) and D(θ, θ0)."""
     results = [results] if isinstance(results, SweepResult) else list(results)
     first = results[0] if results else SweepResult("alpha", "", None, "alpha")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=(
-        f"{first.task or 'mean'} exact match ↑", "general loss ↓", "D(θ, θ0)"))
+        speciality_label(first.task, first.measure), "general loss ↓", "D(θ, θ0)"))
     for res, series, name, color in _series(results, ids):
         pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
         xs = [p.x for p in pts]
-        hover = [_hover(p, res.task) for p in pts]
-        for col, ys in enumerate(([p.speciality(res.task) for p in pts], [p.general_loss for p in pts],
+        hover = [_hover(p, res.task, res.measure) for p in pts]
+        for col, ys in enumerate(([p.speciality(res.task, res.measure) for p in pts], [p.general_loss for p in pts],
                                   [p.distance for p in pts]), start=1):
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, legendgroup=name,
                                      showlegend=col == 1, line=dict(color=color), hovertext=hover,
@@ -89,31 +96,37 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
 
 
 def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str | None = None,
-                    show_front: bool = True, ids: Sequence[str] | None = None) -> go.Figure:
-    """Speciality (↑, y) against held-out general loss (↓, x) for every point of every series of the given
-    sweeps (compared sweeps named by `sweep_labels`, with `ids` telling identical settings apart); the
-    Pareto front over all of them is drawn as a dashed step line and its points ringed."""
+                    measure: str | None = None, show_front: bool = True,
+                    ids: Sequence[str] | None = None) -> go.Figure:
+    """Speciality (y: exact match ↑ or answer loss ↓, `measure`, default the first sweep's) against held-out
+    general loss (↓, x) for every point of every series of the given sweeps (compared sweeps named by
+    `sweep_labels`, with `ids` telling identical settings apart); the Pareto front over all of them is drawn
+    as a dashed step line and its points ringed."""
     results = [results] if isinstance(results, SweepResult) else list(results)
     task = task if task is not None else (results[0].task if results else None)
+    measure = check_measure(measure or (results[0].measure if results else "exact_match"))
+    sign = 1.0 if MEASURES[measure][1] else -1.0
     fig = go.Figure()
     everything: list[SweepPoint] = []
     for res, series, name, color in _series(results, ids):
         pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
         everything.extend(pts)
         fig.add_trace(go.Scatter(
-            x=[p.general_loss for p in pts], y=[p.speciality(task) for p in pts], mode="lines+markers",
+            x=[p.general_loss for p in pts], y=[p.speciality(task, measure) for p in pts], mode="lines+markers",
             name=name, line=dict(color=color, width=1), marker=dict(size=8),
-            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task) for p in pts],
+            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task, measure) for p in pts],
             hoverinfo="text"))
     if show_front and everything:
-        flags = pareto_mask([p.speciality(task) for p in everything], [p.general_loss for p in everything])
+        flags = pareto_mask([sign * p.speciality(task, measure) for p in everything],
+                            [p.general_loss for p in everything])
         front = sorted((p for p, f in zip(everything, flags) if f), key=lambda p: p.general_loss)
         if front:
             fig.add_trace(go.Scatter(
-                x=[p.general_loss for p in front], y=[p.speciality(task) for p in front], mode="lines+markers",
+                x=[p.general_loss for p in front], y=[p.speciality(task, measure) for p in front],
+                mode="lines+markers",
                 name="Pareto front", line=dict(color="black", dash="dash", shape="hv"),
                 marker=dict(size=14, symbol="circle-open", color="black"), hoverinfo="skip"))
     fig.update_layout(xaxis_title="general loss on held-out text (↓ better)",
-                      yaxis_title=f"speciality: {task or 'mean'} exact match (↑ better)",
+                      yaxis_title=f"speciality: {speciality_label(task, measure)}",
                       margin=dict(t=20, b=10), legend_title="series", height=420)
     return fig
