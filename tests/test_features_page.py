@@ -1,19 +1,12 @@
 """The Features page: a t-SNE map of a submodule's features on a tiny pool, cluster distances, CSV."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
-
-from tests.jobs_helper import finish_jobs
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "features.py")
+from tests.jobs_helper import finish_jobs, open_page
 
 
 def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state["forgetlab_pool_path"] = str(tiny_gpt2.pool_yaml)
+    at = open_page("features", tiny_gpt2.pool_yaml)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Features"

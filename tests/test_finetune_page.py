@@ -2,29 +2,19 @@
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
-from streamlit.testing.v1 import AppTest
 
-from tests.jobs_helper import finish_jobs
+from tests.jobs_helper import finish_jobs, open_page
 
 from forgetlab.pool import ModelPool
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "finetune.py")
-
-
-def _page(pool_yaml):
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
-    return at
 
 
 def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     root = tmp_path / "pool"
     shutil.copytree(tiny_llama.root, root)
-    at = _page(root / "pool.yaml")
+    at = open_page("finetune", root / "pool.yaml")
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Fine-tune"
@@ -53,7 +43,7 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
 
 def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("finetune", tiny_llama.pool_yaml)
     at.run()
     at.radio(key="finetune_mode").set_value("comparison").run()
     at.number_input(key="finetune_steps").set_value(2)
@@ -80,7 +70,7 @@ def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
     tensors = load_file(str(weights))
     tensors["model.norm.weight"] = tensors["model.norm.weight"] * float("nan")
     save_file(tensors, str(weights), metadata={"format": "pt"})
-    at = _page(root / "pool.yaml")
+    at = open_page("finetune", root / "pool.yaml")
     at.run()
     at.number_input(key="finetune_steps").set_value(3)
     at.number_input(key="finetune_max_general").set_value(1)

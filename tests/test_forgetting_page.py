@@ -1,24 +1,12 @@
 """The Forgetting page: run a sweep on a tiny pool, see curves, scatter and table; reopen saved sweeps."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
-
-from tests.jobs_helper import finish_jobs
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "forgetting.py")
-
-
-def _page(pool_yaml):
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
-    return at
+from tests.jobs_helper import finish_jobs, open_page
 
 
 def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("forgetting", tiny_llama.pool_yaml)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Forgetting"
@@ -43,7 +31,7 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert list(by_loss["speciality"]) == list(by_loss["answer_loss"]) == list(table["answer_loss"])
     assert len(list((tmp_path / "runs").iterdir())) == 1
     # a fresh session shows the saved sweep
-    again = _page(tiny_llama.pool_yaml)
+    again = open_page("forgetting", tiny_llama.pool_yaml)
     again.run()
     assert not again.exception, again.exception
     assert list(again.dataframe[0].value["alpha"]) == [0.0, 0.5, 1.0]
@@ -51,7 +39,7 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
 
 def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("forgetting", tiny_llama.pool_yaml)
     at.run()
     at.radio(key="forgetting_kind").set_value("pruning").run()
     at.text_input(key="forgetting_ratios").set_value("0, 0.9, 1")
@@ -90,7 +78,7 @@ def test_forgetting_sweep_runs_in_the_background_shows_partial_attaches_and_canc
         return real(pool, model, on_point=hook if on_point else None, **kwargs)
 
     monkeypatch.setitem(sweeps.SWEEPS, "alpha", gated)
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("forgetting", tiny_llama.pool_yaml)
     at.run()
     at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
     at.number_input(key="forgetting_max_general").set_value(2)

@@ -1,24 +1,12 @@
 """The Linearity page: compute scores on a tiny pool; heatmap, bars, curves, table, CSV; cached per settings."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
-
-from tests.jobs_helper import finish_jobs
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "linearity.py")
-
-
-def _page(pool_yaml):
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
-    return at
+from tests.jobs_helper import finish_jobs, open_page
 
 
 def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("linearity", tiny_llama.pool_yaml)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Linearity"
@@ -55,7 +43,7 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
 
 def test_linearity_page_bad_alphas_message(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("linearity", tiny_llama.pool_yaml)
     at.run()
     at.text_input(key="linearity_alphas").set_value("0, 1.5")
     at.number_input(key="linearity_samples_math").set_value(2)

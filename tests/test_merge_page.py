@@ -1,24 +1,12 @@
 """The Merge page (AppTest): compose a merge, run it, see the scorecard; reopen and compare saved merges."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
-
-from tests.jobs_helper import finish_jobs, running_jobs
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "merge.py")
-
-
-def _page(pool_yaml):
-    at = AppTest.from_file(PAGE, default_timeout=180)
-    at.session_state["forgetlab_pool_path"] = str(pool_yaml)
-    return at
+from tests.jobs_helper import finish_jobs, open_page, running_jobs
 
 
 def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Merge"
@@ -53,7 +41,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     finish_jobs(at, "merge")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    again = _page(tiny_llama.pool_yaml)
+    again = open_page("merge", tiny_llama.pool_yaml)
     again.run()
     assert not again.exception, again.exception
     saved = again.dataframe[0].value
@@ -66,7 +54,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
 
 def test_merge_page_shows_bad_parameters_as_errors(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     at.selectbox(key="merge_method").set_value("hma").run()
     at.text_input(key="merge_hma_alphas").set_value("0.1, 1.5")
@@ -85,7 +73,7 @@ def test_merge_page_shows_bad_parameters_as_errors(tiny_llama, tmp_path, monkeyp
 
 def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = _page(tiny_llama.pool_yaml)
+    at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     at.selectbox(key="merge_method").set_value("pcb").run()
     at.checkbox(key="merge_pcb_search").check().run()

@@ -1,18 +1,11 @@
 """The Models page renders a pool of tiny models: table, scorecards, task-vector heatmap, cosine matrix."""
 from __future__ import annotations
 
-from pathlib import Path
-
-from streamlit.testing.v1 import AppTest
-
-from tests.jobs_helper import finish_jobs
-
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "models.py")
+from tests.jobs_helper import finish_jobs, open_page
 
 
 def test_models_page_renders_and_evaluates(tiny_llama):
-    at = AppTest.from_file(PAGE, default_timeout=120)
-    at.session_state["forgetlab_pool_path"] = str(tiny_llama.pool_yaml)
+    at = open_page("models", tiny_llama.pool_yaml, timeout=120)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Models"
@@ -36,8 +29,7 @@ def test_models_page_renders_and_evaluates(tiny_llama):
 def test_models_page_with_malformed_pool_shows_message(tmp_path):
     bad = tmp_path / "pool.yaml"
     bad.write_text("base: [")
-    at = AppTest.from_file(PAGE, default_timeout=60)
-    at.session_state["forgetlab_pool_path"] = str(bad)
+    at = open_page("models", bad, timeout=60)
     at.run()
     assert not at.exception
     assert any("not valid YAML" in e.value for e in at.error)
