@@ -120,6 +120,14 @@ def tiny_llama(tmp_path_factory) -> TinyPool:
     return make_tiny_pool(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
+@pytest.fixture(scope="module")
+def pool(tiny_llama):
+    """The tiny Llama pool opened as a `ModelPool` (one per test module: its loaded models are cached)."""
+    from forgetlab.pool import ModelPool
+
+    return ModelPool.from_yaml(tiny_llama.pool_yaml)
+
+
 @pytest.fixture(scope="session")
 def tiny_gpt2(tmp_path_factory) -> TinyPool:
     """A tiny random GPT-2 base + two fine-tuned variants + probe data + pool.yaml (read-only)."""

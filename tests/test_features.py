@@ -11,13 +11,6 @@ from forgetlab.features import (FeatureSet, TsneResult, capture_features, cluste
                                 feature_map, _pool_rows)
 
 
-@pytest.fixture(scope="module")
-def pool(tiny_llama):
-    from forgetlab.pool import ModelPool
-
-    return ModelPool.from_yaml(tiny_llama.pool_yaml)
-
-
 def test_pooling_hand_computed():
     x = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)  # sample 0: 0..3, sample 1: 4..7
     lengths, starts = torch.tensor([4, 3]), torch.tensor([2, 1])

@@ -24,11 +24,6 @@ from forgetlab.sweeps import (
 )
 
 
-@pytest.fixture(scope="module")
-def pool(tiny_llama):
-    return ModelPool.from_yaml(tiny_llama.pool_yaml)
-
-
 def _card(pool, name):
     return evaluate(pool.load(name, device="cpu"), pool.tokenizer, pool.probes, name=name)
 

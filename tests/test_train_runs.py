@@ -21,11 +21,6 @@ from forgetlab.train.runs import (
 )
 
 
-@pytest.fixture(scope="module")
-def pool(tiny_llama):
-    return ModelPool.from_yaml(tiny_llama.pool_yaml)
-
-
 def test_finetune_records_generality_speciality_distance(pool):
     run, model = finetune(pool, "math", FinetuneConfig(steps=6, lr=5e-3, batch_size=4), eval_every=3,
                           device="cpu", return_model=True)
