@@ -168,3 +168,155 @@ def test_lora_on_the_wrong_base_is_refused(tiny_llama, tmp_path):
     LlamaForCausalLM(cfg).save_pretrained(str(tmp_path / "other"))
     with pytest.raises(IncompatibleModelsError, match="another base"):
         open_checkpoint(tmp_path / "lora", base=tmp_path / "other")
+
+
+# ------------------------------------------------------------------ LoRA variants (issue 17): DoRA, embeddings,
+# modules_to_save, lora_bias — every read equals PEFT's merge_and_unload(), every delta merged − base
+
+
+def _make_peft(base: Path, out: Path, seed=0, family_fan=False, **lora_kwargs):
+    """A PEFT adapter with every trainable tensor randomised (B, A, magnitudes, saved modules), saved to `out`;
+    returns PEFT's merge_and_unload() state dict as the reference."""
+    from peft import LoraConfig, get_peft_model
+
+    model = load_model(base, device="cpu")
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, **lora_kwargs))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if p.requires_grad:  # lora factors, magnitudes, modules_to_save copies, lora biases
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft_model.save_pretrained(str(out))
+    return {k: v.detach().clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
+
+
+def _max_error_vs_peft(ckpt, merged, base) -> tuple[float, float]:
+    read_err = max(float((ckpt.read(n) - merged[n].float()).abs().max()) for n in ckpt.names())
+    delta_err = max(float((ckpt.delta(n) - (merged[n].float() - base.read(n))).abs().max()) for n in ckpt.names())
+    return read_err, delta_err
+
+
+@pytest.mark.parametrize("family, kind, kwargs, changed", [
+    ("llama", "dora", dict(use_dora=True, target_modules=["q_proj", "v_proj", "down_proj"]),
+     ("q_proj", "v_proj", "down_proj")),
+    ("llama", "modules_to_save", dict(target_modules=["q_proj"], modules_to_save=["lm_head"]),
+     ("q_proj", "lm_head")),
+    ("llama", "embedding", dict(target_modules=["embed_tokens", "k_proj"]), ("embed_tokens", "k_proj")),
+    ("llama", "embedding_dora", dict(target_modules=["embed_tokens", "o_proj"], use_dora=True),
+     ("embed_tokens", "o_proj")),
+    ("llama", "rank_pattern", dict(target_modules=["q_proj", "v_proj"], rank_pattern={"v_proj": 2},
+                                   alpha_pattern={"layers.1.self_attn.q_proj": 32}, use_rslora=True),
+     ("q_proj", "v_proj")),
+    # GPT-2: Conv1D weights are [in, out] (fan_in_fan_out), biases exist, embeddings are tied to lm_head
+    ("gpt2", "dora_fan_in_fan_out", dict(target_modules=["c_attn", "c_fc"], fan_in_fan_out=True, use_dora=True),
+     ("c_attn", "c_fc")),
+    ("gpt2", "lora_bias", dict(target_modules=["c_proj"], fan_in_fan_out=True, lora_bias=True),
+     ("c_proj.weight", "c_proj.bias")),
+    ("gpt2", "tied_embedding_and_ln", dict(target_modules=["wte", "c_attn"], fan_in_fan_out=True,
+                                           modules_to_save=["ln_f"]), ("wte", "c_attn", "ln_f")),
+])
+def test_lora_variants_equal_peft_merge_and_unload(tiny_llama, tiny_gpt2, tmp_path, family, kind, kwargs, changed):
+    pool = tiny_llama if family == "llama" else tiny_gpt2
+    merged = _make_peft(pool.base, tmp_path / kind, **kwargs)
+    ckpt = open_checkpoint(tmp_path / kind, base=pool.base)
+    base = open_checkpoint(pool.base)
+    read_err, delta_err = _max_error_vs_peft(ckpt, merged, base)
+    assert read_err < 1e-5 and delta_err < 1e-5, (kind, read_err, delta_err)
+    really_changed = {n for n in base.names() if not torch.equal(merged[n].float(), base.read(n))}
+    assert set(ckpt.delta_names()) == really_changed
+    for part in changed:
+        assert any(part in n for n in really_changed), part
+    ids = torch.tensor([[1, 7, 3, 9]])
+    from peft import PeftModel
+    # merged, not PEFT's unmerged forward: with tied embeddings that forward leaves lm_head unchanged while
+    # merge_and_unload() changes the shared tensor (and so lm_head) — the merged model is the reference
+    ref = PeftModel.from_pretrained(load_model(pool.base, device="cpu"), str(tmp_path / kind)).merge_and_unload()
+    torch.testing.assert_close(load_model(ckpt, device="cpu")(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+def test_dora_delta_depends_on_the_base_hand_computed(tmp_path):
+    """DoRA by hand on a 2×2 weight: W' = m ⊙ (W0 + s·BA) / ‖W0 + s·BA‖ per row (output feature)."""
+    from safetensors.torch import save_file
+
+    base = tmp_path / "base"
+    base.mkdir()
+    save_file({"lin.weight": torch.tensor([[3.0, 0.0], [0.0, 1.0]])}, str(base / "model.safetensors"))
+    ad = tmp_path / "dora"
+    ad.mkdir()
+    (ad / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 1, "lora_alpha": 2, "use_dora": True, "base_model_name_or_path": str(base)}))
+    save_file({"base_model.model.lin.lora_A.weight": torch.tensor([[1.0, 0.0]]),
+               "base_model.model.lin.lora_B.weight": torch.tensor([[0.5], [0.0]]),
+               "base_model.model.lin.lora_magnitude_vector": torch.tensor([10.0, 2.0])},
+              str(ad / "adapter_model.safetensors"))
+    ckpt = open_checkpoint(ad)
+    # s·BA = 2·[[0.5,0],[0,0]] = [[1,0],[0,0]]; V = [[4,0],[0,1]]; row norms 4, 1 → W' = [[10,0],[0,2]]
+    torch.testing.assert_close(ckpt.read("lin.weight"), torch.tensor([[10.0, 0.0], [0.0, 2.0]]))
+    torch.testing.assert_close(ckpt.delta("lin.weight"), torch.tensor([[7.0, 0.0], [0.0, 1.0]]))
+
+
+def _write_adapter(folder: Path, config: dict, tensors: dict | None = None) -> Path:
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    save_file(tensors or {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 32),
+                          "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(32, 2)},
+              str(folder / "adapter_model.safetensors"))
+    return folder
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"r": 0}, r"r is 0, but it must be a positive whole number"),
+    ({"r": "8"}, r"r is '8', but it must be a positive whole number"),
+    ({"r": 2, "lora_alpha": "16"}, r"lora_alpha is '16', but it must be a finite number"),
+    ({"r": 2, "rank_pattern": {"q_proj": 0}}, r"rank_pattern\['q_proj'\] is 0"),
+    ({"r": 2, "peft_type": "IA3"}, r"is a IA3 adapter; forgetlab reads LoRA and DoRA adapters only"),
+    ({"r": 2, "use_qalora": True}, r"QA-LoRA .* which forgetlab does not support"),
+    ({"r": 2, "alora_invocation_tokens": [1, 2]}, r"activated LoRA"),
+    ({"r": 2, "use_dora": True}, r"says use_dora but stores no magnitude vector"),
+])
+def test_bad_adapter_configs_are_refused_with_a_message(tiny_llama, tmp_path, config, message):
+    ad = _write_adapter(tmp_path / "ad", config)
+    with pytest.raises(CheckpointError, match=message):
+        open_checkpoint(ad, base=tiny_llama.base)
+
+
+def test_adapter_with_unknown_tensors_is_refused(tiny_llama, tmp_path):
+    ad = _write_adapter(tmp_path / "ad", {"r": 2}, {
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 32),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(32, 2),
+        "base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta": torch.ones(3, 32)})
+    with pytest.raises(CheckpointError, match="not LoRA factors forgetlab knows: .*trainable_tokens_delta"):
+        open_checkpoint(ad, base=tiny_llama.base)
+
+
+def test_malformed_adapter_config_is_a_message_even_without_a_base(tmp_path):
+    ad = _write_adapter(tmp_path / "ad", {"r": 2})
+    (ad / "adapter_config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="adapter_config.json is unreadable"):
+        open_checkpoint(ad)
+    (ad / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(CheckpointError, match="not a JSON object"):
+        open_checkpoint(ad)
+
+
+def test_adapters_naming_themselves_or_each_other_are_refused(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _write_adapter(a, {"r": 2, "base_model_name_or_path": str(a)})
+    with pytest.raises(CheckpointError, match="leads back to an adapter already being opened"):
+        open_checkpoint(a)
+    _write_adapter(a, {"r": 2, "base_model_name_or_path": str(b)})
+    _write_adapter(b, {"r": 2, "base_model_name_or_path": str(a)})
+    with pytest.raises(CheckpointError, match="leads back to an adapter already being opened"):
+        open_checkpoint(a)
+
+
+@pytest.mark.parametrize("index", ["{oops", "[]", '{"weight_map": 3}', '{"weight_map": {"w": 5}}'])
+def test_malformed_bin_index_is_a_message(tmp_path, index):
+    folder = tmp_path / "m"
+    folder.mkdir()
+    torch.save({"w": torch.ones(2)}, folder / "pytorch_model-00001-of-00001.bin")
+    (folder / "pytorch_model.bin.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match="pytorch_model.bin.index.json is malformed"):
+        open_checkpoint(folder)
