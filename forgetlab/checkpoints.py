@@ -9,14 +9,12 @@ is never switched on.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,6 +29,7 @@ from forgetlab.errors import (
     OutputExistsError,
     WorkspaceError,
 )
+from forgetlab.outputs import absolute, atomic_output_dir  # noqa: F401  (atomic_output_dir: public here too)
 from forgetlab.progress import Progress, report
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -807,43 +806,6 @@ def load_tokenizer(ref: str | Path | Checkpoint):
 # --------------------------------------------------------------------------------------------- writing
 
 
-@contextlib.contextmanager
-def atomic_output_dir(out_dir: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary folder beside `out_dir`; rename it to `out_dir` on success, delete it on failure.
-
-    An existing `out_dir` is refused unless `overwrite`; then it is replaced only once the new one is complete.
-    """
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not overwrite:
-        raise OutputExistsError(f"{out} exists already. Choose another output folder or ask to overwrite it.")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as exc:
-        raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable folder.") from None
-    try:
-        yield tmp
-        tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
-        if out.exists():
-            if not overwrite:
-                raise OutputExistsError(f"{out} appeared while writing; nothing was overwritten.")
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                tmp.rename(out)
-            except OSError:
-                if out.exists():  # another writer finished first: theirs stays, ours is dropped
-                    raise OutputExistsError(f"{out} was written by another job while this one ran; "
-                                            "nothing was overwritten. Choose another output folder.") from None
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def _plan_shards(plan: Sequence[TensorInfo], max_shard_bytes: int) -> list[list[TensorInfo]]:
     shards: list[list[TensorInfo]] = [[]]
     size = 0
@@ -904,11 +866,13 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
                     config=None, *, plan: Sequence[TensorInfo] | None = None,
                     tokenizer_from: str | Path | Checkpoint | None = None, overwrite: bool = False,
                     extra_files: dict[str, str | bytes] | None = None,
-                    max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: Progress = None) -> Path:
+                    max_shard_bytes: int = DEFAULT_SHARD_BYTES, progress: Progress = None,
+                    inputs: Iterable[str | Path] = (), kind: str = "model") -> Path:
     """Write an HF model folder atomically: config.json, tokenizer files, sharded safetensors + index.
 
     `tensors` streams (name, tensor) pairs in the order of `plan` (the output's names, shapes and dtypes,
     known up front from the base); with a dict, the plan is taken from it. Peak memory is one tensor.
+    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs` (forgetlab.outputs).
     """
     if isinstance(tensors, dict):
         plan = [TensorInfo(n, tuple(t.shape), t.dtype) for n, t in tensors.items()]
@@ -919,7 +883,7 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
     n = len(shards)
     files = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     total = sum(i.nbytes for i in plan)
-    with atomic_output_dir(out_dir, overwrite) as tmp:
+    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind) as tmp:
         if config is not None:
             if isinstance(config, (str, Path)):
                 shutil.copy(Path(config), tmp / "config.json")
@@ -954,16 +918,18 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
             mode = "wb" if isinstance(content, bytes) else "w"
             with open(tmp / fname, mode) as fh:
                 fh.write(content)
-    return Path(out_dir).expanduser().resolve()
+    return absolute(out_dir)
 
 
 def save_model(model, tokenizer, out_dir: str | Path, overwrite: bool = False,
-               extra_files: dict[str, str | bytes] | None = None) -> Path:
-    """Save a transformers model (+ tokenizer) as an HF safetensors folder, atomically."""
+               extra_files: dict[str, str | bytes] | None = None, inputs: Iterable[str | Path] = (),
+               kind: str = "model") -> Path:
+    """Save a transformers model (+ tokenizer) as an HF safetensors folder, atomically (forgetlab.outputs:
+    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with atomic_output_dir(out_dir, overwrite) as tmp:
+    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
@@ -971,4 +937,4 @@ def save_model(model, tokenizer, out_dir: str | Path, overwrite: bool = False,
             mode = "wb" if isinstance(content, bytes) else "w"
             with open(tmp / fname, mode) as fh:
                 fh.write(content)
-    return Path(out_dir).expanduser().resolve()
+    return absolute(out_dir)

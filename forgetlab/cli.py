@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import signal
 import sys
 
 import forgetlab.commands
@@ -40,14 +41,39 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    previous = _terminate_like_interrupt()
     try:
         return int(args.func(args) or 0)
     except ForgetlabError as exc:
         sys.stderr.write(f"forgetlab: error: {exc}\n")
         return 2
+    except _Terminated:
+        sys.stderr.write("forgetlab: terminated; nothing half-written was kept.\n")
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         sys.stderr.write("forgetlab: interrupted; nothing half-written was kept.\n")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that every `finally`/cleanup runs as for Ctrl-C."""
+
+
+def _terminate_like_interrupt():
+    """Make SIGTERM unwind like Ctrl-C (temporary outputs are removed); returns the previous handler, or None
+    when not on the main thread (signals can only be set there)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def raise_terminated(signum, frame):
+        raise _Terminated()
+
+    return signal.signal(signal.SIGTERM, raise_terminated)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,6 +32,7 @@ import yaml
 from forgetlab.checkpoints import Checkpoint, LoraCheckpoint, load_model, load_tokenizer, open_checkpoint
 from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs
 from forgetlab.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.yamlio import edit_yaml_file, load_file
 
 BASE = "base"
 _TIED_HEAD = "lm_head.weight"
@@ -213,10 +214,7 @@ class ModelPool:
         if not p.is_file():
             raise ForgetlabError(f"The pool file {p} does not exist. Pass a pool.yaml, or build the demo zoo "
                                  "with `forgetlab zoo build`.")
-        try:
-            spec = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ForgetlabError(f"The pool file {p} is not valid YAML: {exc}") from None
+        spec = load_file(p, "pool file")
         if not isinstance(spec, dict) or "base" not in spec:
             raise ForgetlabError(f"The pool file {p} must be a mapping with at least `base:` (and `models:`).")
         root = p.parent.resolve()
@@ -266,6 +264,40 @@ class ModelPool:
             spec["probes"]["tasks"] = {t: {s: rel(f) for s, f in d.items()}
                                        for t, d in files.get("tasks", {}).items()}
         p.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return p
+
+    def add_to_yaml(self, name: str, path: str | Path | None = None) -> Path:
+        """Add the pool's model `name` to the pool file (`path`, default the file the pool was read from)
+        without rewriting the rest: comments, key order and keys forgetlab does not know are kept
+        (forgetlab.yamlio.edit_yaml_file). Writes a new file with `to_yaml` when there is none."""
+        p = Path(path or self.source or "")
+        if not p.name:
+            raise ForgetlabError("This pool was not read from a file; pass the pool file to write.")
+        if not p.is_file():
+            return self.to_yaml(p)
+        entry = self.entries[name]
+        root = p.parent.resolve()
+        ref = Path(entry.ref)
+        try:
+            ref_text = str(ref.resolve().relative_to(root)) if ref.exists() else entry.ref
+        except ValueError:
+            ref_text = str(ref.resolve())
+
+        def change(doc) -> None:
+            from ruamel.yaml.comments import CommentedMap
+
+            if not isinstance(doc, dict):
+                raise ForgetlabError(f"The pool file {p} is not a mapping; cannot add {name!r} to it.")
+            models = doc.get("models")
+            if models is None:
+                models = doc["models"] = CommentedMap()
+            if not isinstance(models, dict):
+                raise ForgetlabError(f"`models:` in {p} is not a mapping; cannot add {name!r} to it.")
+            if name in models:
+                raise ForgetlabError(f"The pool file {p} has a model named {name!r} already; choose another name.")
+            models[name] = CommentedMap(adapter=ref_text) if entry.adapter else ref_text
+
+        edit_yaml_file(p, change, "pool file")
         return p
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ import yaml
 from safetensors.torch import load_file
 
 from forgetlab.checkpoints import open_checkpoint
-from forgetlab.errors import IncompatibleModelsError, OutputExistsError, ParameterError
+from forgetlab.errors import IncompatibleModelsError, OutputExistsError, ParameterError, WorkspaceError
 from forgetlab.merge import METHODS, merge_state_dicts, run
 from forgetlab.merge import pcb as pcbmod
 from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats
@@ -161,7 +161,7 @@ def test_write_error_leaves_no_output(tiny_llama, tmp_path, monkeypatch):
         return orig(self, name, tensor)
 
     monkeypatch.setattr(ck._ShardStream, "write", bad_write)
-    with pytest.raises(OSError):
+    with pytest.raises(WorkspaceError, match="No space left.*nothing was written"):
         run(_recipe(tiny_llama, "ties", {}), tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
 
@@ -173,8 +173,14 @@ def test_existing_output_is_refused_unless_overwrite(tiny_llama, tmp_path):
     with pytest.raises(OutputExistsError, match="overwrite"):
         run(_recipe(tiny_llama, "linear", {}), out)
     assert (out / "keep.txt").read_text() == "mine"
-    run(_recipe(tiny_llama, "linear", {}), out, overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "recipe.yaml").exists()
+    with pytest.raises(OutputExistsError, match="not written by forgetlab"):   # not ours: never replaced
+        run(_recipe(tiny_llama, "linear", {}), out, overwrite=True)
+    assert (out / "keep.txt").read_text() == "mine"
+    ours = tmp_path / "ours"
+    run(_recipe(tiny_llama, "linear", {}), ours)
+    (ours / "stale.txt").write_text("from the first merge")
+    run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
+    assert not (ours / "stale.txt").exists() and (ours / "recipe.yaml").exists()
 
 
 def test_incompatible_models_are_refused_before_writing(tiny_llama, tiny_gpt2, tmp_path):

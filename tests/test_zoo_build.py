@@ -12,10 +12,26 @@ import pytest
 import torch
 
 from forgetlab.errors import MissingDependencyError, WorkspaceError
+from forgetlab.outputs import PARTIAL
 from forgetlab.zoo import build, build_spec, get_spec, zoo_root
+from forgetlab.zoo.manifest import done_steps
 from forgetlab.zoo.presets import DataSpec, EvalSpec, TrainSpec
 
 TASKS = ("math", "code", "translate")
+
+
+def dead_pid() -> int:
+    """The id of a process that has exited."""
+    import subprocess
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path below `root` with its bytes (None for folders): a snapshot to compare before/after."""
+    return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
 def micro_spec(**changes):
@@ -151,15 +167,20 @@ def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
     names = sorted(p.name for p in root.iterdir())
     assert names == ["base", "data", "ft-math", "manifest.json"]        # no half-written ft-code, no temp dir
     m = json.loads((root / "manifest.json").read_text())
-    assert set(m["steps"]) == {"data", "base", "ft-math"} and m["complete"] is False
+    assert set(done_steps(m)) == {"data", "base", "ft-math"} and m["complete"] is False
+    assert m["steps"]["ft-code"]["done"] is False                       # recorded as started: its output is ours
     base_file = root / "base" / "model.safetensors"
     base_mtime = base_file.stat().st_mtime_ns
 
-    # what a killed process leaves: a temporary folder, and an output the manifest never recorded
-    (root / ".ft-code.tmp-abc123").mkdir()
-    (root / ".ft-code.tmp-abc123" / "model.safetensors").write_bytes(b"partial")
-    (root / "ft-translate").mkdir()
-    (root / "ft-translate" / "junk").write_text("not recorded as done")
+    # what a killed process leaves: its partial temporary folder, and a started step's output renamed into place
+    # just before the kill (the manifest records the step as started, not done)
+    dead = dead_pid()
+    partial = root / f".ft-code.tmp-{dead}-abc123"
+    partial.mkdir()
+    (partial / PARTIAL).write_text("")
+    (partial / "model.safetensors").write_bytes(b"partial")
+    (root / "ft-code").mkdir()
+    (root / "ft-code" / "junk").write_text("not recorded as done")
 
     messages = []
     done = build_spec(spec, root, progress=lambda f, msg: messages.append(msg))
@@ -169,7 +190,7 @@ def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
     assert base_file.stat().st_mtime_ns == base_mtime                   # finished models are kept
     assert sorted(p.name for p in root.iterdir()) == ["base", "data", "ft-code", "ft-math", "ft-translate",
                                                       "manifest.json", "pool.yaml"]
-    assert not (root / "ft-translate" / "junk").exists()
+    assert not (root / "ft-code" / "junk").exists()
     assert set(done.manifest["scorecards"]) == {"base", *TASKS}
     assert build_spec(spec, root).built is False
     forced = build_spec(spec, root, force=True)                          # forced: everything again
@@ -193,9 +214,64 @@ def test_manifest_from_another_version_or_settings_is_rebuilt_not_trusted(tmp_pa
     assert third.built is True and third.manifest["rebuilt_because"] == "built with different settings"
     assert third.manifest["fingerprint"] == changed.fingerprint()
 
-    (root / "manifest.json").write_text("{ not json")                  # unreadable: rebuilt from scratch
-    fourth = build_spec(changed, root)
-    assert fourth.built is True and set(fourth.manifest["steps"]) == {"data", "base", *(f"ft-{t}" for t in TASKS)}
+    (root / "manifest.json").write_text("{ not json")   # unreadable: no telling what the zoo wrote, so refused
+    before = tree(root)
+    with pytest.raises(WorkspaceError, match="unreadable.*nothing was removed"):
+        build_spec(changed, root)
+    assert tree(root) == before
+
+
+def test_user_folders_with_zoo_names_are_never_removed(tmp_path):
+    """A zoo folder without a manifest whose entries carry the names a build writes (data/, base/, ft-*)."""
+    root = tmp_path / "zoo" / "micro"
+    for name in ("data", "base", "ft-math", "lora-code"):
+        (root / name).mkdir(parents=True)
+        (root / name / "mydata.csv").write_text("precious")
+    before = tree(root)
+    with pytest.raises(WorkspaceError, match="not a forgetlab zoo.*nothing was removed"):
+        build_spec(micro_spec(), root)
+    assert tree(root) == before
+
+
+def test_a_step_folder_the_manifest_does_not_record_is_refused_not_removed(tmp_path):
+    spec = micro_spec()
+    root = tmp_path / "zoo" / "micro"
+    with pytest.raises(Interrupt):
+        build_spec(spec, root, progress=_stop_at("ft-code: step"))
+    m = json.loads((root / "manifest.json").read_text())
+    m["steps"].pop("ft-code")                                            # as if the user made ft-translate
+    (root / "manifest.json").write_text(json.dumps(m))
+    (root / "ft-translate").mkdir()
+    (root / "ft-translate" / "notes.txt").write_text("mine")
+    with pytest.raises(WorkspaceError, match="ft-translate.*does not record.*nothing was removed"):
+        build_spec(spec, root)
+    assert (root / "ft-translate" / "notes.txt").read_text() == "mine"
+
+
+def test_rebuild_keeps_the_users_models_comments_and_keys_in_pool_yaml(tmp_path):
+    spec = micro_spec()
+    root = tmp_path / "zoo" / "micro"
+    first = build_spec(spec, root)
+    pool_yaml = first.pool_yaml
+    text = pool_yaml.read_text()
+    text = text.replace("models:\n", "models:  # my additions below\n  mine: ../../mine  # a model I made\n", 1)
+    pool_yaml.write_text(text + "owner: ada  # a key forgetlab does not know\n")
+    again = build_spec(spec, root, force=True)
+    out = again.pool_yaml.read_text()
+    assert "mine: ../../mine  # a model I made" in out and "# my additions below" in out
+    assert "owner: ada  # a key forgetlab does not know" in out
+    import yaml
+    d = yaml.safe_load(out)
+    assert set(d["models"]) == {"mine", *TASKS} and d["base"] == "base"
+    m = json.loads((root / "manifest.json").read_text())
+    assert "previous_pool_yaml" not in m
+
+
+def _stop_at(prefix):
+    def stop(fraction, message):
+        if message.startswith(prefix):
+            raise Interrupt()
+    return stop
 
 
 def test_a_foreign_folder_is_not_touched(tmp_path):

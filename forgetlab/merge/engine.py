@@ -23,6 +23,7 @@ from forgetlab.errors import ParameterError
 from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats, merge_tensors
 from forgetlab.merge.recipes import Recipe, load_recipe
 from forgetlab.merge.registry import PrepareContext, get_method
+from forgetlab.outputs import check_output_dir
 from forgetlab.progress import Progress, report, scaled
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
@@ -71,6 +72,20 @@ def open_sources(recipe: Recipe):
     return base_ck, base, models
 
 
+def merge_inputs(base_ck, model_cks, recipe: Recipe) -> list[Path]:
+    """Every file or folder a merge reads (base, models, adapters' bases, the pool file): an output folder
+    that holds one of them is never replaced."""
+    paths = [Path(base_ck.path)]
+    for m in model_cks:
+        paths.append(Path(m.path))
+        base_of = getattr(m, "base", None)
+        if base_of is not None and getattr(base_of, "path", None):
+            paths.append(Path(base_of.path))
+    if recipe.pool:
+        paths.append(Path(recipe.pool))
+    return paths
+
+
 def run(recipe: Recipe | str | Path | Mapping, out_dir: str | Path, progress: Progress = None,
         overwrite: bool = False, device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
         max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS) -> MergeResult:
@@ -97,12 +112,10 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     spec = get_method(recipe.method)
     params = recipe.validated_params()
     device = _check_device(device)
-    out = Path(out_dir).expanduser().resolve()
-    if out.exists() and not overwrite:
-        from forgetlab.errors import OutputExistsError
-        raise OutputExistsError(f"{out} exists already. Choose another output folder or pass overwrite=True "
-                                "(--overwrite on the command line).")
+    out = check_output_dir(out_dir, overwrite)
     base_ck, base, models = open_sources(recipe)
+    inputs = merge_inputs(base_ck, [m.ckpt for m in models], recipe)
+    check_output_dir(out, overwrite, inputs)
     entries = check_compatible(base, models)
     cfg_file = Path(base_ck.config_dir) / "config.json"
     # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions
@@ -144,7 +157,8 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
                                                                     "resolved_params": params}},
                                  sort_keys=False)
     ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=base_ck, overwrite=overwrite,
-                       extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes)
+                       extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes,
+                       inputs=inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
                        time.perf_counter() - t0, glob, stats)

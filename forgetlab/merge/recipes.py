@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import yaml
 
 from forgetlab.errors import ParameterError
+from forgetlab.yamlio import safe_load
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -262,10 +263,7 @@ def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
             if not path.exists():
                 raise ParameterError(f"Recipe file {path} does not exist.")
             text = path.read_text()
-        try:
-            d = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ParameterError(f"The recipe is not valid YAML: {exc}") from None
+        d = safe_load(text, f"The recipe {path}" if "\n" not in text else "The recipe")
     return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
 
 

@@ -18,12 +18,13 @@ import pandas as pd
 import yaml
 
 from forgetlab import workspace
-from forgetlab.errors import ParameterError, WorkspaceError
+from forgetlab.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.evaluate import Scorecard, evaluate, scorecards_frame
 from forgetlab.merge.engine import MergeResult, run
 from forgetlab.merge.recipes import ModelEntry, Recipe
 from forgetlab.merge.registry import get_method
 from forgetlab.progress import Progress, scaled
+from forgetlab.yamlio import load_file
 
 SCORECARDS = "scorecards.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -53,7 +54,7 @@ def pool_recipe(pool, method: str, models: Sequence[str], params: Mapping[str, A
 
 def check_merge_name(name: str) -> str:
     """A merge name usable as a folder name (letters, digits, . _ -)."""
-    if not _NAME.match(name or ""):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):  # fullmatch: `$` would let "abc\n" through
         raise ParameterError(f"Merge name {name!r} is not usable as a folder name: use letters, digits, '.', '_' "
                              "or '-' (at most 100 characters).")
     return name
@@ -140,8 +141,8 @@ def load_merge(path: str | Path) -> SavedMerge:
     """Read one merge folder (recipe.yaml, optional scorecards.json)."""
     path = Path(path)
     try:
-        recipe = yaml.safe_load((path / "recipe.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        recipe = load_file(path / "recipe.yaml", "merge recipe") or {}
+    except ForgetlabError as exc:
         raise WorkspaceError(f"{path}/recipe.yaml is unreadable ({exc}).") from None
     cards: list[Scorecard] = []
     sc = path / SCORECARDS

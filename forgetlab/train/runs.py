@@ -349,20 +349,27 @@ def default_model_dir(pool, name: str) -> Path:
 def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None, out_dir=None,
                    overwrite: bool = False, update_yaml: bool = True) -> Path:
     """Save a trained model as an HF folder (`forgetlab.checkpoints.save_model`, atomic) with its recipe
-    (`finetune.json`), add it to the pool under `name`, and rewrite the pool's YAML file if it has one.
+    (`finetune.json`), add it to the pool under `name`, and add it to the pool's YAML file if it has one
+    (a round-trip edit: the user's comments and keys stay).
 
     An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
     """
     from forgetlab.checkpoints import save_model
+    from forgetlab.outputs import check_name
 
-    if not name or name == "base" or "/" in name or name.startswith("."):
-        raise ParameterError(f"{name!r} cannot name a model; use letters, digits, '-' or '_' (not 'base').")
+    check_name(name, "model name")
+    if name == "base":
+        raise ParameterError("'base' names the pool's base model; choose another name for the fine-tune.")
     if name in pool.model_names:
         raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
     target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
     extra = {"finetune.json": json.dumps(run.to_dict(), indent=2, default=str)} if run is not None else None
-    path = save_model(model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra)
+    inputs = [pool.checkpoint(n).path for n in ["base", *pool.model_names]]
+    if getattr(pool, "source", None):
+        inputs.append(pool.source)
+    path = save_model(model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra, inputs=inputs,
+                      kind="finetune")
     pool.add(name, str(path))
     if update_yaml and getattr(pool, "source", None):
-        pool.to_yaml(pool.source)
+        pool.add_to_yaml(name)
     return path

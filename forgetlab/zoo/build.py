@@ -108,13 +108,31 @@ def _build_lock(root: Path) -> Iterator[None]:
         fh.close()
 
 
-def _own_entries(root: Path) -> tuple[list[Path], list[Path]]:
-    """(entries a zoo build writes, other entries) in `root`."""
+def _own_entries(root: Path, manifest: dict | None) -> tuple[list[Path], list[Path]]:
+    """(entries the manifest says a zoo build wrote, every other entry) in `root`.
+
+    Only what the manifest records (its steps, started or done, `pool.yaml` and `manifest.json` itself) and
+    forgetlab's own temporary files count as the zoo's: a user's folder named `data` or `ft-x` is never
+    removed, whatever its name."""
+    names = {MANIFEST, POOL_YAML, *((manifest or {}).get("steps") or {})} if manifest is not None else set()
     own, other = [], []
     if root.is_dir():
         for p in sorted(root.iterdir()):
-            (own if _OWN_NAMES.match(p.name) or _OWN_HIDDEN.match(p.name) else other).append(p)
+            mine = p.name in names or (_OWN_HIDDEN.match(p.name) and _is_own_temporary(p, names))
+            (own if mine else other).append(p)
     return own, other
+
+
+def _is_own_temporary(path: Path, names: set[str]) -> bool:
+    """A hidden temporary of a zoo write: a partial output folder (forgetlab.outputs marks it), or the
+    temporary file of an atomic manifest/pool write."""
+    from forgetlab.outputs import PARTIAL
+
+    if path.is_symlink():
+        return False
+    if path.is_dir():
+        return (path / PARTIAL).is_file() or any(path.name.startswith(f".{n}.") for n in names)
+    return path.name.endswith(".tmp") and path.name.startswith((f".{MANIFEST}.", f".{POOL_YAML}."))
 
 
 def _remove(path: Path) -> None:
@@ -124,16 +142,16 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-def _clear(root: Path) -> None:
-    """Remove everything a zoo build writes from `root` (leaves foreign files alone)."""
-    own, _ = _own_entries(root)
+def _clear(root: Path, manifest: dict | None) -> None:
+    """Remove everything the manifest says a zoo build wrote from `root` (leaves every other entry alone)."""
+    own, _ = _own_entries(root, manifest)
     for p in own:
         _remove(p)
 
 
-def _clear_leftovers(root: Path, keep: set[str]) -> None:
-    """Remove temporary folders and every step output not in `keep` (outputs of unfinished steps)."""
-    own, _ = _own_entries(root)
+def _clear_leftovers(root: Path, manifest: dict, keep: set[str]) -> None:
+    """Remove temporary folders and every recorded step output not in `keep` (outputs of unfinished steps)."""
+    own, _ = _own_entries(root, manifest)
     for p in own:
         if p.name.startswith(".") or (p.name not in keep and p.name not in (MANIFEST,)):
             _remove(p)
@@ -150,6 +168,71 @@ def _write_text_atomic(path: Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _check_is_zoo(root: Path, manifest: dict | None) -> None:
+    """Refuse a folder that holds entries but no manifest saying what the zoo wrote (nothing is removed)."""
+    _, other = _own_entries(root, manifest)
+    visible = [p for p in other if not p.name.startswith(".")]
+    if manifest is not None or not visible:
+        return
+    if (root / MANIFEST).exists():
+        raise WorkspaceError(
+            f"The zoo manifest {root / MANIFEST} is unreadable, so forgetlab cannot tell which entries of {root} "
+            "it wrote; nothing was removed. Move the folder away (or delete it yourself), then build again."
+        )
+    raise WorkspaceError(
+        f"{root} exists and is not a forgetlab zoo (it holds {', '.join(p.name for p in visible[:3])}); nothing "
+        "was removed. Move it away or set FORGETLAB_HOME to another folder, then build again."
+    )
+
+
+def _previous_pool(root: Path, manifest: dict | None) -> dict:
+    """What a rebuild must carry over from the old pool file: its text (with the user's models, comments and
+    keys) and the model names the old zoo wrote (which the new zoo replaces)."""
+    path = root / POOL_YAML
+    if manifest is None or not path.is_file():
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    zoo_models = sorted({_pool_name(n) for n in (manifest.get("steps") or {}) if n not in (DATA, "base")})
+    return {"previous_pool_yaml": text, "previous_zoo_models": zoo_models}
+
+
+def _pool_text(spec_dict: dict, manifest: dict) -> str:
+    """pool.yaml's text: the zoo's own entries, plus — after a rebuild — every model, comment and key the user
+    had added to the old pool file."""
+    import yaml
+
+    from forgetlab.errors import ForgetlabError
+    from forgetlab.yamlio import round_trip_dump, round_trip_load
+
+    fresh = yaml.safe_dump(spec_dict, sort_keys=False)
+    old = manifest.get("previous_pool_yaml")
+    if not old:
+        return fresh
+    try:
+        doc = round_trip_load(old, "the previous pool file")
+        if not isinstance(doc, dict):
+            return fresh
+    except ForgetlabError:
+        return fresh
+    new = round_trip_load(fresh, "the zoo's pool file")
+    for key, value in new.items():
+        if key != "models":
+            doc[key] = value
+    models = doc.get("models") if isinstance(doc.get("models"), dict) else None
+    if models is None:
+        doc["models"] = new["models"]
+    else:
+        for name in manifest.get("previous_zoo_models") or []:
+            if name not in new["models"] and name in models:
+                del models[name]
+        for name, value in new["models"].items():
+            models[name] = value
+    return round_trip_dump(doc)
 
 
 # ------------------------------------------------------------------------------------------------ steps
@@ -351,24 +434,29 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
         report(progress, 1.0, f"zoo {spec.name} is complete already; nothing to do")
         return ZooBuild(pool_yaml=pool_yaml, root=root, manifest=manifest, built=False)
 
-    own, other = _own_entries(root)
-    if manifest is None and other and not own:
-        raise WorkspaceError(
-            f"{root} exists and is not a forgetlab zoo (it holds {', '.join(p.name for p in other[:3])}). "
-            "Move it away or set FORGETLAB_HOME to another folder, then build again."
-        )
+    _check_is_zoo(root, manifest)
     if force or reason is not None:
-        _clear(root)
+        previous_pool = _previous_pool(root, manifest)
+        _clear(root, manifest)
         manifest = new_manifest(spec)
+        manifest.update(previous_pool)
         if reason is not None and reason != "no readable manifest":
             manifest["rebuilt_because"] = reason
     root.mkdir(parents=True, exist_ok=True)
     ensure_writable(root)
     done = {n for n in done_steps(manifest) & set(steps_all) if (root / n).is_dir()}
+    _clear_leftovers(root, manifest, keep=done)
     for name in set(manifest["steps"]) - done:
         manifest["steps"].pop(name, None)
         manifest["scorecards"].pop(_pool_name(name), None)
-    _clear_leftovers(root, keep=done)
+    _, other = _own_entries(root, manifest)
+    taken = [p.name for p in other if p.name in steps_all and p.name not in done]
+    if taken:
+        raise WorkspaceError(
+            f"{root} holds {', '.join(taken)}, which the zoo build would write but its manifest does not record "
+            "as its own; nothing was removed. Move them away (or set FORGETLAB_HOME to another folder), then "
+            "build again."
+        )
     manifest["complete"] = False
     write_manifest(root, manifest)
 
@@ -389,6 +477,8 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
                 continue
             sub = scaled(progress, start_frac, start_frac + frac)
             labelled = None if sub is None else (lambda f, m="", s=sub, n=step.name: s(f, f"{n}: {m}"))
+            manifest["steps"][step.name] = {"done": False, "started": time.time()}  # its output is the zoo's
+            write_manifest(root, manifest)
             t0 = time.perf_counter()
             record = step.run(labelled)
             record.update(done=True, seconds=round(time.perf_counter() - t0, 3), finished=time.time())
@@ -403,9 +493,10 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
         torch.set_num_threads(previous_threads)
 
     from forgetlab.zoo.datafiles import pool_spec
-    import yaml
 
-    _write_text_atomic(pool_yaml, yaml.safe_dump(pool_spec(spec), sort_keys=False))
+    _write_text_atomic(pool_yaml, _pool_text(pool_spec(spec), manifest))
+    manifest.pop("previous_pool_yaml", None)
+    manifest.pop("previous_zoo_models", None)
     manifest["complete"] = True
     manifest["last_run_seconds"] = round(time.perf_counter() - run_start, 3)
     manifest["scorecards"] = {k: manifest["scorecards"][k] for k in

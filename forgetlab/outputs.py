@@ -1,0 +1,306 @@
+"""Writing outputs without ever destroying a user's files.
+
+Every folder forgetlab writes (merges, saved fine-tunes, zoo steps) goes through `atomic_output_dir`:
+
+- it is written into a hidden temporary folder `.<name>.tmp-<pid>-<random>` beside the target, marked as
+  partial, and renamed into place only when complete; on any failure (an error, Ctrl-C, SIGTERM) the temporary
+  folder is removed;
+- a finished folder carries the marker file `.forgetlab-output.json`; `overwrite=True` replaces only a folder
+  with that marker — never a folder forgetlab did not write, a file, a symbolic link (or what it points to),
+  a folder holding one of the job's inputs, or the current working folder;
+- one writer per target at a time (an exclusive lock `.<name>.lock` beside it, removed afterwards): a second
+  job writing the same target is refused at once instead of silently replacing the first one's result;
+- temporaries left by a killed process (SIGKILL cannot be caught) are recognised by their marker and the dead
+  process id in their name, and removed by the next write into the same folder; an old output that was being
+  replaced when the process died is put back;
+- a full disk gives "no space left" with what was kept, not a raw OSError.
+
+`write_text_file` does the same for single files (`--out` tables, exported recipes): it refuses an existing
+file unless asked, a folder, or a parent folder that does not exist, and writes through a temporary file.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from forgetlab.errors import OutputExistsError, WorkspaceError
+
+MARKER = ".forgetlab-output.json"
+PARTIAL = ".forgetlab-partial"
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[^/]*$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_NAME_BYTES = 200
+
+
+class OutputRefusedError(OutputExistsError):
+    """An output location that forgetlab must not replace (not its own output, an input, a link, …)."""
+
+
+def absolute(path: str | Path) -> Path:
+    """`path` made absolute without following symbolic links (so a link is seen as a link)."""
+    return Path(os.path.abspath(os.path.expanduser(str(path))))
+
+
+def check_name(name: str, what: str = "name") -> str:
+    """A single path component that is safe as a file or folder name: no control characters, no separators,
+    not '.', '..' or hidden, at most MAX_NAME_BYTES bytes (UTF-8). Returns it; raises ParameterError."""
+    from forgetlab.errors import ParameterError
+
+    shown = repr(name) if len(str(name)) <= 60 else repr(str(name)[:60] + "…")
+    if not isinstance(name, str) or not name.strip():
+        raise ParameterError(f"The {what} is empty; give a short name such as 'my-merge'.")
+    if _CONTROL.search(name):
+        raise ParameterError(f"The {what} {shown} contains control characters (newline, tab, NUL, …); "
+                             "use letters, digits, '.', '_' or '-'.")
+    if "/" in name or "\\" in name or name in (".", "..") or name.startswith("."):
+        raise ParameterError(f"The {what} {shown} must be a plain name, not a path or a hidden name; "
+                             "use letters, digits, '.', '_' or '-'.")
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        raise ParameterError(f"The {what} {shown} is {len(name.encode('utf-8'))} bytes long; "
+                             f"use at most {MAX_NAME_BYTES}.")
+    return name
+
+
+def is_forgetlab_output(path: Path) -> bool:
+    """True for a real folder (not a link) that carries forgetlab's output marker."""
+    path = absolute(path)
+    return path.is_dir() and not path.is_symlink() and (path / MARKER).is_file()
+
+
+def _contains(folder: Path, other: Path) -> bool:
+    return folder == other or folder in other.parents
+
+
+def check_replaceable(out: str | Path, inputs: Iterable[str | Path] = ()) -> None:
+    """Raise OutputRefusedError unless `out` is an output folder forgetlab wrote that holds none of `inputs`
+    and is not (and does not contain) the current working folder."""
+    out = absolute(out)
+    if out.is_symlink():
+        raise OutputRefusedError(f"{out} is a symbolic link; forgetlab never replaces a link or what it points "
+                                 "to. Choose another output folder.")
+    if not out.is_dir():
+        raise OutputRefusedError(f"{out} exists and is not a folder; forgetlab replaces only output folders it "
+                                 "wrote itself. Choose another output folder.")
+    if not (out / MARKER).is_file():
+        raise OutputRefusedError(f"{out} exists and was not written by forgetlab (it has no {MARKER}); "
+                                 "--overwrite replaces only forgetlab's own outputs, so nothing was changed. "
+                                 "Choose another output folder, or move that folder away yourself.")
+    real = out.resolve()
+    for ref in inputs:
+        p = Path(str(ref)).expanduser()
+        if not p.exists():
+            continue
+        if _contains(real, p.resolve()):
+            raise OutputRefusedError(f"{out} holds {p}, an input of this job; replacing it would delete the "
+                                     "input. Choose another output folder.")
+    if _contains(real, Path.cwd().resolve()):
+        raise OutputRefusedError(f"{out} is (or contains) the current working folder; choose another output "
+                                 "folder.")
+
+
+def check_output_dir(out: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()) -> Path:
+    """Check before any work is done that `out` may be written: refused if it exists, unless `overwrite` and
+    `check_replaceable` allows it. Returns the absolute path."""
+    out = absolute(out)
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise OutputExistsError(f"{out} exists already. Choose another output folder or ask to overwrite "
+                                    "it (--overwrite on the command line).")
+        check_replaceable(out, inputs)
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(folder: str | Path) -> list[Path]:
+    """Remove forgetlab's own temporaries in `folder` whose process is gone; put back an output whose
+    replacement was interrupted. Returns what was removed or restored."""
+    folder = absolute(folder)
+    done: list[Path] = []
+    if not folder.is_dir():
+        return done
+    for entry in folder.iterdir():
+        m = _TEMP.match(entry.name)
+        if not m or entry.is_symlink() or not entry.is_dir() or _pid_alive(int(m["pid"])):
+            continue
+        target = folder / m["name"]
+        if m["kind"] == "tmp" and (entry / PARTIAL).is_file():
+            shutil.rmtree(entry, ignore_errors=True)
+            done.append(entry)
+        elif m["kind"] == "old" and (entry / MARKER).is_file():
+            if not target.exists() and not target.is_symlink():
+                entry.rename(target)
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+            done.append(entry)
+    return done
+
+
+@contextlib.contextmanager
+def _writer_lock(out: Path) -> Iterator[None]:
+    import fcntl
+
+    lock = out.parent / f".{out.name}.lock"
+    try:
+        fh = open(lock, "a+")
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
+                             "folder.") from None
+    try:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise OutputExistsError(f"Another forgetlab job is writing {out} right now; nothing was changed. "
+                                    "Wait for it to finish or choose another output folder.") from None
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.unlink()
+    finally:
+        fh.close()
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True when `exc` (or what caused it) is an out-of-space error, from Python or from a native writer."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(exc)
+        if "No space left" in text or "StorageFull" in text or "os error 28" in text or "Disk quota" in text:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def disk_full_error(out: Path, existed: bool) -> WorkspaceError:
+    """The message for a write that ran out of space."""
+    try:
+        free = shutil.disk_usage(out.parent).free
+        room = f" ({free / 2**20:.0f} MiB free there now)"
+    except OSError:
+        room = ""
+    kept = " The existing output is untouched." if existed else ""
+    return WorkspaceError(f"No space left on the device holding {out.parent}{room} while writing {out.name}; "
+                          f"nothing was written (the partial output was removed).{kept} Free some space or "
+                          "choose a folder on another disk.")
+
+
+@contextlib.contextmanager
+def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
+                      inputs: Iterable[str | Path] = (), kind: str = "output") -> Iterator[Path]:
+    """Yield a temporary folder beside `out_dir`; rename it to `out_dir` on success, delete it on failure.
+
+    An existing `out_dir` is refused unless `overwrite`, and even then replaced only when forgetlab wrote it
+    and it holds none of `inputs` (see the module docstring); the old one goes only once the new is complete.
+    `kind` is recorded in the output's marker file.
+    """
+    inputs = list(inputs)
+    out = check_output_dir(out_dir, overwrite, inputs)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
+                             "folder.") from None
+    with _writer_lock(out):
+        clean_stale(out.parent)
+        existed = out.exists() or out.is_symlink()
+        if existed:  # another job may have finished it while we waited for nothing: check again under the lock
+            check_output_dir(out, overwrite, inputs)
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
+            (tmp / PARTIAL).write_text("")
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise disk_full_error(out, existed) from None
+            raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
+                                 "folder.") from None
+        try:
+            yield tmp
+            import forgetlab
+
+            (tmp / MARKER).write_text(json.dumps({"written_by": "forgetlab", "kind": kind,
+                                                  "version": forgetlab.__version__, "time": time.time()}) + "\n")
+            (tmp / PARTIAL).unlink()
+            tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
+            if out.exists() or out.is_symlink():
+                check_replaceable(out, inputs)
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+                os.rmdir(old)
+                out.rename(old)
+                tmp.rename(out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                tmp.rename(out)
+        except BaseException as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, Exception) and is_disk_full(exc):
+                raise disk_full_error(out, existed) from None
+            raise
+
+
+def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
+    """Check that a single output file may be written: not a folder, its folder exists, and an existing file
+    is replaced only with `overwrite`. Returns the absolute path."""
+    p = absolute(path)
+    if p.is_dir():
+        raise OutputRefusedError(f"{p} is a folder; give a file name for the output (e.g. {p / 'out.csv'}).")
+    if not p.parent.is_dir():
+        raise WorkspaceError(f"The folder {p.parent} does not exist; create it first or choose another output "
+                             "file. Nothing was written.")
+    if p.is_symlink():
+        raise OutputRefusedError(f"{p} is a symbolic link; forgetlab does not write through links. Choose "
+                                 "another output file.")
+    if p.exists() and not overwrite:
+        raise OutputExistsError(f"{p} exists already; choose another file or pass --overwrite.")
+    return p
+
+
+def write_bytes_file(path: str | Path, data: bytes, overwrite: bool = False) -> Path:
+    """Write `data` to `path` through a temporary file renamed into place (see `check_output_file`)."""
+    p = check_output_file(path, overwrite)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise WorkspaceError(f"Cannot write into {p.parent} ({exc.strerror or exc}); choose a writable "
+                             "folder.") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        if p.exists() and not overwrite:  # appeared meanwhile
+            raise OutputExistsError(f"{p} appeared while writing; nothing was overwritten.")
+        os.replace(tmp, p)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, Exception) and is_disk_full(exc):
+            raise WorkspaceError(f"No space left on the device holding {p.parent} while writing {p.name}; "
+                                 "nothing was written. Free some space or choose another folder.") from None
+        raise
+    return p
+
+
+def write_text_file(path: str | Path, text: str, overwrite: bool = False) -> Path:
+    """Write `text` (UTF-8) to `path` atomically (see `write_bytes_file`)."""
+    return write_bytes_file(path, text.encode("utf-8"), overwrite)

@@ -1,0 +1,135 @@
+"""Reading and editing the YAML files users hand to forgetlab (pools, recipes, mergekit configs).
+
+- `safe_load` reads plain data only (PyYAML's safe loader: no `!!python` tags) and refuses, before any value is
+  used, a document whose aliases expand to more than `MAX_NODES` values (a "billion laughs" alias bomb of a few
+  hundred bytes would otherwise cost minutes and gigabytes in whatever walks it).
+- `edit_yaml_file` changes a file the user owns through a round-trip parser (ruamel.yaml): comments, key
+  order and keys forgetlab does not know are kept; the file is replaced atomically.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from forgetlab.errors import ForgetlabError
+
+MAX_NODES = 100_000
+
+
+class YamlError(ForgetlabError):
+    """A YAML file cannot be read: malformed, or too large once its aliases are expanded."""
+
+
+def expanded_size(node: yaml.Node) -> int:
+    """Number of YAML nodes in the document with every alias expanded (each anchor counted once per use);
+    memoised, so a bomb costs one visit per distinct node. Recursive aliases count as unbounded."""
+    memo: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n: yaml.Node) -> int:
+        key = id(n)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            return MAX_NODES + 1
+        active.add(key)
+        total = 1
+        if isinstance(n, yaml.SequenceNode):
+            for child in n.value:
+                total += size(child)
+                if total > MAX_NODES:
+                    break
+        elif isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                total += size(k) + size(v)
+                if total > MAX_NODES:
+                    break
+        active.discard(key)
+        memo[key] = total
+        return total
+
+    return size(node)
+
+
+def safe_load(text: str, source: str = "the YAML document") -> Any:
+    """Parse `text` as plain YAML data; YamlError for malformed YAML or an alias expansion over MAX_NODES."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if expanded_size(node) > MAX_NODES:
+            raise YamlError(f"{source} uses YAML aliases (&anchor/*alias) that expand to more than {MAX_NODES:,} "
+                            "values; forgetlab refuses it before reading any value. Write the values out plainly.")
+        return loader.construct_document(node)
+    except yaml.YAMLError as exc:
+        raise YamlError(f"{source} is not valid YAML: {exc}") from None
+    except RecursionError:
+        raise YamlError(f"{source} is nested too deeply to read; flatten it.") from None
+    finally:
+        loader.dispose()
+
+
+def load_file(path: str | Path, what: str = "YAML file") -> Any:
+    """`safe_load` of a file, with the file named in every message."""
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise YamlError(f"The {what} {p} is not UTF-8 text.") from None
+    except OSError as exc:
+        raise YamlError(f"Cannot read the {what} {p} ({exc.strerror or exc}).") from None
+    return safe_load(text, f"The {what} {p}")
+
+
+def _round_trip():
+    from ruamel.yaml import YAML
+
+    rt = YAML(typ="rt")
+    rt.preserve_quotes = True
+    rt.width = 4096
+    return rt
+
+
+def round_trip_load(text: str, source: str = "the YAML document"):
+    """A ruamel.yaml round-trip document (CommentedMap …) of `text`, after `safe_load` has vetted it."""
+    safe_load(text, source)
+    return _round_trip().load(text)
+
+
+def round_trip_dump(doc) -> str:
+    """Text of a round-trip document (comments and order as loaded)."""
+    buf = io.StringIO()
+    _round_trip().dump(doc, buf)
+    return buf.getvalue()
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Replace `path` with `text` through a temporary file in the same folder (keeps its permission bits)."""
+    p = Path(path)
+    mode = p.stat().st_mode & 0o777 if p.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, p)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def edit_yaml_file(path: str | Path, change: Callable[[Any], None], what: str = "YAML file") -> None:
+    """Apply `change` to the round-trip document of the file at `path` and write it back atomically; comments,
+    key order and unknown keys survive."""
+    p = Path(path)
+    doc = round_trip_load(p.read_text(encoding="utf-8"), f"The {what} {p}")
+    change(doc)
+    write_atomic(p, round_trip_dump(doc))

@@ -1,0 +1,302 @@
+"""Nothing of the user's is ever deleted or overwritten: `--overwrite` replaces only forgetlab's own outputs,
+never an input, a link, the working folder or a foreign folder; killed writes are cleaned up; two writers of
+one output cannot both "succeed"; a full disk is a message; `--out FILE` never silently replaces a file."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from forgetlab.cli import main
+from forgetlab.errors import OutputExistsError, ParameterError, WorkspaceError
+from forgetlab.merge import run
+from forgetlab.outputs import MARKER, PARTIAL, atomic_output_dir, check_name, clean_stale, write_text_file
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path below `root` (links not followed) with its bytes: a snapshot to compare before/after."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = ("link:" + os.readlink(p)).encode() if p.is_symlink() else (None if p.is_dir() else p.read_bytes())
+    return out
+
+
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture
+def recipe(tiny_llama, tmp_path) -> Path:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"method": "ties", "base": str(tiny_llama.base),
+                                    "models": [str(p) for p in tiny_llama.finetuned.values()],
+                                    "params": {"keep": 0.5}}))
+    return path
+
+
+def _merge_cli(recipe, out, *extra) -> int:
+    return main(["merge", str(recipe), str(out), *extra])
+
+
+def test_overwrite_refuses_a_folder_forgetlab_did_not_write(recipe, tmp_path, capsys):
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "chapter1.tex").write_text("precious")
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, thesis, "--overwrite") == 2
+    assert "not written by forgetlab" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+def test_overwrite_refuses_the_folder_holding_the_inputs(tmp_path, capsys):
+    """The user's project folder holds base/, ft0/ and notes: the merge's own inputs."""
+    from tests.conftest import make_tiny_pool
+
+    proj = tmp_path / "proj"
+    pool = make_tiny_pool(proj, n_finetuned=1)
+    (proj / "notes.md").write_text("mine")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "task_arithmetic", "base": str(pool.base),
+                                      "models": [str(pool.finetuned["ft0"])]}))
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, proj, "--overwrite") == 2
+    assert tree(tmp_path) == before
+    # even a folder carrying forgetlab's marker is not replaced while it holds an input
+    (proj / MARKER).write_text("{}")
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, proj, "--overwrite") == 2
+    assert "an input of this job" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+def test_overwrite_refuses_the_current_folder(recipe, tmp_path, monkeypatch, capsys):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.csv").write_text("1,2")
+    monkeypatch.chdir(work)
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, ".", "--overwrite") == 2
+    assert tree(tmp_path) == before
+    (work / MARKER).write_text("{}")                     # not even when it looks like an output of ours
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, ".", "--overwrite") == 2
+    assert "current working folder" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+def test_overwrite_refuses_a_link_and_keeps_its_target(recipe, tmp_path, capsys):
+    real = tmp_path / "real-merge"
+    assert _merge_cli(recipe, real) == 0
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    before = tree(tmp_path)
+    assert _merge_cli(recipe, link, "--overwrite") == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert tree(tmp_path) == before
+
+
+def test_overwrite_refuses_a_file(recipe, tmp_path, capsys):
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"weights")
+    assert _merge_cli(recipe, f, "--overwrite") == 2
+    assert f.read_bytes() == b"weights" and sorted(p.name for p in tmp_path.iterdir()) == ["model.bin",
+                                                                                          "recipe.yaml"]
+
+
+def test_overwrite_replaces_forgetlab_own_merge(recipe, tmp_path):
+    out = tmp_path / "merged"
+    assert _merge_cli(recipe, out) == 0
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["kind"] == "merge" and marker["written_by"] == "forgetlab"
+    (out / "old.txt").write_text("from before")
+    assert _merge_cli(recipe, out, "--overwrite") == 0
+    assert not (out / "old.txt").exists() and (out / "recipe.yaml").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "recipe.yaml"]   # no lock, temp or old copy
+
+
+def test_stale_temporaries_of_a_killed_merge_are_removed_and_an_interrupted_swap_is_undone(recipe, tmp_path):
+    pid = dead_pid()
+    stale = tmp_path / f".merged.tmp-{pid}-x1"           # what SIGKILL leaves behind
+    stale.mkdir()
+    (stale / PARTIAL).write_text("")
+    (stale / "model.safetensors").write_bytes(b"0" * 1000)
+    foreign = tmp_path / f".notes.tmp-{pid}-x2"          # same shape of name, but not marked as ours
+    foreign.mkdir()
+    alive = tmp_path / f".other.tmp-{os.getpid()}-x3"    # a job still running
+    alive.mkdir()
+    (alive / PARTIAL).write_text("")
+    prev = tmp_path / "prev"                             # killed between moving the old output away and renaming
+    assert _merge_cli(recipe, prev) == 0
+    prev.rename(tmp_path / f".prev.old-{pid}-x4")
+    assert _merge_cli(recipe, tmp_path / "merged") == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted([foreign.name, alive.name, "merged", "prev", "recipe.yaml"])
+    assert (tmp_path / "prev" / "recipe.yaml").is_file()
+
+
+def test_sigterm_during_a_merge_leaves_nothing(recipe, tmp_path):
+    """SIGTERM is handled like Ctrl-C: the temporary folder is removed and the exit status says so."""
+    out = tmp_path / "merged"
+    code = (
+        "import sys, time\n"
+        "import forgetlab.checkpoints as c\n"
+        "orig = c._ShardStream.write\n"
+        "def slow(self, n, t):\n"
+        "    time.sleep(0.3)\n"
+        "    return orig(self, n, t)\n"
+        "c._ShardStream.write = slow\n"
+        "from forgetlab.cli import main\n"
+        f"sys.exit(main(['merge', {str(recipe)!r}, {str(out)!r}]))\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(tmp_path.glob(".merged.tmp-*/*.safetensors")):
+        time.sleep(0.05)
+    assert list(tmp_path.glob(".merged.tmp-*")), "the merge never started writing"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "nothing half-written was kept" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["recipe.yaml"]
+
+
+def test_two_writers_of_one_output_cannot_both_succeed(tmp_path):
+    out = tmp_path / "out"
+    with atomic_output_dir(out) as tmp:
+        (tmp / "a").write_text("first")
+        with pytest.raises(OutputExistsError, match="Another forgetlab job is writing"):
+            with atomic_output_dir(out, overwrite=True):
+                pass
+    assert (out / "a").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_two_overwrite_merges_at_once_one_is_refused(recipe, tmp_path):
+    """Two processes merge into one output with --overwrite: one result, and the other process says so."""
+    out = tmp_path / "merged"
+    assert _merge_cli(recipe, out) == 0
+    code = (
+        "import sys, time\n"
+        "import forgetlab.checkpoints as c\n"
+        "orig = c._ShardStream.write\n"
+        "def slow(self, n, t):\n"
+        "    time.sleep(0.1)\n"
+        "    return orig(self, n, t)\n"
+        "c._ShardStream.write = slow\n"
+        "from forgetlab.cli import main\n"
+        f"sys.exit(main(['merge', {str(recipe)!r}, {str(out)!r}, '--overwrite']))\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    codes = sorted(r for r, _ in results)
+    assert codes == [0, 2], results
+    assert any("Another forgetlab job is writing" in err for _, err in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "recipe.yaml"]
+
+
+def test_disk_full_is_a_message_and_the_existing_output_is_untouched(recipe, tmp_path, monkeypatch, capsys):
+    import forgetlab.checkpoints as ck
+
+    out = tmp_path / "merged"
+    assert _merge_cli(recipe, out) == 0
+    before = tree(tmp_path)
+    orig = ck._ShardStream.write
+    state = {"n": 0}
+
+    def full(self, name, tensor):
+        state["n"] += 1
+        if state["n"] == 3:
+            raise OSError(28, "No space left on device")
+        return orig(self, name, tensor)
+
+    monkeypatch.setattr(ck._ShardStream, "write", full)
+    assert _merge_cli(recipe, out, "--overwrite") == 2
+    err = capsys.readouterr().err
+    assert "No space left" in err and "existing output is untouched" in err and "Traceback" not in err
+    assert tree(tmp_path) == before
+
+
+def test_disk_full_on_a_real_small_filesystem(recipe, tmp_path, capsys):
+    """A 64 KiB tmpfs, smaller than the merge (root may mount one here; skipped where it cannot)."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        assert _merge_cli(recipe, mnt / "merged") == 2
+        err = capsys.readouterr().err
+        assert "No space left" in err and "Traceback" not in err
+        assert list(mnt.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("name", ["abc\n", "a\x01b", "a\x00b", "x" * 300, "../up", ".hidden", "", "a/b"])
+def test_names_with_control_characters_or_paths_are_refused(name):
+    with pytest.raises(ParameterError):
+        check_name(name)
+
+
+@pytest.mark.parametrize("name", ["abc\n", "a\x01b", "a\x00b", "x" * 300, "../up"])
+def test_merge_names_are_checked(name):
+    from forgetlab.merge.workflow import check_merge_name
+
+    with pytest.raises(ParameterError):
+        check_merge_name(name)
+
+
+def test_write_text_file_refuses_existing_folders_and_missing_parents(tmp_path):
+    f = tmp_path / "a.csv"
+    write_text_file(f, "x\n")
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        write_text_file(f, "y\n")
+    assert f.read_text() == "x\n"
+    write_text_file(f, "y\n", overwrite=True)
+    assert f.read_text() == "y\n"
+    with pytest.raises(OutputExistsError, match="is a folder"):
+        write_text_file(tmp_path, "z")
+    with pytest.raises(WorkspaceError, match="does not exist"):
+        write_text_file(tmp_path / "nope" / "a.csv", "z")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv"]
+
+
+def test_clean_stale_ignores_entries_without_our_marker(tmp_path):
+    d = tmp_path / f".x.tmp-{dead_pid()}-1"
+    d.mkdir()
+    (d / "thesis.tex").write_text("mine")
+    assert clean_stale(tmp_path) == [] and (d / "thesis.tex").exists()
+
+
+def test_saving_into_the_pool_keeps_the_users_comments_and_keys(tmp_path):
+    from tests.conftest import make_tiny_pool
+
+    from forgetlab.pool import ModelPool
+    from forgetlab.train.runs import save_finetuned
+
+    tiny = make_tiny_pool(tmp_path / "p", n_finetuned=1)
+    text = tiny.pool_yaml.read_text().replace("models:\n", "models:   # fine-tunes of my lab\n", 1)
+    tiny.pool_yaml.write_text("# my pool, hand-written\n" + text + "owner: ada   # not a forgetlab key\n")
+    pool = ModelPool.from_yaml(tiny.pool_yaml)
+    model = pool.load("ft0")
+    save_finetuned(pool, model, "ft-new")
+    out = tiny.pool_yaml.read_text()
+    assert out.startswith("# my pool, hand-written\n")
+    assert "models:   # fine-tunes of my lab" in out and "owner: ada   # not a forgetlab key" in out
+    assert yaml.safe_load(out)["models"]["ft-new"] == "finetuned/ft-new"
+    assert "ft-new" in ModelPool.from_yaml(tiny.pool_yaml).model_names
+    with pytest.raises(ParameterError):
+        save_finetuned(pool, model, "x" * 300)
+    with pytest.raises(ParameterError):
+        save_finetuned(pool, model, "bad\nname")
+    assert sorted(p.name for p in (tmp_path / "p" / "finetuned").iterdir()) == ["ft-new"]
