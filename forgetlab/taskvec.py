@@ -49,11 +49,13 @@ class TaskVectorNorms:
                                                 "base_norm", "relative"])
 
     def by_level(self) -> pd.DataFrame:
-        """Norms per (layer, module): sqrt of the summed squares of its tensors; `other` for the rest."""
+        """Norms per (layer, module): sqrt of the summed squares of its tensors; `other` for the rest.
+
+        A NaN/Inf tensor makes its group's norm NaN/Inf (pandas' default sum would skip the NaN and show 0)."""
         df = self.to_frame()
         df = df.assign(module=df["module"].fillna("other"), layer=df["layer"].fillna(-1).astype(int),
                        sq=df["norm"] ** 2, sq0=df["base_norm"] ** 2)
-        g = df.groupby(["layer", "module"], as_index=False)[["sq", "sq0"]].sum()
+        g = df.groupby(["layer", "module"], as_index=False)[["sq", "sq0"]].agg(lambda x: x.sum(skipna=False))
         g["norm"] = g["sq"] ** 0.5
         g["relative"] = g["norm"] / g["sq0"].pow(0.5).where(g["sq0"] > 0)
         return g[["layer", "module", "norm", "relative"]]

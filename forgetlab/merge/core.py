@@ -14,7 +14,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from forgetlab.checkpoints import TensorInfo
-from forgetlab.errors import IncompatibleModelsError, ParameterError
+from forgetlab.errors import CheckpointError, IncompatibleModelsError, ParameterError
 from forgetlab.merge.interpolation import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
 from forgetlab.progress import Progress, report
@@ -145,8 +145,14 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
     Raises IncompatibleModelsError naming the tensor and both shapes, or the first missing/extra tensor.
     """
     base_entries = base.entries()
+    if not base_entries:
+        raise CheckpointError(
+            f"The base {base.label} holds no tensors: a merge of it would be an empty, model-looking folder. "
+            "Point the base at the folder (or file) that holds the model's weights.")
     for m in models:
         ent = m.entries()
+        if not ent:
+            raise CheckpointError(f"{m.label} holds no tensors; point it at the folder that holds its weights.")
         missing = [n for n in base_entries if n not in ent]
         if missing:
             raise IncompatibleModelsError(
@@ -163,6 +169,18 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
                     f"Tensor {n} has shape {e.shape} in the base {base.label} but {ent[n].shape} in {m.label}: "
                     "merge models fine-tuned from the same base.")
     return list(base_entries.values())
+
+
+def check_finite(name: str, base_label: str, base_t: torch.Tensor, models, fts: Sequence[torch.Tensor]) -> None:
+    """Refuse NaN/Inf in the base or a fine-tuned tensor: every merge of them would write non-finite weights
+    (or, for the trimming methods, silently drop them). Raises CheckpointError naming the model and tensor."""
+    for label, t in [(base_label, base_t)] + [(m.label, ft) for m, ft in zip(models, fts)]:
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise CheckpointError(
+                f"{label} holds NaN/Inf in tensor {name} ({bad} of {t.numel()} entries): merging it would write "
+                "non-finite weights, so nothing was written. Leave that model out of the merge, or repair it "
+                "(`forgetlab inspect` lists its non-finite tensors).")
 
 
 def _finetuned(models, name: str, base_t: torch.Tensor, device: str) -> list[torch.Tensor]:
@@ -196,6 +214,7 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
         for e in floats:
             base_t = base.read(e.name, device)
             fts = _finetuned(models, e.name, base_t, device)
+            check_finite(e.name, base.label, base_t, models, fts)
             collector.add(p, e.name, base_t, [ft.sub_(base_t) for ft in fts])  # owned copies: in place
             done += 1
             report(progress, done / steps, f"statistics pass {p + 1}/{collector.passes}: {e.name}")
@@ -216,12 +235,20 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
             yield e.name, base.read_raw(e.name)
             continue
         base_t = base.read(e.name, device)
-        job = TensorJob(name=e.name, base=base_t, finetuned=_finetuned(models, e.name, base_t, device),
+        fts = _finetuned(models, e.name, base_t, device)
+        check_finite(e.name, base.label, base_t, models, fts)
+        job = TensorJob(name=e.name, base=base_t, finetuned=fts,
                         params=params, stats=stats, prepared=None if prepared is None else prepared.get(e.name),
                         layer=locate(e.name), num_layers=n_layers, device=device)
         merged = spec.merge(job)
         if tuple(merged.shape) != e.shape:
             raise IncompatibleModelsError(f"internal: {spec.name} returned shape {tuple(merged.shape)} for {e.name} "
                                           f"of shape {e.shape}.")
-        yield e.name, merged.to(device="cpu", dtype=out_dtype or e.dtype)
+        merged = merged.to(device="cpu", dtype=out_dtype or e.dtype)
+        if not bool(torch.isfinite(merged).all()):
+            raise CheckpointError(
+                f"{spec.name} produced NaN/Inf in {e.name} from finite inputs (values beyond the range of "
+                f"{merged.dtype}?); nothing was written. "
+                "Use smaller coefficients (λ, weights) or a wider output dtype (float32).")
+        yield e.name, merged
         report(progress, (i + 1) / max(1, len(entries)), f"merged {e.name}")
