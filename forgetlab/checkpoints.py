@@ -26,8 +26,6 @@ from forgetlab.errors import (
     CheckpointError,
     IncompatibleModelsError,
     OfflineError,
-    OutputExistsError,
-    WorkspaceError,
 )
 from forgetlab.outputs import absolute, atomic_output_dir  # noqa: F401  (atomic_output_dir: public here too)
 from forgetlab.progress import Progress, report
@@ -70,6 +68,33 @@ class TensorInfo:
 def default_device() -> str:
     """"cuda" when a GPU is available, else "cpu"."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str | None) -> str:
+    """`device` if torch can use it on this machine ("cpu", "cuda", "cuda:N", "mps"), the default device for
+    None; a ParameterError naming the choices otherwise."""
+    from forgetlab.errors import ParameterError
+
+    if device is None or str(device).strip() == "":
+        return default_device()
+    name = str(device).strip()
+    choices = "'cpu'" + (f", 'cuda' or 'cuda:0'…'cuda:{torch.cuda.device_count() - 1}'"
+                         if torch.cuda.is_available() else " (no GPU is available here)")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise ParameterError(f"Unknown device {name!r}; use {choices}.") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ParameterError(f"Device {name!r} was asked but no CUDA GPU is available; use 'cpu'.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ParameterError(f"Device {name!r} does not exist; use {choices}.")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise ParameterError(f"Device {name!r} is not available here; use {choices}.")
+    elif dev.type != "cpu":
+        raise ParameterError(f"forgetlab does not run on device {name!r}; use {choices}.")
+    return name
 
 
 # --------------------------------------------------------------------------------------------- opening
@@ -758,9 +783,9 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # forgetlab reports progress through its own callbacks
+    device = check_device(device)
     ckpt = open_checkpoint(ref)
     dtype = _as_dtype(dtype)
-    device = device or default_device()
     try:
         if isinstance(ckpt, GGUFCheckpoint) and "_tensors" in ckpt.__dict__:
             # already dequantised once: build from the config instead of decoding the file again
@@ -784,6 +809,13 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
             model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot load {ckpt.ref} as a causal language model: {exc}") from None
+    except RuntimeError as exc:
+        if "size mismatch" in str(exc) or "shape" in str(exc):
+            first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc)[:300])
+            raise IncompatibleModelsError(
+                f"The config.json of {ckpt.ref} disagrees with its weights ({first}); fix the config (or the "
+                "weights) so their shapes match.") from None
+        raise
     return model.to(device).eval()
 
 

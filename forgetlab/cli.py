@@ -31,7 +31,67 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(f"forgetlab.commands.{info.name}")
         if hasattr(module, "register"):
             module.register(sub)
+    _check_arguments(parser)
     return parser
+
+
+# Arguments that share one meaning in every command, so one check serves all of them.
+COUNTS = {"batch_size", "max_general", "max_task", "max_train", "samples", "steps", "budget", "eval_every",
+          "workers", "max_points"}
+NON_NEGATIVE = {"warmup"}
+OUTPUT_FILES = ("out", "curves", "distances")
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}; got {value}")
+        return value
+    parse.__name__ = "count" if minimum else "number"
+    return parse
+
+
+def _device(text: str) -> str:
+    from forgetlab.checkpoints import check_device
+    from forgetlab.errors import ParameterError
+
+    try:
+        return check_device(text)
+    except ParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _check_arguments(parser: argparse.ArgumentParser) -> None:
+    """Give every command the same checks for counts (≥ 1), devices (usable here) and output files
+    (`--overwrite` to replace one): argparse then exits 2 with a one-line message naming the argument."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _check_arguments(sub)
+        elif action.dest in COUNTS and action.type is int:
+            action.type = _at_least(1)
+        elif action.dest in NON_NEGATIVE and action.type is int:
+            action.type = _at_least(0)
+        elif action.dest == "device":
+            action.type = _device
+    dests = {a.dest for a in parser._actions}
+    if dests & set(OUTPUT_FILES) and "overwrite" not in dests:
+        parser.add_argument("--overwrite", action="store_true", help="replace output files that exist already")
+
+
+def _check_output_files(args) -> None:
+    """Refuse, before any work, an output file that exists (without --overwrite), is a folder, or lies in a
+    folder that does not exist."""
+    from forgetlab.outputs import check_output_file
+
+    for dest in OUTPUT_FILES:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            check_output_file(value, getattr(args, "overwrite", False))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     previous = _terminate_like_interrupt()
     try:
+        _check_output_files(args)
         return int(args.func(args) or 0)
     except ForgetlabError as exc:
         sys.stderr.write(f"forgetlab: error: {exc}\n")

@@ -128,11 +128,27 @@ def task_score(model, tokenizer, task: str, pairs: Sequence[TaskPair], *, templa
     return TaskScore(task, exact, loss, len(per))
 
 
+def check_limits(**limits: int | None) -> None:
+    """ParameterError unless every given limit (batch size, block size, max_general, max_task, …) is None or a
+    whole number ≥ 1."""
+    import numbers
+
+    from forgetlab.errors import ParameterError
+
+    for name, value in limits.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise ParameterError(f"{name} must be a whole number of at least 1 (or None for no limit); got "
+                                 f"{value!r}.")
+
+
 def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: str = "eval",
              batch_size: int = 16, block_size: int = 128, max_general: int | None = None,
              max_task: int | None = None, tasks: Sequence[str] | None = None,
              progress: Progress = None) -> Scorecard:
     """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs."""
+    check_limits(batch_size=batch_size, block_size=block_size, max_general=max_general, max_task=max_task)
     was_training = model.training
     model.eval()
     names = list(tasks) if tasks is not None else list(probes.tasks)

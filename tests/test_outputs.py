@@ -300,3 +300,77 @@ def test_saving_into_the_pool_keeps_the_users_comments_and_keys(tmp_path):
     with pytest.raises(ParameterError):
         save_finetuned(pool, model, "bad\nname")
     assert sorted(p.name for p in (tmp_path / "p" / "finetuned").iterdir()) == ["ft-new"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sweep", "alpha", "{pool}", "--model", "ft0", "--batch-size", "0"], "--batch-size: must be at least 1"),
+    (["sweep", "alpha", "{pool}", "--model", "ft0", "--device", "tpu9"], "Unknown device 'tpu9'"),
+    (["merge", "{recipe}", "{tmp}/m", "--device", "tpu9"], "Unknown device 'tpu9'"),
+    (["eval", "{pool}", "--max-general", "0"], "--max-general: must be at least 1"),
+    (["eval", "{pool}", "--max-task", "-3"], "--max-task: must be at least 1"),
+    (["taskvec", "{pool}", "--out", "{tmp}"], "is a folder"),
+    (["taskvec", "{pool}", "--out", "{tmp}/missing/norms.csv"], "does not exist"),
+    (["eval", "{pool}", "--out", "{tmp}/existing.csv"], "exists already"),
+    (["merge-export", "{recipe}", "--out", "{tmp}/existing.csv"], "exists already"),
+    (["merge-export", "{recipe}", "--out", "{tmp}"], "is a folder"),
+])
+def test_bad_cli_arguments_exit_2_with_a_message_and_write_nothing(argv, message, tiny_llama, recipe, tmp_path,
+                                                                    capsys):
+    (tmp_path / "existing.csv").write_text("mine")
+    argv = [a.format(pool=tiny_llama.pool_yaml, recipe=recipe, tmp=tmp_path) for a in argv]
+    before = tree(tmp_path)
+    with pytest.raises(SystemExit) as exit_info:   # argparse's own errors exit 2 …
+        raise SystemExit(main(argv))               # … and so do forgetlab's
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert tree(tmp_path) == before
+
+
+def test_taskvec_cosine_table_sits_beside_the_output_file(tiny_llama, tmp_path):
+    folder = tmp_path / "out" / "dir.v2"
+    folder.mkdir(parents=True)
+    assert main(["taskvec", str(tiny_llama.pool_yaml), "--out", str(folder / "norms")]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["norms", "norms.cosine.csv"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dir.v2"]
+    assert main(["taskvec", str(tiny_llama.pool_yaml), "--out", str(folder / "n.csv")]) == 0
+    assert (folder / "n.cosine.csv").is_file()
+
+
+BOMB = """a: &a ["x","x","x","x","x","x","x","x","x"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+@pytest.mark.parametrize("kind", ["recipe", "mergekit", "pool"])
+def test_yaml_alias_bombs_are_refused_at_once(kind, tmp_path, capsys):
+    path = tmp_path / f"{kind}.yaml"
+    if kind == "recipe":
+        path.write_text(BOMB + "method: linear\nbase: *i\nmodels: [x]\n")
+        argv = ["merge", str(path), str(tmp_path / "out")]
+    elif kind == "mergekit":
+        path.write_text(BOMB + "merge_method: linear\nbase_model: *i\nmodels: [{model: x}]\n")
+        argv = ["merge-export", str(path)]
+    else:
+        path.write_text(BOMB + "base: *i\nmodels: {}\n")
+        argv = ["taskvec", str(path)]
+    t0 = time.perf_counter()
+    assert main(argv) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert "aliases" in err and "refuses" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+def test_ordinary_anchors_and_aliases_still_work(tmp_path):
+    from forgetlab.yamlio import safe_load
+
+    d = safe_load("p: &p {keep: 0.2}\nx: *p\ny: [*p, *p]\n")
+    assert d["x"] == {"keep": 0.2} and d["y"] == [{"keep": 0.2}] * 2

@@ -1,10 +1,7 @@
 """CLI: `forgetlab features` — a submodule's features across tasks and models, mapped with t-SNE."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import OutputExistsError
 
 
 def register(sub) -> None:
@@ -39,9 +36,6 @@ def cmd_features(args) -> int:
     from forgetlab.pool import ModelPool
     from forgetlab.progress import scaled
 
-    for f in (args.out, args.distances):
-        if f and Path(f).exists() and not args.overwrite:
-            raise OutputExistsError(f"{f} exists already; choose another file or pass --overwrite.")
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("features")
     try:

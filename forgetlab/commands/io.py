@@ -7,6 +7,8 @@ from typing import Callable
 
 import pandas as pd
 
+from forgetlab.outputs import write_text_file
+
 
 def emit(text: str = "") -> None:
     """Write a line to standard output."""
@@ -15,15 +17,12 @@ def emit(text: str = "") -> None:
 
 
 def emit_frame(df: pd.DataFrame, out: str | None = None, float_format: str = "{:.4f}") -> None:
-    """Show a table on stdout, or save it as CSV/JSON when `out` names a file (format from its suffix)."""
+    """Show a table on stdout, or save it as CSV/JSON when `out` names a file (format from its suffix), written
+    atomically; whether an existing file may be replaced was decided before the command ran (cli.main)."""
     if out:
         path = Path(out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix.lower() == ".json":
-            df.to_json(path, orient="records", indent=2)
-        else:
-            df.to_csv(path, index=False)
-        emit(f"wrote {path}")
+        text = df.to_json(orient="records", indent=2) if path.suffix.lower() == ".json" else df.to_csv(index=False)
+        emit(f"wrote {write_text_file(path, text, overwrite=True)}")
     else:
         with pd.option_context("display.max_rows", 200, "display.width", 160,
                                "display.float_format", float_format.format):

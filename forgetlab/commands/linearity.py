@@ -2,14 +2,13 @@
 submodule-linearity merging would choose)."""
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import OutputExistsError, parse_floats
+from forgetlab.errors import parse_floats
+from forgetlab.outputs import write_text_file
 
 
 def register(sub) -> None:
@@ -54,21 +53,8 @@ def register(sub) -> None:
 
 
 def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
-    """Write a CSV atomically (temporary file in the same folder, renamed into place); refuse to replace an
-    existing file unless `overwrite`."""
-    path = Path(out).expanduser()
-    if path.exists() and not overwrite:
-        raise OutputExistsError(f"{path} exists already; choose another file or pass --overwrite.")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            df.to_csv(fh, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write a CSV atomically (forgetlab.outputs.write_text_file); an existing file only with `overwrite`."""
+    path = write_text_file(out, df.to_csv(index=False), overwrite=overwrite)
     emit(f"wrote {path}")
     return path
 
@@ -78,9 +64,6 @@ def cmd_linearity(args) -> int:
     from forgetlab.pool import ModelPool
 
     alphas = parse_floats(args.alphas, "--alphas")
-    for f in (args.out, args.curves):
-        if f and Path(f).exists() and not args.overwrite:
-            raise OutputExistsError(f"{f} exists already; choose another file or pass --overwrite.")
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress(f"linearity {args.task}")
     try:
@@ -114,8 +97,6 @@ def cmd_slwm_weights(args) -> int:
     from forgetlab.merge.slwm import slwm_weights
     from forgetlab.pool import ModelPool
 
-    if args.out and Path(args.out).exists() and not args.overwrite:
-        raise OutputExistsError(f"{args.out} exists already; choose another file or pass --overwrite.")
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("slwm weights")
     try:

@@ -6,6 +6,7 @@ import json
 import yaml
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.outputs import write_text_file
 
 
 def register(subparsers) -> None:
@@ -79,9 +80,7 @@ def _export(args) -> int:
     recipe = load_recipe(args.recipe)
     text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(text)
-        emit(f"wrote {args.out}")
+        emit(f"wrote {write_text_file(args.out, text, overwrite=args.overwrite)}")
     else:
         emit(text.rstrip("\n"))
     return 0
@@ -113,7 +112,5 @@ def _pcb_search(args) -> int:
         params = {k: v for k, v in recipe.params.items() if k != "lam"}
         models = [ModelEntry(m.model, {**m.params, "lam": round(v, 6)}) for m, v in zip(recipe.models, res.lambdas)]
         out = type(recipe)(recipe.method, recipe.base, models, params, recipe.dtype, recipe.seed, recipe.name)
-        with open(args.out, "w") as fh:
-            fh.write(out.to_yaml())
-        emit(f"wrote {args.out}")
+        emit(f"wrote {write_text_file(args.out, out.to_yaml(), overwrite=args.overwrite)}")
     return 0

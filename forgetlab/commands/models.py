@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.outputs import check_output_file, write_text_file
 
 
 def register(sub) -> None:
@@ -69,6 +71,8 @@ def cmd_taskvec(args) -> int:
     from forgetlab.pool import ModelPool
     from forgetlab.taskvec import cosine_matrix, task_vector_norms
 
+    if args.out:
+        check_output_file(cosine_path(args.out), args.overwrite)
     pool = ModelPool.from_yaml(args.pool)
     frames = []
     for name in pool.model_names:
@@ -82,13 +86,19 @@ def cmd_taskvec(args) -> int:
     cos = cosine_matrix(pool).to_frame()
     if args.out:
         emit_frame(df, args.out)
-        cos.to_csv(f"{args.out.rsplit('.', 1)[0]}.cosine.csv")
-        emit(f"wrote {args.out.rsplit('.', 1)[0]}.cosine.csv")
+        emit(f"wrote {write_text_file(cosine_path(args.out), cos.to_csv(), overwrite=True)}")
     else:
         emit_frame(df)
         emit("\ncosine similarity between task vectors:")
         emit(cos.to_string(float_format="{:.3f}".format))
     return 0
+
+
+def cosine_path(out: str) -> Path:
+    """Where `taskvec --out FILE` puts its cosine table: beside FILE, its suffix replaced by `.cosine.csv`
+    (`norms.csv` → `norms.cosine.csv`; only the file name's suffix counts, never a dot in a folder name)."""
+    p = Path(out)
+    return p.with_name(f"{p.stem if p.suffix else p.name}.cosine.csv")
 
 
 def cmd_eval(args) -> int:
@@ -109,9 +119,8 @@ def cmd_eval(args) -> int:
         pool.unload(name)
     df = scorecards_frame(cards)
     if args.out and args.out.endswith(".json"):
-        with open(args.out, "w") as fh:
-            json.dump([c.to_dict() for c in cards], fh, indent=2)
-        emit(f"wrote {args.out}")
+        text = json.dumps([c.to_dict() for c in cards], indent=2)
+        emit(f"wrote {write_text_file(args.out, text, overwrite=True)}")
     else:
         emit_frame(df, args.out)
     return 0

@@ -59,9 +59,7 @@ class MergeResult:
 
 
 def _check_device(device: str) -> str:
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ParameterError("device='cuda' was asked but no CUDA device is available; use device='cpu'.")
-    return str(device)
+    return ck.check_device(device or "cpu")
 
 
 def open_sources(recipe: Recipe):
