@@ -33,6 +33,29 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 MERGEKIT_METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs")
 
 
+def check_seed(value: Any, where: str = "seed") -> int | None:
+    """A recipe's seed as an int (None stays None): whole numbers in [0, 2**63) only — 1.9, .inf, "abc" and
+    booleans are refused with a ParameterError instead of being truncated or raising a Python error."""
+    if value is None:
+        return None
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():  # YAML `3.0`
+        value, ok = int(value), True
+    if not ok or not (0 <= value < 2**63):
+        raise ParameterError(f"{where} must be a whole number from 0 to 2**63 − 1 (it fixes the random masks of "
+                             f"dare_*); got {value!r}. Write e.g. `seed: 0`.")
+    return int(value)
+
+
+def _check_models_list(models: Any, what: str) -> list:
+    """`models` must be a YAML list: a string would be read character by character, a mapping by its keys."""
+    if not isinstance(models, list):
+        raise ParameterError(
+            f"{what} must be a list of models (one `- path` or `- model: path` per line); got a "
+            f"{type(models).__name__} ({str(models)[:80]!r}).")
+    return models
+
+
 @dataclass
 class ModelEntry:
     """One fine-tuned model of a recipe and its per-model parameters (e.g. {"weight": 0.5})."""
@@ -113,7 +136,7 @@ class Recipe:
                 raise ParameterError(f"The recipe has no `{k}`.")
         get_method(str(d["method"]))
         models = []
-        for m in d["models"]:
+        for m in _check_models_list(d["models"], "The recipe's `models`"):
             if isinstance(m, str):
                 models.append(ModelEntry(m))
             elif isinstance(m, Mapping) and "model" in m:
@@ -126,9 +149,8 @@ class Recipe:
         params = d.get("params") or {}
         if not isinstance(params, Mapping):
             raise ParameterError("`params` must be a mapping of parameter names to values.")
-        seed = d.get("seed")
         return cls(str(d["method"]), str(d["base"]), models, dict(params), dtype,
-                   None if seed is None else int(seed), d.get("name"), d.get("pool"))
+                   check_seed(d.get("seed")), d.get("name"), d.get("pool"))
 
     # -- mergekit
     @classmethod
@@ -140,20 +162,32 @@ class Recipe:
                                  f"{', '.join(MERGEKIT_METHODS)}.")
         if "slices" in d:
             raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
-        top = dict(d.get("parameters") or {})
+        top = d.get("parameters") or {}
+        if not isinstance(top, Mapping):
+            raise ParameterError(f"mergekit `parameters` must be a mapping like {{lambda: 1.0}}; got {top!r}.")
+        top = dict(top)
         entries = d.get("models") or []
         if not entries:
             raise ParameterError("The mergekit recipe lists no models.")
+        _check_models_list(entries, "The mergekit recipe's `models`")
         base = d.get("base_model")
         models: list[ModelEntry] = []
         per_model: list[dict] = []
         for e in entries:
             if isinstance(e, str):
                 e = {"model": e}
+            if not isinstance(e, Mapping) or not e.get("model"):
+                raise ParameterError(f"Each mergekit model entry is a path or a mapping with `model:`; got {e!r}.")
             ref = e.get("model")
             if isinstance(ref, Mapping):
                 ref = ref.get("model") or ref.get("path")
-            mp = dict(e.get("parameters") or {})
+            if not isinstance(ref, str) or not ref:
+                raise ParameterError(f"A mergekit model must name a path or hub id; got {e.get('model')!r}.")
+            mp = e.get("parameters") or {}
+            if not isinstance(mp, Mapping):
+                raise ParameterError(f"mergekit `parameters` of {ref} must be a mapping like {{weight: 1.0}}; "
+                                     f"got {mp!r}.")
+            mp = dict(mp)
             if base is not None and str(ref) == str(base) and method != "linear":
                 continue  # mergekit lets the base appear among the models; its task vector is zero
             models.append(ModelEntry(str(ref)))
@@ -176,6 +210,11 @@ class Recipe:
 
         def single(key, default):
             vals = value(key, default)
+            if key == "density":
+                for v in vals:
+                    if not (0.0 <= float(v) <= 1.0):
+                        raise ParameterError(f"mergekit density must lie in [0, 1] (the share of each task vector "
+                                             f"kept); got {v}.")
             if len(set(vals)) > 1:
                 raise ParameterError(f"mergekit gives {key} per model ({vals}); forgetlab's {method} takes one value "
                                      f"for all models.")
@@ -210,7 +249,9 @@ class Recipe:
         dtype = d.get("out_dtype") or d.get("dtype")
         if dtype is not None and dtype not in DTYPES:
             raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
-        return cls(method, str(base), models, params, dtype)
+        recipe = cls(method, str(base), models, params, dtype)
+        recipe.validated_params()  # an imported recipe is a valid forgetlab recipe, or a message now
+        return recipe
 
     def to_mergekit(self) -> dict:
         """The equivalent mergekit YAML dict (refused for methods or settings mergekit does not have)."""

@@ -203,7 +203,7 @@ def _number(spec_name: str, p: ParamSpec, value: Any, integer: bool) -> float | 
         v = int(value) if integer else float(value)
         if integer and float(value) != v:
             raise ValueError
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         kind = "an integer" if integer else "a number"
         raise ParameterError(f"{spec_name}: {p.name} must be {kind}; got {value!r}.") from None
     if not integer and not math.isfinite(v):
