@@ -6,6 +6,7 @@ tabular results, `results.csv`), written atomically.
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import platform
@@ -22,11 +23,25 @@ import pandas as pd
 from forgetlab.errors import WorkspaceError
 
 
+_SESSION_HOME: contextvars.ContextVar[Path | None] = contextvars.ContextVar("forgetlab_home", default=None)
+
+
 def home(path: str | Path | None = None) -> Path:
-    """The workspace folder: `path` if given, else `$FORGETLAB_HOME`, else `~/.forgetlab`."""
+    """The workspace folder: `path` if given, else this context's workspace (`use_home`: the app's session),
+    else `$FORGETLAB_HOME`, else `~/.forgetlab`."""
     if path is not None:
         return Path(path).expanduser()
+    session = _SESSION_HOME.get()
+    if session is not None:
+        return session
     return Path(os.environ.get("FORGETLAB_HOME", "~/.forgetlab")).expanduser()
+
+
+def use_home(path: str | Path | None) -> None:
+    """Make `path` the workspace of the current context (a thread and what it starts with a copied context:
+    one app session and its jobs), leaving other sessions and the process environment alone; None goes back
+    to FORGETLAB_HOME."""
+    _SESSION_HOME.set(None if path is None else Path(path).expanduser())
 
 
 def _sub(name: str, path: str | Path | None) -> Path:

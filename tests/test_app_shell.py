@@ -556,6 +556,14 @@ def test_changing_the_workspace_in_the_sidebar_lists_its_zoo(tiny_llama, tmp_pat
     at = _app(tmp_path / "home", monkeypatch).run()
     assert at.sidebar.selectbox(key="app_pool_choice").options == ["Your own pool.yaml…"]
     at.sidebar.text_input(key="app_workspace").input(str(other)).run()
-    assert not at.exception and os.environ["FORGETLAB_HOME"] == str(other)
+    assert not at.exception
     assert at.sidebar.selectbox(key="app_pool_choice").value == "pico"
+    assert at.session_state["forgetlab_pool_path"] == str(other / "zoo" / "pico" / "pool.yaml")
+    # the choice belongs to this browser session: the process and a second session keep the default
+    assert os.environ["FORGETLAB_HOME"] == str(tmp_path / "home")
+    second = AppTest.from_file(str(tmp_path / "home" / ".app" / "app.py"), default_timeout=60).run()
+    assert second.sidebar.text_input(key="app_workspace").value == str(tmp_path / "home")
+    assert second.sidebar.selectbox(key="app_pool_choice").options == ["Your own pool.yaml…"]
+    at.run()                                          # and the first session keeps its own on every rerun
+    assert at.sidebar.text_input(key="app_workspace").value == str(other)
     assert at.session_state["forgetlab_pool_path"] == str(other / "zoo" / "pico" / "pool.yaml")

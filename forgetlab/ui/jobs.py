@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import contextvars
 import threading
 import time
 import traceback
@@ -110,8 +111,10 @@ class JobRegistry:
             if old is not None and (old.running or not restart):
                 return old, False
             job = Job(key=key, label=label or key)
-            thread = threading.Thread(target=self._run, args=(job, fn), name=f"forgetlab-job-{key[:40]}",
-                                      daemon=True)
+            # the job sees the starting session's context (its workspace: forgetlab.workspace.session_home)
+            context = contextvars.copy_context()
+            thread = threading.Thread(target=context.run, args=(self._run, job, fn),
+                                      name=f"forgetlab-job-{key[:40]}", daemon=True)
             job._thread = thread
             self._jobs[key] = job
             self._prune()

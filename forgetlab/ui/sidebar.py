@@ -6,7 +6,6 @@ Also the first-run panel: with no pool anywhere, offer to build the pico demo zo
 from __future__ import annotations
 
 import inspect
-import os
 from pathlib import Path
 
 import streamlit as st
@@ -25,18 +24,24 @@ OWN = "Your own pool.yaml…"
 CHOICE_KEY = "app_pool_choice"
 OWN_PATH_KEY = "app_pool_own"
 HOME_KEY = "app_workspace"
+HOME_APPLIED_KEY = "app_workspace_path"
 
 
 def render_workspace() -> Path:
-    """Show the workspace folder, editable; a change applies to this app process (FORGETLAB_HOME)."""
-    current = str(workspace_home())
+    """Show the workspace folder, editable; a change applies to this browser session only (and the jobs it
+    starts): other sessions keep theirs (forgetlab.workspace.use_home)."""
+    from forgetlab.workspace import use_home
+
+    chosen = st.session_state.get(HOME_APPLIED_KEY)
+    use_home(chosen)
     if st.session_state.get(HOME_KEY) is None:
-        st.session_state[HOME_KEY] = current
+        st.session_state[HOME_KEY] = str(workspace_home())
     new = st.text_input("Workspace", key=HOME_KEY,
-                        help="Folder holding zoo/, merges/ and runs/ (FORGETLAB_HOME). Changing it applies "
-                             "to this app process.").strip()
-    if new and new != current:
-        os.environ["FORGETLAB_HOME"] = str(Path(new).expanduser())
+                        help="Folder holding zoo/, merges/ and runs/ (FORGETLAB_HOME by default). Changing "
+                             "it applies to this browser session only.").strip()
+    if new and Path(new).expanduser() != workspace_home():
+        st.session_state[HOME_APPLIED_KEY] = str(Path(new).expanduser())
+        use_home(st.session_state[HOME_APPLIED_KEY])
         st.session_state.pop(POOL_KEY, None)
         st.session_state.pop(CHOICE_KEY, None)
     return workspace_home()
