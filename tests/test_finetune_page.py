@@ -54,7 +54,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     finish_jobs(at, "finetune")
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
-    assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1"]
+    assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"]
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from forgetlab.errors import ParameterError
-from forgetlab.train.mofo import MoFO, is_unfiltered, top_fraction_mask
+from forgetlab.train.mofo import MoFO, top_fraction_mask, unfiltered_parameters
 
 
 def _tiny_llama(seed: int = 0):
@@ -40,12 +40,60 @@ def test_top_fraction_mask_counts_and_picks_largest():
     assert top_fraction_mask(scores, 1.0).all()
 
 
-def test_name_rule():
-    assert is_unfiltered("model.layers.0.input_layernorm.weight")
-    assert is_unfiltered("model.norm.weight")
-    assert is_unfiltered("model.layers.0.self_attn.q_proj.bias")
-    assert not is_unfiltered("model.layers.0.self_attn.q_proj.weight")
-    assert not is_unfiltered("model.embed_tokens.weight")
+def _tiny_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    return GPT2LMHeadModel(GPT2Config(vocab_size=48, n_embd=16, n_layer=2, n_head=2, n_positions=32))
+
+
+def test_unfiltered_by_module_type_llama_and_gpt2(tiny_gpt2):
+    from forgetlab.checkpoints import load_model
+    from forgetlab.train import MoFO as exported
+
+    assert exported is MoFO  # forgetlab.train exports MoFO
+    llama = _tiny_llama(0)
+    got = unfiltered_parameters(llama)
+    assert got == {n for n in dict(llama.named_parameters()) if "layernorm" in n or n == "model.norm.weight"
+                   or n.endswith(".bias")}
+    assert "model.layers.0.self_attn.q_proj.bias" in got and "model.embed_tokens.weight" not in got
+    gpt2 = load_model(tiny_gpt2.base, device="cpu")  # GPT-2: ln_1, ln_2, ln_f — no "norm" in the names
+    names = dict(gpt2.named_parameters())
+    want = {n for n in names if ".ln_" in n or n.startswith("transformer.ln_f") or n.endswith(".bias")}
+    assert {"transformer.h.0.ln_1.weight", "transformer.h.1.ln_2.weight", "transformer.ln_f.weight",
+            "transformer.ln_f.bias", "transformer.h.0.attn.c_attn.bias"} <= want
+    assert unfiltered_parameters(gpt2) == want
+    assert not any("norm" in n for n in want)  # the old name rule would have filtered every one of them
+
+
+def test_gpt2_layernorms_get_the_full_adam_step():
+    model, ref = _tiny_gpt2(0), _tiny_gpt2(0)
+    opt = MoFO(model, lr=1e-2, fraction=0.1)
+    ids = torch.randint(0, 48, (2, 10), generator=torch.Generator().manual_seed(2))
+    opt.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    moved = {n: (p != dict(ref.named_parameters())[n]) for n, p in model.named_parameters()}
+    for n in ("transformer.h.0.ln_1.weight", "transformer.h.1.ln_2.bias", "transformer.ln_f.weight",
+              "transformer.h.0.attn.c_attn.bias"):
+        p = dict(model.named_parameters())[n]
+        assert opt.state[p]["updated"] == p.numel() and bool(moved[n].all()), n
+    for n in ("transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.wte.weight"):
+        p = dict(model.named_parameters())[n]
+        k = math.ceil(0.1 * p.numel())
+        assert opt.state[p]["updated"] == k and int(moved[n].sum()) <= k, n
+
+
+def test_pairs_take_explicit_unfiltered_names_or_default_to_1d_tensors():
+    model = _tiny_gpt2(0)
+    pairs = list(model.named_parameters())
+    opt = MoFO(pairs, unfiltered=unfiltered_parameters(model))
+    assert sum(opt.param_groups[0]["unfiltered"]) == len(unfiltered_parameters(model))
+    default = MoFO(pairs)
+    assert [n for n, f in zip(default.param_groups[0]["names"], default.param_groups[0]["unfiltered"]) if f] == \
+        [n for n, _ in pairs if n in unfiltered_parameters(model)]
+    with pytest.raises(ParameterError, match="not among the parameters"):
+        MoFO(pairs, unfiltered={"nope.weight"})
 
 
 def test_updates_exactly_top_fraction_by_momentum_and_all_moments():

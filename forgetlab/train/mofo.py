@@ -9,7 +9,9 @@ the top `fraction` of that tensor are moved this step:
     θ_t = θ_{t−1}·(1 − lr·λ) − lr · FLT(m_t) ⊙ (m_t / (1 − β1^t)) / (√(v_t / (1 − β2^t)) + ε)
 
 where FLT(m_t) is the 0/1 mask of the ⌈fraction·n⌉ entries of largest |m_t| in the tensor (n its size).
-Tensors whose name contains "bias" or "norm" are not filtered (full Adam step).
+Biases and the parameters of normalisation layers are not filtered (full Adam step). Which ones they are is
+decided by module type, not by name (`unfiltered_parameters`): GPT-2's LayerNorms are called ln_1, ln_2 and
+ln_f, whose names lack "norm".
 
 Weight decay: decoupled as in AdamW and applied to **every** entry, updated or not. This follows the seed,
 whose MoFO-for-Lion rule writes the decay term outside the filter:
@@ -18,19 +20,32 @@ whose MoFO-for-Lion rule writes the decay term outside the filter:
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Collection, Iterable
 
 import torch
 
 from forgetlab.errors import ParameterError
 
-UNFILTERED_KEYS = ("bias", "norm")
+_NORM_TYPES = tuple(t for t in (torch.nn.LayerNorm, torch.nn.GroupNorm, getattr(torch.nn, "RMSNorm", None),
+                                 torch.nn.modules.batchnorm._NormBase, torch.nn.LocalResponseNorm) if t is not None)
 
 
-def is_unfiltered(name: str) -> bool:
-    """True for tensors that get the full Adam step: names containing "bias" or "norm" (case-insensitive)."""
-    low = name.lower()
-    return any(key in low for key in UNFILTERED_KEYS)
+def is_norm_module(module: torch.nn.Module) -> bool:
+    """A normalisation layer: torch's LayerNorm/GroupNorm/RMSNorm/BatchNorm/InstanceNorm, or a class whose
+    name ends in "Norm" (transformers' LlamaRMSNorm, T5LayerNorm, Qwen2RMSNorm … are plain nn.Modules)."""
+    return isinstance(module, _NORM_TYPES) or type(module).__name__.endswith("Norm")
+
+
+def unfiltered_parameters(model: torch.nn.Module) -> set[str]:
+    """Names (as in `model.named_parameters()`) of the parameters MoFO does not filter: every parameter of a
+    normalisation layer (`is_norm_module`: weight and bias) and every parameter registered as a module's
+    `bias`. Decided by module type, so GPT-2's ln_1/ln_2/ln_f count as norms although their names lack "norm"."""
+    ids = set()
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if pname == "bias" or is_norm_module(module):
+                ids.add(id(p))
+    return {n for n, p in model.named_parameters() if id(p) in ids}
 
 
 def top_fraction_mask(scores: torch.Tensor, fraction: float) -> torch.Tensor:
@@ -49,21 +64,29 @@ def top_fraction_mask(scores: torch.Tensor, fraction: float) -> torch.Tensor:
 class MoFO(torch.optim.Optimizer):
     """Momentum-filtered Adam(W): per tensor, only the top-`fraction` entries by |m_t| are updated.
 
-    `named_params` is `model.named_parameters()` (or any iterable of `(name, tensor)` pairs): the names decide
-    which tensors are filtered ("bias"/"norm" tensors are not). Defaults follow METHODS.md: fraction 0.2,
-    betas (0.9, 0.999), eps 1e-8, weight decay 0 (decoupled, applied to every entry as in AdamW).
-    After a step, `state[p]["updated"]` holds how many entries of p were moved.
+    `named_params` is the model itself (its trainable parameters are optimised; norms and biases found by
+    module type, see `unfiltered_parameters`) or `(name, tensor)` pairs such as `model.named_parameters()`
+    together with `unfiltered`, the names that get the full Adam step (default for pairs: the 1-D tensors —
+    biases and norm scales are the only 1-D parameters of the language models forgetlab loads; pass the model
+    or `unfiltered=unfiltered_parameters(model)` to decide by module type). Defaults follow METHODS.md:
+    fraction 0.2, betas (0.9, 0.999), eps 1e-8, weight decay 0 (decoupled, applied to every entry as in
+    AdamW). After a step, `state[p]["updated"]` holds how many entries of p were moved.
     """
 
     def __init__(
         self,
-        named_params: Iterable[tuple[str, torch.Tensor]],
+        named_params: torch.nn.Module | Iterable[tuple[str, torch.Tensor]],
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         fraction: float = 0.2,
+        unfiltered: Collection[str] | None = None,
     ):
+        if isinstance(named_params, torch.nn.Module):
+            if unfiltered is None:
+                unfiltered = unfiltered_parameters(named_params)
+            named_params = [(n, p) for n, p in named_params.named_parameters() if p.requires_grad]
         pairs = list(named_params)
         if not pairs:
             raise ParameterError("MoFO got no parameters; pass model.named_parameters().")
@@ -84,7 +107,14 @@ class MoFO(torch.optim.Optimizer):
         if not (0.0 < float(fraction) <= 1.0):
             raise ParameterError(f"fraction must lie in (0, 1]; got {fraction}. MoFO's default is 0.2.")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, fraction=float(fraction))
-        group = {"params": [p for _, p in pairs], "names": [n for n, _ in pairs]}
+        if unfiltered is None:
+            unfiltered = {n for n, p in pairs if p.dim() <= 1}
+        unknown = set(unfiltered) - {n for n, _ in pairs}
+        if unknown:
+            raise ParameterError(f"unfiltered names {sorted(unknown)[:3]} are not among the parameters given "
+                                 "to MoFO; pass names from the same model.named_parameters().")
+        group = {"params": [p for _, p in pairs], "names": [n for n, _ in pairs],
+                 "unfiltered": [n in unfiltered for n, _ in pairs]}
         super().__init__([group], defaults)
 
     @torch.no_grad()
@@ -97,7 +127,7 @@ class MoFO(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps, wd, fraction = group["lr"], group["eps"], group["weight_decay"], group["fraction"]
-            for name, p in zip(group["names"], group["params"]):
+            for name, p, full in zip(group["names"], group["params"], group["unfiltered"]):
                 if p.grad is None:
                     continue
                 grad = p.grad
@@ -118,7 +148,7 @@ class MoFO(torch.optim.Optimizer):
                 bc1 = 1.0 - beta1**t
                 bc2 = 1.0 - beta2**t
                 denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
-                if fraction < 1.0 and not is_unfiltered(name):
+                if fraction < 1.0 and not full:
                     mask = top_fraction_mask(m.abs(), fraction)
                     p.addcdiv_(m * mask, denom, value=-lr / bc1)
                     state["updated"] = int(mask.sum())

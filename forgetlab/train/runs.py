@@ -61,16 +61,25 @@ class FinetuneConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
+# L1-to-init strength of the comparison. Neither METHODS.md nor the SFA rebuttal gives a value. The penalty's
+# gradient is λ1·sign(θ − θo): a constant pull of λ1 on every moved entry, where L2's pull λ2·(θ − θo) grows
+# with the displacement. λ1 = 1e-3 equals the L2 default's pull (λ2 = 1) at a displacement of 1e-3 per entry,
+# the order of what a short fine-tune at lr 1e-3 moves an entry, so the two penalties start comparable.
+L1_DEFAULT = 1e-3
+
+
 def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
                      fraction: float = 0.2, sfa_p: float = 0.25, sfa_beta: float = 0.5,
-                     l2: float = 1.0) -> list[FinetuneConfig]:
-    """The comparison of METHODS.md on equal footing: AdamW, MoFO (fraction), SFA (p, β) and L2-to-init (λ)."""
+                     l2: float = 1.0, l1: float = L1_DEFAULT) -> list[FinetuneConfig]:
+    """The comparison of METHODS.md on equal footing: AdamW, MoFO (fraction), SFA (p, β), L2-to-init
+    (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT)."""
     common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
         FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
         FinetuneConfig(label=f"sfa-p{sfa_p:g}", optimizer="adamw", sfa_p=sfa_p, sfa_beta=sfa_beta, **common),
         FinetuneConfig(label=f"l2-{l2:g}", optimizer="adamw", l2=l2, **common),
+        FinetuneConfig(label=f"l1-{l1:g}", optimizer="adamw", l1=l1, **common),
     ]
 
 

@@ -182,7 +182,10 @@ def make_optimizer(
     if key == "mofo":
         from forgetlab.train.mofo import MoFO
 
-        return MoFO(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fraction=fraction)
+        from forgetlab.train.mofo import unfiltered_parameters
+
+        return MoFO(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fraction=fraction,
+                    unfiltered=unfiltered_parameters(model) & {n for n, _ in named})
     if key == "sgd":
         return torch.optim.SGD([p for _, p in named], lr=lr, weight_decay=weight_decay)
     raise ParameterError(f"Unknown optimizer {name!r}. Choose one of: {', '.join(OPTIMIZERS)}.")
