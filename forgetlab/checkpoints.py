@@ -806,17 +806,52 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
                         params[name].add_(ckpt.delta(name))
             model = model.to(dtype)
         else:
-            model = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False)
+            model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                                                               output_loading_info=True)
+            _check_loading_info(ckpt, info)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot load {ckpt.ref} as a causal language model: {exc}") from None
     except RuntimeError as exc:
-        if "size mismatch" in str(exc) or "shape" in str(exc):
-            first = next((ln.strip() for ln in str(exc).splitlines() if "size mismatch" in ln), str(exc)[:300])
+        if "mismatch" in str(exc):
             raise IncompatibleModelsError(
-                f"The config.json of {ckpt.ref} disagrees with its weights ({first}); fix the config (or the "
-                "weights) so their shapes match.") from None
+                f"The config.json of {ckpt.ref} disagrees with its weights ({_first_shape_mismatch(ckpt)}); fix "
+                "the config (or the weights) so their shapes match.") from None
         raise
     return model.to(device).eval()
+
+
+def _first_shape_mismatch(ckpt: Checkpoint) -> str:
+    """'<tensor>: <stored shape> stored, <shape the config gives> expected' for the first disagreeing tensor."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(ckpt.config, trust_remote_code=False)
+        want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+        for name, info in ckpt.infos().items():
+            if name in want and tuple(info.shape) != want[name]:
+                return f"e.g. {name}: {tuple(info.shape)} stored, {want[name]} expected"
+    except Exception:  # the message is still right without the example
+        pass
+    return "tensor shapes differ"
+
+
+def _check_loading_info(ckpt: Checkpoint, info: dict) -> None:
+    """transformers re-initialises weights whose shape disagrees with config.json (and any it cannot find) with
+    only a log line: a model that is silently not the checkpoint. Refuse it instead."""
+    mismatched = list(info.get("mismatched_keys") or [])
+    missing = list(info.get("missing_keys") or [])
+    if mismatched:
+        first = mismatched[0]
+        detail = (f"{first[0]}: {tuple(first[1])} stored, {tuple(first[2])} expected"
+                  if isinstance(first, (tuple, list)) and len(first) == 3 else str(first))
+        raise IncompatibleModelsError(
+            f"The config.json of {ckpt.ref} disagrees with its weights ({len(mismatched)} tensors, e.g. {detail}); "
+            "fix the config (or the weights) so their shapes match.")
+    if missing:
+        raise IncompatibleModelsError(
+            f"{ckpt.ref} lacks {len(missing)} weights its config.json asks for (e.g. {sorted(missing)[0]}); "
+            "the checkpoint is incomplete or its config belongs to another model.")
 
 
 def load_tokenizer(ref: str | Path | Checkpoint):

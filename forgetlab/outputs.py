@@ -227,10 +227,13 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
         existed = out.exists() or out.is_symlink()
         if existed:  # another job may have finished it while we waited for nothing: check again under the lock
             check_output_dir(out, overwrite, inputs)
+        tmp = None
         try:
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
             (tmp / PARTIAL).write_text("")
         except OSError as exc:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
             if is_disk_full(exc):
                 raise disk_full_error(out, existed) from None
             raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "

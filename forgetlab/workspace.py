@@ -10,7 +10,6 @@ import contextvars
 import json
 import os
 import platform
-import shutil
 import tempfile
 import time
 import uuid
@@ -129,13 +128,15 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
     `results` must be JSON-serialisable or have `.to_dict()`; `frame` (or `results.to_frame()` when it
     exists) is saved as CSV too.
     """
+    from forgetlab.outputs import atomic_output_dir, check_name
+
     root = ensure_writable(runs_dir(home_path))
-    rid = run_id or time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-" + uuid.uuid4().hex[:6]
+    rid = check_name(run_id, "run id") if run_id else (time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-"
+                                                       + uuid.uuid4().hex[:6])
     final = root / rid
     if final.exists():
         raise WorkspaceError(f"A run named {rid} exists already in {root}; choose another id.")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{rid}.tmp-", dir=root))
-    try:
+    with atomic_output_dir(final, kind="run") as tmp:  # a full disk is a message and leaves nothing
         full_recipe = {"kind": kind, "created": time.time(), "versions": versions(), **recipe}
         (tmp / "recipe.json").write_text(json.dumps(full_recipe, indent=2, default=_json_default))
         (tmp / "results.json").write_text(json.dumps(results, indent=2, default=_json_default))
@@ -143,10 +144,6 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
             frame = results.to_frame()
         if frame is not None:
             frame.to_csv(tmp / "results.csv", index=False)
-        tmp.rename(final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return final
 
 

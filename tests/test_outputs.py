@@ -374,3 +374,31 @@ def test_ordinary_anchors_and_aliases_still_work(tmp_path):
 
     d = safe_load("p: &p {keep: 0.2}\nx: *p\ny: [*p, *p]\n")
     assert d["x"] == {"keep": 0.2} and d["y"] == [{"keep": 0.2}] * 2
+
+
+def test_a_full_disk_while_saving_a_run_is_a_message_and_leaves_nothing(tmp_path, monkeypatch):
+    from forgetlab import workspace
+
+    def full(self, *a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(WorkspaceError, match="No space left"):
+        workspace.save_run("sweep", {"a": 1}, {"points": []}, home_path=tmp_path)
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == []
+
+
+def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_llama.finetuned["ft0"], bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["intermediate_size"] = cfg["intermediate_size"] * 2
+    (bad / "config.json").write_text(json.dumps(cfg))
+    from forgetlab.checkpoints import load_model
+    from forgetlab.errors import IncompatibleModelsError
+
+    with pytest.raises(IncompatibleModelsError, match="disagrees with its weights"):
+        load_model(bad, device="cpu")
