@@ -217,6 +217,10 @@ class ModelPool:
         spec = load_file(p, "pool file")
         if not isinstance(spec, dict) or "base" not in spec:
             raise ForgetlabError(f"The pool file {p} must be a mapping with at least `base:` (and `models:`).")
+        _check_keys(spec, POOL_KEYS, f"The pool file {p}")
+        if not isinstance(spec["base"], str) or not spec["base"].strip():
+            raise ForgetlabError(f"`base:` in {p} must be a model folder, a .gguf file or a hub id; got "
+                                 f"{spec['base']!r}.")
         root = p.parent.resolve()
 
         def rel(ref: str) -> str:
@@ -310,9 +314,32 @@ def _looks_like_hub_id(ref: str) -> bool:
     return bool(_HUB_ID.match(ref)) and not ref.startswith((".", "/", "~"))
 
 
+POOL_KEYS = ("name", "base", "models", "probes")
+PROBE_KEYS = ("general", "general_train", "tasks", "template", "benchmarks")
+TEMPLATES = (None, "chat")
+
+
+def _check_keys(spec: dict, known: tuple[str, ...], where: str) -> None:
+    """Keys forgetlab does not know are the user's own and are kept; one that looks like a misspelt known key
+    (e.g. `modles`) is refused, since the setting it was meant for would silently be missing."""
+    import difflib
+
+    for key in spec:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.75)
+        if close:
+            raise ForgetlabError(f"{where} has a key {key!r}; did you mean {close[0]!r}? (Known keys: "
+                                 f"{', '.join(known)}.)")
+
+
 def _read_probes(spec: dict, root: Path, source: Path) -> Probes:
     if not isinstance(spec, dict):
         raise ProbeDataError(f"`probes:` in {source} must be a mapping (general, tasks, template).")
+    _check_keys(spec, PROBE_KEYS, f"`probes:` in {source}")
+    if spec.get("template") not in TEMPLATES:
+        raise ProbeDataError(f"`probes.template` in {source} is {spec.get('template')!r}; use `chat` (wrap prompts "
+                             "in the tokenizer's chat template) or leave it out (prompts as written).")
     probes = Probes(template=spec.get("template"))
     if spec.get("general"):
         probes.general = read_general_text(root / spec["general"])

@@ -402,3 +402,35 @@ def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_p
 
     with pytest.raises(IncompatibleModelsError, match="disagrees with its weights"):
         load_model(bad, device="cpu")
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda d: d.update(modles=d.pop("models")), "did you mean 'models'"),
+    (lambda d: d["probes"].update(template="chatml"), "probes.template"),
+    (lambda d: d.update(base=["a", "b"]), "`base:`"),
+])
+def test_pool_files_with_a_misspelt_key_or_a_bad_template_are_refused(edit, message, tiny_llama, tmp_path):
+    import shutil
+
+    from forgetlab.errors import ForgetlabError
+    from forgetlab.pool import ModelPool
+
+    root = tmp_path / "p"
+    shutil.copytree(tiny_llama.root, root)
+    d = yaml.safe_load((root / "pool.yaml").read_text())
+    edit(d)
+    d["my_notes"] = "kept, not an error"
+    (root / "pool.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ForgetlabError, match=message):
+        ModelPool.from_yaml(root / "pool.yaml")
+
+
+def test_pool_files_keep_working_with_keys_of_the_users_own(tiny_llama, tmp_path):
+    import shutil
+
+    from forgetlab.pool import ModelPool
+
+    root = tmp_path / "p"
+    shutil.copytree(tiny_llama.root, root)
+    (root / "pool.yaml").write_text((root / "pool.yaml").read_text() + "owner: ada\nnotes: [a, b]\n")
+    assert ModelPool.from_yaml(root / "pool.yaml").model_names == ["ft0", "ft1"]
