@@ -36,8 +36,8 @@ def test_wise_ft_hand_computed():
 def test_hma_blocks_and_hand_computed():
     a = [0.1, 0.2, 0.3]
     assert [interpolation.hma_alpha_for(i, 6, a) for i in range(6)] == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
-    # 7 layers into 3 blocks: sizes 3, 2, 2
-    assert [interpolation.block_of(i, 7, 3) for i in range(7)] == [0, 0, 0, 1, 1, 2, 2]
+    # 7 layers into 3 blocks by layer midpoints: ⌊(i + ½)·3/7⌋ → sizes 2, 3, 2
+    assert [interpolation.block_of(i, 7, 3) for i in range(7)] == [0, 0, 1, 1, 1, 2, 2]
     assert interpolation.hma_alpha_for(None, 6, a) == 0.1
     assert interpolation.hma_alpha_for("last", 6, a) == 0.3
     names = ["model.embed_tokens.weight", "model.layers.0.mlp.w", "model.layers.3.mlp.w", "model.layers.5.mlp.w",
@@ -321,3 +321,62 @@ def test_linear_weights_summing_to_zero_are_refused_before_merging():
         merge_state_dicts("linear", b, [f, f], weights=[1, -1])
     out = merge_state_dicts("linear", b, [f, f], weights=[1, -1], normalize=False)
     assert torch.allclose(out["a"], torch.zeros_like(out["a"]))
+
+
+def _sizes(num_layers, num_blocks=3):
+    blocks = [interpolation.block_of(i, num_layers, num_blocks) for i in range(num_layers)]
+    assert blocks == sorted(blocks)  # contiguous
+    return [blocks.count(b) for b in range(num_blocks)]
+
+
+def test_hma_split_follows_the_mofo_rebuttal():
+    # MoFO rebuttal, LLaMA-2-7B (32 layers): layers 0-10 / 11-20 / 21-31
+    blocks = [interpolation.block_of(i, 32, 3) for i in range(32)]
+    assert blocks == [0] * 11 + [1] * 10 + [2] * 11
+    # its OpenLLaMA note (26 layers, 1-8 / 9-17 / 18-26 = 8/9/9) cannot come from the same near-equal rule:
+    # the rule gives 9/8/9 — layer 9 (1-based) moves to the input block; docs/merging.md explains
+    assert _sizes(26) == [9, 8, 9]
+    # numpy.array_split, the old rule, gave 11/11/10 and 9/9/8
+    import numpy as np
+    assert [len(c) for c in np.array_split(range(32), 3)] == [11, 11, 10] != _sizes(32)
+    # spare layers go to the outer blocks symmetrically; one spare goes to the middle
+    assert _sizes(28) == [9, 10, 9] and _sizes(30) == [10, 10, 10] and _sizes(6, 2) == [3, 3]
+    assert _sizes(5, 5) == [1, 1, 1, 1, 1]
+
+
+def test_hma_refuses_more_alphas_than_layers():
+    from forgetlab.errors import ParameterError
+
+    with pytest.raises(ParameterError, match="HMA got 4 α values but the model has 2 decoder layers"):
+        merge_state_dicts("hma", {"model.layers.0.w": torch.zeros(2), "model.layers.1.w": torch.zeros(2)},
+                          [{"model.layers.0.w": torch.ones(2), "model.layers.1.w": torch.ones(2)}],
+                          alphas=[0.1, 0.2, 0.3, 0.4], config=SimpleNamespace(num_hidden_layers=2))
+
+
+def test_hma_gives_tied_lm_head_the_embedding_alpha(tiny_gpt2, tmp_path):
+    from forgetlab.checkpoints import load_model, open_checkpoint
+
+    base_model = load_model(tiny_gpt2.base, device="cpu")
+    ft_model = load_model(tiny_gpt2.finetuned["ft0"], device="cpu")
+    cfg = base_model.config
+    assert cfg.tie_word_embeddings
+    base_sd = {k: v.clone() for k, v in base_model.state_dict().items()}
+    ft_sd = {k: v.clone() for k, v in ft_model.state_dict().items()}
+    assert "lm_head.weight" in base_sd  # the state-dict path holds the tied tensor under both names
+    a = [0.1, 0.5]
+    out = merge_state_dicts("hma", base_sd, [ft_sd], alphas=a, config=cfg)
+    want = base_sd["transformer.wte.weight"] + 0.1 * (ft_sd["transformer.wte.weight"] - base_sd["transformer.wte.weight"])
+    torch.testing.assert_close(out["transformer.wte.weight"], want)
+    torch.testing.assert_close(out["lm_head.weight"], want)  # not the last block's 0.5
+    base_model.load_state_dict(out)
+    torch.testing.assert_close(base_model.transformer.wte.weight.detach(), want)
+    # the streaming path (checkpoint files store wte only) gives the same embedding
+    assert "lm_head.weight" not in open_checkpoint(tiny_gpt2.base).names()
+    from forgetlab.merge import run
+    res = run({"method": "hma", "base": str(tiny_gpt2.base), "models": [str(tiny_gpt2.finetuned["ft0"])],
+               "params": {"alphas": a}}, tmp_path / "hma")
+    torch.testing.assert_close(open_checkpoint(res.out_dir).read("transformer.wte.weight"), want)
+    # the final norm keeps the last block's α
+    torch.testing.assert_close(out["transformer.ln_f.weight"],
+                               base_sd["transformer.ln_f.weight"] + 0.5 * (ft_sd["transformer.ln_f.weight"]
+                                                                           - base_sd["transformer.ln_f.weight"]))

@@ -106,15 +106,18 @@ def test_density_endpoints_shared_and_order(pool):
 
 
 def test_hma_grid_uniform_tuples_are_wise_ft(pool):
-    res = hma_grid(pool, "ft0", grid=[(0, 0, 0), (1, 1, 1)], device="cpu")
+    res = hma_grid(pool, "ft0", grid=[(0, 0), (1, 1)], device="cpu")  # the tiny Llama has 2 layers: ≤ 2 blocks
     _same(res.points[0].scorecard, _card(pool, "base"))
     _same(res.points[1].scorecard, _card(pool, "ft0"))
-    fn = _hma([0.0, 0.5, 1.0], pool.config, pool.base.names())
+    fn = _hma([0.0, 0.5], pool.config, pool.base.names())
     w0, w1 = torch.zeros(3), torch.ones(3)
     assert fn("model.embed_tokens.weight", w0, w1).tolist() == [0.0] * 3     # first block's α
-    assert fn("lm_head.weight", w0, w1).tolist() == [1.0] * 3                # last block's α
-    assert fn("model.norm.weight", w0, w1).tolist() == [1.0] * 3
+    assert fn("lm_head.weight", w0, w1).tolist() == [0.5] * 3                # last block's α (untied)
+    assert fn("model.norm.weight", w0, w1).tolist() == [0.5] * 3
     assert fn("model.layers.1.mlp.up_proj.weight", w0, w1).tolist() == [0.5] * 3
+    assert fn("model.layers.0.mlp.up_proj.weight", w0, w1).tolist() == [0.0] * 3
+    with pytest.raises(ParameterError, match="HMA got 3 α values but the model has 2 decoder layers"):
+        hma_grid(pool, "ft0", grid=[(0.1, 0.2, 0.3)], device="cpu")
 
 
 def test_pareto_front_hand_made():
@@ -149,7 +152,7 @@ def test_bad_input(pool):
     with pytest.raises(ParameterError, match="score"):
         pruning_curve(pool, "ft0", scores=["random"])
     with pytest.raises(ParameterError, match="same number"):
-        hma_grid(pool, "ft0", grid=[(0.1, 0.2), (0.1, 0.2, 0.3)])
+        hma_grid(pool, "ft0", grid=[(0.1,), (0.1, 0.2)])
 
 
 def test_gpt2_pool_with_tied_embeddings(tiny_gpt2):

@@ -44,8 +44,8 @@ def test_sweep_pruning_and_hma_cli(tiny_llama, tmp_path, monkeypatch, capsys):
                  "--no-save"]) == 0
     text = capsys.readouterr().out
     assert "fapm" in text and "relative" in text
-    assert main(["sweep", "hma", str(tiny_llama.pool_yaml), "--model", "ft1", "--grid", "0.1,0.2,0.3",
-                 "0.3,0.2,0.1", "--max-general", "1", "--max-task", "2", "--device", "cpu", "--no-save"]) == 0
+    assert main(["sweep", "hma", str(tiny_llama.pool_yaml), "--model", "ft1", "--grid", "0.1,0.3",
+                 "0.3,0.1", "--max-general", "1", "--max-task", "2", "--device", "cpu", "--no-save"]) == 0
     assert list_runs(tmp_path) == []
 
 

@@ -16,6 +16,7 @@ FIRST = "first"
 LAST = "last"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
 _LAST_RE = re.compile(r"(?:^|\.)(?:lm_head|norm|ln_f|final_layernorm|final_layer_norm)(?:\.|$)")
+_OUTPUT_EMBEDDING_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
 
 
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
@@ -50,18 +51,22 @@ def wise_ft(base: torch.Tensor, finetuned: torch.Tensor, alpha: float = 0.5) -> 
 
 
 def block_of(layer: int, num_layers: int, num_blocks: int) -> int:
-    """Block of decoder layer `layer` when `num_layers` layers are cut into `num_blocks` contiguous blocks of
-    near-equal size (the first num_layers mod num_blocks blocks hold one layer more, as numpy.array_split)."""
+    """Block of decoder layer `layer` (0-based) when `num_layers` = L layers are cut into `num_blocks` = B
+    contiguous blocks: the depth [0, L] is cut into B equal parts and a layer belongs to the part holding its
+    midpoint, b = ⌊(layer + ½)·B / L⌋ (a midpoint exactly on a cut goes to the later block).
+
+    This is the MoFO rebuttal's split of LLaMA-2's 32 layers: 0–10 / 11–20 / 21–31 (11/10/11; numpy's
+    array_split gives 11/11/10). Spare layers go to the outer blocks, symmetrically. The rebuttal's other
+    example, OpenLLaMA's 26 layers as 1–8 / 9–17 / 18–26 (8/9/9, quoted from the HMA paper), is not
+    reproduced: no rule of near-equal cuts yields both (26 and 32 are both 2 mod 3, so such a rule gives
+    block sizes that differ by 2/2/2 between them, where 8/9/9 → 11/10/11 differ by 3/1/2); this rule gives
+    9/8/9 for 26 (docs/merging.md)."""
     if num_blocks <= 0:
         raise ParameterError("HMA needs at least one α (one per block).")
     if num_layers <= 0:
         return 0
     layer = min(max(int(layer), 0), num_layers - 1)
-    size, extra = divmod(num_layers, num_blocks)
-    big = extra * (size + 1)
-    if layer < big:
-        return layer // (size + 1)
-    return extra + (layer - big) // size
+    return min(num_blocks - 1, ((2 * layer + 1) * num_blocks) // (2 * num_layers))
 
 
 def hma_alpha_for(role_layer, num_layers: int, alphas: Sequence[float]) -> float:
@@ -73,6 +78,10 @@ def hma_alpha_for(role_layer, num_layers: int, alphas: Sequence[float]) -> float
     alphas = [float(a) for a in alphas]
     if not alphas:
         raise ParameterError("HMA needs alphas, one per block, e.g. [0.1, 0.2, 0.3].")
+    if num_layers > 0 and len(alphas) > num_layers:
+        raise ParameterError(
+            f"HMA got {len(alphas)} α values but the model has {num_layers} decoder layers: every block needs at "
+            f"least one layer. Give at most {num_layers} values (one per block of layers, input to output).")
     if role_layer is None or role_layer == FIRST:
         return alphas[0]
     if role_layer == LAST:
@@ -97,7 +106,11 @@ def _layer_from_name(name: str):
 def layer_locator(config=None):
     """A function name → layer position for HMA: an int (decoder layer), FIRST (embeddings, anything before
     the layers) or LAST (final norm, lm_head). Uses forgetlab.anatomy for the config's architecture when it
-    knows it, else the parameter name (`layers.<i>`, `h.<i>`)."""
+    knows it, else the parameter name (`layers.<i>`, `h.<i>`). With tied embeddings
+    (config.tie_word_embeddings) lm_head is the embedding matrix and gets its position, FIRST: a state dict
+    holds both names, and loading it writes lm_head last, so lm_head's α would otherwise become the
+    embedding's."""
+    tied = bool(getattr(config, "tie_word_embeddings", False)) if config is not None else False
     anatomy = None
     if config is not None:
         try:
@@ -107,6 +120,8 @@ def layer_locator(config=None):
             anatomy = None
 
     def locate(name: str):
+        if tied and _OUTPUT_EMBEDDING_RE.search(name):
+            return FIRST
         if anatomy is not None:
             try:
                 layer = anatomy.role(name).layer
