@@ -239,7 +239,8 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
         check_finite(e.name, base.label, base_t, models, fts)
         job = TensorJob(name=e.name, base=base_t, finetuned=fts,
                         params=params, stats=stats, prepared=None if prepared is None else prepared.get(e.name),
-                        layer=locate(e.name), num_layers=n_layers, device=device)
+                        layer=locate(e.name), num_layers=n_layers, device=device,
+                        adapters=tuple(bool(getattr(m, "is_lora", False)) for m in models))
         merged = spec.merge(job)
         if tuple(merged.shape) != e.shape:
             raise IncompatibleModelsError(f"internal: {spec.name} returned shape {tuple(merged.shape)} for {e.name} "

@@ -4,7 +4,13 @@ Per tensor: S = |τ| − mean(|W0|)·|τ|/|W0|. The entries with the largest S a
 are zeroed; no rescale; θ = θ0 + mask ⊙ τ. Where W0 = 0 and τ ≠ 0, S = −∞ (pruned first); where τ = 0
 the score is 0 (such entries change nothing whether kept or not). Ablations: "magnitude" (S = |τ|) and
 "relative" (S = −|τ|/|W0|, keeps the smallest relative changes). For a LoRA adapter the task vector is
-ΔW = (lora_alpha / r)·B·A, pruned exactly like a full task vector.
+ΔW = (lora_alpha / r)·B·A, pruned exactly like a full task vector but with its own default ratio,
+ADAPTER_RATIO (the FAPM rebuttal: for LoRA the ratio "needs to be relatively small").
+
+All-zero base tensor (mean(|W0|) = 0, e.g. a zero-initialised bias): the relative term is mean(|W0|)·|τ|/|W0|
+= 0·∞, undefined, and would score every changed entry NaN, so that nothing is kept at any ratio below 1.
+Such a tensor is scored by magnitude, S = |τ|: with no pre-trained scale to compare against, FAPM's
+magnitude term is all that is left of the score (and the paper's magnitude ablation keeps task performance).
 """
 from __future__ import annotations
 
@@ -14,6 +20,14 @@ from forgetlab.errors import ParameterError
 from forgetlab.merge.sparsify import topk_mask
 
 SCORES = ("fapm", "magnitude", "relative")
+
+# Default pruning ratio for LoRA adapters. The FAPM rebuttal (seeds/fapm-rebuttal.txt, answer to reviewer
+# YFJm, Q2) found that for LoRA "the pruning ratio … needs to be relatively small to avoid significant
+# performance degradation in downstream tasks", because ΔW = B·A is low-rank and holds "relatively few
+# redundant parameters"; it gives no number in the text (its Table 1 is not reproduced there). forgetlab uses
+# 0.5 — the ratio at which, on a rank-r ΔW, half the entries survive — as a moderate default well below the
+# 0.9 of full fine-tunes; it is a forgetlab choice, not the paper's, and is shown as such in the app's form.
+ADAPTER_RATIO = 0.5
 
 
 def _relative(tau_abs: torch.Tensor, w0_abs: torch.Tensor) -> torch.Tensor:
@@ -37,9 +51,11 @@ def fapm_scores(tau: torch.Tensor, w0: torch.Tensor, score: str = "fapm") -> tor
     rel = _relative(tau_abs, w0_abs)
     if score == "relative":
         return -rel
-    s = tau_abs - w0_abs.mean() * rel
-    # −∞ from the relative term stays −∞ (|τ| finite); NaN cannot arise since rel has no NaN.
-    return s
+    mean0 = w0_abs.mean()
+    if not bool(mean0 > 0):  # all-zero base tensor: 0·∞ is undefined, score by magnitude (module docstring)
+        return tau_abs
+    # mean(|W0|) > 0 and finite: −∞ from the relative term stays −∞ (|τ| finite), and no NaN can arise
+    return tau_abs - mean0 * rel
 
 
 def fapm_mask(tau: torch.Tensor, w0: torch.Tensor, ratio: float = 0.9, score: str = "fapm") -> torch.Tensor:

@@ -9,7 +9,7 @@ from forgetlab.merge import consensus as _consensus
 from forgetlab.merge import interpolation as _interp
 from forgetlab.merge import pcb as _pcb
 from forgetlab.merge import sparsify as _sp
-from forgetlab.merge.fapm import SCORES, fapm_prune
+from forgetlab.merge.fapm import ADAPTER_RATIO, SCORES, fapm_prune
 from forgetlab.merge.registry import MethodSpec, ParamSpec, TensorJob, register
 from forgetlab.merge.stats import TiesGlobalCollector
 from forgetlab.merge.ties import ties_combine
@@ -120,7 +120,8 @@ def _merge_pcb(job: TensorJob) -> torch.Tensor:
 
 def _merge_fapm(job: TensorJob) -> torch.Tensor:
     p = job.params
-    parts = [fapm_prune(tau, job.base, p["ratio"], p["score"]) for tau in job.taus]
+    parts = [fapm_prune(tau, job.base, p["adapter_ratio"] if job.is_adapter(i) else p["ratio"], p["score"])
+             for i, tau in enumerate(job.taus)]
     return _add_scaled(job, parts, p["lam"])
 
 
@@ -184,7 +185,10 @@ BUILTIN = [
                formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i"),
     MethodSpec("fapm", "FAPM: prune each task vector by forgetting-aware scores, then add (task arithmetic).",
                (ParamSpec("ratio", "float", 0.9, "Pruning ratio: fraction of each tensor's task-vector entries "
-                          "zeroed.", UNIT),
+                          "zeroed (full fine-tunes; 0.9 as in the FAPM paper).", UNIT),
+                ParamSpec("adapter_ratio", "float", ADAPTER_RATIO, "Pruning ratio for LoRA adapters' ΔW = B·A. The "
+                          "FAPM rebuttal says it \"needs to be relatively small\" for LoRA (low-rank ΔW has few "
+                          "redundant entries) but gives no number; 0.5 is forgetlab's choice.", UNIT),
                 ParamSpec("score", "str", "fapm", "\"fapm\": |τ| − mean|W0|·|τ|/|W0|; ablations \"magnitude\" "
                           "(|τ|) and \"relative\" (−|τ|/|W0|).", choices=SCORES),
                 _lam(), _weights()),

@@ -72,6 +72,11 @@ class TensorJob:
     layer: Any = "first"
     num_layers: int = 1
     device: str = "cpu"
+    adapters: tuple[bool, ...] = ()  # per fine-tuned model: True for a LoRA adapter (τ = its low-rank ΔW)
+
+    def is_adapter(self, index: int) -> bool:
+        """Whether fine-tuned model `index` is a LoRA adapter."""
+        return index < len(self.adapters) and bool(self.adapters[index])
 
     @cached_property
     def taus(self) -> list[torch.Tensor]:
