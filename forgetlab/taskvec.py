@@ -132,6 +132,7 @@ def cosine_matrix(pool, models: Sequence[str] | None = None, progress: Progress 
     norms = gram.diagonal().sqrt()
     denom = torch.outer(norms, norms)
     cos = torch.where(denom > 0, gram / denom.clamp_min(1e-300), torch.zeros_like(gram))
+    cos = torch.where(torch.isnan(gram), gram, cos)  # a NaN/Inf task vector has no cosine: NaN, not 0
     return CosineMatrix(models, cos.tolist(), norms.tolist())
 
 

@@ -78,6 +78,9 @@ def test_task_vector_norms_show_nan_as_nan(tiny_llama, tmp_path):
     others = level[~((level["layer"] == 1) & (level["module"] == "mlp"))]
     assert others["norm"].notna().all() and (others["norm"] > 0).all()
     assert math.isnan(norms.total)
+    from forgetlab.taskvec import cosine_matrix
+    cos = cosine_matrix(pool)
+    assert math.isnan(cos.values[0][0]) and math.isnan(cos.norms[0])
 
 
 def test_a_checkpoint_with_no_tensors_is_refused(tiny_llama, tmp_path):
