@@ -320,3 +320,33 @@ def test_malformed_bin_index_is_a_message(tmp_path, index):
     (folder / "pytorch_model.bin.index.json").write_text(index)
     with pytest.raises(CheckpointError, match="pytorch_model.bin.index.json is malformed"):
         open_checkpoint(folder)
+
+
+@pytest.mark.parametrize("config_text, message", [
+    ('{"r": 0, "lora_alpha": 8}', "r is 0, but it must be a positive whole number"),
+    ('{"r": "8", "lora_alpha": 8}', "r is '8', but it must be a positive whole number"),
+    ("{broken", "adapter_config.json is unreadable"),
+])
+def test_cli_inspect_and_merge_of_bad_adapters_exit_2_writing_nothing(tiny_llama, tmp_path, capsys, monkeypatch,
+                                                                      config_text, message):
+    import yaml
+
+    from forgetlab.cli import main
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    ad = _write_adapter(tmp_path / "ad", {"r": 2})
+    cfg = json.loads(config_text) if config_text.startswith('{"') else None
+    if cfg is not None:
+        cfg["base_model_name_or_path"] = str(tiny_llama.base)
+        (ad / "adapter_config.json").write_text(json.dumps(cfg))
+    else:
+        (ad / "adapter_config.json").write_text(config_text)
+    assert main(["inspect", str(ad)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "task_arithmetic", "base": str(tiny_llama.base), "models": [str(ad)]}))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["merge", str(recipe), str(tmp_path / "out")]) == 2
+    assert message in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
