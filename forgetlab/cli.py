@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Arguments that share one meaning in every command, so one check serves all of them.
 COUNTS = {"batch_size", "max_general", "max_task", "max_train", "samples", "steps", "budget", "eval_every",
-          "workers", "max_points"}
+          "workers", "max_points", "limit"}
 NON_NEGATIVE = {"warmup"}
 OUTPUT_FILES = ("out", "curves", "distances")
 

@@ -55,6 +55,7 @@ class Probes:
     tasks: dict[str, TaskData] = field(default_factory=dict)
     general_train: list[str] = field(default_factory=list)
     template: str | None = None
+    benchmarks: "BenchmarkSpec | None" = None   # lm-eval tasks for generality/speciality (forgetlab.benchmarks)
 
     def task(self, name: str) -> TaskData:
         """A task by name; an unknown name lists the known ones."""

@@ -31,6 +31,9 @@ class TaskScore:
     n: int
 
 
+BENCHMARK_PREFIX = "lm-eval:"
+
+
 @dataclass
 class Scorecard:
     """Generality and speciality of one model."""
@@ -40,6 +43,7 @@ class Scorecard:
     perplexity: float
     general_tokens: int
     tasks: dict[str, TaskScore] = field(default_factory=dict)
+    benchmarks: dict[str, dict[str, float]] = field(default_factory=dict)   # lm-eval: {task: {metric: value}}
 
     def speciality(self, task: str | None = None) -> float:
         """Exact match on `task`, or the mean over tasks when None."""
@@ -52,11 +56,15 @@ class Scorecard:
         return self.general_loss - base.general_loss
 
     def to_frame(self) -> pd.DataFrame:
-        """One row: model, general_loss, perplexity, then `<task>/exact_match` and `<task>/answer_loss`."""
+        """One row: model, general_loss, perplexity, then `<task>/exact_match` and `<task>/answer_loss`, then
+        `lm-eval:<task>/<metric>` for each benchmark metric."""
         row = {"model": self.model, "general_loss": self.general_loss, "perplexity": self.perplexity}
         for t in self.tasks.values():
             row[f"{t.task}/exact_match"] = t.exact_match
             row[f"{t.task}/answer_loss"] = t.answer_loss
+        for task, metrics in self.benchmarks.items():
+            for metric, value in metrics.items():
+                row[f"{BENCHMARK_PREFIX}{task}/{metric}"] = value
         return pd.DataFrame([row])
 
     def to_dict(self) -> dict:
@@ -65,7 +73,8 @@ class Scorecard:
     @classmethod
     def from_dict(cls, d: dict) -> "Scorecard":
         tasks = {k: TaskScore(**v) for k, v in d.get("tasks", {}).items()}
-        return cls(d["model"], d["general_loss"], d["perplexity"], d["general_tokens"], tasks)
+        benchmarks = {t: {m: float(v) for m, v in ms.items()} for t, ms in (d.get("benchmarks") or {}).items()}
+        return cls(d["model"], d["general_loss"], d["perplexity"], d["general_tokens"], tasks, benchmarks)
 
 
 def scorecards_frame(cards: Sequence[Scorecard]) -> pd.DataFrame:
@@ -146,13 +155,16 @@ def check_limits(**limits: int | None) -> None:
 def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: str = "eval",
              batch_size: int = 16, block_size: int = 128, max_general: int | None = None,
              max_task: int | None = None, tasks: Sequence[str] | None = None,
-             progress: Progress = None) -> Scorecard:
-    """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs."""
+             benchmarks=None, benchmark_manager=None, progress: Progress = None) -> Scorecard:
+    """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs, and —
+    when `benchmarks` (a forgetlab.benchmarks.BenchmarkSpec) is given — its lm-eval tasks' metrics
+    (`benchmark_manager` reuses lm-eval's task index between models)."""
     check_limits(batch_size=batch_size, block_size=block_size, max_general=max_general, max_task=max_task)
     was_training = model.training
     model.eval()
     names = list(tasks) if tasks is not None else list(probes.tasks)
-    steps = 1 + len(names)
+    bench_tasks = benchmarks.all_tasks if benchmarks is not None else []
+    steps = 1 + len(names) + (1 if bench_tasks else 0)
     if probes.general:
         loss, n_tok = general_loss(model, tokenizer, probes.general, block_size=block_size, max_blocks=max_general,
                                    batch_size=batch_size, progress=scaled(progress, 0, 1 / steps))
@@ -165,7 +177,14 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
             pairs = pairs[:max_task]
         scores[t] = task_score(model, tokenizer, t, pairs, template=probes.template, batch_size=batch_size,
                                progress=scaled(progress, (k + 1) / steps, (k + 2) / steps))
+    bench: dict[str, dict[str, float]] = {}
+    if bench_tasks:
+        from forgetlab.benchmarks import evaluate_benchmarks
+
+        bench = evaluate_benchmarks(model, tokenizer, bench_tasks, include=benchmarks.include,
+                                    limit=benchmarks.limit, manager=benchmark_manager,
+                                    progress=scaled(progress, (steps - 1) / steps, 1.0))
     if was_training:
         model.train()
     report(progress, 1.0, f"evaluated {name}")
-    return Scorecard(name, loss, math.exp(loss) if loss == loss else float("nan"), n_tok, scores)
+    return Scorecard(name, loss, math.exp(loss) if loss == loss else float("nan"), n_tok, scores, bench)

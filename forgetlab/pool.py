@@ -341,6 +341,10 @@ def _read_probes(spec: dict, root: Path, source: Path) -> Probes:
         raise ProbeDataError(f"`probes.template` in {source} is {spec.get('template')!r}; use `chat` (wrap prompts "
                              "in the tokenizer's chat template) or leave it out (prompts as written).")
     probes = Probes(template=spec.get("template"))
+    if spec.get("benchmarks") is not None:
+        from forgetlab.benchmarks import BenchmarkSpec
+
+        probes.benchmarks = BenchmarkSpec.from_pool_yaml(spec["benchmarks"], root, str(source))
     if spec.get("general"):
         probes.general = read_general_text(root / spec["general"])
     if spec.get("general_train"):
@@ -379,4 +383,9 @@ def _probe_files(spec: dict, root: Path) -> dict[str, Any]:
         files = {"eval": files} if isinstance(files, str) else files
         tasks[str(tname)] = {s: str((root / f).resolve()) for s, f in files.items()}
     out["tasks"] = tasks
+    if isinstance(spec.get("benchmarks"), dict):
+        bench = dict(spec["benchmarks"])
+        if bench.get("include"):
+            bench["include"] = str((root / str(bench["include"])).resolve())
+        out["benchmarks"] = bench
     return out

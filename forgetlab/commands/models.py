@@ -35,6 +35,12 @@ def register(sub) -> None:
     p.add_argument("--max-task", type=int, default=None, help="at most this many pairs per task")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="CSV or JSON file")
+    p.add_argument("--lm-eval", metavar="TASK[,TASK…]", help="also run these lm-evaluation-harness tasks on each "
+                   "model (standard names such as arc_easy need their dataset online or cached; local tasks "
+                   "work offline); default: the pool's probes.benchmarks, if any")
+    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
+    p.add_argument("--no-lm-eval", action="store_true", help="skip the pool's lm-eval benchmarks")
     p.set_defaults(func=cmd_eval)
 
 
@@ -107,13 +113,15 @@ def cmd_eval(args) -> int:
 
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
+    bench, manager = benchmark_spec(args, pool)
     cards = []
     for name in names:
         model = pool.load(name, device=args.device)
         update, close = tqdm_progress(f"eval {name}")
         try:
             cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name, max_general=args.max_general,
-                                  max_task=args.max_task, progress=update))
+                                  max_task=args.max_task, benchmarks=bench, benchmark_manager=manager,
+                                  progress=update))
         finally:
             close()
         pool.unload(name)
@@ -123,4 +131,31 @@ def cmd_eval(args) -> int:
         emit(f"wrote {write_text_file(args.out, text, overwrite=True)}")
     else:
         emit_frame(df, args.out)
+    if bench is not None and not args.out:
+        for card in cards:
+            emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")
     return 0
+
+
+def benchmark_spec(args, pool):
+    """(BenchmarkSpec, lm-eval TaskManager) from --lm-eval/--lm-eval-include/--limit, else the pool's
+    probes.benchmarks; (None, None) when no benchmark is asked for. Every task is checked before any model
+    is loaded."""
+    from dataclasses import replace
+
+    from forgetlab.benchmarks import BenchmarkSpec, check_limit, check_tasks, parse_tasks, task_manager
+
+    spec = None if args.no_lm_eval else pool.probes.benchmarks if pool.probes is not None else None
+    if args.lm_eval:
+        spec = BenchmarkSpec(general=parse_tasks(args.lm_eval),
+                             include=args.lm_eval_include or (spec.include if spec else None),
+                             limit=spec.limit if spec else None)
+    elif args.lm_eval_include and spec is not None:
+        spec = replace(spec, include=args.lm_eval_include)
+    if spec is None or not spec.all_tasks:
+        return None, None
+    if args.limit is not None:
+        spec = replace(spec, limit=check_limit(args.limit))
+    manager = task_manager(spec.include, spec.all_tasks)
+    check_tasks(spec.all_tasks, manager)
+    return spec, manager

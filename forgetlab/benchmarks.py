@@ -1,0 +1,281 @@
+"""Benchmarks through lm-evaluation-harness, on a model already in memory (no copy written to disk).
+
+`evaluate_benchmarks(model, tokenizer, ["arc_easy", "my_local_task"], include="lm_tasks/", limit=200)` wraps
+the loaded transformers model in lm-eval's `HFLM(pretrained=<model>, tokenizer=<tokenizer>)` and runs
+`lm_eval.simple_evaluate` task by task (so progress moves per task), returning `{task: {metric: value}}` with
+the numbers `lm_eval` itself prints for the same model, tasks, limit and batch size.
+
+Standard task names work where their datasets can be downloaded or are cached; local tasks (task YAMLs with
+`dataset_path: json` and local `data_files`, in a folder named by `include`) work offline. lm-eval is imported
+only here and only when a benchmark is asked for.
+
+Metric names: lm-eval reports `"<metric>,<filter>"`; the filter "none" is dropped (`acc`, `acc_norm`), any
+other stays (`exact_match,strict-match`). Standard errors are not reported.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from forgetlab.errors import ForgetlabError, MissingDependencyError, ParameterError, ProbeDataError
+from forgetlab.progress import Progress, report
+
+PIP = "pip install 'lm-eval[hf]'"
+
+
+class BenchmarkError(ForgetlabError):
+    """An lm-eval task cannot be run: unknown, malformed, its data missing or out of reach, a metric it lacks."""
+
+
+@dataclass
+class BenchmarkSpec:
+    """Which lm-eval tasks judge a pool: for generality, per task, where local task YAMLs live, the limit."""
+
+    general: list[str] = field(default_factory=list)
+    tasks: dict[str, list[str]] = field(default_factory=dict)
+    include: str | None = None
+    limit: int | None = None
+
+    @property
+    def all_tasks(self) -> list[str]:
+        """Every task named, once, in order."""
+        seen: list[str] = []
+        for name in [*self.general, *(t for ts in self.tasks.values() for t in ts)]:
+            if name not in seen:
+                seen.append(name)
+        return seen
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"general": list(self.general), "tasks": {k: list(v) for k, v in self.tasks.items()},
+                "include": self.include, "limit": self.limit}
+
+    @classmethod
+    def from_pool_yaml(cls, d: Any, root: Path, source: str) -> "BenchmarkSpec":
+        """Read `probes.benchmarks` of a pool file (paths relative to the pool file's folder)."""
+        if not isinstance(d, Mapping):
+            raise ProbeDataError(f"`probes.benchmarks` in {source} must be a mapping (general, tasks, include, "
+                                 "limit).")
+        unknown = set(d) - {"general", "tasks", "include", "limit"}
+        if unknown:
+            raise ProbeDataError(f"`probes.benchmarks` in {source} has unknown keys {sorted(unknown)}; use general, "
+                                 "tasks, include and limit.")
+        general = _names(d.get("general"), f"`probes.benchmarks.general` in {source}")
+        tasks_d = d.get("tasks") or {}
+        if not isinstance(tasks_d, Mapping):
+            raise ProbeDataError(f"`probes.benchmarks.tasks` in {source} must map pool task names to lm-eval tasks.")
+        tasks = {str(k): _names(v, f"`probes.benchmarks.tasks.{k}` in {source}") for k, v in tasks_d.items()}
+        include = d.get("include")
+        if include is not None:
+            include = str((root / str(include)).resolve())
+        return cls(general, tasks, include, check_limit(d.get("limit")))
+
+
+def _names(value: Any, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+        raise ProbeDataError(f"{where} must be a list of lm-eval task names.")
+    return list(value)
+
+
+def check_limit(limit: Any) -> int | None:
+    """`limit` as a whole number ≥ 1 (examples per task), or None for every example."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ParameterError(f"The benchmark limit must be a whole number of examples ≥ 1 (or none for all); got "
+                             f"{limit!r}.")
+    return limit
+
+
+def parse_tasks(text: str | Iterable[str]) -> list[str]:
+    """'arc_easy, hellaswag' → ['arc_easy', 'hellaswag']."""
+    items = text.replace(",", " ").split() if isinstance(text, str) else [str(t) for t in text]
+    if not items:
+        raise ParameterError("Name at least one lm-eval task (e.g. --lm-eval arc_easy).")
+    return items
+
+
+def _lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+        from lm_eval.tasks import TaskManager
+    except ImportError:
+        raise MissingDependencyError(f"Benchmarks need lm-evaluation-harness: {PIP}") from None
+    return TaskManager
+
+
+def check_include(include: str | Path | None) -> str | None:
+    """The include folder as a string; BenchmarkError when it is missing or holds a task YAML that is not
+    valid YAML (lm-eval would skip it silently, and the task would then look unknown)."""
+    if include is None:
+        return None
+    folder = Path(include).expanduser()
+    if not folder.is_dir():
+        raise BenchmarkError(f"The lm-eval task folder {folder} does not exist; pass the folder holding your task "
+                             "YAML files.")
+    import yaml
+
+    class _AnyTags(yaml.SafeLoader):
+        pass
+
+    _AnyTags.add_multi_constructor("", lambda loader, suffix, node: None)  # lm-eval's !function and the like
+    for f in sorted(folder.rglob("*.yaml")):
+        try:
+            doc = yaml.load(f.read_text(encoding="utf-8"), Loader=_AnyTags)  # noqa: S506 (safe loader subclass)
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise BenchmarkError(f"The lm-eval task file {f} is not valid YAML ({str(exc).splitlines()[0]}); fix "
+                                 "or remove it.") from None
+        if not isinstance(doc, dict):
+            raise BenchmarkError(f"The lm-eval task file {f} is not a task definition (a mapping with `task:`).")
+    return str(folder)
+
+
+def task_manager(include: str | Path | None = None, tasks: Sequence[str] | None = None):
+    """lm-eval's TaskManager with the built-in tasks and those under `include`; when every one of `tasks` is a
+    local task, only the include folder is indexed (lm-eval's ~15,000 built-in tasks take ~10 s to index)."""
+    TaskManager = _lm_eval()
+    include = check_include(include)
+    if include and tasks:
+        local = TaskManager(include_path=include, include_defaults=False)
+        if set(tasks) <= set(local.all_tasks):
+            return local
+    return TaskManager(include_path=include)
+
+
+def check_tasks(names: Sequence[str], manager) -> list[str]:
+    """`names` if lm-eval knows each one; BenchmarkError listing close matches otherwise."""
+    known = set(manager.all_tasks)
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=5, cutoff=0.6)
+            hint = f" Close matches: {', '.join(close)}." if close else ""
+            raise BenchmarkError(f"lm-eval has no task {name!r}.{hint} Local tasks are found through an include "
+                                 "folder (--lm-eval-include DIR, or `include:` under probes.benchmarks).")
+    return list(names)
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "0") not in ("0", "", "false", "False")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _is_local(task: str, manager, include: str | None) -> bool:
+    """True when the task's YAML lies in the include folder (its data is the user's files, not the hub's)."""
+    if include is None:
+        return False
+    entry = getattr(manager, "task_index", {}).get(task)
+    path = getattr(entry, "yaml_path", None)
+    return bool(path) and Path(str(path)).resolve().is_relative_to(Path(include).resolve())
+
+
+def _explain(task: str, exc: BaseException, local: bool) -> BenchmarkError:
+    text = f"{type(exc).__name__}: {exc}"
+    first = text.splitlines()[0][:300]
+    lowered = text.lower()
+    if local and (isinstance(exc, FileNotFoundError) or "unable to find" in lowered or "no such file" in lowered
+                  or "doesn't exist" in lowered):
+        return BenchmarkError(f"The data of the local lm-eval task {task!r} is missing ({first}); check the "
+                              "`data_files` paths in its YAML.")
+    networkish = any(k in lowered for k in ("offline", "connection", "couldn't reach", "network", "resolve",
+                                            "timed out", "max retries", "huggingface.co"))
+    if not local and (networkish or _offline()):
+        return BenchmarkError(f"lm-eval task {task!r} needs its dataset from the Hugging Face hub, which cannot be "
+                              f"reached here ({first[:200]}). Run it where the network is available (or with the "
+                              "dataset cached), or use a local task: a task YAML with `dataset_path: json` and "
+                              "`data_files` on disk, in a folder passed as --lm-eval-include.")
+    return BenchmarkError(f"lm-eval could not run task {task!r}: {first}")
+
+
+def metrics_of(task_results: Mapping[str, Any]) -> dict[str, float]:
+    """lm-eval's result dict of one task → {metric: value} (stderr and alias dropped, filter 'none' dropped)."""
+    out: dict[str, float] = {}
+    for key, value in task_results.items():
+        if key in ("alias", "sample_len", "sample_count") or "_stderr" in key or isinstance(value, bool) \
+                or not isinstance(value, (int, float)):
+            continue
+        metric, _, flt = key.partition(",")
+        out[metric if flt in ("", "none") else f"{metric},{flt}"] = float(value)
+    return out
+
+
+def evaluate_benchmarks(model, tokenizer, tasks: Sequence[str], *, include: str | Path | None = None,
+                        limit: int | None = None, batch_size: int = 1, num_fewshot: int | None = None,
+                        manager=None, progress: Progress = None) -> dict[str, dict[str, float]]:
+    """Run lm-eval tasks on an in-memory model: `{task: {metric: value}}` (lm-eval's own numbers).
+
+    The model is evaluated where it is (its device and dtype); `limit` caps the examples per task (lm-eval's
+    --limit); `batch_size` as lm-eval's (1 by default, like the `lm_eval` command). `manager` reuses a
+    TaskManager between calls (indexing the tasks takes seconds).
+    """
+    limit = check_limit(limit)
+    include_dir = check_include(include)
+    if batch_size < 1:
+        raise ParameterError(f"batch_size must be at least 1; got {batch_size}.")
+    names = parse_tasks(tasks)
+    manager = manager or task_manager(include_dir, names)
+    check_tasks(names, manager)
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise BenchmarkError("The tokenizer has neither a pad nor an end-of-sequence token, which lm-eval needs "
+                                 "for batching; add a pad token to the tokenizer (tokenizer.pad_token = …).")
+        tokenizer.pad_token = tokenizer.eos_token
+    import lm_eval
+    from lm_eval.models.huggingface import HFLM
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(device))
+    results: dict[str, dict[str, float]] = {}
+    try:
+        for i, name in enumerate(names):
+            report(progress, i / len(names), f"lm-eval {name}")
+            try:
+                out = lm_eval.simple_evaluate(model=lm, tasks=[name], limit=limit, num_fewshot=num_fewshot,
+                                              task_manager=manager, log_samples=False, bootstrap_iters=0,
+                                              verbosity="ERROR")
+            except ForgetlabError:
+                raise
+            except (KeyboardInterrupt, MemoryError):
+                raise
+            except Exception as exc:  # lm-eval and datasets raise many kinds; each becomes a message
+                raise _explain(name, exc, _is_local(name, manager, include_dir)) from None
+            if not out or name not in out.get("results", {}):
+                raise BenchmarkError(f"lm-eval returned no result for task {name!r}.")
+            results[name] = metrics_of(out["results"][name])
+            report(progress, (i + 1) / len(names), f"lm-eval {name} done")
+    finally:
+        if was_training:
+            model.train()
+    return results
+
+
+def pick(benchmarks: Mapping[str, Mapping[str, float]], measure: str) -> float:
+    """The value of `TASK/METRIC` (e.g. `arc_easy/acc`) in a scorecard's benchmarks; BenchmarkError naming what
+    exists when the task or metric is not there."""
+    task, sep, metric = measure.partition("/")
+    if not sep or not task or not metric:
+        raise ParameterError(f"A benchmark measure is written TASK/METRIC (e.g. arc_easy/acc); got {measure!r}.")
+    if task not in benchmarks:
+        raise BenchmarkError(f"No benchmark result for task {task!r}; evaluated: {', '.join(benchmarks) or 'none'}.")
+    if metric not in benchmarks[task]:
+        raise BenchmarkError(f"Task {task!r} has no metric {metric!r}; it reports: "
+                             f"{', '.join(benchmarks[task])}.")
+    return float(benchmarks[task][metric])
+
+
+def check_measure(measure: str, tasks: Sequence[str]) -> tuple[str, str]:
+    """Split `TASK/METRIC` and check that TASK is among `tasks` (before any work is done)."""
+    task, sep, metric = str(measure).partition("/")
+    if not sep or not task or not metric:
+        raise ParameterError(f"A benchmark measure is written TASK/METRIC (e.g. arc_easy/acc); got {measure!r}.")
+    if task not in tasks:
+        raise ParameterError(f"The measure {measure!r} names task {task!r}, which is not evaluated; evaluate it "
+                             f"(--lm-eval {task}) or choose one of: {', '.join(tasks) or 'none'}.")
+    return task, metric

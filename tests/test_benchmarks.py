@@ -1,0 +1,163 @@
+"""The lm-eval bridge: an in-memory model scores exactly what lm-eval scores when it loads the same folder
+itself; local tasks run offline; every bad input is a message."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lm_eval")
+
+from forgetlab.benchmarks import (BenchmarkError, check_measure, evaluate_benchmarks, metrics_of, pick,
+                                  task_manager)
+from forgetlab.checkpoints import load_model, load_tokenizer
+from forgetlab.cli import main
+from forgetlab.errors import ParameterError
+
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def write_task(folder: Path, name: str = "tiny_cloze", n: int = 24) -> Path:
+    """A local multiple-choice task: which sum is right."""
+    folder.mkdir(parents=True, exist_ok=True)
+    data = folder / f"{name}.jsonl"
+    with open(data, "w") as fh:
+        for i in range(n):
+            a, b = i % 7 + 1, (3 * i) % 5 + 2
+            fh.write(json.dumps({"context": f"{a} plus {b} is", "label": i % 3,
+                                 "choices": [f" {a + b + (k - i % 3)}" for k in range(3)]}) + "\n")
+    (folder / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory):
+    return write_task(tmp_path_factory.mktemp("lm_tasks"))
+
+
+def test_in_memory_bridge_equals_lm_eval_loading_the_folder_itself(tiny_llama, tasks_dir):
+    import lm_eval
+
+    folder = tiny_llama.finetuned["ft0"]
+    ours = evaluate_benchmarks(load_model(folder, device="cpu"), load_tokenizer(folder), ["tiny_cloze"],
+                               include=tasks_dir, limit=20)
+    ref = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},device=cpu", tasks=["tiny_cloze"],
+                                  limit=20, task_manager=task_manager(tasks_dir), log_samples=False,
+                                  bootstrap_iters=0)
+    assert ours == {"tiny_cloze": metrics_of(ref["results"]["tiny_cloze"])}
+    assert set(ours["tiny_cloze"]) == {"acc", "acc_norm"} and 0 <= ours["tiny_cloze"]["acc"] <= 1
+
+
+def test_different_models_get_different_numbers(tiny_llama, tasks_dir):
+    scores = []
+    for folder in (tiny_llama.base, tiny_llama.finetuned["ft1"]):
+        m, t = load_model(folder, device="cpu"), load_tokenizer(folder)
+        scores.append(evaluate_benchmarks(m, t, ["tiny_cloze"], include=tasks_dir)["tiny_cloze"])
+    # acc_norm uses the per-choice log-likelihoods: two different random models do not tie on all 24 items
+    assert scores[0] != scores[1]
+
+
+def test_cli_eval_reports_benchmarks_beside_the_scorecard(tiny_llama, tasks_dir, tmp_path, capsys):
+    out = tmp_path / "cards.json"
+    assert main(["eval", str(tiny_llama.pool_yaml), "--models", "ft0", "--lm-eval", "tiny_cloze",
+                 "--lm-eval-include", str(tasks_dir), "--limit", "12", "--max-general", "2", "--max-task", "2",
+                 "--out", str(out)]) == 0
+    cards = json.loads(out.read_text())
+    assert cards[0]["model"] == "ft0" and set(cards[0]["benchmarks"]["tiny_cloze"]) == {"acc", "acc_norm"}
+
+
+def test_pool_yaml_names_benchmarks(tiny_llama, tasks_dir, tmp_path):
+    import shutil
+
+    import yaml
+
+    from forgetlab.pool import ModelPool
+
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    shutil.copytree(tasks_dir, root / "lm_tasks")
+    write_task(root / "lm_tasks")   # data_files pointing into the copy
+    d = yaml.safe_load((root / "pool.yaml").read_text())
+    d["probes"]["benchmarks"] = {"general": ["tiny_cloze"], "tasks": {"math": ["tiny_cloze"]},
+                                 "include": "lm_tasks", "limit": 6}
+    (root / "pool.yaml").write_text(yaml.safe_dump(d))
+    pool = ModelPool.from_yaml(root / "pool.yaml")
+    spec = pool.probes.benchmarks
+    assert spec.all_tasks == ["tiny_cloze"] and spec.limit == 6 and spec.include == str((root / "lm_tasks").resolve())
+    out = tmp_path / "c.json"
+    assert main(["eval", str(root / "pool.yaml"), "--models", "base", "--max-general", "2", "--max-task", "2",
+                 "--out", str(out)]) == 0
+    assert "tiny_cloze" in json.loads(out.read_text())[0]["benchmarks"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--lm-eval", "tiny_cloz"], "no task 'tiny_cloz'. Close matches: tiny_cloze"),
+    (["--lm-eval", "tiny_cloze", "--limit", "0"], "--limit: must be at least 1"),
+    (["--lm-eval", "arc_easy"], "cannot be reached"),
+])
+def test_bad_benchmark_input_exits_2_with_a_message(argv, message, tiny_llama, tasks_dir, monkeypatch, capsys):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(SystemExit) as info:
+        raise SystemExit(main(["eval", str(tiny_llama.pool_yaml), "--models", "base", "--max-general", "1",
+                               "--max-task", "1", "--lm-eval-include", str(tasks_dir), *argv]))
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_malformed_task_yaml_and_missing_data_are_messages(tiny_llama, tmp_path):
+    m, t = load_model(tiny_llama.base, device="cpu"), load_tokenizer(tiny_llama.base)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "broken.yaml").write_text("task: broken\ndoc_to_text: [unclosed\n")
+    with pytest.raises(BenchmarkError, match="broken.yaml is not valid YAML"):
+        evaluate_benchmarks(m, t, ["broken"], include=bad)
+    gone = write_task(tmp_path / "gone", "gone_task")
+    (gone / "gone_task.jsonl").unlink()
+    with pytest.raises(BenchmarkError, match="data of the local lm-eval task 'gone_task' is missing"):
+        evaluate_benchmarks(m, t, ["gone_task"], include=gone)
+    with pytest.raises(BenchmarkError, match="does not exist"):
+        evaluate_benchmarks(m, t, ["x"], include=tmp_path / "nowhere")
+
+
+def test_tokenizer_without_pad_uses_eos_and_without_either_is_refused(tiny_llama, tasks_dir):
+    m, t = load_model(tiny_llama.base, device="cpu"), load_tokenizer(tiny_llama.base)
+    t.pad_token = None
+    assert evaluate_benchmarks(m, t, ["tiny_cloze"], include=tasks_dir, limit=3)
+    assert t.pad_token_id == t.eos_token_id
+    t.pad_token, t.eos_token = None, None
+    with pytest.raises(BenchmarkError, match="neither a pad nor an end-of-sequence token"):
+        evaluate_benchmarks(m, t, ["tiny_cloze"], include=tasks_dir, limit=3)
+
+
+def test_measures_name_a_task_and_a_metric():
+    bench = {"arc_easy": {"acc": 0.5, "acc_norm": 0.6}}
+    assert pick(bench, "arc_easy/acc_norm") == 0.6
+    with pytest.raises(BenchmarkError, match="reports: acc, acc_norm"):
+        pick(bench, "arc_easy/f1")
+    with pytest.raises(BenchmarkError, match="evaluated: arc_easy"):
+        pick(bench, "hellaswag/acc")
+    with pytest.raises(ParameterError, match="TASK/METRIC"):
+        check_measure("arc_easy", ["arc_easy"])
+    assert check_measure("arc_easy/acc", ["arc_easy"]) == ("arc_easy", "acc")
+
+
+def test_metric_names_drop_stderr_alias_and_the_none_filter():
+    raw = {"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.1, "exact_match,strict-match": 0.25,
+           "sample_len": 10}
+    assert metrics_of(raw) == {"acc": 0.5, "exact_match,strict-match": 0.25}
