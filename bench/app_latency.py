@@ -28,8 +28,12 @@ from tests.e2e.harness import chromium, click_nav, goto, streamlit_server  # noq
 
 BARE_APP = """
 import streamlit as st
-nav = st.navigation([st.Page("hello.py", title="Hello", default=True), st.Page("other.py", title="Other")])
-st.sidebar.write("sidebar")
+pages = [st.Page("hello.py", title="Hello", default=True), st.Page("other.py", title="Other")]
+nav = st.navigation(pages, position="hidden")
+with st.sidebar:
+    for p in pages:
+        st.page_link(p, label=p.title)
+    st.write("sidebar")
 nav.run()
 """
 BARE_PAGE = "import streamlit as st\nst.title({title!r})\nst.write('Hello, world.')\n"
@@ -62,7 +66,11 @@ def measure(url: str, pages: list[tuple[str, str, str]], repeat: int, shots: Pat
 
 
 def bare_app(folder: Path) -> Path:
+    """A bare two-page app served like forgetlab's: same menu (st.page_link) and the same config.toml."""
+    import shutil
+
     folder.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(ROOT / ".streamlit", folder / ".streamlit", dirs_exist_ok=True)
     (folder / "app.py").write_text(BARE_APP)
     (folder / "hello.py").write_text(BARE_PAGE.format(title="Hello"))
     (folder / "other.py").write_text(BARE_PAGE.format(title="Other"))
@@ -87,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         t = time.monotonic()
         build(preset="pico", size="tiny", home=home)
         print(f"built the tiny pico zoo in {time.monotonic() - t:.0f} s")
-    specs = existing_pages(ROOT / "views")
+    specs = existing_pages(ROOT / "pages")
     # the default page lives at "/", the others at "/<stem>"; come back to each from Runs (Runs: from Models)
     ours = [("" if i == 0 else p.stem, p.title, specs[0].title if p.stem == "runs" else specs[-1].title)
             for i, p in enumerate(specs)]

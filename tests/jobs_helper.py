@@ -1,6 +1,6 @@
 """Helpers for the pages' AppTest tests.
 
-`open_page("forgetting", pool_yaml)` is an AppTest of `views/forgetting.py` with that pool chosen (not yet run).
+`open_page("forgetting", pool_yaml)` is an AppTest of `pages/forgetting.py` with that pool chosen (not yet run).
 AppTest runs only the script thread: a page's background job (forgetlab.ui.jobs) must be waited for:
 `finish_jobs(at, "forgetting")` waits for every running job whose key starts with that prefix (the page's
 name, see `forgetlab.ui.jobs.job_key`) and reruns the page, which then shows the job's result.
@@ -10,14 +10,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-VIEWS = Path(__file__).resolve().parents[1] / "views"
+PAGES = Path(__file__).resolve().parents[1] / "pages"
 
 
 def open_page(name: str, pool_yaml, timeout: float = 180):
-    """An AppTest of the page `views/<name>.py` with `pool_yaml` as the sidebar's pool (call `.run()`)."""
+    """An AppTest of the page `pages/<name>.py` with `pool_yaml` as the sidebar's pool (call `.run()`)."""
     from streamlit.testing.v1 import AppTest
 
-    at = AppTest.from_file(str(VIEWS / f"{name}.py"), default_timeout=timeout)
+    at = AppTest.from_file(str(PAGES / f"{name}.py"), default_timeout=timeout)
     at.session_state["forgetlab_pool_path"] = str(pool_yaml)
     return at
 

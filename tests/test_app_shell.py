@@ -437,9 +437,9 @@ def _app(home, monkeypatch) -> AppTest:
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
     monkeypatch.delenv("FORGETLAB_POOL", raising=False)
     tree = Path(home) / ".app"
-    (tree / "views").mkdir(parents=True)
+    (tree / "pages").mkdir(parents=True)
     shutil.copy(APP, tree / "app.py")
-    shutil.copy(Path(APP).parent / "views" / "runs.py", tree / "views" / "runs.py")
+    shutil.copy(Path(APP).parent / "pages" / "runs.py", tree / "pages" / "runs.py")
     return AppTest.from_file(str(tree / "app.py"), default_timeout=60)
 
 

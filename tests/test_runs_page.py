@@ -12,7 +12,7 @@ from forgetlab import workspace as ws
 from forgetlab.plots import color_for
 from forgetlab.ui.runs import compare_frame, figures_from_frame, run_label, runs_table, sweep_column
 
-PAGE = str(Path(__file__).resolve().parents[1] / "views" / "runs.py")
+PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "runs.py")
 
 
 def _curve(shift: float) -> pd.DataFrame:

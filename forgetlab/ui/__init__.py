@@ -5,24 +5,38 @@
 - `show_errors()`: ForgetlabError → st.error with its message; anything else → short error + traceback.
 - `device_settings()`: the (device, dtype) chosen in the sidebar.
 - `run_once(key, fn, start=...)`: a long job in a background thread, once per key, surviving page switches.
-"""
-from forgetlab.ui.errors import render_error, show_errors
-from forgetlab.ui.jobs import REGISTRY, Job, JobCancelled, JobRegistry, job_key, run_once
-from forgetlab.ui.pool import clear_pool_cache, get_pool, require_finetuned, require_pool, require_tasks
-from forgetlab.ui.progress import progress_bar
-from forgetlab.ui.settings import (
-    device_settings,
-    eval_limits,
-    pool_path,
-    render_device_settings,
-    set_pool_path,
-    workspace_home,
-    zoo_presets,
-)
+- `speciality_measure()`: the session-wide "speciality measured by" choice (exact match ↑ / answer loss ↓).
 
-__all__ = [
-    "REGISTRY", "Job", "JobCancelled", "JobRegistry", "clear_pool_cache", "device_settings", "eval_limits", "get_pool",
-    "job_key", "pool_path", "progress_bar", "render_device_settings", "render_error", "require_finetuned",
-    "require_pool", "require_tasks",
-    "run_once", "set_pool_path", "show_errors", "workspace_home", "zoo_presets",
-]
+The names are imported on first use (PEP 562), so that `import forgetlab.ui.navigation` — what app.py needs to
+draw the menu — does not import torch or transformers.
+"""
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {
+    "render_error": "errors", "show_errors": "errors",
+    "REGISTRY": "jobs", "Job": "jobs", "JobCancelled": "jobs", "JobRegistry": "jobs", "job_key": "jobs",
+    "run_once": "jobs",
+    "clear_pool_cache": "pool", "get_pool": "pool", "require_finetuned": "pool", "require_pool": "pool",
+    "require_tasks": "pool",
+    "progress_bar": "progress",
+    "device_settings": "settings", "eval_limits": "settings", "pool_path": "settings",
+    "render_device_settings": "settings", "set_pool_path": "settings", "workspace_home": "settings",
+    "zoo_presets": "settings",
+    "speciality_measure": "measure", "default_measure": "measure", "measure_label": "measure",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'forgetlab.ui' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"forgetlab.ui.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})

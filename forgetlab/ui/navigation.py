@@ -1,13 +1,23 @@
-"""The app's pages: a fixed order, listed only when their file exists under views/."""
+"""The app's pages and its menu: a fixed order, listed only when their file exists under pages/.
+
+Streamlit lists a `pages/` folder beside the entry script in its own sidebar menu as soon as a browser
+session opens, before `app.py` has run `st.navigation` — on a cold server that list (file names, not our
+titles) flashed for a moment. `.streamlit/config.toml` therefore sets `client.showSidebarNavigation = false`
+(Streamlit never draws its automatic menu), `app.py` calls `st.navigation(..., position="hidden")` and
+`render_menu` draws the menu with `st.page_link`, first thing in the sidebar.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
+
+MENU_KEY = "app_menu"      # the menu's container key: its element has the CSS class "st-key-app_menu"
 
 
 @dataclass(frozen=True)
 class PageSpec:
-    """One page of the app: file stem under views/, navigation title, icon."""
+    """One page of the app: file stem under pages/, navigation title, icon."""
 
     stem: str
     title: str
@@ -29,3 +39,27 @@ def existing_pages(pages_dir: str | Path) -> list[PageSpec]:
     """The pages of PAGE_ORDER whose `<pages_dir>/<stem>.py` exists, in that order."""
     root = Path(pages_dir)
     return [p for p in PAGE_ORDER if (root / f"{p.stem}.py").is_file()]
+
+
+def build_pages(pages_dir: str | Path) -> list:
+    """One `st.Page` per existing page (the first is the default, served at "/"; the others at "/<stem>")."""
+    import streamlit as st
+
+    root = Path(pages_dir)
+    return [st.Page(str(root / f"{p.stem}.py"), title=p.title, icon=p.icon, url_path=p.stem, default=(i == 0))
+            for i, p in enumerate(existing_pages(root))]
+
+
+def render_menu(pages: Sequence) -> None:
+    """The app's menu: one `st.page_link` per page, in the active container (app.py: top of the sidebar).
+
+    The current page is drawn highlighted by Streamlit. Nothing is drawn for a single page.
+    """
+    import streamlit as st
+
+    if len(pages) < 2:
+        return
+    with st.container(key=MENU_KEY):
+        for page in pages:
+            st.page_link(page, label=page.title, icon=page.icon)
+    st.divider()

@@ -10,17 +10,18 @@ import os
 from pathlib import Path
 
 import streamlit as st
-import torch
 
 POOL_KEY = "forgetlab_pool_path"      # str path of the chosen pool.yaml (set by the sidebar or a test)
 DEVICE_KEY = "app_device"             # "cpu" | "cuda"
 DTYPE_KEY = "app_dtype"               # "float32" | "bfloat16" | "float16"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = ("float32", "bfloat16", "float16")   # names of torch dtypes; torch is imported when one is used
 PRESET_ORDER = ("pico", "smol")
 
 
 def available_devices() -> list[str]:
     """The devices the sidebar offers: "cpu", plus "cuda" only when torch.cuda.is_available()."""
+    import torch
+
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
@@ -37,12 +38,15 @@ def render_device_settings() -> None:
                  help="Precision of loaded models. float32 is exact; bfloat16/float16 halve memory.")
 
 
-def device_settings() -> tuple[str, torch.dtype]:
+def device_settings() -> tuple[str, "torch.dtype"]:
     """The (device, dtype) chosen in the sidebar; ("cpu", torch.float32) until something is chosen."""
     device = st.session_state.get(DEVICE_KEY, "cpu")
     if device not in available_devices():
         device = "cpu"
-    return device, DTYPES.get(st.session_state.get(DTYPE_KEY, "float32"), torch.float32)
+    import torch
+
+    name = st.session_state.get(DTYPE_KEY, "float32")
+    return device, getattr(torch, name if name in DTYPES else "float32")
 
 
 def workspace_home() -> Path:

@@ -33,19 +33,41 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Server(str):
+    """The base URL of a running `streamlit run` (a str), with the server's process id as `.pid`."""
+
+    pid: int
+
+    def __new__(cls, url: str, pid: int) -> "Server":
+        obj = super().__new__(cls, url)
+        obj.pid = pid
+        return obj
+
+
+def streamlit_command() -> list[str]:
+    """The README's command, `.venv/bin/streamlit run`, with this interpreter's venv (no extra flags)."""
+    exe = Path(sys.executable).with_name("streamlit")
+    return [str(exe), "run"] if exe.exists() else [sys.executable, "-m", "streamlit", "run"]
+
+
 @contextlib.contextmanager
 def streamlit_server(script: str | Path, *, env: dict[str, str] | None = None, log: Path | None = None,
-                     timeout: float = 60.0) -> Iterator[str]:
-    """Run `streamlit run <script>` headless on a free local port; yield its base URL; stop it after."""
+                     timeout: float = 90.0) -> Iterator[Server]:
+    """Run `streamlit run <script>` exactly as the README starts the app; yield its base URL; stop it after.
+
+    The command is the README's, run from the script's folder, so the server reads the checkout's
+    `.streamlit/config.toml` (file watcher, address, menu) as a user's server does, with no extra flags.
+    The one difference is the port, given through Streamlit's environment variable STREAMLIT_SERVER_PORT
+    (a free one, so that a test run never meets an app the user is running on 8501).
+    """
     port = free_port()
-    cmd = [sys.executable, "-m", "streamlit", "run", str(script), "--server.headless", "true",
-           "--server.port", str(port), "--server.address", "127.0.0.1", "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none"]
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    script = Path(script)
+    cmd = [*streamlit_command(), script.name]
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {}), "STREAMLIT_SERVER_PORT": str(port)}
     out = open(log, "w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(cmd, cwd=str(ROOT), env=full_env, stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, cwd=str(script.parent), env=full_env, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://localhost:{port}"
     try:
         deadline = time.monotonic() + timeout
         while True:
@@ -60,7 +82,7 @@ def streamlit_server(script: str | Path, *, env: dict[str, str] | None = None, l
             if time.monotonic() > deadline:
                 raise TimeoutError(f"streamlit did not answer on {url} within {timeout:.0f} s")
             time.sleep(0.2)
-        yield url
+        yield Server(url, proc.pid)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -72,6 +94,19 @@ def streamlit_server(script: str | Path, *, env: dict[str, str] | None = None, l
             proc.wait(5)
         if log:
             out.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) that process `pid` has used so far, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(pid: int, seconds: float = 20.0) -> float:
+    """Share of one core that process `pid` uses over the next `seconds` (1.0 = a whole core)."""
+    before, start = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - before) / (time.monotonic() - start)
 
 
 @contextlib.contextmanager
@@ -153,18 +188,19 @@ def goto(page, url: str, timeout: float = 60.0) -> None:
     wait_idle(page, timeout)
 
 
-def click_nav(page, title: str, timeout: float = 60.0) -> float:
-    """Switch page through the sidebar navigation link titled `title` (same session, no reload).
+NAV_LINK = '[data-testid="stSidebar"] [data-testid="stPageLink-NavLink"]'
 
-    Returns the seconds from the click until the app is idle again.
+
+def click_nav(page, title: str, timeout: float = 60.0) -> float:
+    """Switch page through the app's sidebar menu link titled `title` (same session, no reload).
+
+    Returns the seconds from the click until the app is idle again with that page's title shown.
     """
-    link = page.locator('[data-testid="stSidebarNavLink"]').filter(has_text=title).first
+    link = page.locator(NAV_LINK).filter(has_text=title).first
     start = time.monotonic()
     link.click()
-    page.wait_for_function(
-        "(t) => [...document.querySelectorAll('[data-testid=stSidebarNavLink]')].some("
-        "a => a.getAttribute('aria-current') === 'page' && a.innerText.trim().endsWith(t))",
-        arg=title, timeout=timeout * 1000)
+    page.wait_for_function("(t) => { const h = document.querySelector('h1'); return h && h.innerText.trim() === t; }",
+                           arg=title, timeout=timeout * 1000)
     wait_idle(page, timeout)
     return time.monotonic() - start
 
