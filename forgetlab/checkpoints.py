@@ -431,6 +431,14 @@ class LoraCheckpoint(Checkpoint):
             if cfg.get(key):
                 raise CheckpointError(f"{self.path} uses {what}, which forgetlab does not support. "
                                       + _MERGE_IT_YOURSELF)
+        init = cfg.get("init_lora_weights")
+        if isinstance(init, str) and init.lower().startswith(("pissa", "corda", "olora", "loftq", "lora_ga")):
+            raise CheckpointError(
+                f"{self.path} was trained with init_lora_weights={init!r}, which rewrites the base weights "
+                "(W − B0·A0, or a quantised W) before training: its factors apply to that modified base, not to "
+                "the base model, and adding them to the base gives wrong weights. Convert it to a plain LoRA "
+                "adapter with PEFT (save_pretrained(..., path_initial_model_for_weight_conversion=...)) and "
+                "pass the converted adapter.")
         _lora_number(where, "r", cfg.get("r", 8), integer=True)
         _lora_number(where, "lora_alpha", cfg.get("lora_alpha", 8), integer=False)
         for key, integer in (("rank_pattern", True), ("alpha_pattern", False)):

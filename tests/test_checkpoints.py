@@ -275,6 +275,8 @@ def _write_adapter(folder: Path, config: dict, tensors: dict | None = None) -> P
     ({"r": 2, "use_qalora": True}, r"QA-LoRA .* which forgetlab does not support"),
     ({"r": 2, "alora_invocation_tokens": [1, 2]}, r"activated LoRA"),
     ({"r": 2, "use_dora": True}, r"says use_dora but stores no magnitude vector"),
+    ({"r": 2, "init_lora_weights": "pissa_niter_4"}, r"init_lora_weights='pissa_niter_4', which rewrites the base"),
+    ({"r": 2, "init_lora_weights": "olora"}, r"rewrites the base weights"),
 ])
 def test_bad_adapter_configs_are_refused_with_a_message(tiny_llama, tmp_path, config, message):
     ad = _write_adapter(tmp_path / "ad", config)
