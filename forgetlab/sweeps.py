@@ -16,6 +16,10 @@ Every point carries a `forgetlab.evaluate.Scorecard` (generality: held-out gener
 match per task), the distance D(θ, θ0) (`forgetlab.taskvec.distance`), and its settings. `pareto_front`
 marks the points that no other point beats on both speciality (up) and general loss (down).
 
+Benchmarks: pass `benchmarks=` (a `forgetlab.benchmarks.BenchmarkSpec`) and every point also runs those
+lm-eval tasks; then `SweepResult.measure` (speciality) and `general_measure` (generality) may name an lm-eval
+metric `TASK/METRIC` (e.g. `arc_easy/acc`, higher is better) instead of exact match / general loss.
+
 Memory: a sweep holds ONE working copy of the model (freshly loaded, never the pool's cached one) and, for
 each point, rewrites its weights in place tensor by tensor from lazily read θ0/θ1 tensors; peak memory is
 one model plus a few tensors whatever the number of points. Endpoints are exact: α = 0 and pruning ratio 1
@@ -34,6 +38,7 @@ import pandas as pd
 import torch
 
 from forgetlab.errors import ForgetlabError, IncompatibleModelsError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.benchmarks import pick
 from forgetlab.evaluate import Scorecard, evaluate
 from forgetlab.progress import Progress, report, scaled
 
@@ -74,12 +79,18 @@ class SweepPoint:
 
     def speciality(self, task: Optional[str] = None, measure: str = "exact_match") -> float:
         """Exact match on `task` (the mean over the pool's tasks when None), or with ``measure="answer_loss"``
-        its answer-token loss (lower is better; see `MEASURES`)."""
+        its answer-token loss (lower is better; see `MEASURES`), or a benchmark metric `TASK/METRIC`."""
         if check_measure(measure) == "answer_loss":
             return self.answer_loss(task)
+        if is_benchmark(measure):
+            return pick(self.scorecard.benchmarks, measure)
         if task is not None and task in self.scorecard.tasks:
             return self.scorecard.tasks[task].exact_match
         return self.scorecard.speciality(None)
+
+    def generality(self, measure: str = "general_loss") -> float:
+        """Held-out general loss (lower is better), or a benchmark metric `TASK/METRIC` (see `higher_is_better`)."""
+        return self.general_loss if measure == "general_loss" else pick(self.scorecard.benchmarks, measure)
 
     def answer_loss(self, task: Optional[str] = None) -> float:
         """Answer-token loss on `task` (mean over tasks when None)."""
@@ -119,6 +130,7 @@ class SweepResult:
     recipe: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     measure: str = "exact_match"
+    general_measure: str = "general_loss"
 
     @property
     def series(self) -> list[str]:
@@ -127,7 +139,8 @@ class SweepResult:
 
     def mark_pareto(self) -> list[bool]:
         """Set `pareto` on every point (front over all series together); returns the flags."""
-        return pareto_front(self.points, task=self.task, measure=self.measure)
+        return pareto_front(self.points, task=self.task, measure=self.measure,
+                            general_measure=self.general_measure)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per point: series, x (and its named column), speciality (in `measure`), measure,
@@ -139,11 +152,15 @@ class SweepResult:
                    "speciality": p.speciality(self.task, self.measure), "measure": self.measure,
                    "answer_loss": p.answer_loss(self.task),
                    "general_loss": p.general_loss, "perplexity": p.scorecard.perplexity,
+                   "generality": p.generality(self.general_measure), "general_measure": self.general_measure,
                    "distance": p.distance, "pareto": p.pareto,
                    "settings": json.dumps(p.settings, sort_keys=True)}
             for t in p.scorecard.tasks.values():
                 row[f"{t.task}/exact_match"] = t.exact_match
                 row[f"{t.task}/answer_loss"] = t.answer_loss
+            for btask, metrics in p.scorecard.benchmarks.items():
+                for metric, value in metrics.items():
+                    row[f"{btask}/{metric}"] = value
             rows.append(row)
         if not rows:
             return pd.DataFrame(columns=["kind", "model", "series", "x", self.x_name, "speciality", "measure",
@@ -155,7 +172,7 @@ class SweepResult:
         """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"kind": self.kind, "model": self.model, "task": self.task, "x_name": self.x_name,
                 "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds,
-                "measure": self.measure}
+                "measure": self.measure, "general_measure": self.general_measure}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepResult":
@@ -163,7 +180,8 @@ class SweepResult:
         return cls(kind=d["kind"], model=d["model"], task=d.get("task"), x_name=d["x_name"],
                    points=[SweepPoint.from_dict(p) for p in d.get("points", [])],
                    recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)),
-                   measure=check_measure(d.get("measure", "exact_match")))
+                   measure=check_measure(d.get("measure", "exact_match")),
+                   general_measure=check_general_measure(d.get("general_measure", "general_loss")))
 
 
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
@@ -175,11 +193,49 @@ MEASURES: dict[str, tuple[str, bool]] = {"exact_match": ("exact match", True), "
 """How speciality is measured: name → (label, higher is better)."""
 
 
+LOWER_IS_BETTER = {"perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter"}
+"""lm-eval metrics where lower is better (every other benchmark metric counts as higher is better)."""
+
+
+def is_benchmark(measure: str) -> bool:
+    """True for a benchmark measure `TASK/METRIC` (an lm-eval task's metric)."""
+    return "/" in str(measure)
+
+
 def check_measure(measure: str) -> str:
-    """`measure` if it is one of `MEASURES`, else ParameterError naming the choices."""
-    if measure not in MEASURES:
-        raise ParameterError(f"Unknown speciality measure {measure!r}; choose one of {', '.join(MEASURES)}.")
-    return measure
+    """`measure` if it is one of `MEASURES` or a benchmark `TASK/METRIC`, else ParameterError naming the
+    choices."""
+    if measure in MEASURES:
+        return measure
+    task, sep, metric = str(measure).partition("/")
+    if sep and task and metric:
+        return measure
+    raise ParameterError(f"Unknown speciality measure {measure!r}; choose one of {', '.join(MEASURES)} or an "
+                         "lm-eval metric written TASK/METRIC (e.g. arc_easy/acc).")
+
+
+def check_general_measure(measure: str) -> str:
+    """`general_loss` or a benchmark `TASK/METRIC`; ParameterError otherwise."""
+    if measure == "general_loss" or (is_benchmark(measure) and check_measure(measure)):
+        return measure
+    raise ParameterError(f"Unknown generality measure {measure!r}; use general_loss or an lm-eval metric written "
+                         "TASK/METRIC (e.g. hellaswag/acc_norm).")
+
+
+def higher_is_better(measure: str) -> bool:
+    """Whether a larger value of `measure` (speciality or generality) is better."""
+    if measure in MEASURES:
+        return MEASURES[measure][1]
+    if measure == "general_loss":
+        return False
+    return measure.partition("/")[2].partition(",")[0] not in LOWER_IS_BETTER
+
+
+def measure_label(measure: str) -> str:
+    """A label for axes and tables: 'exact match', 'answer loss', 'general loss' or the benchmark measure."""
+    if measure in MEASURES:
+        return MEASURES[measure][0]
+    return "general loss" if measure == "general_loss" else measure
 
 
 
@@ -204,7 +260,8 @@ def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> l
     return flags
 
 
-def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str = "exact_match") -> list[bool]:
+def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str = "exact_match",
+                 general_measure: str = "general_loss") -> list[bool]:
     """Mark the non-dominated points (speciality up, general loss down) and return the flags.
 
     `points` are `SweepPoint`s (their `pareto` attribute is set; speciality on `task` in `measure`, an
@@ -212,11 +269,12 @@ def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str
     `(speciality, general_loss)` pairs.
     """
     spec, gen = [], []
-    sign = 1.0 if MEASURES[check_measure(measure)][1] else -1.0
+    sign = 1.0 if higher_is_better(check_measure(measure)) else -1.0
+    gsign = -1.0 if higher_is_better(check_general_measure(general_measure)) else 1.0   # the mask wants a loss
     for p in points:
         if isinstance(p, SweepPoint):
             spec.append(sign * p.speciality(task, measure))
-            gen.append(p.general_loss)
+            gen.append(gsign * p.generality(general_measure))
         elif isinstance(p, (tuple, list)) and len(p) == 2:
             spec.append(p[0])
             gen.append(p[1])
@@ -346,7 +404,8 @@ def _check_grid(name: str, values: Sequence[float]) -> list[float]:
 
 def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[str], recipe: dict[str, Any],
          device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
-         tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress) -> SweepResult:
+         tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
+         benchmarks=None) -> SweepResult:
     _check_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
@@ -358,6 +417,13 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
     eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)
     if task is not None and task not in eval_tasks:
         eval_tasks.append(task)
+    manager = None
+    if benchmarks is not None and benchmarks.all_tasks:
+        from forgetlab.benchmarks import check_tasks, task_manager
+
+        manager = task_manager(benchmarks.include, benchmarks.all_tasks)
+        check_tasks(benchmarks.all_tasks, manager)
+        recipe = {**recipe, "benchmarks": benchmarks.to_dict()}
     result = SweepResult(kind=kind, model=model, task=task, x_name=X_NAMES[kind], recipe=recipe)
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
@@ -379,6 +445,7 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
             dist = work.distance()
             card = evaluate(work.model, tokenizer, pool.probes, name=f"{model}:{label}", batch_size=batch_size,
                             max_general=max_general, max_task=max_task, tasks=eval_tasks,
+                            benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager,
                             progress=scaled(sub, 0.05, 1.0))
             if spec.key is not None:
                 done[spec.key] = (card, dist)
@@ -413,7 +480,7 @@ def _wise(alpha: float) -> Callable:
 def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
                 device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
                 max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                progress: Progress = None) -> SweepResult:
+                progress: Progress = None, benchmarks=None) -> SweepResult:
     """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1).
 
     α = 0 is the base and α = 1 the fine-tuned model, bit for bit. `on_point(point, result)` is called after
@@ -424,7 +491,8 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, t
     recipe = _recipe(pool, model, "alpha", alphas=grid, task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
-                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
+                benchmarks=benchmarks)
 
 
 def _pruned(ratio: float, score: str) -> Callable:
@@ -444,7 +512,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                   scores: Sequence[str] = PRUNING_SCORES, task: Optional[str] = None, device: Optional[str] = None,
                   batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None) -> SweepResult:
     """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
     entries of every tensor are zeroed (`forgetlab.merge.fapm.fapm_mask`), for each ratio and each score
     ("fapm" S = |τ| − mean|W0|·|τ|/|W0|, and the ablations "magnitude" S = |τ|, "relative" S = −|τ|/|W0|).
@@ -468,7 +536,8 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
     recipe = _recipe(pool, model, "pruning", ratios=grid, scores=scores, task=task, max_general=max_general,
                      max_task=max_task, tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
-                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
+                benchmarks=benchmarks)
 
 
 def _dare(drop: float, seed: int) -> Callable:
@@ -501,7 +570,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                   task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
                   max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None) -> SweepResult:
     """Density curves of one task vector: DARE θ0 + dare(τ, p) (drop each entry with probability p, rescale
     survivors by 1/(1 − p), seeded per tensor) over `drops`, and TIES θ0 + trim(τ, keep) (top keep fraction
     by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model."""
@@ -527,7 +596,8 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                      task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
-                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
+                benchmarks=benchmarks)
 
 
 def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
@@ -544,7 +614,7 @@ def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
 def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
              device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
              max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-             progress: Progress = None) -> SweepResult:
+             progress: Progress = None, benchmarks=None) -> SweepResult:
     """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
     blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — METHODS.md "HMA".
     x = the tuple's mean α. Default grid: the MoFO rebuttal's 15 triples."""
@@ -561,7 +631,8 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
     recipe = _recipe(pool, model, "hma", grid=tuples, task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
-                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress)
+                max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
+                benchmarks=benchmarks)
 
 
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}

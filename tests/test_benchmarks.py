@@ -161,3 +161,31 @@ def test_metric_names_drop_stderr_alias_and_the_none_filter():
     raw = {"alias": "x", "acc,none": 0.5, "acc_stderr,none": 0.1, "exact_match,strict-match": 0.25,
            "sample_len": 10}
     assert metrics_of(raw) == {"acc": 0.5, "exact_match,strict-match": 0.25}
+
+
+def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_direction(tiny_llama, tasks_dir):
+    from forgetlab import sweeps
+    from forgetlab.benchmarks import BenchmarkSpec
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(tasks_dir), limit=12)
+    res = sweeps.alpha_curve(pool, "ft0", alphas=[0, 1], max_general=2, max_task=2, benchmarks=spec)
+    res.measure, res.general_measure = "tiny_cloze/acc_norm", "tiny_cloze/acc"
+    for point, folder in zip(res.points, (tiny_llama.base, tiny_llama.finetuned["ft0"])):   # α = 0, α = 1
+        direct = evaluate_benchmarks(load_model(folder, device="cpu"), load_tokenizer(folder), ["tiny_cloze"],
+                                     include=tasks_dir, limit=12)
+        assert point.scorecard.benchmarks == direct
+    frame = res.to_frame()
+    assert list(frame["speciality"]) == [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in res.points]
+    assert list(frame["generality"]) == [p.scorecard.benchmarks["tiny_cloze"]["acc"] for p in res.points]
+    assert res.recipe["benchmarks"]["general"] == ["tiny_cloze"]
+    # accuracy as generality: higher is better (hand-made points)
+    pts = [sweeps.SweepPoint("s", x, {}, sweeps.Scorecard("m", 1.0, 2.7, 1, {}, {"t": {"acc": g, "f1": sp}}), 0.0)
+           for x, g, sp in [(0, 0.9, 0.1), (1, 0.5, 0.1), (2, 0.2, 0.8)]]
+    assert sweeps.pareto_front(pts, measure="t/f1", general_measure="t/acc") == [True, False, True]
+    assert sweeps.pareto_front(pts, measure="t/f1", general_measure="general_loss") == [False, False, True]
+    with pytest.raises(BenchmarkError, match="has no metric 'bleu'"):
+        sweeps.pareto_front(pts, measure="t/bleu")
+    with pytest.raises(ParameterError, match="generality measure"):
+        sweeps.check_general_measure("acc")

@@ -15,9 +15,16 @@ def _common(p) -> None:
     p.add_argument("--tasks", nargs="*", default=None, help="tasks to evaluate (default: all)")
     p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
     p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
-    p.add_argument("--measure", choices=["exact_match", "answer_loss"], default="exact_match",
-                   help="speciality measure of the table and the Pareto front: exact match (higher is better, "
-                        "default) or answer-token loss (lower is better)")
+    p.add_argument("--measure", default="exact_match",
+                   help="speciality measure of the table and the Pareto front: exact_match (higher is better, "
+                        "default), answer_loss (lower is better), or an lm-eval metric TASK/METRIC "
+                        "(e.g. gsm8k/exact_match,strict-match), run at every point")
+    p.add_argument("--general-measure", default="general_loss",
+                   help="generality measure: general_loss (held-out loss, default) or an lm-eval metric "
+                        "TASK/METRIC (e.g. hellaswag/acc_norm), run at every point")
+    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
+                   "(default: the pool's probes.benchmarks.include)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
     p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="also write the table to this CSV or JSON file")
@@ -60,14 +67,31 @@ def register(sub) -> None:
     k.set_defaults(func=cmd_sweep)
 
 
+def measure_benchmarks(pool, measures, include, limit):
+    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
+    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in."""
+    from forgetlab.benchmarks import BenchmarkSpec, check_limit
+    from forgetlab.sweeps import is_benchmark
+
+    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
+    if not tasks:
+        return None
+    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
+    return BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
+                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
+
+
 def cmd_sweep(args) -> int:
     """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
     from forgetlab import sweeps
     from forgetlab.pool import ModelPool
 
+    measure = sweeps.check_measure(args.measure)
+    general_measure = sweeps.check_general_measure(args.general_measure)
     pool = ModelPool.from_yaml(args.pool)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
-                  batch_size=args.batch_size, device=args.device)
+                  batch_size=args.batch_size, device=args.device,
+                  benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
         extra = dict(alphas=parse_floats(args.alphas, "--alphas"))
     elif args.kind == "pruning":
@@ -82,13 +106,16 @@ def cmd_sweep(args) -> int:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)
     finally:
         close()
-    result.measure = args.measure
+    result.measure, result.general_measure = measure, general_measure
     result.mark_pareto()
     frame = result.to_frame()
-    emit(f"{args.kind} sweep of {args.model} (speciality: {result.task or 'mean over tasks'} "
-         f"{sweeps.MEASURES[result.measure][0]}; "
-         f"x = {result.x_name}; {len(result.points)} points in {result.seconds:.1f} s)")
-    emit_frame(frame[SHOWN])
+    speciality = (measure if sweeps.is_benchmark(measure)
+                  else f"{result.task or 'mean over tasks'} {sweeps.measure_label(measure)}")
+    emit(f"{args.kind} sweep of {args.model} (speciality: {speciality}; generality: "
+         f"{sweeps.measure_label(general_measure)}; x = {result.x_name}; {len(result.points)} points in "
+         f"{result.seconds:.1f} s)")
+    shown = SHOWN + (["generality"] if general_measure != "general_loss" else [])
+    emit_frame(frame[shown])
     if args.out:
         emit_frame(frame, args.out)
     if not args.no_save:
