@@ -484,7 +484,8 @@ class LoraCheckpoint(Checkpoint):
                 if kind in ("saved", "full"):
                     target = f"{m.group(1)}.{m.group(2)}"
                     known = (target, f"model.{target}", target.removeprefix("model."))
-                    if kind == "full" and not any(c in base_names for c in known):
+                    saved_module = m.group(1).rsplit(".", 1)[-1] in (self.adapter_config.get("modules_to_save") or ())
+                    if kind == "full" and not saved_module and not any(c in base_names for c in known):
                         continue  # a plain X.weight the base lacks: not a full tensor of the base
                     full[self._match_base_name(target, base_names)] = name
                 else:

@@ -352,3 +352,10 @@ def test_cli_inspect_and_merge_of_bad_adapters_exit_2_writing_nothing(tiny_llama
     assert main(["merge", str(recipe), str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def test_modules_to_save_lm_head_on_a_tied_base_is_refused(tiny_gpt2, tmp_path):
+    _make_peft(tiny_gpt2.base, tmp_path / "ad", target_modules=["c_attn"], fan_in_fan_out=True,
+               modules_to_save=["lm_head"])
+    with pytest.raises(CheckpointError, match="ties lm_head to the embeddings .* does not untie"):
+        open_checkpoint(tmp_path / "ad", base=tiny_gpt2.base)
