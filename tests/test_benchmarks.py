@@ -189,3 +189,37 @@ def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_di
         sweeps.pareto_front(pts, measure="t/bleu")
     with pytest.raises(ParameterError, match="generality measure"):
         sweeps.check_general_measure("acc")
+
+
+def test_zoo_lm_tasks_are_deterministic_and_right():
+    from forgetlab.data import TaskPair
+    from forgetlab.zoo.lmtasks import choice_items, cloze_items
+
+    paras = ["The quick brown fox jumps over the lazy sleeping dog. It was a sunny and very warm day in town.",
+             "Many people walked along the river bank in the evening light. The old mill stood beside the bridge."]
+    items = cloze_items(paras, seed=3)
+    assert items == cloze_items(paras, seed=3)
+    for item in items:
+        right = item["choices"][item["label"]].strip()
+        assert right in {"dog", "town", "light", "bridge"} and len(set(item["choices"])) == 4
+        assert not item["context"].endswith(right)
+    pairs = [TaskPair(f"Compute: {a}+1=", str(a + 1)) for a in range(10)]
+    for item, pair in zip(choice_items(pairs, seed=1), pairs):
+        assert item["context"] == pair.prompt and item["choices"][item["label"]] == pair.answer
+
+
+def test_the_zoo_pool_names_its_local_benchmarks_and_they_run_offline(pico_zoo, tmp_path, monkeypatch):
+    import yaml
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    spec = yaml.safe_load(pico_zoo.pool_yaml.read_text())["probes"]["benchmarks"]
+    assert spec["general"] == ["zoo_wiki_cloze"] and spec["include"] == "data/lm_tasks"
+    assert set(spec["tasks"]) == set(pico_zoo.manifest["settings"]["tasks"])
+    out = tmp_path / "cards.json"
+    assert main(["eval", str(pico_zoo.pool_yaml), "--models", "base", "--max-general", "2", "--max-task", "2",
+                 "--limit", "8", "--out", str(out)]) == 0
+    bench = json.loads(out.read_text())[0]["benchmarks"]
+    assert set(bench) == {"zoo_wiki_cloze"} | \
+        {n for names in spec["tasks"].values() for n in names}
+    assert all(0 <= m["acc"] <= 1 for m in bench.values())

@@ -492,9 +492,10 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
     finally:
         torch.set_num_threads(previous_threads)
 
-    from forgetlab.zoo.datafiles import pool_spec
+    from forgetlab.zoo.datafiles import lm_benchmarks, pool_spec
 
-    _write_text_atomic(pool_yaml, _pool_text(pool_spec(spec), manifest))
+    spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks))
+    _write_text_atomic(pool_yaml, _pool_text(spec_dict, manifest))
     manifest.pop("previous_pool_yaml", None)
     manifest.pop("previous_zoo_models", None)
     manifest["complete"] = True

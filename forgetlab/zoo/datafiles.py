@@ -2,7 +2,8 @@
 
 Layout: `general_train.txt` and `general_heldout.txt` (paragraphs separated by blank lines, the format of
 `forgetlab.data.read_general_text`) and `<task>_{train,probe,eval}.jsonl` (`{"prompt", "answer"}` per line,
-`forgetlab.data.read_task_pairs`). The folder is written atomically.
+`forgetlab.data.read_task_pairs`), and `lm_tasks/`: local lm-eval tasks made from the held-out text and the eval
+pairs (forgetlab.zoo.lmtasks). The folder is written atomically.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from forgetlab.checkpoints import atomic_output_dir
 from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs, write_task_pairs
 from forgetlab.progress import Progress, report
 from forgetlab.zoo.corpus import WikiSplit, load_wiki_split
+from forgetlab.zoo.lmtasks import FOLDER, GENERAL_TASK, task_name, write_lm_tasks
 from forgetlab.zoo.presets import ZooSpec
 from forgetlab.zoo.tasks import TaskSplits, make_task
 
@@ -62,7 +64,20 @@ def write_data(data: ZooData, out_dir: Path, overwrite: bool = False) -> Path:
         for name, splits in data.tasks.items():
             for split in SPLITS:
                 write_task_pairs(tmp / task_file(name, split), getattr(splits, split))
+        write_lm_tasks(tmp / FOLDER, Path(out_dir).resolve() / FOLDER, data.wiki.heldout,
+                       {name: splits.eval for name, splits in data.tasks.items()})
     return Path(out_dir)
+
+
+def lm_benchmarks(data_dir: Path, tasks: tuple[str, ...], data_dir_name: str = "data") -> dict | None:
+    """The pool's `probes.benchmarks` for the local lm-eval tasks found in `data_dir/lm_tasks` (None if none)."""
+    folder = Path(data_dir) / FOLDER
+    names = {p.stem for p in folder.glob("*.yaml")} if folder.is_dir() else set()
+    if not names:
+        return None
+    return {"general": [GENERAL_TASK] if GENERAL_TASK in names else [],
+            "tasks": {t: [task_name(t)] for t in tasks if task_name(t) in names},
+            "include": f"{data_dir_name}/{FOLDER}", "limit": 100}
 
 
 def read_data(data_dir: Path, tasks: tuple[str, ...]) -> tuple[list[str], Probes]:
@@ -74,8 +89,9 @@ def read_data(data_dir: Path, tasks: tuple[str, ...]) -> tuple[list[str], Probes
     return probes.general_train, probes
 
 
-def pool_spec(spec: ZooSpec, data_dir_name: str = "data") -> dict:
-    """The pool.yaml mapping of a zoo: base, a model per task (and LoRA adapters), probe files, template."""
+def pool_spec(spec: ZooSpec, data_dir_name: str = "data", benchmarks: dict | None = None) -> dict:
+    """The pool.yaml mapping of a zoo: base, a model per task (and LoRA adapters), probe files, template, and
+    (when given) the local lm-eval benchmarks (`lm_benchmarks`)."""
     models: dict[str, object] = {t: f"ft-{t}" for t in spec.tasks}
     if spec.lora is not None:
         models.update({f"lora-{t}": {"adapter": f"lora-{t}"} for t in spec.tasks})
@@ -88,5 +104,6 @@ def pool_spec(spec: ZooSpec, data_dir_name: str = "data") -> dict:
             "general_train": f"{data_dir_name}/{GENERAL_TRAIN}",
             "tasks": {t: {s: f"{data_dir_name}/{task_file(t, s)}" for s in SPLITS} for t in spec.tasks},
             "template": spec.template,
+            **({"benchmarks": benchmarks} if benchmarks else {}),
         },
     }
