@@ -65,7 +65,7 @@ def _check_device(device: str) -> str:
 def open_sources(recipe: Recipe):
     """Open the recipe's base and models lazily; returns (base checkpoint, base source, model sources)."""
     base_ck = ck.open_checkpoint(recipe.base)
-    base = CheckpointSource(base_ck, f"base {recipe.base}")
+    base = CheckpointSource(base_ck, str(recipe.base))
     models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
     return base_ck, base, models
 
@@ -132,7 +132,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     start = 0.2 if spec.needs_pool else 0.0
     glob = spec.needs_global_pass(params)
     mid = start + (0.5 * (1 - start) if glob else 0.0)
-    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid))
+    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), fast_io=True)
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
             for e in entries]
@@ -150,7 +150,8 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
             config.dtype = recipe.dtype
         cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
-                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0))
+                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0),
+                           fast_io=True)  # write_hf_folder writes each tensor before asking for the next
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}},
                                  sort_keys=False)

@@ -7,6 +7,7 @@ import torch
 from forgetlab.errors import ParameterError
 from forgetlab.merge import consensus as _consensus
 from forgetlab.merge import interpolation as _interp
+from forgetlab.merge import kernels as _k
 from forgetlab.merge import pcb as _pcb
 from forgetlab.merge import sparsify as _sp
 from forgetlab.merge.fapm import ADAPTER_RATIO, SCORES, fapm_prune
@@ -74,8 +75,21 @@ def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
 
 
 def _merge_ties(job: TensorJob) -> torch.Tensor:
-    merged = ties_combine(_ties_trimmed(job), job.params["weights"])
-    return job.base + job.params["lam"] * merged
+    p = job.params
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus):
+        # the same trim, election and disjoint mean, in place: exact selection instead of a sort, numpy masks,
+        # blocks that stay in cache; the result is written into the base the job owns (forgetlab.merge.kernels)
+        if p["scope"] == "global":
+            for tau, thr in zip(taus, job.stats):
+                _k.threshold_(tau, thr)
+        elif p["keep"] < 1:
+            k = _sp.keep_count(job.base.numel(), p["keep"])
+            for tau in taus:
+                _k.keep_top_(tau, k)
+        return _k.ties_combine_into_(job.base, taus, p["weights"], p["lam"])
+    merged = ties_combine(_ties_trimmed(job), p["weights"])  # other devices: torch.kthvalue, no copies to the CPU
+    return job.base + p["lam"] * merged
 
 
 def _dare_parts(job: TensorJob) -> list[torch.Tensor]:

@@ -1,0 +1,228 @@
+"""CPU kernels of the merge methods that run at the memory-bandwidth limit (issue 15; docs/merging.md).
+
+A merge must read every input byte and write the output once; everything else is arithmetic on tensors
+that, for the embeddings of a small model already, do not fit in a cache. torch's element-wise kernels are
+fast on float tensors (~0.1–0.5 ns per entry on one thread) but slow wherever a bool tensor is made or used
+(a comparison ~0.7 ns, `torch.where` ~3 ns, a masked multiply ~1 ns), and `torch.kthvalue` costs ~20 ns per
+entry. These kernels therefore
+
+- select exactly instead of sorting: `kth_largest` brackets the k-th largest value with a strided sample,
+  counts the entries above the bracket, and runs `numpy.partition` only on the few entries inside it (about
+  1–3 % of them); a bracket that misses (e.g. many ties) falls back to `numpy.partition` of everything. The
+  result is the exact k-th largest value, bit-identical to `torch.kthvalue`;
+- use numpy's comparisons and masks (~0.1 ns per entry) and torch's float arithmetic in place (a sign
+  election is `(S ≥ 0)·2 − 1` as floats, an agreement count a sum of `sign(max(σ·τ, 0))`);
+- work on blocks of `BLOCK` entries, so that the five to ten element-wise steps of a merge read and write
+  memory once per block instead of once per step.
+
+They apply to float32 tensors on the CPU. On another device (CUDA) the methods keep their torch code path
+(`torch.kthvalue` is fast on a GPU, and no tensor leaves the device); `DEVICE_PATH_ON_CPU = True` makes
+the CPU take that path too, which is how the tests cover it without a GPU.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import torch
+
+# Entries per block of the blocked loops: 64 Ki float32 = 256 KiB per array, so the arrays of one block of a
+# 3-model merge stay within a 2 MiB L2 cache.
+BLOCK = 1 << 16
+
+# Tests set this to run the device (torch) code path on the CPU.
+DEVICE_PATH_ON_CPU = False
+
+# Below this many entries the exact selection is a plain numpy.partition (sampling would not pay).
+_SMALL = 1 << 12
+
+
+def on_cpu_fast_path(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors take the numpy kernels: float32, on the CPU, and not forced onto the device path."""
+    if DEVICE_PATH_ON_CPU:
+        return False
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+
+
+def as_array(t: torch.Tensor) -> np.ndarray:
+    """Flat numpy view of a contiguous CPU tensor (no copy: writes go to the tensor)."""
+    if not t.is_contiguous():
+        raise ValueError("internal: kernels work on contiguous tensors")
+    return t.detach().reshape(-1).numpy()
+
+
+def _coprime_step(step: int, row: int) -> int:
+    # A stride that shares a factor with the row length samples a few columns only (biased when columns
+    # differ in scale, e.g. outlier channels); a coprime stride walks across all of them.
+    step = max(1, step)
+    while row > 1 and math.gcd(step, row) != 1:
+        step += 1
+    return step
+
+
+def _blocks(n: int):
+    for s in range(0, n, BLOCK):
+        yield s, min(n, s + BLOCK)
+
+
+def _scores(x: np.ndarray, absolute: bool, s: int, e: int, buf: np.ndarray) -> np.ndarray:
+    blk = x[s:e]
+    return np.abs(blk, out=buf[: e - s]) if absolute else blk
+
+
+def kth_largest(x: np.ndarray, k: int, row: int = 1, absolute: bool = False) -> tuple[float, int]:
+    """Exact k-th largest entry of a flat float array without NaN (of |x| when `absolute`), 1 ≤ k ≤ x.size,
+    and how many entries are ≥ it (k unless entries tie at that value).
+
+    Bracket: a strided sample of m ≈ 2·n^(2/3) entries (stride coprime with `row`, the tensor's last
+    dimension) gives the sample quantiles lo ≤ hi around rank k with a margin of 5 standard deviations;
+    one blocked pass counts #(> hi) and gathers the entries in [lo, hi]; if k − #(> hi) falls among them the
+    value is selected there (numpy.partition), else among all entries (still exact, just slower).
+    """
+    n = x.size
+    if not 1 <= k <= n:
+        raise ValueError(f"internal: k={k} for {n} entries")
+    if n <= _SMALL:
+        a = np.abs(x) if absolute else x
+        part = np.partition(a, n - k)
+        v = part[n - k]
+        return float(v), int(k + np.count_nonzero(part[: n - k] == v))
+    m = int(min(n // 4, max(1024, 2.0 * n ** (2.0 / 3.0))))
+    step = _coprime_step(n // m, row)
+    sample = np.abs(x[::step]) if absolute else x[::step].copy()
+    m = sample.size
+    q = (n - k) / n  # quantile of the target, counted from the bottom
+    d = 5.0 * math.sqrt(max(q * (1 - q), 1.0 / m) / m) + 2.0 / m
+    ilo, ihi = int(math.floor((q - d) * (m - 1))), int(math.ceil((q + d) * (m - 1)))
+    idx = [i for i in (ilo, ihi) if 0 <= i < m]
+    part = np.partition(sample, idx) if idx else sample
+    lo = part[ilo] if ilo >= 0 else -np.inf
+    hi = part[ihi] if ihi < m else np.inf
+    nb = min(BLOCK, n)
+    buf, above, inside = np.empty(nb, x.dtype), np.empty(nb, np.bool_), np.empty(nb, np.bool_)
+    n_above, chunks = 0, []
+    for s, e in _blocks(n):
+        c = e - s
+        a, ab, ins = _scores(x, absolute, s, e, buf), above[:c], inside[:c]
+        np.greater(a, hi, out=ab)
+        n_above += int(np.count_nonzero(ab))
+        np.greater_equal(a, lo, out=ins)
+        np.logical_xor(ins, ab, out=ins)  # lo ≤ a ≤ hi (> hi implies ≥ lo)
+        chunks.append(a[ins])
+    vals = np.concatenate(chunks)
+    rank = k - n_above  # rank of the target among the entries in [lo, hi], from the top
+    if 1 <= rank <= vals.size:
+        j = vals.size - rank
+        part = np.partition(vals, j)
+        v = part[j]
+        return float(v), int(n_above + rank + np.count_nonzero(part[:j] == v))
+    a = np.abs(x) if absolute else x  # the bracket missed: select among all entries
+    part = np.partition(a, n - k)
+    v = part[n - k]
+    return float(v), int(k + np.count_nonzero(part[: n - k] == v))
+
+
+def keep_top_(t: torch.Tensor, k: int, score: torch.Tensor | None = None) -> torch.Tensor:
+    """Keep, in place, the entries of `t` at the k largest scores (default score |t|) and zero the rest:
+    `t * sparsify.topk_mask(score, k)` exactly (ties at the cut broken by storage order, first wins; a
+    zeroed negative entry is −0.0 as there) without a sort or a bool tensor of the whole size.
+    `t` and `score` are contiguous float32 CPU tensors with the same number of entries, no NaN in `score`."""
+    arr = as_array(t)
+    n = arr.size
+    if k >= n:
+        return t
+    if k <= 0:
+        arr *= np.float32(0)
+        return t
+    absolute = score is None
+    sc = arr if absolute else as_array(score)
+    row = int(t.shape[-1]) if t.dim() else 1
+    cut, n_ge = kth_largest(sc, k, row, absolute)
+    nb = min(BLOCK, n)
+    buf, keep = np.empty(nb, np.float32), np.empty(nb, np.bool_)
+    for s, e in _blocks(n):
+        c = e - s
+        np.greater_equal(_scores(sc, absolute, s, e, buf), cut, out=keep[:c])
+        blk = arr[s:e]
+        np.multiply(blk, keep[:c], out=blk)
+    if n_ge > k:  # ties at the cut: keep the first tied entries in storage order (kept entries still score cut)
+        full = np.abs(arr) if absolute else sc
+        tied = np.flatnonzero(full == np.float32(cut))
+        n_gt = n_ge - tied.size
+        arr[tied[k - n_gt:]] *= np.float32(0)
+    return t
+
+
+def threshold_(tau: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """Keep, in place, the entries with |τ| ≥ threshold (global-scope trimming: `τ ⊙ [|τ| ≥ thr]`); None
+    (a keep count of 0) zeroes everything."""
+    arr = as_array(tau)
+    if threshold is None:
+        arr *= np.float32(0)
+        return tau
+    nb = min(BLOCK, arr.size)
+    buf, keep = np.empty(nb, np.float32), np.empty(nb, np.bool_)
+    for s, e in _blocks(arr.size):
+        c = e - s
+        np.greater_equal(_scores(arr, True, s, e, buf), np.float32(threshold), out=keep[:c])
+        blk = arr[s:e]
+        np.multiply(blk, keep[:c], out=blk)
+    return tau
+
+
+def ties_combine_into_(out: torch.Tensor, trimmed: Sequence[torch.Tensor], weights: Sequence[float] | None,
+                       lam: float) -> torch.Tensor:
+    """out += λ·disjoint_mean(sign_elect(trimmed)) in place, block by block (METHODS.md, TIES; mergekit's
+    weighted form, see forgetlab.merge.ties).
+
+    Per entry, with v_t = wt·τ̂t: S = Σt v_t, elected sign σ = +1 where S ≥ 0 else −1; u_t = max(σ·v_t, 0)
+    is |v_t| where its sign agrees and 0 elsewhere, so the agreeing sum is σ·Σt u_t (the same terms added in
+    the same order as `ties.ties_combine`: the result is bit-identical) and the agreeing weight
+    Σt wt·sign(u_t); merged = σ·Σ u / that weight (1 where it is 0: nothing agrees, the sum is 0).
+    Weighted inputs are scaled in place (`trimmed` is overwritten).
+    """
+    flat = [t.reshape(-1) for t in trimmed]
+    o = out.reshape(-1)
+    n_models = len(flat)
+    w = [1.0] * n_models if weights is None else [float(x) for x in weights]
+    unit = all(x == 1.0 for x in w)
+    if not unit:
+        for t, wi in zip(flat, w):
+            t.mul_(wi)
+    size = o.numel()
+    nb = min(BLOCK, size)
+    S, sg, num, den, u = (torch.empty(nb, dtype=torch.float32) for _ in range(5))
+    for s, e in _blocks(size):
+        c = e - s
+        S_, sg_, num_, den_, u_ = S[:c], sg[:c], num[:c], den[:c], u[:c]
+        blocks = [t[s:e] for t in flat]
+        if n_models == 1:
+            S_.copy_(blocks[0])
+        else:
+            torch.add(blocks[0], blocks[1], out=S_)
+            for b in blocks[2:]:
+                S_.add_(b)
+        torch.ge(S_, 0, out=sg_)
+        sg_.mul_(2).sub_(1)  # σ = ±1
+        for j, b in enumerate(blocks):
+            tgt = num_ if j == 0 else u_
+            torch.mul(b, sg_, out=tgt)
+            tgt.clamp_min_(0)
+            if j == 0:
+                torch.sign(tgt, out=den_)
+                if not unit:
+                    den_.mul_(w[0])
+            else:
+                num_.add_(u_)
+                u_.sign_()
+                den_.add_(u_ if unit else u_.mul_(w[j]))
+        if unit:
+            den_.clamp_min_(1)  # a count: 0 → 1
+        else:
+            den_.add_(torch.eq(den_, 0, out=u_))
+        num_.div_(den_).mul_(sg_)
+        if lam != 1:
+            num_.mul_(lam)
+        o[s:e].add_(num_)
+    return out
