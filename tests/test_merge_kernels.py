@@ -1,0 +1,170 @@
+"""The CPU kernels of forgetlab.merge.kernels against the exact reference implementations they replace
+(torch.kthvalue, sparsify.topk_mask, ties.ties_combine), including ties, k = 0 / 1 / n and zero tensors,
+and the device (torch) code path of every method run on the CPU against the kernels."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from forgetlab.merge import kernels as K
+from forgetlab.merge import merge_state_dicts
+from forgetlab.merge import sparsify as sp
+from forgetlab.merge.core import all_finite
+from forgetlab.merge.ties import ties_combine
+
+
+def _tensors(n, seed=0, ties=False, shape=None):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.randn(n, generator=g) * 0.01
+    if ties:  # few distinct magnitudes: many entries tie at any cut
+        t = torch.round(t * 300) / 300
+    return t.reshape(shape) if shape else t
+
+
+def _ref_kth(x: torch.Tensor, k: int) -> float:
+    return float(torch.kthvalue(x.reshape(-1), x.numel() - k + 1).values)
+
+
+@pytest.mark.parametrize("n", [1, 7, 4096, 5000, 70_000, 300_001])
+@pytest.mark.parametrize("ties", [False, True])
+def test_kth_largest_is_exact(n, ties):
+    x = _tensors(n, seed=n, ties=ties)
+    a = x.numpy()
+    for k in sorted({1, min(2, n), max(1, n // 5), max(1, n // 2), max(1, n - 1), n}):
+        v, n_ge = K.kth_largest(a, k)
+        assert v == _ref_kth(x, k)
+        assert n_ge == int((x >= v).sum())
+        va, n_ge_a = K.kth_largest(a, k, absolute=True)
+        assert va == _ref_kth(x.abs(), k)
+        assert n_ge_a == int((x.abs() >= va).sum())
+
+
+def test_kth_largest_with_infinite_scores_and_biased_columns():
+    # FAPM scores hold −∞; columns of very different scale defeat a sample that walks one column only
+    x = torch.randn(512, 640) * torch.logspace(-3, 3, 640)
+    x[:, ::7] = float("-inf")
+    for k in (1, 1000, x.numel() // 10, x.numel() - 5):
+        v, _ = K.kth_largest(x.reshape(-1).numpy(), k, row=640)
+        assert v == _ref_kth(x, k)
+
+
+def _ref_keep(t, k, score=None):
+    s = t.abs() if score is None else score
+    return t * sp.topk_mask(s, k)
+
+
+@pytest.mark.parametrize("n", [5, 4096, 200_003])
+@pytest.mark.parametrize("ties", [False, True])
+def test_keep_top_matches_topk_mask(n, ties):
+    t = _tensors(n, seed=3, ties=ties)
+    for k in (0, 1, n // 10, n // 2, n - 1, n):
+        got = K.keep_top_(t.clone(), k)
+        want = _ref_keep(t, k)
+        assert torch.equal(got, want)
+        assert torch.equal(torch.signbit(got), torch.signbit(want))  # −0.0 where the reference has it
+        assert int((got != 0).sum()) == min(k, int((t != 0).sum()))
+
+
+def test_keep_top_with_a_separate_score_and_edge_tensors():
+    t = _tensors(100_000, seed=5, shape=(250, 400))
+    score = torch.round(_tensors(100_000, seed=6, shape=(250, 400)) * 50)  # heavy ties
+    score[0, :10] = float("-inf")
+    for k in (0, 1, 3, 10_000, 99_999, 100_000, 200_000):
+        assert torch.equal(K.keep_top_(t.clone(), k, score), _ref_keep(t, k, score))
+    zeros = torch.zeros(10_000)
+    assert torch.equal(K.keep_top_(zeros.clone(), 2000), zeros)
+    one = torch.tensor([0.5])
+    assert torch.equal(K.keep_top_(one.clone(), 1), one)
+    assert torch.equal(K.keep_top_(one.clone(), 0), torch.zeros(1))
+
+
+def test_threshold_matches_threshold_mask():
+    t = _tensors(150_000, seed=8, ties=True)
+    for thr in (None, 0.0, 0.01, 0.5):
+        want = t * sp.threshold_mask(t.abs(), thr)
+        assert torch.equal(K.threshold_(t.clone(), thr), want)
+
+
+@pytest.mark.parametrize("weights", [None, [1.0, 1.0, 1.0], [0.5, 2.0, 1.0], [1.0, -1.0, 0.5]])
+@pytest.mark.parametrize("lam", [1.0, 0.7])
+def test_ties_combine_into_is_bit_identical(weights, lam):
+    n = 3 * K.BLOCK + 123  # several blocks and a short last one
+    base = _tensors(n, seed=1)
+    taus = [K.keep_top_(_tensors(n, seed=10 + i, ties=True), n // 5) for i in range(3)]
+    # exact cancellations (S = 0 with non-zero terms: the elected sign is +) and all-zero entries
+    taus[1][:50] = -taus[0][:50]
+    taus[2][:50] = 0
+    for t in taus:
+        t[60:80] = 0
+    want = base + lam * ties_combine([t.clone() for t in taus], weights)
+    got = K.ties_combine_into_(base.clone(), [t.clone() for t in taus], weights, lam)
+    assert torch.equal(got, want)
+
+
+def test_ties_combine_into_single_model_and_small_tensor():
+    base, tau = torch.randn(10), torch.randn(10)
+    tau[3] = 0
+    want = base + 0.5 * ties_combine([tau.clone()])
+    assert torch.equal(K.ties_combine_into_(base.clone(), [tau.clone()], None, 0.5), want)
+
+
+def test_all_finite():
+    assert all_finite(torch.randn(1000))
+    assert all_finite(torch.full((4,), 3e38))  # the sum overflows, every entry is finite
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        t = torch.randn(1000)
+        t[500] = bad
+        assert not all_finite(t)
+    assert all_finite(torch.zeros(0))
+    assert all_finite(torch.arange(5))
+
+
+def _state(seed, shapes):
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g) * 0.02 for n, s in shapes.items()}
+
+
+SHAPES = {"model.embed_tokens.weight": (300, 256), "model.layers.0.mlp.up_proj.weight": (64, 48),
+          "model.layers.0.input_layernorm.weight": (48,), "model.layers.1.self_attn.q_proj.weight": (48, 48),
+          "model.norm.weight": (48,), "lm_head.weight": (300, 48)}
+
+FAST_METHODS = [
+    ("ties", {"keep": 0.2}), ("ties", {"keep": 0.2, "weights": [0.5, 1.5, 1.0], "lam": 0.8}),
+    ("ties", {"keep": 0.0}), ("ties", {"keep": 1.0}), ("ties", {"keep": 0.3, "scope": "global"}),
+]
+
+
+@pytest.mark.parametrize("method,params", FAST_METHODS)
+def test_device_path_on_cpu_gives_the_same_merge(monkeypatch, method, params):
+    """The torch code path that a CUDA merge takes, run on the CPU, against the CPU kernels."""
+    base = _state(0, SHAPES)
+    fts = []
+    for i in range(3):
+        d = _state(1 + i, SHAPES)
+        fts.append({n: base[n] + 0.1 * d[n] for n in base})
+    fts[2]["model.layers.0.input_layernorm.weight"] = base["model.layers.0.input_layernorm.weight"].clone()  # τ = 0
+    fast = merge_state_dicts(method, base, fts, **params)
+    monkeypatch.setattr(K, "DEVICE_PATH_ON_CPU", True)
+    device_path = merge_state_dicts(method, base, fts, **params)
+    for n in base:
+        torch.testing.assert_close(fast[n], device_path[n], rtol=0, atol=1e-7, msg=n)
+
+
+def test_tensor_reader_slots_and_prefetch_read_what_plain_reads_read(tiny_llama):
+    """Reused slots + a prefetching thread give, entry by entry, the tensors that plain reads give."""
+    from forgetlab import checkpoints as ck
+    from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible
+
+    base_ck = ck.open_checkpoint(tiny_llama.base)
+    base = CheckpointSource(base_ck)
+    models = [CheckpointSource(ck.open_checkpoint(p, base=base_ck)) for p in tiny_llama.finetuned.values()]
+    entries = [e for e in check_compatible(base, models) if e.dtype.is_floating_point]
+    plain = [(b.clone(), [f.clone() for f in fts]) for _, b, fts in TensorReader(base, models)(entries)]
+    fast = TensorReader(base, models, reuse=True, prefetch=True)
+    seen = 0
+    for (e, b, fts), (pb, pfts) in zip(fast(entries), plain):
+        assert torch.equal(b, pb) and all(torch.equal(f, p) for f, p in zip(fts, pfts)), e.name
+        b.add_(1.0)  # the consumer works in place on what it was given: later entries are unaffected
+        seen += 1
+    assert seen == len(entries)
