@@ -1,14 +1,14 @@
 """Models: what is in the pool, how each model scores, and what fine-tuning changed (task-vector anatomy)."""
 from __future__ import annotations
 
+import time
+
 import pandas as pd
 import streamlit as st
 
-from forgetlab.evaluate import evaluate, scorecards_frame
-from forgetlab.plots.models import cosine_heatmap, norms_heatmap, scorecard_bars
-from forgetlab.pool import BASE
-from forgetlab.taskvec import cosine_matrix, task_vector_norms
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.ui.measure import speciality_measure, stored_scorecards
+from forgetlab.ui.tables import show_table
 
 st.title("Models")
 st.caption("What is in the pool, how good is each model at its task and at general text, "
@@ -17,6 +17,8 @@ st.caption("What is in the pool, how good is each model at its task and at gener
 pool = require_pool()
 for warning in pool.warnings:
     st.warning(warning)
+
+CARDS_KEY = "models_cards"
 
 
 @st.cache_resource
@@ -27,61 +29,94 @@ def _scorecards() -> dict:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _norms(_pool, pool_key: str, name: str):
+    from forgetlab.taskvec import task_vector_norms
+
     return task_vector_norms(_pool, name).by_level()
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _cosines(_pool, pool_key: str, names: tuple[str, ...]):
+    from forgetlab.taskvec import cosine_matrix
+
     return cosine_matrix(_pool, list(names))
 
 
-rows = [{"model": BASE, "kind": pool.base.kind, "path": str(pool.base.path),
-         "parameters": f"{pool.base.num_parameters:,}"}]
-for e in pool.entries.values():
-    ckpt = pool.checkpoint(e.name)
-    rows.append({"model": e.name, "kind": "LoRA adapter" if e.adapter else ckpt.kind, "path": e.ref,
-                 "parameters": f"{ckpt.num_parameters:,}"})
-st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+@st.cache_data(show_spinner=False, max_entries=16)
+def _members(_pool, pool_key: str) -> pd.DataFrame:
+    rows = [{"model": "base", "kind": _pool.base.kind, "path": str(_pool.base.path),
+             "parameters": f"{_pool.base.num_parameters:,}"}]
+    for e in _pool.entries.values():
+        ckpt = _pool.checkpoint(e.name)
+        rows.append({"model": e.name, "kind": "LoRA adapter" if e.adapter else ckpt.kind, "path": e.ref,
+                     "parameters": f"{ckpt.num_parameters:,}"})
+    return pd.DataFrame(rows)
+
+
+show_table(_members(pool, pool.key), width="stretch", key="models_members")
 st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general text: "
            f"{len(pool.probes.general)} documents · architecture: {pool.config.model_type}")
 
 st.subheader("Scorecards")
-device, _dtype = device_settings()
-c1, c2 = st.columns(2)
-max_general = c1.number_input("general-text blocks (max)", 8, 4096, 64, step=8, key="models_max_general")
-max_task = c2.number_input("pairs per task (max)", 4, 4096, 100, step=4, key="models_max_task")
-chosen = st.multiselect("models", [BASE, *pool.model_names], default=[BASE, *pool.model_names],
-                        key="models_chosen")
-clicked = st.button("Evaluate", type="primary", key="models_eval")
+stored = stored_scorecards(pool)
+measure = speciality_measure("models", pool)
+shown_for, evaluated = st.session_state.get(CARDS_KEY, (None, None))
+cards = evaluated if evaluated and shown_for == pool.key else stored
+if cards:
+    from forgetlab.evaluate import scorecards_frame
+    from forgetlab.plots.models import scorecard_bars
+
+    st.caption("Evaluated in this session with the limits below." if cards is evaluated else
+               "Stored by the zoo build (its evaluation limits); **Evaluate** below re-runs them.")
+    st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
+    show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
+else:
+    st.info("No scorecards yet for this pool: press **Evaluate** below.")
+
+with st.expander("Evaluate", expanded=not cards):
+    device, _dtype = device_settings()
+    c1, c2 = st.columns(2)
+    max_general = c1.number_input("general-text blocks (max)", 8, 4096, 64, step=8, key="models_max_general")
+    max_task = c2.number_input("pairs per task (max)", 4, 4096, 100, step=4, key="models_max_task")
+    chosen = st.multiselect("models", ["base", *pool.model_names], default=["base", *pool.model_names],
+                            key="models_chosen")
+    clicked = st.button("Evaluate", type="primary", key="models_eval")
 cards_cache = _scorecards()
 limits = (device, int(max_general), int(max_task))
 
 
 def work(progress):
-    """(pool key, scorecards of the chosen models); each card is computed once per pool, device and limits."""
-    cards = []
+    """(pool key, scorecards of the chosen models, saved run); each card is computed once per pool, device
+    and limits, and the set is saved to the workspace's runs/ (kind "scorecards")."""
+    from forgetlab.evaluate import evaluate
+    from forgetlab.workspace import save_run
+
+    out = []
     for i, name in enumerate(chosen):
         progress(i / max(1, len(chosen)), name)
         if (pool.key, name, limits) not in cards_cache:
             model = pool.load(name, device=device)
             cards_cache[(pool.key, name, limits)] = evaluate(model, pool.tokenizer, pool.probes, name=name,
                                                              max_general=limits[1], max_task=limits[2])
-        cards.append(cards_cache[(pool.key, name, limits)])
-    return pool.key, cards
+        out.append(cards_cache[(pool.key, name, limits)])
+    recipe = {"pool": str(pool.source or pool.name), "models": list(chosen), "device": device,
+              "max_general": limits[1], "max_task": limits[2], "evaluated": time.time()}
+    path = save_run("scorecards", recipe, {"cards": [c.to_dict() for c in out]},
+                    frame=pd.concat([c.to_frame() for c in out], ignore_index=True) if out else None)
+    return pool.key, out, path
 
 
 def keep(done) -> None:
-    st.session_state["models_cards"] = done
+    st.session_state[CARDS_KEY] = done[:2]
+    st.toast(f"Saved under {done[2]}")
+    st.rerun()
 
 
 run_once(job_key("models", pool.key, chosen, limits), work, start=clicked, label="Evaluating", slot="models",
          on_done=keep)
-shown_for, cards = st.session_state.get("models_cards", (None, None))
-if cards and shown_for == pool.key:
-    st.plotly_chart(scorecard_bars(cards), key="models_scores_fig")
-    st.dataframe(scorecards_frame(cards), hide_index=True, width="stretch")
 
 if pool.model_names:
+    from forgetlab.plots.models import cosine_heatmap, norms_heatmap
+
     st.subheader("Task vectors τ = θt − θ0")
     left, right = st.columns(2)
     with left, show_errors():

@@ -1,17 +1,24 @@
-"""The Models page renders a pool of tiny models: table, scorecards, task-vector heatmap, cosine matrix."""
+"""The Models page renders a pool of tiny models: table, scorecards (stored ones at once), task-vector
+heatmap, cosine matrix; the speciality measure is one choice for the whole session."""
 from __future__ import annotations
 
+import json
+import shutil
+
+from forgetlab.evaluate import Scorecard, TaskScore
 from tests.jobs_helper import finish_jobs, open_page
 
 
-def test_models_page_renders_and_evaluates(tiny_llama):
+def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     at = open_page("models", tiny_llama.pool_yaml, timeout=120)
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Models"
     table = at.dataframe[0].value
     assert list(table["model"]) == ["base", "ft0", "ft1"]
-    assert len(at.get("plotly_chart")) == 2  # norms heatmap + cosine matrix before any evaluation
+    assert len(at.get("plotly_chart")) == 2  # no manifest: norms heatmap + cosine matrix, no scorecard yet
+    assert any("No scorecards yet" in i.value for i in at.info)
     at.multiselect(key="models_chosen").set_value(["base", "ft0"])
     at.number_input(key="models_max_task").set_value(4)
     at.button(key="models_eval").click().run()
@@ -20,16 +27,44 @@ def test_models_page_renders_and_evaluates(tiny_llama):
     assert not at.error, [e.value for e in at.error]
     scores = at.dataframe[1].value
     assert list(scores["model"]) == ["base", "ft0"]
-    assert {"general_loss", "math/exact_match", "copy/answer_loss"} <= set(scores.columns)
+    assert {"general loss ↓", "math exact match ↑", "copy answer loss ↓"} <= set(scores.columns)   # friendly
     assert len(at.get("plotly_chart")) == 3
+    runs = list((tmp_path / "home" / "runs").iterdir())                     # the evaluation is a saved run
+    assert len(runs) == 1 and "scorecards" in runs[0].name
+    saved = json.loads((runs[0] / "results.json").read_text())
+    assert [c["model"] for c in saved["cards"]] == ["base", "ft0"]
     at.selectbox(key="models_tv_model").set_value("ft1").run()
     assert not at.exception
 
 
-def test_models_page_with_malformed_pool_shows_message(tmp_path):
-    bad = tmp_path / "pool.yaml"
-    bad.write_text("base: [")
-    at = open_page("models", bad, timeout=60)
+def _with_manifest(tiny_llama, tmp_path, exact_match: dict[str, float]):
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    pool_yaml = root / tiny_llama.pool_yaml.name
+    cards = {name: Scorecard(name, 3.0 + i, 20.0, 100, {t: TaskScore(t, em, 1.5 - i / 10, 8) for t in ("math", "copy")})
+             for i, (name, em) in enumerate(exact_match.items())}
+    (root / "manifest.json").write_text(json.dumps({"scorecards": {n: c.to_dict() for n, c in cards.items()}}))
+    return pool_yaml
+
+
+def test_stored_scorecards_show_at_once_and_the_measure_defaults_to_what_moves(tiny_llama, tmp_path):
+    flat = _with_manifest(tiny_llama, tmp_path / "a", {"base": 0.0, "ft0": 0.01, "ft1": 0.0})
+    at = open_page("models", flat, timeout=120)
     at.run()
-    assert not at.exception
-    assert any("not valid YAML" in e.value for e in at.error)
+    assert not at.exception, at.exception
+    assert len(at.get("plotly_chart")) == 3                     # the stored scorecards, before any click
+    assert list(at.dataframe[1].value["model"]) == ["base", "ft0", "ft1"]
+    radio = at.radio(key="models_measure")
+    assert radio.value == "answer_loss"                         # exact match is ~0 everywhere: answer loss
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert fig["layout"]["yaxis2"]["title"]["text"] == "answer loss ↓"
+    assert fig["layout"]["yaxis"]["title"]["text"] == "general loss ↓"      # loss on its own axis
+    radio.set_value("exact_match").run()
+    assert at.session_state["app_measure"] == "exact_match"     # the session-wide choice
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert fig["layout"]["yaxis2"]["title"]["text"] == "exact match ↑"
+
+    moving = _with_manifest(tiny_llama, tmp_path / "b", {"base": 0.0, "ft0": 0.6, "ft1": 0.1})
+    at = open_page("models", moving, timeout=120)
+    at.run()
+    assert at.radio(key="models_measure").value == "exact_match"

@@ -24,8 +24,14 @@ _GREYS = {"rgb(136, 136, 136)", "rgb(165, 170, 153)"}
 PALETTE = [c for c in px.colors.qualitative.Safe + px.colors.qualitative.Vivid if c not in _GREYS]
 _TASKS = {"math": "rgb(204, 102, 119)", "code": "rgb(51, 34, 136)", "translate": "rgb(17, 119, 51)"}
 _LORA = {"math": "rgb(232, 169, 178)", "code": "rgb(142, 132, 209)", "translate": "rgb(127, 192, 143)"}
+# the methods of the Forgetting and Fine-tune pages: fixed, clearly different hues (Paul Tol's vibrant and
+# muted palettes), so that e.g. magnitude/relative or SFA/L2 are never near-identical shades
+METHODS = {"wise-ft": "#0077BB", "alpha": "#0077BB", "fapm": "#EE7733", "magnitude": "#33BBEE",
+           "relative": "#AA3377", "dare": "#009988", "ties": "#CC3311", "hma": "#DDAA33",
+           "adamw": "#0077BB", "mofo": "#EE7733", "sfa": "#009988", "l2": "#AA3377", "l1": "#CC3311"}
 FIXED = {"base": "#4d4d4d", "general": "#4d4d4d", "generality": "#4d4d4d", **_TASKS,
-         **{f"ft-{t}": c for t, c in _TASKS.items()}, **{f"lora-{t}": c for t, c in _LORA.items()}}
+         **{f"ft-{t}": c for t, c in _TASKS.items()}, **{f"lora-{t}": c for t, c in _LORA.items()}, **METHODS}
+_METHOD_PREFIXES = ("mofo-", "sfa-", "l1-", "l2-")
 
 _assigned: dict[str, str] = {}
 _lock = threading.Lock()
@@ -55,6 +61,8 @@ def color_for(name: str) -> str:
     """The colour of a model, task or method name: the same on every chart, never another name's."""
     if name in FIXED:
         return FIXED[name]
+    if name.startswith(_METHOD_PREFIXES) and " " not in name:     # "mofo-0.2", "sfa-p0.25", "l2-1"
+        return FIXED[name.partition("-")[0]]
     with _lock:
         return _assign(name)
 
@@ -67,3 +75,52 @@ def color_map(names) -> dict[str, str]:
         for n in sorted(set(names) - set(FIXED)):
             _assign(n)
     return {n: color_for(n) for n in names}
+
+
+# -- names a person would write: table headers and legend entries
+
+_HEADERS = {"general_loss": "general loss ↓", "perplexity": "perplexity ↓", "exact_match": "exact match ↑",
+            "answer_loss": "answer loss ↓", "distance": "D(θ, θ0)", "nls_mean": "NLS mean", "nls_std": "NLS std",
+            "general_tokens": "general tokens", "pareto": "on the Pareto front", "speciality": "speciality",
+            "train_loss": "training loss", "final_loss": "final training loss", "x": "setting",
+            "mean_alpha": "mean α", "alpha": "α", "lam": "λ", "d_pca": "distance (PCA space)",
+            "d_tsne": "distance (t-SNE plane)"}
+
+
+def friendly_header(column: str) -> str:
+    """A column name as a person would write it: "general_loss" → "general loss ↓", "math/exact_match" →
+    "math exact match ↑", other snake_case → words."""
+    column = str(column)
+    if column in _HEADERS:
+        return _HEADERS[column]
+    head, sep, tail = column.rpartition("/")
+    if sep and tail in _HEADERS:
+        return f"{head} {_HEADERS[tail]}"
+    return column.replace("_", " ")
+
+
+def friendly_columns(frame):
+    """`frame` with every column renamed by `friendly_header` (a copy; the data is untouched)."""
+    return frame.rename(columns={c: friendly_header(c) for c in frame.columns})
+
+
+# how the methods and series of the sweeps and fine-tunes are named in legends
+SERIES_NAMES = {"fapm": "FAPM", "magnitude": "magnitude", "relative": "relative (|τ|/|W0|)", "dare": "DARE",
+                "ties": "TIES", "alpha": "WiSE-FT", "hma": "HMA", "adamw": "AdamW", "mofo": "MoFO", "sfa": "SFA",
+                "l1": "L1-to-init", "l2": "L2-to-init", "base": "base"}
+
+
+def series_name(name: str) -> str:
+    """A legend name for a series or run label: "fapm" → "FAPM", "mofo-0.2" → "MoFO 0.2", "sfa-p0.25" →
+    "SFA p = 0.25", "l2-1" → "L2-to-init λ = 1"; unknown names unchanged."""
+    name = str(name)
+    if name in SERIES_NAMES:
+        return SERIES_NAMES[name]
+    head, sep, rest = name.partition("-")
+    if sep and head in ("mofo", "l1", "l2", "sfa"):
+        if head == "sfa" and rest.startswith("p"):
+            return f"SFA p = {rest[1:]}"
+        if head == "mofo":
+            return f"MoFO {rest}"
+        return f"{SERIES_NAMES[head]} λ = {rest}"
+    return name

@@ -6,24 +6,52 @@ from typing import Sequence
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from forgetlab.evaluate import Scorecard
 from forgetlab.plots import color_map
 from forgetlab.taskvec import CosineMatrix
 
 
-def scorecard_bars(cards: Sequence[Scorecard]) -> go.Figure:
-    """Two panels per model: held-out general loss (lower is better) and exact match per task (higher)."""
-    rows = []
-    for c in cards:
-        rows.append({"model": c.model, "metric": "general loss (held-out text) ↓", "value": c.general_loss})
-        for t in c.tasks.values():
-            rows.append({"model": c.model, "metric": f"{t.task}: exact match ↑", "value": t.exact_match})
-    df = pd.DataFrame(rows)
-    fig = px.bar(df, x="metric", y="value", color="model", barmode="group",
-                 color_discrete_map=color_map(df["model"].unique()))
-    fig.update_layout(xaxis_title=None, yaxis_title=None, legend_title="model", margin=dict(t=30, b=10))
+MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
+
+
+def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *, title: str = "",
+                      merged: Sequence[str] = ()) -> go.Figure:
+    """Two panels with their own y axes, a bar per model (one colour per model on every chart, named in a
+    legend below the chart rather than under each bar, so long names never crowd the axis):
+    held-out general loss (↓, left) and speciality per task in `measure` (exact match ↑ or answer loss ↓,
+    right). Models named in `merged` are marked "(merge)" and drawn hatched."""
+    names = [c.model for c in cards]
+    colors = color_map(names)
+    tasks = list(dict.fromkeys(t for c in cards for t in c.tasks))
+    label = MEASURE_TITLES.get(measure, measure)
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.28, 0.72], horizontal_spacing=0.1)
+    for card in cards:
+        name = f"{card.model} (merge)" if card.model in merged else card.model
+        pattern = dict(shape="/") if card.model in merged else None
+        fig.add_trace(go.Bar(x=["held-out text"], y=[card.general_loss], name=name, legendgroup=name,
+                             marker=dict(color=colors[card.model], pattern=pattern), showlegend=False,
+                             hovertemplate=f"{name}<br>general loss %{{y:.4f}}<extra></extra>"), row=1, col=1)
+        ys = [getattr(card.tasks[t], measure) if t in card.tasks else None for t in tasks]
+        fig.add_trace(go.Bar(x=tasks, y=ys, name=name, legendgroup=name,
+                             marker=dict(color=colors[card.model], pattern=pattern),
+                             hovertemplate=f"{name}<br>%{{x}}: {label} %{{y:.4f}}<extra></extra>"), row=1, col=2)
+    fig.update_yaxes(title_text="general loss ↓", row=1, col=1)
+    fig.update_yaxes(title_text=label, row=1, col=2, rangemode="tozero")
+    if measure == "exact_match":
+        fig.update_yaxes(range=[0, 1.02], row=1, col=2)
+    fig.update_xaxes(title_text="generality", row=1, col=1)
+    fig.update_xaxes(title_text="speciality per task", row=1, col=2)
+    fig.update_layout(barmode="group", title=title or None, height=420, legend_title_text="model",
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
+                      margin=dict(t=50 if title else 20, l=60, r=20, b=40))
     return fig
+
+
+def scorecard_bars(cards: Sequence[Scorecard], measure: str = "exact_match") -> go.Figure:
+    """The Models page's scorecard chart: `scorecards_figure` of the pool's models."""
+    return scorecards_figure(cards, measure)
 
 
 def norms_heatmap(by_level: pd.DataFrame, value: str = "relative", title: str = "") -> go.Figure:

@@ -1,0 +1,21 @@
+"""Tables as a person reads them: friendly headers, empty cells instead of "None", rounded numbers."""
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from forgetlab.plots import friendly_columns
+
+
+def styled(frame: pd.DataFrame, precision: int = 4):
+    """A pandas Styler of `frame` with friendly headers, missing values drawn empty and floats at
+    `precision` decimals (st.dataframe shows the Styler's text; the numbers stay numbers for sorting)."""
+    frame = friendly_columns(frame)
+    return frame.style.format(precision=precision, na_rep="", thousands=None)
+
+
+def show_table(frame: pd.DataFrame | None, *, key: str | None = None, precision: int = 4, **kwargs) -> None:
+    """st.dataframe of `styled(frame)` without the index (nothing for None or an empty frame)."""
+    if frame is None or frame.empty:
+        return
+    st.dataframe(styled(frame, precision), hide_index=True, key=key, **kwargs)
