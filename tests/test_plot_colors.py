@@ -32,17 +32,19 @@ def test_compared_sweeps_get_distinct_legend_names_and_colours():
     assert sweep_labels([a, b]) == ["ft0", "ft1"]
     fig = tradeoff_figure([a, b])
     series = [t for t in fig.data if t.name != "Pareto front"]
-    assert [t.name for t in series] == ["ft0 · wise-ft", "ft1 · wise-ft"]
+    assert [t.name for t in series] == ["ft0 · WiSE-FT", "ft1 · WiSE-FT"]     # legend names a person writes
     assert [t.line.color for t in series] == [color_for("ft0"), color_for("ft1")]   # the models' colours
     # same model, other grid: the differing setting names them; identical settings: the ids do
     c = _sweep("ft0", [0.0, 0.5, 1.0], 0.9)
-    assert sweep_labels([a, c]) == ["alphas=0,1", "alphas=0,0.5,1"]
+    assert sweep_labels([a, c]) == ["α 0, 1", "α 0, 0.5, 1"]
+    long = _sweep("ft0", [i / 10 for i in range(11)], 0.9)
+    assert sweep_labels([a, long]) == ["α 0, 1", "α 0…1 (11 points)"]
     assert sweep_labels([a, _sweep("ft0", [0.0, 1.0], 0.9)], ids=["r1", "r2"]) == ["r1", "r2"]
     curves = curves_figure([a, c])
     names = [t.name for t in curves.data if t.showlegend]
     assert len(names) == 2 and len(set(names)) == 2
     assert len({t.line.color for t in curves.data}) == 2
-    assert [t.name for t in tradeoff_figure(a).data][:1] == ["wise-ft"]   # one sweep alone: plain series
+    assert [t.name for t in tradeoff_figure(a).data][:1] == ["WiSE-FT"]   # one sweep alone: plain series
 
 
 def test_compared_finetunes_of_the_same_labels_are_told_apart():

@@ -19,11 +19,15 @@ def test_tradeoff_front_and_curves():
     fig = tradeoff_figure(res)
     front = [t for t in fig.data if t.name == "Pareto front"][0]
     assert list(front.x) == [2.0, 2.5, 3.0] and list(front.y) == [0.1, 0.8, 0.9]
-    assert [t.name for t in fig.data] == ["fapm", "magnitude", "Pareto front"]
+    assert [t.name for t in fig.data] == ["FAPM", "magnitude", "Pareto front"]      # names a person writes
+    assert fig.data[0].line.color != fig.data[1].line.color
     assert fig.data[0].line.color == color_for("fapm")
     curves = curves_figure(res)
     assert len(curves.data) == 6      # 2 series × 3 panels
     assert list(curves.data[0].y) == [0.9, 0.8, 0.1]
+    # one x-axis title, under the middle panel: three copies overlapped at 1000 px
+    titles = [curves.layout[f"xaxis{i}"].title.text for i in ("", "2", "3")]
+    assert titles == [None, "pruning ratio (share of τ zeroed)", None]
 
 
 def _scored(series, x, em, answer_loss, general_loss):

@@ -106,7 +106,7 @@ def friendly_columns(frame):
 
 # how the methods and series of the sweeps and fine-tunes are named in legends
 SERIES_NAMES = {"fapm": "FAPM", "magnitude": "magnitude", "relative": "relative (|τ|/|W0|)", "dare": "DARE",
-                "ties": "TIES", "alpha": "WiSE-FT", "hma": "HMA", "adamw": "AdamW", "mofo": "MoFO", "sfa": "SFA",
+                "ties": "TIES", "alpha": "WiSE-FT", "wise-ft": "WiSE-FT", "hma": "HMA", "adamw": "AdamW", "mofo": "MoFO", "sfa": "SFA",
                 "l1": "L1-to-init", "l2": "L2-to-init", "base": "base"}
 
 

@@ -8,11 +8,16 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.plots import color_map
+from forgetlab.plots import color_map, series_name
 from forgetlab.sweeps import MEASURES, SweepPoint, SweepResult, check_measure, pareto_mask
 
 AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio (share of τ zeroed)",
                "density": "density (share of τ kept)", "mean_alpha": "mean block α"}
+KIND_NAMES = {"alpha": "WiSE-FT", "sweep-alpha": "WiSE-FT", "pruning": "pruning", "sweep-pruning": "pruning",
+              "density": "DARE/TIES", "sweep-density": "DARE/TIES", "hma": "HMA", "sweep-hma": "HMA"}
+SETTING_NAMES = {"alphas": "α", "ratios": "ratios", "drops": "drop", "keeps": "keep", "max_task": "pairs per task",
+                 "max_general": "general blocks", "scores": "scores", "methods": "methods", "seed": "seed",
+                 "grid": "α tuples", "measure": "measure", "device": "device"}
 
 
 def _hover(p: SweepPoint, task, measure: str) -> str:
@@ -30,8 +35,11 @@ _SAME_FOR_ALL = ("created", "versions", "pool", "pool_name", "sweep", "model", "
 
 
 def _compact(value) -> str:
+    """A setting as a person writes it: "0, 0.5, 1"; a long list of numbers "0…1 (11 points)"."""
     if isinstance(value, (list, tuple)):
-        return ",".join(_compact(v) for v in value)
+        if len(value) > 4 and all(isinstance(v, (int, float)) for v in value):
+            return f"{_compact(min(value))}…{_compact(max(value))} ({len(value)} points)"
+        return ", ".join(_compact(v) for v in value)
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
@@ -43,15 +51,19 @@ def sweep_labels(results: Sequence[SweepResult], ids: Sequence[str] | None = Non
     if len(results) < 2:
         return [""] * len(results)
     keys = sorted({k for r in results for k in r.recipe} - set(_SAME_FOR_ALL))
-    getters = [(None, lambda r: r.kind), (None, lambda r: r.model), (None, lambda r: r.task or "mean")]
+    getters = [(None, lambda r: KIND_NAMES.get(r.kind, r.kind)), (None, lambda r: r.model),
+               (None, lambda r: r.task or "mean")]
     getters += [(k, lambda r, k=k: r.recipe.get(k)) for k in keys]
     parts: list[list[str]] = [[] for _ in results]
     for key, get in getters:
         values = [json.dumps(get(r), sort_keys=True, default=str) for r in results]
         if len(set(values)) > 1:
             for out, r in zip(parts, results):
-                text = _compact(get(r))
-                out.append(text if key is None else f"{key}={text}")
+                value = get(r)
+                if value is None:           # a setting the other kind of sweep has: nothing to say
+                    continue
+                text = _compact(value)
+                out.append(text if key is None else f"{SETTING_NAMES.get(key, key.replace('_', ' '))} {text}")
     labels = [" · ".join(p[:3]) for p in parts]
     if len(set(labels)) < len(labels):
         extra = list(ids) if ids is not None else [f"#{i + 1}" for i in range(len(results))]
@@ -65,8 +77,9 @@ def _series(results: Sequence[SweepResult], ids: Sequence[str] | None):
     rows = []
     for res, label in zip(results, sweep_labels(results, ids)):
         for series in res.series:
-            name = f"{label} · {series}" if label else series
-            rows.append((res, series, name, label if label and len(res.series) == 1 else name))
+            name = f"{label} · {series_name(series)}" if label else series_name(series)
+            key = f"{label} · {series}" if label else series      # colours: by the raw names (stable)
+            rows.append((res, series, name, label if label and len(res.series) == 1 else key))
     colors = color_map([key for *_, key in rows])
     return [(res, series, name, colors[key]) for res, series, name, key in rows]
 
@@ -77,7 +90,7 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
     general loss (↓) and D(θ, θ0)."""
     results = [results] if isinstance(results, SweepResult) else list(results)
     first = results[0] if results else SweepResult("alpha", "", None, "alpha")
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.1, subplot_titles=(
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
         speciality_label(first.task, first.measure), "general loss ↓", "D(θ, θ0)"))
     for res, series, name, color in _series(results, ids):
         pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
@@ -88,10 +101,11 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, legendgroup=name,
                                      showlegend=col == 1, line=dict(color=color), hovertext=hover,
                                      hoverinfo="text"), row=1, col=col)
-    label = AXIS_LABELS.get(first.x_name, first.x_name)
-    for col in (1, 2, 3):
-        fig.update_xaxes(title_text=label, row=1, col=col)
-    fig.update_layout(margin=dict(t=40, b=10), legend_title="series", height=380)
+    # one x-axis title under the middle panel (three copies of a long title overlapped at 1000 px)
+    fig.update_xaxes(title_text=AXIS_LABELS.get(first.x_name, first.x_name), row=1, col=2)
+    fig.update_annotations(font_size=13)
+    fig.update_layout(margin=dict(t=40, b=10, l=50, r=10), legend_title_text=None, height=400,
+                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0))
     return fig
 
 
@@ -128,5 +142,6 @@ def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str |
                 marker=dict(size=14, symbol="circle-open", color="black"), hoverinfo="skip"))
     fig.update_layout(xaxis_title="general loss on held-out text (↓ better)",
                       yaxis_title=f"speciality: {speciality_label(task, measure)}",
-                      margin=dict(t=20, b=10), legend_title="series", height=420)
+                      margin=dict(t=20, b=10, l=60, r=10), legend_title_text=None, height=440,
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
     return fig
