@@ -235,8 +235,9 @@ def check_finite(name: str, base_label: str, base_t: torch.Tensor, models, fts: 
             bad = int((~torch.isfinite(t)).sum())
             raise CheckpointError(
                 f"{label} holds NaN/Inf in tensor {name} ({bad} of {t.numel()} entries): merging it would write "
-                "non-finite weights, so nothing was written. Leave that model out of the merge, or repair it "
-                "(`forgetlab inspect` lists its non-finite tensors).")
+                "non-finite weights, so nothing was written. Leave that model out of the merge, or replace it "
+                "with a checkpoint saved before training diverged (forgetlab.checkpoints.open_checkpoint(path)"
+                ".nonfinite_tensors() lists every affected tensor).")
 
 
 def _finetuned(models, name: str, base_t: torch.Tensor, device: str, buffers=None) -> list[torch.Tensor]:
@@ -254,6 +255,22 @@ def _finetuned(models, name: str, base_t: torch.Tensor, device: str, buffers=Non
 
 def _float_entries(entries: Sequence[Entry]) -> list[Entry]:
     return [e for e in entries if e.dtype.is_floating_point]
+
+
+def _new_buffer(nbytes: int) -> torch.Tensor:
+    """A uint8 buffer of `nbytes` whose pages are mapped up front (one mmap with MAP_POPULATE where the OS
+    has it): a read into fresh memory otherwise takes a page fault per 4 KiB, which costs more than the
+    copy from the page cache itself (measured: 108 MB read into fresh torch.empty 0.09 s, into populated
+    pages 0.065 s, into pages used before 0.015 s)."""
+    import mmap
+    flags = getattr(mmap, "MAP_POPULATE", 0)
+    if flags and nbytes >= (1 << 20):
+        try:
+            mem = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | flags)
+            return torch.frombuffer(mem, dtype=torch.uint8)
+        except (OSError, ValueError):
+            pass
+    return torch.empty(nbytes, dtype=torch.uint8)
 
 
 class TensorReader:
@@ -276,11 +293,16 @@ class TensorReader:
     def _buffers(self, entries: Sequence[Entry], i: int):
         if not self.reuse:
             return None
+        sources = [self.base] + self.models
         if self._slots is None:
-            sources = [self.base] + self.models
-            sizes = [max((getattr(s, "nbytes", lambda n: 0)(e.name) for e in entries), default=0) for s in sources]
-            self._slots = [[torch.empty(n, dtype=torch.uint8) if n else None for n in sizes] for _ in range(2)]
-        return self._slots[i % 2]
+            self._slots = [[None] * len(sources) for _ in range(2)]
+        slots = self._slots[i % 2]
+        for j, src in enumerate(sources):  # a slot grows to the largest tensor read into it
+            need = getattr(src, "nbytes", lambda n: 0)(entries[i].name)
+            if need and (slots[j] is None or slots[j].numel() < need):
+                slots[j] = None
+                slots[j] = _new_buffer(need)
+        return slots
 
     def _load(self, entries: Sequence[Entry], i: int):
         e = entries[i]
