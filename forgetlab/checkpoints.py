@@ -169,7 +169,27 @@ class Checkpoint:
 
     @property
     def num_parameters(self) -> int:
-        return sum(i.numel for i in self.infos().values())
+        """Parameters of the model; a head tied to the embedding counts once even when a file stores a copy."""
+        infos = self.infos()
+        total = sum(i.numel for i in infos.values())
+        head = infos.get("lm_head.weight")
+        if head is not None and self._is_tied():
+            total -= head.numel
+        return total
+
+    def _is_tied(self) -> bool:
+        try:
+            return bool(getattr(self.config, "tie_word_embeddings", False))
+        except CheckpointError:
+            return False
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes the weights take on disk (the weight files' sizes; the tensors' sizes when there are none)."""
+        files = getattr(self, "files", None)
+        if files:
+            return sum(Path(f).stat().st_size for f in files)
+        return sum(i.nbytes for i in self.infos().values())
 
     def nonfinite_tensors(self, progress: Progress = None) -> list[str]:
         """Names of tensors holding NaN or Inf (reads every tensor once, streaming)."""
@@ -234,6 +254,37 @@ class SafetensorsCheckpoint(Checkpoint):
                 raise CheckpointError(f"{f}: tensor {name} has unsupported dtype {sl.get_dtype()}.")
             out[name] = TensorInfo(name, tuple(sl.get_shape()), dt)
         return out
+
+    def nonfinite_tensors(self, progress: Progress = None) -> list[str]:
+        """Names of tensors holding NaN or Inf, read with plain reads into one reused buffer: a memory map
+        would keep every page it touched resident (the whole model), this holds one tensor at a time."""
+        import struct
+
+        bad: list[str] = []
+        buf = torch.empty(0, dtype=torch.uint8)
+        entries = []
+        for f in self.files:
+            with open(f, "rb") as fh:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                header = json.loads(fh.read(n))
+            for name, meta in header.items():
+                dt = _ST_DTYPES.get(meta.get("dtype")) if isinstance(meta, dict) else None
+                if name != "__metadata__" and dt is not None and dt.is_floating_point:
+                    a, b = meta["data_offsets"]
+                    entries.append((name, f, dt, 8 + n + a, b - a))
+        for i, (name, f, dt, offset, nbytes) in enumerate(entries):
+            if buf.numel() < nbytes:
+                buf = torch.empty(nbytes, dtype=torch.uint8)
+            view = buf[:nbytes]
+            with open(f, "rb") as fh:
+                fh.seek(offset)
+                if fh.readinto(memoryview(view.numpy())) != nbytes:
+                    raise CheckpointError(f"{f} ended inside tensor {name}: the file is truncated; re-save it.")
+            t = view.view(dt)
+            if not bool(torch.isfinite(t.sum(dtype=torch.float32))) and not bool(torch.isfinite(t).all()):
+                bad.append(name)
+            report(progress, (i + 1) / max(1, len(entries)), f"checked {name}")
+        return bad
 
     def read(self, name, dtype=torch.float32):
         f = self._where.get(name)
@@ -304,10 +355,31 @@ class GGUFCheckpoint(Checkpoint):
     @cached_property
     def _tensors(self) -> dict[str, torch.Tensor]:
         model = load_model(self, dtype=torch.float32)
-        return {k: v.detach() for k, v in model.state_dict().items()}
+        tied = getattr(self.config, "tie_word_embeddings", False)
+        # a tied head is the embedding matrix: listed once, as an HF folder of the same model stores it
+        return {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+    @cached_property
+    def _skeleton_infos(self) -> dict[str, TensorInfo]:
+        """Names and shapes from the config alone (a model built on the meta device): listing a GGUF's tensors
+        needs no dequantisation (reading one does, once, for all)."""
+        from transformers import AutoModelForCausalLM
+
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(self.config, trust_remote_code=False)
+        tied = getattr(self.config, "tie_word_embeddings", False)
+        return {k: TensorInfo(k, tuple(v.shape), torch.float32) for k, v in model.state_dict().items()
+                if not (tied and k == "lm_head.weight")}
 
     def infos(self):
-        return {k: TensorInfo(k, tuple(v.shape), v.dtype) for k, v in self._tensors.items()}
+        if "_tensors" in self.__dict__:
+            return {k: TensorInfo(k, tuple(v.shape), v.dtype) for k, v in self._tensors.items()}
+        return self._skeleton_infos
+
+    @property
+    def stored_bytes(self) -> int:
+        """Size of the GGUF file (its quantised tensors), not of the dequantised float32 weights."""
+        return self.gguf_file.stat().st_size
 
     def read(self, name, dtype=torch.float32):
         t = self._tensors[name]
@@ -425,7 +497,7 @@ class LoraCheckpoint(Checkpoint):
         peft_type = cfg.get("peft_type")
         if peft_type is not None and str(peft_type).upper() != "LORA":
             raise CheckpointError(
-                f"{self.path} is a {peft_type} adapter; forgetlab reads LoRA and DoRA adapters only. "
+                f"{self.path} is a PEFT {peft_type} adapter; forgetlab reads LoRA and DoRA adapters only. "
                 + _MERGE_IT_YOURSELF)
         for key, what in _LORA_UNSUPPORTED.items():
             if cfg.get(key):
@@ -459,6 +531,23 @@ class LoraCheckpoint(Checkpoint):
             if re.match(rf"(.*\.)?({pat})$", module):
                 return val
         return default
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the adapter's own files (its factors), not of the base it applies to."""
+        return self._factors.stored_bytes
+
+    def summary(self) -> dict:
+        """The adapter itself: rank, alpha, rsLoRA, DoRA, target modules, modules saved whole, its parameters
+        (factors and saved tensors) and size on disk."""
+        cfg = self.adapter_config
+        targets = cfg.get("target_modules")
+        return {"rank": cfg.get("r", 8), "alpha": cfg.get("lora_alpha", 8), "rslora": bool(cfg.get("use_rslora")),
+                "dora": bool(cfg.get("use_dora")),
+                "target_modules": sorted(targets) if isinstance(targets, (list, tuple, set)) else targets,
+                "modules_to_save": cfg.get("modules_to_save") or [],
+                "parameters": sum(i.numel for i in self._factors.infos().values()),
+                "stored_bytes": self.stored_bytes, "base": str(self.base.ref)}
 
     def _scale_for(self, target_module: str) -> float:
         """lora_alpha / r for one module (lora_alpha / √r with rsLoRA), after rank_pattern / alpha_pattern."""
@@ -639,6 +728,11 @@ class LoraCheckpoint(Checkpoint):
     def config_dir(self):
         return self.base.config_dir
 
+    @cached_property
+    def config(self):
+        """The base's config (a GGUF base has no config.json beside it: its config comes from the file)."""
+        return self.base.config
+
     @property
     def tokenizer_dir(self):
         return super().tokenizer_dir or self.base.tokenizer_dir
@@ -682,6 +776,15 @@ def _resolve_hub(ref: str) -> Path:
 
 
 _MAX_ADAPTER_CHAIN = 8
+
+
+def split_adapter_ref(ref: str) -> tuple[str, str | None]:
+    """mergekit's `model+lora` reference → (model, adapter folder); (ref, None) when `ref` is not of that
+    form (the part after the last '+' must be a folder holding adapter_config.json)."""
+    model, sep, adapter = str(ref).rpartition("+")
+    if sep and model and (Path(adapter).expanduser() / "adapter_config.json").is_file():
+        return model, adapter
+    return str(ref), None
 
 
 def _adapter_base(path: Path, chain: tuple[Path, ...]) -> str:
@@ -732,6 +835,10 @@ def open_checkpoint(ref: str | Path | Checkpoint, base: str | Path | Checkpoint 
     if isinstance(ref, Checkpoint):
         return ref
     path = Path(str(ref)).expanduser()
+    if not path.exists() and "+" in str(ref):
+        model, adapter = split_adapter_ref(str(ref))
+        if adapter is not None:       # mergekit's `base+lora`: the adapter applied to that base
+            return open_checkpoint(adapter, base=model, _adapters=_adapters)
     if not path.exists():
         if _HUB_ID.match(str(ref)) and not str(ref).startswith((".", "/", "~")):
             path = _resolve_hub(str(ref))
@@ -748,9 +855,20 @@ def open_checkpoint(ref: str | Path | Checkpoint, base: str | Path | Checkpoint 
         raise CheckpointError(f"{path} is a file forgetlab cannot open; pass its model folder instead.")
     if (path / "adapter_config.json").exists():
         chain = _adapters + (path.resolve(),)
-        if base is None:
+        named = base is None
+        if named:
             base = _adapter_base(path, chain)
-        return LoraCheckpoint(ref, path, open_checkpoint(base, _adapters=chain))
+        try:
+            base_ckpt = open_checkpoint(base, _adapters=chain)
+        except OfflineError:
+            if not named:
+                raise
+            raise OfflineError(
+                f"The adapter {path} names the hub id {base!r} as its base (base_model_name_or_path in "
+                f"{path / 'adapter_config.json'}), which cannot be fetched here. Pass the base model's local "
+                "folder instead: --base on the command line, `base:` in the pool file (the adapter then applies "
+                "to it), or edit base_model_name_or_path.") from None
+        return LoraCheckpoint(ref, path, base_ckpt)
     if (path / SAFETENSORS_INDEX).exists():
         return SafetensorsCheckpoint(ref, path, _index_files(path, SAFETENSORS_INDEX))
     st = sorted(path.glob("*.safetensors"))
@@ -829,20 +947,28 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
     return model.to(device).eval()
 
 
-def _first_shape_mismatch(ckpt: Checkpoint) -> str:
-    """'<tensor>: <stored shape> stored, <shape the config gives> expected' for the first disagreeing tensor."""
+def config_mismatch(ckpt: Checkpoint) -> str | None:
+    """'<tensor>: <stored shape> stored, <shape the config gives> expected' for the first tensor whose stored
+    shape disagrees with the model its config describes (built on the meta device: no memory, no weights);
+    None when every shape agrees or the config cannot be built."""
     from transformers import AutoModelForCausalLM
 
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(ckpt.config, trust_remote_code=False)
         want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-        for name, info in ckpt.infos().items():
-            if name in want and tuple(info.shape) != want[name]:
-                return f"e.g. {name}: {tuple(info.shape)} stored, {want[name]} expected"
-    except Exception:  # the message is still right without the example
-        pass
-    return "tensor shapes differ"
+        infos = ckpt.infos()
+    except Exception:  # an unknown architecture or an unreadable config: nothing to compare against
+        return None
+    for name, info in infos.items():
+        if name in want and tuple(info.shape) != want[name]:
+            return f"{name}: {tuple(info.shape)} stored, {want[name]} expected"
+    return None
+
+
+def _first_shape_mismatch(ckpt: Checkpoint) -> str:
+    found = config_mismatch(ckpt)
+    return f"e.g. {found}" if found else "tensor shapes differ"
 
 
 def _check_loading_info(ckpt: Checkpoint, info: dict) -> None:
@@ -868,8 +994,13 @@ def load_tokenizer(ref: str | Path | Checkpoint):
     from transformers import AutoTokenizer
 
     ckpt = open_checkpoint(ref)
+    if isinstance(ckpt, LoraCheckpoint) and Checkpoint.tokenizer_dir.fget(ckpt) is None:
+        return load_tokenizer(ckpt.base)       # the adapter has none: its base's (a GGUF base's included)
     if isinstance(ckpt, GGUFCheckpoint):
-        return AutoTokenizer.from_pretrained(str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name)
+        tok = AutoTokenizer.from_pretrained(str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name)
+        if tok.pad_token_id is None:
+            tok.pad_token = tok.eos_token
+        return tok
     folder = ckpt.tokenizer_dir
     if folder is None:
         raise CheckpointError(f"{ckpt.ref} has no tokenizer files (tokenizer.json/tokenizer_config.json).")

@@ -271,7 +271,7 @@ def _write_adapter(folder: Path, config: dict, tensors: dict | None = None) -> P
     ({"r": "8"}, r"r is '8', but it must be a positive whole number"),
     ({"r": 2, "lora_alpha": "16"}, r"lora_alpha is '16', but it must be a finite number"),
     ({"r": 2, "rank_pattern": {"q_proj": 0}}, r"rank_pattern\['q_proj'\] is 0"),
-    ({"r": 2, "peft_type": "IA3"}, r"is a IA3 adapter; forgetlab reads LoRA and DoRA adapters only"),
+    ({"r": 2, "peft_type": "IA3"}, r"is a PEFT IA3 adapter; forgetlab reads LoRA and DoRA adapters only"),
     ({"r": 2, "use_qalora": True}, r"QA-LoRA .* which forgetlab does not support"),
     ({"r": 2, "alora_invocation_tokens": [1, 2]}, r"activated LoRA"),
     ({"r": 2, "use_dora": True}, r"says use_dora but stores no magnitude vector"),
