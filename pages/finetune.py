@@ -9,7 +9,9 @@ from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, f
                                   save_finetuned, standard_configs)
 from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.navigation import require_app
 
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Fine-tune")
 st.caption("Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
            "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "

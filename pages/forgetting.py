@@ -11,7 +11,9 @@ from forgetlab.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.navigation import require_app
 
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Forgetting")
 st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
            "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "

@@ -7,7 +7,9 @@ from forgetlab import linearity
 from forgetlab.errors import ParameterError, parse_floats
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.ui.navigation import require_app
 
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Linearity")
 st.caption("Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
            "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "

@@ -14,7 +14,9 @@ from forgetlab.plots.merge import scorecard_figure
 from forgetlab.progress import scaled
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.navigation import require_app
 
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Merge")
 st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
            "scored at once beside the base and its parents: general-text loss (generality) and exact match per "

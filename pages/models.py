@@ -9,7 +9,9 @@ import streamlit as st
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.navigation import require_app
 
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Models")
 st.caption("What is in the pool, how good is each model at its task and at general text, "
            "and where in the network did fine-tuning move the weights?")

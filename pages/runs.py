@@ -7,6 +7,7 @@ import streamlit as st
 
 from forgetlab import workspace as ws
 from forgetlab.ui import show_errors
+from forgetlab.ui.navigation import require_app
 from forgetlab.ui.runs import (
     compare_figures,
     compare_frame,
@@ -15,6 +16,8 @@ from forgetlab.ui.runs import (
     run_label,
     runs_table,
 )
+
+require_app()     # a page opened by its URL on a fresh server: go through app.py
 
 
 def _mtime(path) -> float:
@@ -110,8 +113,6 @@ def show_merges(merges) -> None:
                        key="runs_merge_recipe", on_click="ignore")
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
     st.caption("Files: " + ", ".join(files))
-
-
 st.title("Runs")
 st.caption("What has been computed so far? Every analysis, sweep, merge and fine-tune saved under the workspace: "
            "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML here; "

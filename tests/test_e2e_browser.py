@@ -61,7 +61,11 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
     with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(app_home)}, log=log) as url, \
             chromium() as page:
         page.add_init_script(NAV_SEEN)
-        goto(page, url)
+        # the first request of the fresh server opens a page by its own URL: until st.navigation has run once,
+        # Streamlit would serve pages/ the old way (that page alone: no sidebar, no menu); require_app() reruns
+        # it through app.py
+        goto(page, f"{url}/{pages[-1].stem}")
+        assert page.locator("h1").first.inner_text().strip() == pages[-1].title
         assert page.locator(NAV_LINK).count() == len(stems)
         assert page.locator('[data-testid="stSidebarNav"]').count() == 0     # Streamlit's own menu is off
         seen = page.evaluate("[...window.__navSeen]")

@@ -136,7 +136,7 @@ def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(t
     assert not at.exception and not at.error
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     assert "xaxis3" in specs[0]["layout"]                      # the Forgetting page's three-panel curves
-    assert {t["name"] for t in specs[1]["data"]} >= {"wise-ft"}  # and its trade-off chart
+    assert {t["name"] for t in specs[1]["data"]} >= {"WiSE-FT"}  # and its trade-off chart
     at.multiselect(key="runs_open_all").set_value(ids).run(timeout=60)
     assert not at.exception and not at.error
     first = json.loads(at.get("plotly_chart")[0].proto.spec)

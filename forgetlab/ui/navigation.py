@@ -5,6 +5,11 @@ session opens, before `app.py` has run `st.navigation` — on a cold server that
 titles) flashed for a moment. `.streamlit/config.toml` therefore sets `client.showSidebarNavigation = false`
 (Streamlit never draws its automatic menu), `app.py` calls `st.navigation(..., position="hidden")` and
 `render_menu` draws the menu with `st.page_link`, first thing in the sidebar.
+
+A page opened by its own URL (e.g. /finetune) as the very first request of a fresh server is the other case:
+until some session has run `st.navigation`, Streamlit serves `pages/` the old way and runs the page file alone,
+without app.py (no sidebar, no wide layout). Every page therefore starts with `require_app()`, which reruns
+such a session through app.py.
 """
 from __future__ import annotations
 
@@ -48,6 +53,21 @@ def build_pages(pages_dir: str | Path) -> list:
     root = Path(pages_dir)
     return [st.Page(str(root / f"{p.stem}.py"), title=p.title, icon=p.icon, url_path=p.stem, default=(i == 0))
             for i, p in enumerate(existing_pages(root))]
+
+
+def require_app() -> None:
+    """Call first thing in every page file: when Streamlit ran the page alone (its pre-`st.navigation` way of
+    serving `pages/`, used until the first `st.navigation` call of the process), switch that off and rerun, so
+    the session goes through app.py (menu, sidebar, layout) and lands on the same page. Otherwise a no-op."""
+    import streamlit as st
+
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:       # a Streamlit without the old pages/ mode: nothing to do
+        return
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False      # what st.navigation itself does on its first call
+        st.rerun()
 
 
 def render_menu(pages: Sequence) -> None:
