@@ -20,6 +20,11 @@ Benchmarks: pass `benchmarks=` (a `forgetlab.benchmarks.BenchmarkSpec`) and ever
 lm-eval tasks; then `SweepResult.measure` (speciality) and `general_measure` (generality) may name an lm-eval
 metric `TASK/METRIC` (e.g. `arc_easy/acc`, higher is better) instead of exact match / general loss.
 
+Executors: pass `executor=` ("local", the default, or "ray", or a `forgetlab.executors.Executor`) to run the
+points on Ray actors, each holding its own working copy (see `forgetlab.executors`); the points are the same
+to 1e-6. Every point records the executor and the worker (host, pid) that computed it; a point whose worker
+died twice is listed in `SweepResult.failed` and the other points are kept.
+
 Memory: a sweep holds ONE working copy of the model (freshly loaded, never the pool's cached one) and, for
 each point, rewrites its weights in place tensor by tensor from lazily read θ0/θ1 tensors; peak memory is
 one model plus a few tensors whatever the number of points. Endpoints are exact: α = 0 and pruning ratio 1
@@ -71,6 +76,8 @@ class SweepPoint:
     distance: float
     pareto: bool = False
     seconds: float = 0.0
+    executor: str = "local"
+    worker: dict[str, Any] = field(default_factory=dict)   # {"host": ..., "pid": ...} of the computing process
 
     @property
     def general_loss(self) -> float:
@@ -103,14 +110,15 @@ class SweepPoint:
         """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"series": self.series, "x": self.x, "settings": self.settings,
                 "scorecard": self.scorecard.to_dict(), "distance": self.distance, "pareto": self.pareto,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "executor": self.executor, "worker": dict(self.worker)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepPoint":
         """Rebuild an object saved with `to_dict`."""
         return cls(series=d["series"], x=float(d["x"]), settings=dict(d.get("settings", {})),
                    scorecard=Scorecard.from_dict(d["scorecard"]), distance=float(d["distance"]),
-                   pareto=bool(d.get("pareto", False)), seconds=float(d.get("seconds", 0.0)))
+                   pareto=bool(d.get("pareto", False)), seconds=float(d.get("seconds", 0.0)),
+                   executor=str(d.get("executor", "local")), worker=dict(d.get("worker") or {}))
 
 
 @dataclass
@@ -131,6 +139,8 @@ class SweepResult:
     seconds: float = 0.0
     measure: str = "exact_match"
     general_measure: str = "general_loss"
+    executor: dict[str, Any] = field(default_factory=dict)   # forgetlab.executors: name, driver, workers, notes
+    failed: list[dict[str, Any]] = field(default_factory=list)   # points whose worker died twice (with the error)
 
     @property
     def series(self) -> list[str]:
@@ -154,7 +164,8 @@ class SweepResult:
                    "general_loss": p.general_loss, "perplexity": p.scorecard.perplexity,
                    "generality": p.generality(self.general_measure), "general_measure": self.general_measure,
                    "distance": p.distance, "pareto": p.pareto,
-                   "settings": json.dumps(p.settings, sort_keys=True)}
+                   "settings": json.dumps(p.settings, sort_keys=True), "executor": p.executor,
+                   "worker_host": p.worker.get("host"), "worker_pid": p.worker.get("pid")}
             for t in p.scorecard.tasks.values():
                 row[f"{t.task}/exact_match"] = t.exact_match
                 row[f"{t.task}/answer_loss"] = t.answer_loss
@@ -172,7 +183,8 @@ class SweepResult:
         """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"kind": self.kind, "model": self.model, "task": self.task, "x_name": self.x_name,
                 "points": [p.to_dict() for p in self.points], "recipe": self.recipe, "seconds": self.seconds,
-                "measure": self.measure, "general_measure": self.general_measure}
+                "measure": self.measure, "general_measure": self.general_measure, "executor": self.executor,
+                "failed": self.failed}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "SweepResult":
@@ -181,7 +193,8 @@ class SweepResult:
                    points=[SweepPoint.from_dict(p) for p in d.get("points", [])],
                    recipe=dict(d.get("recipe", {})), seconds=float(d.get("seconds", 0.0)),
                    measure=check_measure(d.get("measure", "exact_match")),
-                   general_measure=check_general_measure(d.get("general_measure", "general_loss")))
+                   general_measure=check_general_measure(d.get("general_measure", "general_loss")),
+                   executor=dict(d.get("executor") or {}), failed=list(d.get("failed") or []))
 
 
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
@@ -405,7 +418,7 @@ def _check_grid(name: str, values: Sequence[float]) -> list[float]:
 def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[str], recipe: dict[str, Any],
          device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
          tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
-         benchmarks=None) -> SweepResult:
+         benchmarks=None, executor=None) -> SweepResult:
     _check_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
@@ -424,42 +437,103 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
         manager = task_manager(benchmarks.include, benchmarks.all_tasks)
         check_tasks(benchmarks.all_tasks, manager)
         recipe = {**recipe, "benchmarks": benchmarks.to_dict()}
-    result = SweepResult(kind=kind, model=model, task=task, x_name=X_NAMES[kind], recipe=recipe)
+    from forgetlab.executors import make_executor
+
+    executor = make_executor(executor)
+    result = SweepResult(kind=kind, model=model, task=task, x_name=X_NAMES[kind], recipe=recipe,
+                         executor={"name": executor.name})
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
-    work = WorkingCopy(pool, model, device=device)
-    tokenizer = pool.tokenizer
-    done: dict[str, tuple[Scorecard, float]] = {}
-    n = len(specs)
-    for i, spec in enumerate(specs):
-        t0 = time.perf_counter()
-        sub = scaled(progress, i / n, (i + 1) / n)
-        label = f"{spec.series} {result.x_name}={spec.x:g}"
-        if spec.same_as is not None and spec.same_as in done:
-            card, dist = done[spec.same_as]
-            card = Scorecard.from_dict(card.to_dict())
-            card.model = f"{model}:{label}"
-        else:
-            report(sub, 0.0, f"{label}: writing weights")
-            work.apply(spec.fn)
-            dist = work.distance()
-            card = evaluate(work.model, tokenizer, pool.probes, name=f"{model}:{label}", batch_size=batch_size,
-                            max_general=max_general, max_task=max_task, tasks=eval_tasks,
-                            benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager,
-                            progress=scaled(sub, 0.05, 1.0))
-            if spec.key is not None:
-                done[spec.key] = (card, dist)
-        point = SweepPoint(series=spec.series, x=float(spec.x), settings=dict(spec.settings), scorecard=card,
-                           distance=dist, seconds=time.perf_counter() - t0)
-        result.points.append(point)
+    factory = _SweepFactory(pool, model, device, batch_size, max_general, max_task, eval_tasks, benchmarks, manager)
+    labels = [f"{spec.series} {result.x_name}={spec.x:g}" for spec in specs]
+    run = [i for i, spec in enumerate(specs) if spec.same_as is None]     # shared endpoints are evaluated once
+    source = {spec.key: i for i, spec in enumerate(specs) if spec.key is not None and spec.same_as is None}
+    copies = {i: [j for j, sp in enumerate(specs) if sp.same_as is not None and source.get(sp.same_as) == i]
+              for i in run}
+    slots: list[Optional[SweepPoint]] = [None] * len(specs)
+
+    def landed(out) -> None:
+        i = run[out.index]
+        spec = specs[i]
+        if not out.ok:
+            result.failed.append({"series": spec.series, "x": float(spec.x), "settings": dict(spec.settings),
+                                  "error": out.error, "attempts": out.attempts})
+            return
+        card, dist = out.value
+        for j in [i, *copies[i]]:
+            c = card if j == i else Scorecard.from_dict(card.to_dict())
+            c.model = f"{model}:{labels[j]}"
+            sp = specs[j]
+            slots[j] = SweepPoint(series=sp.series, x=float(sp.x), settings=dict(sp.settings), scorecard=c,
+                                  distance=dist, seconds=out.seconds if j == i else 0.0,
+                                  executor=executor.name, worker=dict(out.worker or {}))
+        result.points = [p for p in slots if p is not None]
         result.mark_pareto()
         result.seconds = time.perf_counter() - start
-        report(progress, (i + 1) / n, f"{label}: speciality {point.speciality(task):.3f}, "
-                                      f"general loss {point.general_loss:.3f}")
         if on_point is not None:
-            on_point(point, result)
-    del work
+            for j in [i, *copies[i]]:
+                on_point(slots[j], result)
+
+    executor.map(factory, [(specs[i].fn, f"{model}:{labels[i]}") for i in run], on_result=landed,
+                 progress=progress)
+    result.executor = executor.describe()
+    result.seconds = time.perf_counter() - start
+    last = result.points[-1] if result.points else None
+    if last is not None:
+        report(progress, 1.0, f"{len(result.points)} points; last: speciality {last.speciality(task):.3f}, "
+                              f"general loss {last.general_loss:.3f}")
     return result
+
+
+class _SweepState:
+    """A sweep worker's resident state: one working copy of the model (and the lm-eval task manager); called
+    with a point `(fn, name)` it writes θ0 + f(τ) in place, evaluates it and returns (Scorecard, D(θ, θ0))."""
+
+    def __init__(self, pool, model: str, device: Optional[str], batch_size: int, max_general: Optional[int],
+                 max_task: Optional[int], tasks: Sequence[str], benchmarks, manager=None):
+        self.pool = pool
+        self.work = WorkingCopy(pool, model, device=device)
+        self.kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=list(tasks))
+        self.benchmarks, self.manager = None, None
+        if benchmarks is not None and benchmarks.all_tasks:
+            from forgetlab.benchmarks import task_manager
+
+            self.benchmarks = benchmarks
+            self.manager = manager or task_manager(benchmarks.include, benchmarks.all_tasks)
+
+    def __call__(self, item, progress: Progress = None) -> tuple[Scorecard, float]:
+        fn, name = item
+        report(progress, 0.0, f"{name.partition(':')[2]}: writing weights")
+        self.work.apply(fn)
+        dist = self.work.distance()
+        card = evaluate(self.work.model, self.pool.tokenizer, self.pool.probes, name=name,
+                        benchmarks=self.benchmarks, benchmark_manager=self.manager,
+                        progress=scaled(progress, 0.05, 1.0), **self.kw)
+        return card, dist
+
+
+class _SweepFactory:
+    """Builds a `_SweepState`; pickled (for Ray workers) with the pool replaced by what reopens it."""
+
+    def __init__(self, pool, model, device, batch_size, max_general, max_task, tasks, benchmarks, manager=None):
+        self.pool, self.model, self.device = pool, model, device
+        self.args = (batch_size, max_general, max_task, list(tasks), benchmarks)
+        self.manager = manager          # the driver's lm-eval task manager, reused in process (rebuilt remotely)
+
+    def __getstate__(self) -> dict[str, Any]:
+        from forgetlab.executors import pool_spec
+
+        d = dict(self.__dict__)
+        if not isinstance(d["pool"], dict):
+            d["pool"] = pool_spec(d["pool"], [self.model])
+        d["manager"] = None
+        return d
+
+    def __call__(self) -> _SweepState:
+        from forgetlab.executors import open_pool
+
+        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+        return _SweepState(pool, self.model, self.device, *self.args, manager=self.manager)
 
 
 def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
@@ -480,7 +554,7 @@ def _wise(alpha: float) -> Callable:
 def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
                 device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
                 max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                progress: Progress = None, benchmarks=None) -> SweepResult:
+                progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
     """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1).
 
     α = 0 is the base and α = 1 the fine-tuned model, bit for bit. `on_point(point, result)` is called after
@@ -492,7 +566,7 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, t
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks)
+                benchmarks=benchmarks, executor=executor)
 
 
 def _pruned(ratio: float, score: str) -> Callable:
@@ -512,7 +586,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                   scores: Sequence[str] = PRUNING_SCORES, task: Optional[str] = None, device: Optional[str] = None,
                   batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None, benchmarks=None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
     """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
     entries of every tensor are zeroed (`forgetlab.merge.fapm.fapm_mask`), for each ratio and each score
     ("fapm" S = |τ| − mean|W0|·|τ|/|W0|, and the ablations "magnitude" S = |τ|, "relative" S = −|τ|/|W0|).
@@ -537,7 +611,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                      max_task=max_task, tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks)
+                benchmarks=benchmarks, executor=executor)
 
 
 def _dare(drop: float, seed: int) -> Callable:
@@ -570,7 +644,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                   task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
                   max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None, benchmarks=None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
     """Density curves of one task vector: DARE θ0 + dare(τ, p) (drop each entry with probability p, rescale
     survivors by 1/(1 − p), seeded per tensor) over `drops`, and TIES θ0 + trim(τ, keep) (top keep fraction
     by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model."""
@@ -597,7 +671,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks)
+                benchmarks=benchmarks, executor=executor)
 
 
 def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
@@ -614,7 +688,7 @@ def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
 def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
              device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
              max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-             progress: Progress = None, benchmarks=None) -> SweepResult:
+             progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
     """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
     blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — METHODS.md "HMA".
     x = the tuple's mean α. Default grid: the MoFO rebuttal's 15 triples."""
@@ -632,7 +706,7 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks)
+                benchmarks=benchmarks, executor=executor)
 
 
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}

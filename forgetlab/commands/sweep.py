@@ -1,6 +1,7 @@
 """CLI: `forgetlab sweep alpha|pruning|density|hma POOL.yaml --model NAME ...` — forgetting curves."""
 from __future__ import annotations
 
+from forgetlab.commands._executor import add_executor_arguments, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.errors import parse_floats
 
@@ -29,6 +30,7 @@ def _common(p) -> None:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="also write the table to this CSV or JSON file")
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+    add_executor_arguments(p)
 
 
 def register(sub) -> None:
@@ -90,7 +92,7 @@ def cmd_sweep(args) -> int:
     general_measure = sweeps.check_general_measure(args.general_measure)
     pool = ModelPool.from_yaml(args.pool)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
-                  batch_size=args.batch_size, device=args.device,
+                  batch_size=args.batch_size, device=args.device, executor=executor_from_args(args),
                   benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
         extra = dict(alphas=parse_floats(args.alphas, "--alphas"))
@@ -114,10 +116,14 @@ def cmd_sweep(args) -> int:
     emit(f"{args.kind} sweep of {args.model} (speciality: {speciality}; generality: "
          f"{sweeps.measure_label(general_measure)}; x = {result.x_name}; {len(result.points)} points in "
          f"{result.seconds:.1f} s)")
+    for line in executor_lines(result.executor, result.points):
+        emit(line)
+    for f in result.failed:
+        emit(f"FAILED {f['series']} {result.x_name}={f['x']:g}: {f['error']}")
     shown = SHOWN + (["generality"] if general_measure != "general_loss" else [])
     emit_frame(frame[shown])
     if args.out:
         emit_frame(frame, args.out)
     if not args.no_save:
         emit(f"saved {sweeps.save_sweep(result)}")
-    return 0
+    return 1 if result.failed else 0

@@ -1,0 +1,38 @@
+"""Shared CLI flags for commands whose points can run on Ray: `--executor local|ray [--ray-address ADDR]
+[--workers N] [--gpus-per-worker G]` (see `forgetlab.executors`)."""
+from __future__ import annotations
+
+
+def add_executor_arguments(p) -> None:
+    """Add the executor flags to an argparse parser."""
+    g = p.add_argument_group("where the points run")
+    g.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="local: one after another in this process (default); ray: on Ray actors, each keeping "
+                        "the base and task vectors resident")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="an existing Ray cluster (auto, host:port or ray://host:port); default: start a local "
+                        "Ray instance on this machine")
+    g.add_argument("--workers", type=int, default=None,
+                   help="Ray workers (default: as many as the cluster has room for)")
+    g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
+                   help="GPUs per Ray worker (default 1 when the cluster has GPUs, else 0)")
+
+
+def executor_from_args(args):
+    """The `forgetlab.executors.Executor` the flags ask for (ParameterError for Ray flags without --executor ray)."""
+    from forgetlab.executors import make_executor
+
+    return make_executor(args.executor, address=args.ray_address, workers=args.workers,
+                         gpus_per_worker=args.gpus_per_worker)
+
+
+def executor_lines(result_executor: dict, points) -> list[str]:
+    """Lines telling where the points ran: executor, workers (host:pid) and notes such as fewer workers."""
+    if not result_executor:
+        return []
+    who = sorted({f"{p.worker.get('host')}:{p.worker.get('pid')}" for p in points if p.worker})
+    driver = result_executor.get("driver") or {}
+    lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
+             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); driver {driver.get('host')}:{driver.get('pid')}"]
+    lines += [f"note: {n}" for n in result_executor.get("notes") or []]
+    return lines

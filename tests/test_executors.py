@@ -1,0 +1,143 @@
+"""Executors (forgetlab.executors): local vs Ray sweeps agree, points run in other processes, a killed worker's
+point is retried then reported failed, missing Ray / no cluster / too many workers give clear messages.
+
+Ray runs locally on 2 CPUs (one instance for the module, shut down after). Tests that must see Ray *not*
+running come first in the file.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import warnings
+
+import pytest
+
+from forgetlab.errors import MissingDependencyError
+from forgetlab.executors import (
+    ExecutorError,
+    LocalExecutor,
+    RayExecutor,
+    ResourceShortageWarning,
+    make_executor,
+)
+from forgetlab.sweeps import alpha_curve, load_sweep
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.timeout(300)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _echo_factory():
+    """A factory whose state returns (item, pid) — no model, so actors start fast."""
+    def build():
+        def state(item, progress):
+            return item, os.getpid()
+        return state
+    return build
+
+
+def test_no_ray_installed_is_a_clear_error(monkeypatch):
+    assert not ray.is_initialized()
+    monkeypatch.setitem(sys.modules, "ray", None)          # `import ray` now raises ImportError
+    with pytest.raises(MissingDependencyError, match="pip install ray"):
+        make_executor("ray", workers=2).map(_echo_factory(), [1, 2])
+
+
+def test_no_cluster_at_the_address_starts_nothing():
+    assert not ray.is_initialized()
+    for address in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}"):
+        with pytest.raises(ExecutorError, match="No Ray cluster answers"):
+            RayExecutor(address=address).map(_echo_factory(), [1])
+        assert not ray.is_initialized()
+    with pytest.raises(ExecutorError, match="not host:port"):
+        RayExecutor(address="nonsense").map(_echo_factory(), [1])
+
+
+def test_local_executor_flags_need_ray():
+    with pytest.raises(Exception, match="need --executor ray"):
+        make_executor("local", workers=2)
+    assert isinstance(make_executor(None), LocalExecutor)
+
+
+@pytest.fixture(scope="module")
+def ray_cpus2():
+    """A local Ray instance with 2 CPUs for this module (RayExecutor reuses it and leaves it running)."""
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
+             logging_level="WARNING")
+    yield ray
+    ray.shutdown()
+
+
+def test_local_and_ray_alpha_sweeps_agree(ray_cpus2, pool):
+    kw = dict(alphas=[0.0, 0.3, 0.7, 1.0], device="cpu", max_general=3, max_task=4)
+    local = alpha_curve(pool, "ft0", **kw)
+    seen = []
+    remote = alpha_curve(pool, "ft0", executor=RayExecutor(workers=2), on_point=lambda p, r: seen.append(p.x),
+                         **kw)
+    assert sorted(seen) == kw["alphas"] and [p.x for p in remote.points] == kw["alphas"]   # gathered in order
+    for a, b in zip(local.points, remote.points):
+        assert (a.series, a.x, a.settings) == (b.series, b.x, b.settings)
+        assert b.general_loss == pytest.approx(a.general_loss, abs=1e-6)
+        assert b.distance == pytest.approx(a.distance, abs=1e-6)
+        for t in a.scorecard.tasks:
+            assert b.scorecard.tasks[t].exact_match == a.scorecard.tasks[t].exact_match
+            assert b.scorecard.tasks[t].answer_loss == pytest.approx(a.scorecard.tasks[t].answer_loss, abs=1e-6)
+        assert a.pareto == b.pareto
+    me = os.getpid()
+    assert {p.worker["pid"] for p in local.points} == {me} and {p.executor for p in local.points} == {"local"}
+    pids = {p.worker["pid"] for p in remote.points}
+    assert me not in pids and len(pids) == 2                     # both workers, neither is the driver
+    assert {p.executor for p in remote.points} == {"ray"}
+    assert remote.executor["name"] == "ray" and remote.executor["workers"] == 2
+    assert remote.executor["driver"]["pid"] == me and not remote.failed
+    assert ray.is_initialized()                                  # not started by the executor: left running
+
+
+def test_cli_sweep_on_ray_saves_worker_pids(ray_cpus2, tiny_llama, tmp_path, monkeypatch, capsys):
+    from forgetlab.cli import main
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    code = main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft1", "--alphas", "0,0.5,1",
+                 "--max-general", "2", "--max-task", "2", "--device", "cpu", "--executor", "ray", "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    saved = load_sweep(next((tmp_path / "runs").iterdir()))
+    assert [p.x for p in saved.points] == [0.0, 0.5, 1.0]
+    assert all(p.executor == "ray" and p.worker["pid"] != os.getpid() for p in saved.points)
+    assert saved.executor["driver"]["pid"] == os.getpid()
+    assert "executor ray: 2 worker process(es)" in out
+
+
+def test_killed_worker_point_is_retried_then_failed(ray_cpus2, tmp_path):
+    marks = str(tmp_path)
+
+    def build():
+        def state(item, progress):
+            mark = os.path.join(marks, f"{item}.died")
+            if item == "die-once" and not os.path.exists(mark):
+                with open(mark, "w") as fh:
+                    fh.write(str(os.getpid()))
+                os._exit(1)                                      # the worker process dies mid-point
+            if item == "die-always":
+                os._exit(1)
+            return item, os.getpid()
+        return state
+
+    ex = RayExecutor(workers=5)                                  # more than the 2 CPUs: says so, uses 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = ex.map(build, ["a", "die-once", "b", "die-always", "c"])
+    assert any(issubclass(w.category, ResourceShortageWarning) for w in caught)
+    assert ex.used_workers == 2 and "room for 2" in ex.notes[0]
+    assert [o.index for o in outs] == [0, 1, 2, 3, 4]
+    assert [o.value[0] for o in outs if o.ok] == ["a", "die-once", "b", "c"]
+    died_on = int((tmp_path / "die-once.died").read_text())
+    assert outs[1].attempts == 2 and outs[1].worker["pid"] != died_on      # retried on another process
+    assert not outs[3].ok and outs[3].attempts == 2 and "died" in outs[3].error
+    assert all(o.worker["pid"] != os.getpid() for o in outs if o.ok)
