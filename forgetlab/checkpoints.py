@@ -9,6 +9,7 @@ is never switched on.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -334,6 +335,23 @@ class BinCheckpoint(Checkpoint):
         return t.clone() if dtype is None else t.to(dtype).clone()
 
 
+@functools.lru_cache(maxsize=1)
+def _dequantised(file: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]:
+    """A GGUF file's tensors dequantised to float32 by transformers, once per process for the last file opened
+    (dequantising SmolLM2-135M takes ~20 s): every checkpoint, pool, merge and model load of it shares them.
+    A tied head is left out (it is the embedding matrix), as an HF folder of the same model stores it."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(file)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                     trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"Cannot read the GGUF file {path}: {exc}") from None
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    return {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+
+
 class GGUFCheckpoint(Checkpoint):
     """A GGUF file, dequantised by transformers (`gguf_file=`) into a plain state dict on first read."""
 
@@ -354,10 +372,8 @@ class GGUFCheckpoint(Checkpoint):
 
     @cached_property
     def _tensors(self) -> dict[str, torch.Tensor]:
-        model = load_model(self, dtype=torch.float32)
-        tied = getattr(self.config, "tie_word_embeddings", False)
-        # a tied head is the embedding matrix: listed once, as an HF folder of the same model stores it
-        return {k: v.detach() for k, v in model.state_dict().items() if not (tied and k == "lm_head.weight")}
+        st = self.gguf_file.stat()
+        return _dequantised(str(self.gguf_file.resolve()), st.st_mtime_ns, st.st_size)
 
     @cached_property
     def _skeleton_infos(self) -> dict[str, TensorInfo]:
@@ -382,8 +398,8 @@ class GGUFCheckpoint(Checkpoint):
         return self.gguf_file.stat().st_size
 
     def read(self, name, dtype=torch.float32):
-        t = self._tensors[name]
-        return t if dtype is None else t.to(dtype)
+        t = self._tensors[name]   # shared by every user of this file (_dequantised): hand out a copy
+        return t.clone() if dtype is None or dtype == t.dtype else t.to(dtype)
 
     @property
     def tokenizer_dir(self):
@@ -914,16 +930,13 @@ def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=to
     ckpt = open_checkpoint(ref)
     dtype = _as_dtype(dtype)
     try:
-        if isinstance(ckpt, GGUFCheckpoint) and "_tensors" in ckpt.__dict__:
-            # already dequantised once: build from the config instead of decoding the file again
+        if isinstance(ckpt, GGUFCheckpoint):
+            # dequantised once per process (_dequantised); a plain model built from the config, so it can be
+            # saved and fine-tuned like any other
             model = AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
             model.load_state_dict(ckpt._tensors, strict=False)
             model.tie_weights()
             model = model.to(dtype)
-        elif isinstance(ckpt, GGUFCheckpoint):
-            model = AutoModelForCausalLM.from_pretrained(
-                str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name, dtype=dtype, trust_remote_code=False
-            )
         elif isinstance(ckpt, LoraCheckpoint):
             model = load_model(ckpt.base, device="cpu", dtype=torch.float32)
             params = dict(model.named_parameters())

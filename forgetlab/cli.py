@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import signal
 import sys
@@ -108,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     except ForgetlabError as exc:
         sys.stderr.write(f"forgetlab: error: {exc}\n")
         return 2
+    except BrokenPipeError:   # `forgetlab … | head`: the reader left; nothing more to say
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
     except _Terminated:
         sys.stderr.write("forgetlab: terminated; nothing half-written was kept.\n")
         return 128 + signal.SIGTERM

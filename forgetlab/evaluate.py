@@ -114,10 +114,26 @@ def token_losses(model, examples: Sequence[EncodedExample], batch_size: int = 16
     return out  # type: ignore[return-value]
 
 
+GENERAL_LOSS_MODES = ("blocks", "documents")
+GENERAL_LOSS_HELP = (
+    "General loss = mean next-token cross-entropy over held-out text. 'blocks' (default): documents are "
+    "tokenized without BOS, joined with EOS between them and cut into blocks of 128 tokens (the last short "
+    "block kept), every predicted token pooled; 'documents': each document is its own sequence (truncated "
+    "to the block size), so no token is predicted across a document boundary."
+)
+
+
 def general_loss(model, tokenizer, texts: Sequence[str], *, block_size: int = 128, max_blocks: int | None = None,
-                 batch_size: int = 16, progress: Progress = None) -> tuple[float, int]:
-    """Mean token loss on general text (all predicted tokens pooled) and the number of tokens."""
-    blocks = encode_text(tokenizer, texts, block_size)
+                 batch_size: int = 16, mode: str = "blocks", progress: Progress = None) -> tuple[float, int]:
+    """Mean token loss on general text (all predicted tokens pooled) and the number of tokens
+    (GENERAL_LOSS_HELP: packed `blocks`, or one sequence per document with `mode="documents"`)."""
+    if mode not in GENERAL_LOSS_MODES:
+        from forgetlab.errors import ParameterError
+        raise ParameterError(f"Unknown general-loss mode {mode!r}; choose one of {', '.join(GENERAL_LOSS_MODES)}.")
+    if mode == "documents":
+        blocks = [b for t in texts for b in encode_text(tokenizer, [t], block_size)[:1]]
+    else:
+        blocks = encode_text(tokenizer, texts, block_size)
     if max_blocks is not None:
         blocks = blocks[:max_blocks]
     per = token_losses(model, blocks, batch_size, tokenizer.pad_token_id or 0, progress)
@@ -155,7 +171,8 @@ def check_limits(**limits: int | None) -> None:
 def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: str = "eval",
              batch_size: int = 16, block_size: int = 128, max_general: int | None = None,
              max_task: int | None = None, tasks: Sequence[str] | None = None,
-             benchmarks=None, benchmark_manager=None, progress: Progress = None) -> Scorecard:
+             benchmarks=None, benchmark_manager=None, general_mode: str = "blocks",
+             progress: Progress = None) -> Scorecard:
     """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs, and —
     when `benchmarks` (a forgetlab.benchmarks.BenchmarkSpec) is given — its lm-eval tasks' metrics
     (`benchmark_manager` reuses lm-eval's task index between models)."""
@@ -167,7 +184,7 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
     steps = 1 + len(names) + (1 if bench_tasks else 0)
     if probes.general:
         loss, n_tok = general_loss(model, tokenizer, probes.general, block_size=block_size, max_blocks=max_general,
-                                   batch_size=batch_size, progress=scaled(progress, 0, 1 / steps))
+                                   batch_size=batch_size, mode=general_mode, progress=scaled(progress, 0, 1 / steps))
     else:
         loss, n_tok = float("nan"), 0
     scores = {}

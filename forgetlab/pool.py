@@ -55,6 +55,36 @@ def _is_tied(ckpt: Checkpoint) -> bool:
     return bool(getattr(ckpt.config, "tie_word_embeddings", False))
 
 
+class DtypeMismatchWarning(UserWarning):
+    """A fine-tune is stored in another floating dtype than its base."""
+
+
+def stored_float_dtype(ckpt: Checkpoint):
+    """The floating dtype most of a checkpoint's tensors are stored in (None if it has none)."""
+    from collections import Counter
+
+    counts = Counter(i.dtype for i in ckpt.infos().values() if i.dtype.is_floating_point)
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def warn_dtype_mismatch(base: Checkpoint, other: Checkpoint, other_name: str) -> str | None:
+    """Warn (DtypeMismatchWarning) when `other` is stored in a lower-precision float dtype than `base`: the task
+    vector τ = θ1 − θ0 is computed in float32, but θ1's rounding to its dtype is then part of τ and can dominate
+    a small fine-tuning change. Returns the message (None when the dtypes agree)."""
+    import warnings
+
+    bd, od = stored_float_dtype(base), stored_float_dtype(other)
+    if bd is None or od is None or bd == od:
+        return None
+    msg = (f"{other_name} is stored in {str(od).replace('torch.', '')} but the base in "
+           f"{str(bd).replace('torch.', '')}: task vectors are computed in float32 from the stored values, so "
+           f"they include the rounding of the lower-precision model (about {torch.finfo(od if od.itemsize < bd.itemsize else bd).eps:.0e} "
+           "of each weight), which can dominate a small fine-tuning change. Compare models saved in the same "
+           "dtype where you can.")
+    warnings.warn(msg, DtypeMismatchWarning, stacklevel=3)
+    return msg
+
+
 def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
     """Raise IncompatibleModelsError naming the first difference between `other` and `base`.
 
@@ -85,6 +115,8 @@ def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> No
         if extra:
             parts.append(f"{len(extra)} tensor(s) the base lacks, e.g. {', '.join(extra[:3])}")
         raise IncompatibleModelsError(f"{other_name} does not match the base: {'; '.join(parts)}.")
+    if not isinstance(other, LoraCheckpoint):
+        warn_dtype_mismatch(base, other, other_name)
     for name in bi:
         if name in oi and bi[name].shape != oi[name].shape:
             hint = " (a vocabulary-size mismatch)" if "embed" in name or name == _TIED_HEAD or "wte" in name else ""

@@ -7,13 +7,16 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
 from forgetlab.outputs import check_output_file, write_text_file
 
 
 def register(sub) -> None:
     p = sub.add_parser("inspect", help="architecture, tensors, sizes and per-level counts of a model",
-                       description="Show a model's architecture, its tensors (name, shape, dtype) and parameter "
-                                   "counts per level. Reads headers only.")
+                       description="Show a model's architecture, its tensors (name, shape, dtype), parameter "
+                                   "counts per level and size on disk; for a LoRA adapter its rank, alpha and "
+                                   "targets. Reads headers (safetensors) or metadata (GGUF): no weights are "
+                                   "decoded. Exits 2 when config.json disagrees with the stored shapes.")
     p.add_argument("ref", help="HF folder, .gguf file, PEFT adapter folder or hub id")
     p.add_argument("--base", help="base model, for a LoRA adapter")
     p.add_argument("--tensors", action="store_true", help="list every tensor")
@@ -28,7 +31,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("eval", help="scorecard (generality, speciality per task) of every model of a pool",
                        description="Evaluate every model of a pool: held-out general loss and perplexity, "
-                                   "exact match and answer loss per task.")
+                                   "exact match and answer loss per task. " + GENERAL_LOSS_HELP)
     p.add_argument("pool", help="pool.yaml")
     p.add_argument("--models", nargs="*", help="which models (default: base and all fine-tuned)")
     p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
@@ -41,19 +44,33 @@ def register(sub) -> None:
     p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs")
     p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
     p.add_argument("--no-lm-eval", action="store_true", help="skip the pool's lm-eval benchmarks")
+    p.add_argument("--general-loss", choices=GENERAL_LOSS_MODES, default="blocks",
+                   help="blocks: packed 128-token blocks, EOS between documents (default); documents: one "
+                        "sequence per document")
     p.set_defaults(func=cmd_eval)
 
 
 def cmd_inspect(args) -> int:
     from forgetlab.anatomy import Anatomy
-    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
+    from forgetlab.errors import IncompatibleModelsError
 
     ckpt = open_checkpoint(args.ref, base=args.base)
     cfg = ckpt.config
-    emit(f"{ckpt.ref}: {ckpt.kind} checkpoint, {cfg.model_type} ({', '.join(getattr(cfg, 'architectures', None) or [])})")
-    infos = ckpt.infos()
-    emit(f"{len(infos)} tensors, {ckpt.num_parameters:,} parameters, "
-         f"{sum(i.nbytes for i in infos.values()) / 2**20:.1f} MiB as stored")
+    arch = ", ".join(getattr(cfg, "architectures", None) or []) or "architecture not recorded"
+    emit(f"{ckpt.ref}: {ckpt.kind} checkpoint, {cfg.model_type} ({arch})")
+    if isinstance(ckpt, LoraCheckpoint):
+        a = ckpt.summary()
+        emit(f"LoRA adapter: rank {a['rank']}, alpha {a['alpha']}{', rsLoRA' if a['rslora'] else ''}"
+             f"{', DoRA' if a['dora'] else ''}; targets {a['target_modules']}"
+             f"{'; saved whole: ' + ', '.join(a['modules_to_save']) if a['modules_to_save'] else ''}")
+        emit(f"{a['parameters']:,} adapter parameters, {a['stored_bytes'] / 2**20:.1f} MiB as stored; "
+             f"applies to the base {a['base']} ({ckpt.base.num_parameters:,} parameters)")
+        infos = ckpt.base.infos()
+    else:
+        infos = ckpt.infos()
+        emit(f"{len(infos)} tensors, {ckpt.num_parameters:,} parameters, "
+             f"{ckpt.stored_bytes / 2**20:.1f} MiB as stored")
     try:
         anatomy = Anatomy.from_config(cfg)
         rows = []
@@ -62,14 +79,20 @@ def cmd_inspect(args) -> int:
             rows.append({"layer": role.layer if role.layer is not None else -1, "module": role.module or "other",
                          "params": i.numel})
         df = pd.DataFrame(rows).groupby(["module"], as_index=False)["params"].sum()
+    except Exception as exc:  # an unknown architecture still lists its tensors
+        emit(f"(no per-level counts: {exc})")
+    else:
         emit(f"{anatomy.num_layers} layers, {anatomy.num_heads} heads ({anatomy.num_kv_heads} kv), "
              f"head dim {anatomy.head_dim}")
         emit_frame(df)
-    except Exception as exc:  # an unknown architecture still lists its tensors
-        emit(f"(no per-level counts: {exc})")
     if args.tensors:
         emit_frame(pd.DataFrame([{"name": i.name, "shape": "x".join(map(str, i.shape)), "dtype": str(i.dtype)}
                                  for i in infos.values()]))
+    mismatch = None if isinstance(ckpt, LoraCheckpoint) else config_mismatch(ckpt)
+    if mismatch:
+        raise IncompatibleModelsError(f"The config.json of {ckpt.ref} disagrees with its weights ({mismatch}): "
+                                      "loading it would re-initialise those weights. Fix the config (or the "
+                                      "weights) so their shapes match.")
     return 0
 
 
@@ -121,7 +144,7 @@ def cmd_eval(args) -> int:
         try:
             cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name, max_general=args.max_general,
                                   max_task=args.max_task, benchmarks=bench, benchmark_manager=manager,
-                                  progress=update))
+                                  general_mode=args.general_loss, progress=update))
         finally:
             close()
         pool.unload(name)

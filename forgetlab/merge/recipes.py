@@ -269,7 +269,7 @@ class Recipe:
                 mp["density"] = 1.0 - float(p["drop"])
             if self.method == "breadcrumbs":
                 mp["gamma"] = float(p["gamma"])
-            models.append({"model": m.model, "parameters": mp})
+            models.append({"model": _mergekit_ref(self.base, m.model), "parameters": mp})
         out: dict[str, Any] = {"merge_method": self.method}
         if self.method == "linear":
             out["parameters"] = {"normalize": bool(p["normalize"])}
@@ -283,6 +283,14 @@ class Recipe:
         out["models"] = models
         out["dtype"] = self.dtype or "float32"
         return out
+
+
+def _mergekit_ref(base: str, model: str) -> str:
+    """How mergekit names a model: a PEFT adapter folder as `base+adapter` (mergekit's LoRA syntax), any other
+    model as its path."""
+    if (Path(str(model)).expanduser() / "adapter_config.json").is_file():
+        return f"{base}+{model}"
+    return str(model)
 
 
 def is_mergekit(d: Mapping[str, Any]) -> bool:
@@ -300,12 +308,48 @@ def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
     else:
         text = str(source)
         path = Path(text).expanduser()
+        folder = None
         if "\n" not in text and path.suffix in (".yaml", ".yml", ".json"):
             if not path.exists():
                 raise ParameterError(f"Recipe file {path} does not exist.")
             text = path.read_text()
-        d = safe_load(text, f"The recipe {path}" if "\n" not in text else "The recipe")
+            folder = path.resolve().parent
+        d = safe_load(text, f"The recipe {path}" if folder is not None else "The recipe")
+        recipe = Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
+        return resolve_paths(recipe, folder, f"the recipe {path}") if folder is not None else recipe
     return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
+
+
+def resolve_paths(recipe: Recipe, folder: Path, where: str) -> Recipe:
+    """Make the recipe's relative model paths relative to `folder` (the recipe file's folder, as a pool file's
+    paths are relative to the pool file); hub ids stay as they are; a path that exists nowhere is refused with
+    the folder it was resolved against. `base+adapter` references are resolved part by part."""
+    from forgetlab.pool import _looks_like_hub_id
+
+    def one(ref: str) -> str:
+        p = Path(ref).expanduser()
+        if p.is_absolute():
+            return str(p)
+        cand = folder / p
+        if cand.exists():
+            return str(cand)
+        if _looks_like_hub_id(ref):
+            return ref
+        raise ParameterError(f"{ref!r} in {where} does not exist (relative paths are resolved against the "
+                             f"recipe's folder, {folder}). Fix the path or give an absolute one.")
+
+    def ref(value: str) -> str:
+        model, sep, adapter = str(value).rpartition("+")
+        if sep and model and adapter and not (folder / str(value)).exists():
+            return f"{one(model)}+{one(adapter)}"
+        return one(str(value))
+
+    recipe.base = ref(recipe.base)
+    for m in recipe.models:
+        m.model = ref(m.model)
+    if recipe.pool:
+        recipe.pool = one(str(recipe.pool))
+    return recipe
 
 
 def mergekit_yaml(recipe: Recipe) -> str:
