@@ -9,6 +9,9 @@ from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, f
                                   save_finetuned, standard_configs)
 from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.jobs import partial_figure
+from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
@@ -52,6 +55,7 @@ with left:
     go = st.button("Fine-tune", type="primary", key="finetune_run")
 
 with right:
+    measure = speciality_measure("finetune", pool)
     device, _dtype = device_settings()
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
                   device=device)
@@ -74,8 +78,9 @@ with right:
             records: list[dict] = []
 
             def on_record(step, rec) -> None:
-                records.append({"step": step, "general loss": rec["general_loss"],
-                                f"{task} exact match": rec["exact_match"]})
+                records.append({"step": step, "general loss ↓": rec["general_loss"],
+                                f"{task} exact match ↑": rec["exact_match"],
+                                f"{task} answer loss ↓": rec.get("answer_loss")})
                 progress.publish(pd.DataFrame(records).set_index("step"))
 
             run, model = finetune(pool, task, configs[0], progress=progress, return_model=True,
@@ -95,7 +100,7 @@ with right:
             st.line_chart(partial, height=220)
         else:
             st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
-            st.plotly_chart(trajectories_figure(partial), key="finetune_live")
+            st.plotly_chart(partial_figure(partial, trajectories_figure, measure), key="finetune_live")
 
     def keep(done: dict) -> None:
         # the model moves into this session: the finished job (kept for other tabs) must not hold a model copy
@@ -111,16 +116,16 @@ with right:
         st.info("Configure a run (left) and press Fine-tune.")
     else:
         st.subheader(f"{result.start} fine-tuned on {result.task}")
-        st.plotly_chart(trajectories_figure(result), key="finetune_trajectories")
+        st.plotly_chart(trajectories_figure(result, measure), key="finetune_trajectories")
         a, b = st.columns(2)
         with a:
             st.markdown("**Final trade-off**")
-            st.plotly_chart(final_scatter(result), key="finetune_final")
+            st.plotly_chart(final_scatter(result, measure), key="finetune_final")
         with b:
             st.markdown("**Training loss**")
             st.plotly_chart(loss_figure(result), key="finetune_loss")
         frame = result.to_frame()
-        st.dataframe(frame, hide_index=True, key="finetune_table")
+        show_table(frame, key="finetune_table")
         traj = result.trajectories()
         st.download_button("Download trajectories (CSV)",
                            traj.drop(columns=[c for c in traj.columns if c.startswith("scorecard")]).to_csv(index=False),

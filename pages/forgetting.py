@@ -11,6 +11,9 @@ from forgetlab.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.jobs import partial_figure
+from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
@@ -40,10 +43,7 @@ with left:
                                index=task_options.index(guess) if guess in task_options else 0,
                                key=f"forgetting_task_{model}")
     task = None if task_choice == task_options[0] else task_choice
-    measure = st.radio("speciality measured by", list(sweeps.MEASURES), horizontal=True, key="forgetting_measure",
-                       format_func=lambda m: sweeps.MEASURES[m][0],
-                       help="exact match (↑) of the answers, or the loss on the answer tokens (↓), which moves "
-                            "before exact match does. Only the charts change; nothing is recomputed.")
+    measure = speciality_measure("forgetting", pool)
     kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind")
     extra: dict = {}
     with show_errors():
@@ -87,7 +87,8 @@ with right:
 
     def show_partial(partial) -> None:
         st.caption(f"{len(partial.points)} point(s) so far")
-        st.plotly_chart(tradeoff_figure(partial, task=partial.task, measure=measure), key="forgetting_live")
+        st.plotly_chart(partial_figure(partial, tradeoff_figure, task=partial.task, measure=measure),
+                        key="forgetting_live")
 
     def keep(done) -> None:
         st.session_state[RESULT_KEY] = done[0]
@@ -127,6 +128,6 @@ with right:
             r.mark_pareto()
             st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}")
         frame = pd.concat([r.to_frame() for r in results], ignore_index=True)
-        st.dataframe(frame, hide_index=True, key="forgetting_table")
+        show_table(frame, key="forgetting_table")
         st.download_button("Download table (CSV)", frame.to_csv(index=False), file_name=f"forgetting-{model}.csv",
                            mime="text/csv", key="forgetting_csv", on_click="ignore")

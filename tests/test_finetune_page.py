@@ -56,6 +56,17 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     assert not at.error, [e.value for e in at.error]
     assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"]
     assert len(list((tmp_path / "runs").iterdir())) == 1
+    import json
+
+    trajectories = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert "answer loss ↓" in trajectories["layout"]["annotations"][1]["text"]     # the session's default
+    assert {t["name"] for t in trajectories["data"] if t.get("showlegend", True)} >= {"AdamW", "MoFO 0.2"}
+    # the measure chosen on another page of the session (e.g. Forgetting) holds here too
+    at.session_state["app_measure"] = "exact_match"
+    at.run()
+    assert at.radio(key="finetune_measure").value == "exact_match"
+    trajectories = json.loads(at.get("plotly_chart")[0].proto.spec)
+    assert "exact match ↑" in trajectories["layout"]["annotations"][1]["text"]
 
 
 @pytest.mark.filterwarnings("ignore::forgetlab.pool.NonFiniteWeightsWarning")

@@ -11,6 +11,8 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert not at.exception, at.exception
     assert at.title[0].value == "Forgetting"
     assert any("Run a sweep" in i.value for i in at.info)
+    assert at.radio(key="forgetting_measure").value == "answer_loss"     # no scorecards: what always moves
+    at.radio(key="forgetting_measure").set_value("exact_match").run()
     at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
     at.number_input(key="forgetting_max_general").set_value(2)
     at.number_input(key="forgetting_max_task").set_value(3)
@@ -19,8 +21,8 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
-    assert list(table["alpha"]) == [0.0, 0.5, 1.0]
-    assert table["pareto"].any()
+    assert list(table["α"]) == [0.0, 0.5, 1.0]                       # friendly headers
+    assert table["on the Pareto front"].any()
     assert len(at.get("plotly_chart")) == 2           # trade-off scatter + curves
     assert len(list((tmp_path / "runs").iterdir())) == 1
     # speciality measured by answer loss: the charts and table change, nothing is recomputed
@@ -28,13 +30,14 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert not at.exception, at.exception
     by_loss = at.dataframe[0].value
     assert set(by_loss["measure"]) == {"answer_loss"}
-    assert list(by_loss["speciality"]) == list(by_loss["answer_loss"]) == list(table["answer_loss"])
+    assert list(by_loss["speciality"]) == list(by_loss["answer loss ↓"]) == list(table["answer loss ↓"])
+    assert at.session_state["app_measure"] == "answer_loss"           # one choice for every page
     assert len(list((tmp_path / "runs").iterdir())) == 1
     # a fresh session shows the saved sweep
     again = open_page("forgetting", tiny_llama.pool_yaml)
     again.run()
     assert not again.exception, again.exception
-    assert list(again.dataframe[0].value["alpha"]) == [0.0, 0.5, 1.0]
+    assert list(again.dataframe[0].value["α"]) == [0.0, 0.5, 1.0]
 
 
 def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch):

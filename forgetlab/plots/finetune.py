@@ -8,7 +8,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.plots import color_for
+from forgetlab.plots import color_for, series_name
 from forgetlab.sweeps import pareto_mask
 from forgetlab.train.runs import FinetuneComparison, FinetuneRun
 
@@ -38,27 +38,44 @@ def runs_of(comparisons: Sequence[FinetuneComparison], ids: Sequence[str]) -> li
     return out
 
 
-def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> go.Figure:
-    """Three panels over training steps, one line per run: held-out general loss (↓), exact match on the
-    task (↑) and D(θ, θ0) from the starting weights."""
+MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
+
+
+def _final(run: FinetuneRun, measure: str) -> float:
+    """The run's final speciality on its task in `measure` (exact match or answer loss)."""
+    if run.final is None or run.task not in run.final.tasks:
+        return float("nan")
+    return float(getattr(run.final.tasks[run.task], measure))
+
+
+def _legend_below(fig: go.Figure, y: float = -0.2) -> None:
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=y, xanchor="left", x=0), legend_title_text=None)
+
+
+def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
+                        measure: str = "exact_match") -> go.Figure:
+    """Three panels over training steps, one line per run (named as a person would: "MoFO 0.2"): held-out
+    general loss (↓), speciality on the task in `measure` (exact match ↑ or answer loss ↓) and D(θ, θ0) from
+    the starting weights. One x-axis title, under the middle panel; the legend below."""
     runs = _runs(data)
     task = runs[0].task if runs else ""
-    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08, subplot_titles=(
-        "general loss (held-out) ↓", f"speciality: {task} exact match ↑", "D(θ, θ0)"))
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
+        "general loss ↓", f"{task} {MEASURE_TITLES.get(measure, measure)}", "D(θ, θ0)"))
     for run in runs:
         df = run.trajectory()
         if df.empty:
             continue
-        color = color_for(run.label)
-        for col, key in enumerate(("general_loss", "exact_match", "distance"), start=1):
+        color, name = color_for(run.label), series_name(run.label)
+        for col, key in enumerate(("general_loss", measure, "distance"), start=1):
             if key not in df.columns:
                 continue
-            fig.add_trace(go.Scatter(x=df["step"], y=df[key], mode="lines+markers", name=run.label,
+            fig.add_trace(go.Scatter(x=df["step"], y=df[key], mode="lines+markers", name=name,
                                      legendgroup=run.label, showlegend=col == 1, line=dict(color=color)),
                           row=1, col=col)
-    for col in (1, 2, 3):
-        fig.update_xaxes(title_text="step", row=1, col=col)
-    fig.update_layout(margin=dict(t=40, b=10), legend_title="run", height=380)
+    fig.update_xaxes(title_text="training step", row=1, col=2)
+    fig.update_annotations(font_size=13)
+    fig.update_layout(margin=dict(t=40, b=10, l=50, r=10), height=400)
+    _legend_below(fig, -0.22)
     return fig
 
 
@@ -67,34 +84,45 @@ def loss_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) 
     fig = go.Figure()
     for run in _runs(data):
         df = run.train.loss_frame()
-        fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name=run.label,
+        fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name=series_name(run.label),
                                  line=dict(color=color_for(run.label))))
-    fig.update_layout(xaxis_title="step", yaxis_title="training loss", margin=dict(t=20, b=10), height=300)
+    fig.update_layout(xaxis_title="training step", yaxis_title="training loss", margin=dict(t=20, b=10, l=60, r=10),
+                      height=420)
+    _legend_below(fig, -0.2)
     return fig
 
 
-def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> go.Figure:
-    """Final speciality (↑, y) against final general loss (↓, x) per run, the starting model as a grey
-    diamond, and the Pareto front of the runs as a dashed step line."""
+def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
+                  measure: str = "exact_match") -> go.Figure:
+    """Final speciality (y, `measure`: exact match ↑ or answer loss ↓) against final general loss (↓, x) per
+    run, the starting model as a grey diamond, and the Pareto front of the runs as a dashed step line. Runs
+    are told apart by colour and the legend (labels on the points collided when runs end close together)."""
     runs = _runs(data)
+    higher = measure != "answer_loss"
+    label = MEASURE_TITLES.get(measure, measure)
     fig = go.Figure()
-    if runs and runs[0].start_card is not None:
+    if runs and runs[0].start_card is not None and runs[0].task in runs[0].start_card.tasks:
         start = runs[0].start_card
-        fig.add_trace(go.Scatter(x=[start.general_loss], y=[start.tasks[runs[0].task].exact_match],
-                                 mode="markers+text", name=f"start ({runs[0].start})", text=[runs[0].start],
-                                 textposition="top center", marker=dict(symbol="diamond", size=12,
-                                                                        color=color_for("base"))))
+        fig.add_trace(go.Scatter(x=[start.general_loss], y=[getattr(start.tasks[runs[0].task], measure)],
+                                 mode="markers", name=f"start ({runs[0].start})",
+                                 marker=dict(symbol="diamond", size=13, color=color_for("base")),
+                                 hovertemplate=f"start ({runs[0].start})<br>general loss %{{x:.4f}}<br>"
+                                               f"{label} %{{y:.4f}}<extra></extra>"))
     for run in runs:
-        fig.add_trace(go.Scatter(x=[run.general_loss], y=[run.speciality], mode="markers+text", name=run.label,
-                                 text=[run.label], textposition="top center",
-                                 marker=dict(size=12, color=color_for(run.label))))
+        name = series_name(run.label)
+        fig.add_trace(go.Scatter(x=[run.general_loss], y=[_final(run, measure)], mode="markers", name=name,
+                                 marker=dict(size=13, color=color_for(run.label), line=dict(width=1, color="white")),
+                                 hovertemplate=f"{name}<br>general loss %{{x:.4f}}<br>{label} %{{y:.4f}}"
+                                               "<extra></extra>"))
     if runs:
-        flags = pareto_mask([r.speciality for r in runs], [r.general_loss for r in runs])
+        sign = 1.0 if higher else -1.0
+        flags = pareto_mask([sign * _final(r, measure) for r in runs], [r.general_loss for r in runs])
         front = sorted((r for r, f in zip(runs, flags) if f), key=lambda r: r.general_loss)
-        fig.add_trace(go.Scatter(x=[r.general_loss for r in front], y=[r.speciality for r in front],
+        fig.add_trace(go.Scatter(x=[r.general_loss for r in front], y=[_final(r, measure) for r in front],
                                  mode="lines", name="Pareto front",
                                  line=dict(color="black", dash="dash", shape="hv"), hoverinfo="skip"))
     task = runs[0].task if runs else ""
-    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)",
-                      yaxis_title=f"{task} exact match (↑ better)", margin=dict(t=20, b=10), height=400)
+    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)", yaxis_title=f"{task} {label}",
+                      margin=dict(t=20, b=10, l=60, r=10), height=420)
+    _legend_below(fig, -0.2)
     return fig

@@ -16,6 +16,12 @@ the Job itself (callable as `progress(fraction, message)`); a job that has somet
 (e.g. the points of a sweep so far) hands it to `progress.publish(value)`. `run_once()` draws the state with
 an auto-refreshing `st.fragment(run_every=...)` (and the latest published value, through `show_partial`) and
 returns the result once it is there.
+
+Cost while a job runs: the job shares the machine with the server and the browser, so the page polls
+gently — the progress bar once a second, the partial result (a chart) in its own fragment every few seconds
+and only once something new was published (between two publications it re-sends the figure it built last
+time instead of rebuilding it). Redrawing a chart every half second held the GIL and kept the browser busy
+re-laying out plotly, which slowed the job itself (bench/app_latency.py --jobs measures app vs CLI).
 """
 from __future__ import annotations
 
@@ -54,6 +60,7 @@ class Job:
     traceback: str = ""
     started: float = field(default_factory=time.time)
     finished: float | None = None
+    version: int = 0                     # how many times `publish` was called
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -75,6 +82,7 @@ class Job:
         if self._cancel.is_set():
             raise JobCancelled(f"{self.label} was cancelled.")
         self.partial = partial
+        self.version += 1
 
     def cancel(self) -> None:
         """Ask the job to stop at its next progress report."""
@@ -191,15 +199,16 @@ def _find(reg: JobRegistry, key: str, slot: str | None) -> tuple[Job | None, boo
 
 
 def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = "", cancellable: bool = True,
-             refresh: float = 0.5, slot: str | None = None, on_done: Callable[[Any], None] | None = None,
+             refresh: float = 1.0, partial_refresh: float = 3.0, slot: str | None = None,
+             on_done: Callable[[Any], None] | None = None,
              show_partial: Callable[[Any], None] | None = None, registry: JobRegistry | None = None) -> Any:
     """Run `fn(progress)` once per `key` in the background and draw its state; return its result when done.
 
     `start` is typically the value of an st.button: True starts the job unless one with this key is running
-    (then it attaches, with an st.info saying so). While it runs, a fragment refreshes the progress bar (and
-    `show_partial(job.partial)` once the job published something) every `refresh` seconds and reruns the
-    page when the job ends. Returns the result of a finished job (also after page switches and reloads), or
-    None while running / after a failure (shown) / cancellation.
+    (then it attaches, with an st.info saying so). While it runs, a fragment refreshes the progress bar every
+    `refresh` seconds and reruns the page when the job ends; a second fragment draws `show_partial(job.partial)`
+    every `partial_refresh` seconds once the job published something. Returns the result of a finished job
+    (also after page switches and reloads), or None while running / after a failure (shown) / cancellation.
 
     `slot` (the page's name, the first part of its job keys) lets a page find its job again when its widgets
     no longer give the same key (a page switch or a reload resets them, or the user changed a setting): the
@@ -226,12 +235,17 @@ def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = ""
         def _poll() -> None:
             if job.running:
                 _draw_running(job, cancellable=cancellable)
-                if show_partial is not None and job.partial is not None:
-                    show_partial(job.partial)
             else:  # ended since the page was drawn: redraw the page so it shows the result
                 st.rerun(scope="app")
 
         _poll()
+        if show_partial is not None:
+            @st.fragment(run_every=partial_refresh)
+            def _partial() -> None:
+                if job.running and job.partial is not None:
+                    show_partial(job.partial)
+
+            _partial()
         return None
     seen = st.session_state.setdefault(SEEN_KEY, set())
     first = _token(job) not in seen
@@ -247,3 +261,23 @@ def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = ""
         return None
     render_error(job.error, job.traceback)
     return None
+
+
+_FIGURES: dict[tuple, tuple[Any, Any]] = {}
+_FIGURES_LOCK = threading.Lock()
+
+
+def partial_figure(partial: Any, build: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`build(partial, *args, **kwargs)`, built once per published partial (and arguments): the partial fragment
+    redraws every few seconds, and rebuilding the same figure each time would compete with the job."""
+    key = (id(partial), build, args, tuple(sorted(kwargs.items())))
+    with _FIGURES_LOCK:
+        hit = _FIGURES.get(key)
+        if hit is not None and hit[0] is partial:
+            return hit[1]
+    fig = build(partial, *args, **kwargs)
+    with _FIGURES_LOCK:
+        if len(_FIGURES) > 32:
+            _FIGURES.clear()
+        _FIGURES[key] = (partial, fig)      # the partial is kept so that its id is not reused meanwhile
+    return fig
