@@ -542,15 +542,28 @@ class NonlinearityResult:
         return df
 
     def by_level(self) -> pd.DataFrame:
-        """Per level: mean and std of NLS over all samples of all its submodules, and the count of submodules."""
+        """Per level: mean and std of NLS over all samples of all its submodules, the count of submodules and
+        of those the task vector leaves unchanged (τ = 0 there, e.g. modules a LoRA adapter does not target:
+        their NLS is undefined, NaN, and left out of the mean)."""
         rows = []
         for level in self.levels:
-            vals = np.concatenate([s.nls for s in self.scores if s.level == level] or [np.array([])])
+            mine = [s for s in self.scores if s.level == level]
+            vals = np.concatenate([s.nls for s in mine] or [np.array([])])
             vals = vals[np.isfinite(vals)]
             rows.append({"level": level, "nls_mean": float(vals.mean()) if len(vals) else float("nan"),
                          "nls_std": float(vals.std()) if len(vals) else float("nan"),
-                         "submodules": sum(s.level == level for s in self.scores)})
+                         "submodules": len(mine),
+                         "unchanged": sum(not np.isfinite(s.nls).any() for s in mine)})
         return pd.DataFrame(rows)
+
+    def unchanged_note(self) -> str | None:
+        """A sentence naming the levels whose NLS is NaN because τ = 0 on every one of their submodules."""
+        df = self.by_level()
+        empty = [r.level for r in df.itertuples() if r.submodules and r.unchanged == r.submodules]
+        if not empty:
+            return None
+        return (f"NLS is undefined (NaN) at the {', '.join(empty)} level(s): the task vector is zero on every "
+                "submodule there (a LoRA adapter changes only the modules it targets), so nothing moves with α.")
 
     def get(self, level: str, layer: Optional[int] = None, head: Optional[int] = None) -> SubmoduleScore:
         """The score of one submodule."""

@@ -214,3 +214,27 @@ def test_gguf_base_with_an_adapter_and_a_full_finetune(tmp_path):
     out = load_file(str(next((tmp_path / "merged").glob("*.safetensors"))))
     assert res.n_tensors == len(open_checkpoint(gguf).infos()) and "lm_head.weight" not in out
     torch.testing.assert_close(out["model.layers.2.self_attn.q_proj.weight"], base_q + 0.005, rtol=0, atol=1e-6)
+
+
+def test_lora_linearity_says_why_an_untouched_level_is_nan(tiny_llama, tmp_path):
+    import shutil
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from forgetlab.linearity import nonlinearity_scores
+
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    model = AutoModelForCausalLM.from_pretrained(root / "base")
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                     init_lora_weights=False)).save_pretrained(root / "lora")
+    d = yaml.safe_load((root / "pool.yaml").read_text())
+    d["models"]["lora"] = {"adapter": "lora"}
+    (root / "pool.yaml").write_text(yaml.safe_dump(d))
+    res = nonlinearity_scores(ModelPool.from_yaml(root / "pool.yaml"), "math", model="lora",
+                              levels=("attn", "mlp"), samples=2)
+    table = res.by_level().set_index("level")
+    assert table.loc["mlp", "unchanged"] == table.loc["mlp", "submodules"] == 2
+    assert table.loc["attn", "unchanged"] == 0
+    assert "mlp" in res.unchanged_note() and "attn" not in res.unchanged_note()

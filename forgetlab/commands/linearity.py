@@ -77,6 +77,9 @@ def cmd_linearity(args) -> int:
                      curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
     emit(f"{result.model} on {result.task}: {result.samples} samples, inputs from the {result.capture} model")
     emit_frame(result.by_level())
+    note = result.unchanged_note()
+    if note:
+        emit(note)
     if args.out:
         write_csv(flat, args.out, args.overwrite)
     else:
