@@ -67,6 +67,11 @@ def open_sources(recipe: Recipe):
     base_ck = ck.open_checkpoint(recipe.base)
     base = CheckpointSource(base_ck, str(recipe.base))
     models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
+    from forgetlab.pool import warn_dtype_mismatch
+
+    for m in models:
+        if not m.is_lora:
+            warn_dtype_mismatch(base_ck, m.ckpt, m.label)
     return base_ck, base, models
 
 
