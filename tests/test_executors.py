@@ -141,3 +141,53 @@ def test_killed_worker_point_is_retried_then_failed(ray_cpus2, tmp_path):
     assert outs[1].attempts == 2 and outs[1].worker["pid"] != died_on      # retried on another process
     assert not outs[3].ok and outs[3].attempts == 2 and "died" in outs[3].error
     assert all(o.worker["pid"] != os.getpid() for o in outs if o.ok)
+
+
+def _recipe(tiny_llama):
+    return {"method": "task_arithmetic", "base": str(tiny_llama.base),
+            "models": [{"model": str(tiny_llama.finetuned["ft0"]), "weight": 1.0},
+                       {"model": str(tiny_llama.finetuned["ft1"]), "weight": 0.5}], "params": {"lam": 1.0}}
+
+
+def test_merge_search_points_are_real_merges(pool, tiny_llama):
+    from forgetlab.evaluate import evaluate
+    from forgetlab.merge import merge_state_dicts
+    from forgetlab.search import search
+
+    res = search(_recipe(tiny_llama), pool, budget=4, popsize=3, measure="answer_loss", max_general=2, max_task=4,
+                 device="cpu", max_forgetting=1.0)
+    assert [p.index for p in res.points] == [0, 1, 2, 3] and res.points[0].values == [1.0, 0.5]   # start first
+    assert res.models == ["ft0", "ft1"]
+    # re-evaluate one CMA-ES candidate by hand: merge in memory, evaluate on the probe split
+    p = res.points[2]
+    base = pool.checkpoint("base").state_dict()
+    fts = [pool.checkpoint(m).state_dict() for m in ("ft0", "ft1")]
+    model = pool.load("base", device="cpu")
+    merged = merge_state_dicts("task_arithmetic", base, fts, weights=p.values, lam=1.0)
+    import copy
+    m2 = copy.deepcopy(model)
+    m2.load_state_dict(merged, strict=False)
+    card = evaluate(m2, pool.tokenizer, pool.probes, split="probe", max_general=2, max_task=4)
+    assert p.general_loss == pytest.approx(card.general_loss, abs=1e-6)
+    assert p.forgetting == pytest.approx(card.general_loss - res.base_general_loss, abs=1e-9)
+    # constrained with a loose bound: the best is the lowest answer loss among the points
+    assert res.best == min(res.points, key=lambda q: q.speciality).index
+    best = res.best_point
+    assert [m["weight"] for m in res.best_recipe["models"]] == [round(v, 6) for v in best.values]
+    assert any(q.pareto for q in res.points) and res.points[res.best].pareto
+
+
+def test_merge_search_local_and_ray_agree(ray_cpus2, pool, tiny_llama):
+    from forgetlab.search import search
+
+    kw = dict(budget=4, popsize=3, max_general=2, max_task=4, device="cpu", hma_blocks=2, seed=3)
+    local = search(_recipe(tiny_llama), pool, **kw)
+    remote = search(_recipe(tiny_llama), pool, executor=RayExecutor(workers=2), **kw)
+    assert len(local.points) == len(remote.points) == 4
+    for a, b in zip(local.points, remote.points):
+        assert a.values == b.values and a.alphas == b.alphas and len(a.alphas) == 2
+        assert b.general_loss == pytest.approx(a.general_loss, abs=1e-6)
+        assert b.answer_loss == pytest.approx(a.answer_loss, abs=1e-6)
+        assert b.speciality == a.speciality
+        assert b.worker["pid"] != os.getpid() and b.executor == "ray"
+    assert local.best == remote.best and local.best_recipe == remote.best_recipe

@@ -1,0 +1,401 @@
+"""Merge search: CMA-ES over a merge method's per-model weights (and optionally per-block α as in HMA),
+maximising speciality while bounding forgetting — what mergekit-evolve does, on forgetlab's measures.
+
+A candidate x = (v1 … vN[, α1 … αB]) sets the recipe's per-model parameter (`weights` for linear / task
+arithmetic / TIES / DARE, `lam` for PCB…) to v1 … vN and, with `hma_blocks=B`, scales the merged task vector
+per block of decoder layers: θ = θ0 + αb·(merge(θ0, θ1…θN; v) − θ0) for the tensors of block b (blocks and the
+placement of embeddings / head as in METHODS.md's HMA). Each candidate is merged in memory from the base and
+fine-tuned weights that every worker holds resident, written into the worker's working copy of the model, and
+evaluated on the pool's **probe** split (speciality: exact match, or answer loss, on the tasks; generality:
+general-text loss). Forgetting = general loss − the base's general loss.
+
+Objectives (CMA-ES minimises J; s = speciality oriented so that higher is better, f = forgetting):
+- ``constrained`` (default): J = −s + 10·max(0, f − max_forgetting); the best point is the feasible one
+  (f ≤ max_forgetting) with the highest s (ties: lower f), else the one with the least excess forgetting;
+- ``weighted``: J = −s + forgetting_weight·f; the best point minimises J.
+
+The points run on an executor (`forgetlab.executors`: in process, or on Ray actors kept for the whole search);
+CMA-ES is seeded, so the same search gives the same points locally and on Ray. Every point records its worker.
+"""
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import MissingDependencyError, ParameterError, ProbeDataError
+from forgetlab.progress import Progress, report, scaled
+
+OBJECTIVES = ("constrained", "weighted")
+SEARCH_MEASURES = ("exact_match", "answer_loss")
+PENALTY = 10.0
+
+
+@dataclass
+class SearchPoint:
+    """One evaluated candidate: the searched values (per model, then per block α), its measures and worker."""
+
+    index: int
+    values: list[float]
+    alphas: Optional[list[float]] = None
+    speciality: float = float("nan")
+    answer_loss: float = float("nan")
+    general_loss: float = float("nan")
+    forgetting: float = float("nan")
+    objective: float = float("inf")
+    pareto: bool = False
+    seconds: float = 0.0
+    executor: str = "local"
+    worker: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SearchPoint":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass
+class SearchResult:
+    """Every evaluated candidate of a merge search, the best one, and the recipe that reproduces it."""
+
+    method: str
+    param: Optional[str]
+    models: list[str]
+    objective: str
+    measure: str
+    max_forgetting: float
+    forgetting_weight: float
+    base_general_loss: float
+    base_speciality: float
+    points: list[SearchPoint] = field(default_factory=list)
+    best: Optional[int] = None
+    recipe: dict[str, Any] = field(default_factory=dict)        # the input recipe
+    best_recipe: dict[str, Any] = field(default_factory=dict)   # the recipe with the best values
+    settings: dict[str, Any] = field(default_factory=dict)      # budget, seed, sigma0, bounds, hma_blocks, task…
+    executor: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def best_point(self) -> Optional[SearchPoint]:
+        return self.points[self.best] if self.best is not None else None
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per point: index, the values (`<param>:<model>`, `alpha_<b>`), speciality, answer_loss,
+        general_loss, forgetting, objective, pareto, best, executor, worker_host, worker_pid, error."""
+        rows = []
+        for p in self.points:
+            row: dict[str, Any] = {"index": p.index}
+            for m, v in zip(self.models, p.values):
+                row[f"{self.param}:{m}"] = v
+            for b, a in enumerate(p.alphas or []):
+                row[f"alpha_{b + 1}"] = a
+            row.update(speciality=p.speciality, answer_loss=p.answer_loss, general_loss=p.general_loss,
+                       forgetting=p.forgetting, objective=p.objective, pareto=p.pareto, best=p.index == self.best,
+                       executor=p.executor, worker_host=p.worker.get("host"), worker_pid=p.worker.get("pid"),
+                       error=p.error)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["points"] = [p.to_dict() for p in self.points]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SearchResult":
+        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        kw["points"] = [SearchPoint.from_dict(p) for p in d.get("points", [])]
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------------------------------------- workers
+
+
+def _per_model_param(method: str, name: Optional[str]):
+    from forgetlab.merge.registry import get_method
+
+    spec = get_method(method)
+    numeric = [p for p in spec.params if p.per_model and p.type in ("float", "floats")]
+    if name is None:
+        return numeric[0] if numeric else None
+    for p in numeric:
+        if p.name == name or p.model_key == name:
+            return p
+    raise ParameterError(f"{method} has no per-model numeric parameter {name!r}; searchable ones: "
+                         f"{', '.join(p.name for p in numeric) or 'none (use hma_blocks to search block α)'}.")
+
+
+class _SearchState:
+    """A search worker: base and fine-tuned weights resident (float32), one working copy of the model."""
+
+    def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
+                 model_refs: Sequence[str], device: Optional[str], eval_kw: dict):
+        from forgetlab.checkpoints import load_model, open_checkpoint
+        from forgetlab.merge.interpolation import layer_of, num_layers_of
+
+        self.pool, self.method, self.params, self.param = pool, method, dict(params), param
+        base = open_checkpoint(base_ref)
+        self.base = base.state_dict(torch.float32)
+        self.fts = [open_checkpoint(r, base=base).state_dict(torch.float32) for r in model_refs]
+        self.config = base.config
+        self.model = load_model(base, device=device)
+        self.dev = next(self.model.parameters()).device
+        self.live = dict(self.model.named_parameters())
+        names = list(self.base)
+        self.n_layers = num_layers_of(self.config, names)
+        self.layers = {n: layer_of(n, self.config) for n in names}
+        self.eval_kw = eval_kw
+
+    def _write(self, state: Mapping[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for name, p in self.live.items():
+                p.copy_(state[name].to(device=self.dev, dtype=p.dtype))
+
+    def __call__(self, item, progress: Progress = None):
+        from forgetlab.evaluate import evaluate
+        from forgetlab.merge import merge_state_dicts
+        from forgetlab.merge.interpolation import hma_alpha_for
+
+        if item is None:
+            self._write(self.base)
+            name = "base"
+        else:
+            values, alphas = item
+            params = dict(self.params)
+            if self.param is not None:
+                params[self.param] = [float(v) for v in values]
+            merged = merge_state_dicts(self.method, self.base, self.fts, config=self.config, **params)
+            if alphas:
+                for n, t in merged.items():
+                    if t.is_floating_point() and n in self.base:
+                        a = hma_alpha_for(self.layers[n], self.n_layers, alphas)
+                        merged[n] = self.base[n] + a * (t.to(torch.float32) - self.base[n])
+            self._write(merged)
+            del merged
+            name = "candidate"
+        return evaluate(self.model, self.pool.tokenizer, self.pool.probes, name=name, split="probe",
+                        progress=progress, **self.eval_kw)
+
+
+class _SearchFactory:
+    """Builds a `_SearchState`; pickled for Ray workers with the pool replaced by what reopens it."""
+
+    def __init__(self, pool, *args):
+        self.pool, self.args = pool, args
+
+    def __getstate__(self) -> dict[str, Any]:
+        from forgetlab.executors import pool_spec
+
+        d = dict(self.__dict__)
+        if not isinstance(d["pool"], dict):
+            d["pool"] = pool_spec(d["pool"], [])
+        return d
+
+    def __call__(self) -> _SearchState:
+        from forgetlab.executors import open_pool
+
+        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+        return _SearchState(pool, *self.args)
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+def _ref(pool, ref: str) -> str:
+    """A recipe's model reference: a pool member's name ("base" included) or a path / hub id."""
+    if ref == "base":
+        return pool.base_ref
+    if ref in pool.model_names:
+        return pool.entries[ref].ref
+    return ref
+
+
+def _label(pool, ref: str) -> str:
+    """A short name for a recipe's model: its pool name, else its folder's name."""
+    for name, e in pool.entries.items():
+        if ref == name or Path(e.ref).resolve() == Path(ref).resolve():
+            return name
+    return Path(ref).name or ref
+
+
+def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
+    if task is not None and task in card.tasks:
+        em, al = card.tasks[task].exact_match, card.tasks[task].answer_loss
+    else:
+        em = card.speciality(None)
+        al = sum(t.answer_loss for t in card.tasks.values()) / max(1, len(card.tasks))
+    return (em if measure == "exact_match" else al), al
+
+
+def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", max_forgetting: float = 0.05,
+           forgetting_weight: float = 1.0, measure: str = "exact_match", task: Optional[str] = None,
+           param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
+           sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
+           batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
+           executor=None, on_point=None, progress: Progress = None) -> SearchResult:
+    """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
+    its per-model values (or the parameter's default) are the start. `budget` counts candidate evaluations
+    (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point."""
+    from forgetlab.executors import make_executor
+    from forgetlab.merge.recipes import ModelEntry, load_recipe
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")           # cma warns that matplotlib is missing (no plots needed)
+            import cma
+    except ImportError:  # pragma: no cover - cma is a dependency
+        raise MissingDependencyError("The merge search needs the cma package: pip install cma") from None
+    recipe = load_recipe(recipe)
+    if objective not in OBJECTIVES:
+        raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
+    if measure not in SEARCH_MEASURES:
+        raise ParameterError(f"Unknown measure {measure!r}; choose one of {', '.join(SEARCH_MEASURES)}.")
+    if int(budget) < 1:
+        raise ParameterError(f"budget must be at least 1 evaluation; got {budget}.")
+    if int(hma_blocks) < 0:
+        raise ParameterError(f"hma_blocks must be ≥ 0; got {hma_blocks}.")
+    lo, hi = float(bounds[0]), float(bounds[1])
+    if not lo < hi:
+        raise ParameterError(f"bounds must be LOW < HIGH; got {bounds}.")
+    if pool.probes is None or not pool.probes.tasks or not pool.probes.general:
+        raise ProbeDataError("The merge search evaluates on the pool's probe split: the pool needs task probe files "
+                             "and held-out general text (pool.yaml probes).")
+    if task is not None and task not in pool.task_names:
+        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names)}.")
+    pspec = _per_model_param(recipe.method, param)
+    if pspec is None and not hma_blocks:
+        raise ParameterError(f"{recipe.method} has no per-model weight to search; pick another method or search "
+                             "per-block α with hma_blocks.")
+    if pspec is not None and pspec.range and (lo < pspec.range[0] or hi > pspec.range[1]):
+        raise ParameterError(f"bounds {bounds} leave {pspec.name}'s range {pspec.range}.")
+    base_params = recipe.validated_params()
+    n = len(recipe.models)
+    start: list[float] = []
+    if pspec is not None:
+        v = base_params.get(pspec.name, pspec.default)
+        start = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v] * n)]
+        start = [min(hi, max(lo, x)) for x in start]
+    x0 = start + [1.0] * int(hma_blocks)
+    lows = [lo] * len(start) + [0.0] * int(hma_blocks)
+    highs = [hi] * len(start) + [1.0] * int(hma_blocks)
+    models = [_label(pool, m.model) for m in recipe.models]
+    eval_kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task)
+    factory = _SearchFactory(pool, recipe.method, base_params, pspec.name if pspec else None,
+                             _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models], device, eval_kw)
+    executor = make_executor(executor)
+    settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi],
+                    hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw)
+    t_start = time.perf_counter()
+    report(progress, 0.0, "starting the workers")
+    with executor.workers(factory, progress=scaled(progress, 0.0, 0.1)) as workers:
+        first = workers.map([None])[0]
+        if not first.ok:
+            from forgetlab.executors import ExecutorError
+            raise ExecutorError(f"The base could not be evaluated on a worker: {first.error}")
+        base_card = first.value
+        base_spec, _ = _scores(base_card, task, measure)
+        result = SearchResult(recipe.method, pspec.name if pspec else None, models, objective, measure,
+                              float(max_forgetting), float(forgetting_weight), base_card.general_loss, base_spec,
+                              recipe=recipe.to_dict(), settings=settings, executor={"name": executor.name})
+        sign = 1.0 if measure == "exact_match" else -1.0
+
+        def run(xs: list[list[float]]) -> list[float]:
+            items = [(x[: len(start)], x[len(start):] or None) for x in xs]
+            outs = workers.map(items, progress=None)
+            js = []
+            for x, out in zip(xs, outs):
+                p = SearchPoint(len(result.points), [float(v) for v in x[: len(start)]],
+                                [float(v) for v in x[len(start):]] or None, executor=executor.name,
+                                seconds=out.seconds, worker=dict(out.worker or {}), error=out.error)
+                if out.ok:
+                    card = out.value
+                    p.speciality, p.answer_loss = _scores(card, task, measure)
+                    p.general_loss = card.general_loss
+                    p.forgetting = card.general_loss - base_card.general_loss
+                    s = sign * p.speciality
+                    p.objective = (-s + PENALTY * max(0.0, p.forgetting - max_forgetting) if objective == "constrained"
+                                   else -s + forgetting_weight * p.forgetting)
+                    if math.isnan(p.objective):
+                        p.objective = float("inf")
+                result.points.append(p)
+                _finish(result)
+                report(progress, 0.1 + 0.9 * len(result.points) / budget,
+                       f"{len(result.points)}/{budget}: speciality {p.speciality:.3f}, forgetting {p.forgetting:+.4f}")
+                if on_point is not None:
+                    on_point(p, result)
+                js.append(p.objective)
+            return js
+
+        run([list(x0)])
+        if budget > 1 and x0:
+            opts = {"bounds": [lows, highs], "seed": int(seed) + 1, "verbose": -9, "maxfevals": budget - 1}
+            if popsize:
+                opts["popsize"] = int(popsize)
+            es = cma.CMAEvolutionStrategy(x0, sigma0, opts)
+            while not es.stop() and len(result.points) < budget:
+                xs = [list(map(float, x)) for x in es.ask()]
+                xs = xs[: budget - len(result.points)]
+                js = run(xs)
+                if len(xs) < es.popsize:
+                    break
+                es.tell(xs, js)
+    result.executor = executor.describe()
+    best = result.best_point
+    if best is not None:
+        entries = list(recipe.models)
+        if pspec is not None:
+            key = pspec.model_key or pspec.name
+            entries = [ModelEntry(m.model, {**m.params, key: round(v, 6)}) for m, v in zip(recipe.models, best.values)]
+        params = {k: v for k, v in recipe.params.items() if pspec is None or k != pspec.name}
+        out = type(recipe)(recipe.method, recipe.base, entries, params, recipe.dtype, recipe.seed, recipe.name,
+                           recipe.pool)
+        result.best_recipe = out.to_dict()
+        if best.alphas:
+            result.best_recipe["forgetlab"] = {"hma_block_alphas": [round(a, 6) for a in best.alphas]}
+    result.seconds = time.perf_counter() - t_start
+    report(progress, 1.0, "search done")
+    return result
+
+
+def _finish(result: SearchResult) -> None:
+    """Mark the Pareto front (speciality up, general loss down) and pick the best point."""
+    from forgetlab.sweeps import pareto_mask
+
+    ok = [p for p in result.points if p.error is None]
+    sign = 1.0 if result.measure == "exact_match" else -1.0
+    flags = pareto_mask([sign * p.speciality for p in ok], [p.general_loss for p in ok])
+    for p in result.points:
+        p.pareto = False
+    for p, f in zip(ok, flags):
+        p.pareto = f
+    if not ok:
+        result.best = None
+        return
+    if result.objective == "constrained":
+        feasible = [p for p in ok if p.forgetting <= result.max_forgetting]
+        if feasible:
+            best = max(feasible, key=lambda p: (sign * p.speciality, -p.forgetting, -p.index))
+        else:
+            best = min(ok, key=lambda p: (p.forgetting, p.index))
+    else:
+        best = min(ok, key=lambda p: (p.objective, p.index))
+    result.best = best.index
+
+
+def save_search(result: SearchResult, home_path=None):
+    """Save under the workspace's runs/ (kind `search`: recipe.json, results.json, results.csv)."""
+    from forgetlab.workspace import save_run
+
+    recipe = {"search": result.method, "recipe": result.recipe, **result.settings, "objective": result.objective,
+              "measure": result.measure, "max_forgetting": result.max_forgetting,
+              "forgetting_weight": result.forgetting_weight}
+    return save_run("search", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
