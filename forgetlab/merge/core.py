@@ -276,59 +276,93 @@ def _new_buffer(nbytes: int) -> torch.Tensor:
 class TensorReader:
     """Reads (base, fine-tuned tensors) of each floating-point entry in order, checked finite, for a pass.
 
-    `reuse=True` reads into two fixed slots per source (uint8 buffers of the source's largest tensor,
-    alternating between entries) instead of a fresh allocation per tensor: fresh memory costs a page fault
-    per 4 KiB, which on a 27M-parameter merge took as long as the reads. A tensor read into a slot is a view
-    of it and is overwritten two entries later, so only a caller that is done with entry i (its merged
-    tensor written) when it asks for entry i + 2 may reuse (the engine; not `merge_state_dicts`, which
-    keeps every output). `prefetch=True` reads entry i + 1 in a thread while the caller works on entry i
+    `reuse=True` reads into reused slots (a slot holds one uint8 buffer per source) instead of a fresh
+    allocation per tensor: fresh memory costs a page fault per 4 KiB, which on a 27M-parameter merge took
+    as long as the reads themselves. Entry i + 1 goes to a slot other than entry i's — the smallest that
+    fits, or a small one grown, so that a large slot stays free for the next large tensor (embeddings,
+    lm_head) — so a tensor read into a slot is valid until the caller asks for the entry after the next:
+    only a caller that is done with entry i (its merged tensor written) when it asks for entry i + 1 may
+    reuse (the engine; not `merge_state_dicts`, which keeps every output). The slots survive between the
+    passes of one reader. `prefetch=True` reads entry i + 1 in a thread while the caller works on entry i
     (file reads and torch's kernels release the GIL), so reading overlaps the arithmetic.
     """
+
+    SLOTS = 3
 
     def __init__(self, base, models, device: str = "cpu", reuse: bool = False, prefetch: bool = False):
         self.base, self.models, self.device = base, list(models), device
         self.reuse, self.prefetch = reuse, prefetch
-        self._slots: list[list[torch.Tensor | None]] | None = None
+        self._slots: list[list[torch.Tensor | None]] = [[None] * (1 + len(self.models)) for _ in range(self.SLOTS)]
 
-    def _buffers(self, entries: Sequence[Entry], i: int):
-        if not self.reuse:
-            return None
-        sources = [self.base] + self.models
-        if self._slots is None:
-            self._slots = [[None] * len(sources) for _ in range(2)]
-        slots = self._slots[i % 2]
-        for j, src in enumerate(sources):  # a slot grows to the largest tensor read into it
-            need = getattr(src, "nbytes", lambda n: 0)(entries[i].name)
-            if need and (slots[j] is None or slots[j].numel() < need):
-                slots[j] = None
-                slots[j] = _new_buffer(need)
-        return slots
+    def _pick(self, needs: list[int], busy: int | None) -> int:
+        free = [j for j in range(self.SLOTS) if j != busy]
+        cap = [min((b.numel() if b is not None else 0) - n for b, n in zip(self._slots[j], needs)) for j in free]
+        fits = [j for j, c in zip(free, cap) if c >= 0]
+        total = max(1, sum(needs))
+        if fits:
+            best = min(fits, key=lambda j: sum(b.numel() for b in self._slots[j] if b is not None))
+            slack = sum(b.numel() for b in self._slots[best] if b is not None) - total
+            small = [j for j in free if j not in fits]
+            if slack <= 3 * total or not small:
+                return best
+            return max(small, key=lambda j: sum(b.numel() for b in self._slots[j] if b is not None))
+        return max(free, key=lambda j: sum(b.numel() for b in self._slots[j] if b is not None))
 
-    def _load(self, entries: Sequence[Entry], i: int):
+    def _needs(self, name: str) -> list[int]:
+        return [getattr(src, "nbytes", lambda n: 0)(name) for src in [self.base] + self.models]
+
+    def _worth_waiting(self, name: str, busy: int | None) -> bool:
+        """Whether entry `name` should wait for the busy slot rather than be read ahead into a slot grown by
+        more than 8 MiB (two large tensors in a row, e.g. lm_head and the embeddings, would otherwise need
+        two large slots: page faults and peak memory)."""
+        if not self.reuse or busy is None:
+            return False
+        needs = self._needs(name)
+        fits_busy = all(n == 0 or (b is not None and b.numel() >= n) for b, n in zip(self._slots[busy], needs))
+        if not fits_busy:
+            return False
+        slot = self._pick(needs, busy)
+        grow = sum(max(0, n - (b.numel() if b is not None else 0)) for b, n in zip(self._slots[slot], needs))
+        return grow > (8 << 20)
+
+    def _buffers(self, name: str, busy: int | None):
+        needs = self._needs(name)
+        slot = self._pick(needs, busy)
+        bufs = self._slots[slot]
+        for j, need in enumerate(needs):  # a slot grows to the largest tensor read into it
+            if need and (bufs[j] is None or bufs[j].numel() < need):
+                bufs[j] = None
+                bufs[j] = _new_buffer(need)
+        return slot, bufs
+
+    def _load(self, entries: Sequence[Entry], i: int, busy: int | None):
         e = entries[i]
-        bufs = self._buffers(entries, i)
+        slot, bufs = self._buffers(e.name, busy) if self.reuse else (None, None)
         base_t = self.base.read(e.name, self.device) if bufs is None else self.base.read(e.name, self.device, bufs[0])
         fts = _finetuned(self.models, e.name, base_t, self.device, bufs)
         check_finite(e.name, self.base.label, base_t, self.models, fts)
-        return base_t, fts
+        return slot, base_t, fts
 
     def __call__(self, entries: Sequence[Entry]) -> Iterator[tuple[Entry, torch.Tensor, list[torch.Tensor]]]:
         """Yield (entry, base tensor, fine-tuned tensors) for every entry (all floating-point) in order."""
         entries = list(entries)
         if not self.prefetch or len(entries) < 2:
+            busy = None
             for i, e in enumerate(entries):
-                yield (e, *self._load(entries, i))
+                busy, base_t, fts = self._load(entries, i, busy)
+                yield e, base_t, fts
             return
         from concurrent.futures import ThreadPoolExecutor
         threads = torch.get_num_threads()
         with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
-            nxt = pool.submit(self._load, entries, 0)
+            nxt = pool.submit(self._load, entries, 0, None)
             try:
                 for i, e in enumerate(entries):
-                    cur = nxt.result()
-                    nxt = pool.submit(self._load, entries, i + 1) if i + 1 < len(entries) else None
-                    yield (e, *cur)
-                    del cur
+                    busy, base_t, fts = nxt.result() if nxt is not None else self._load(entries, i, None)
+                    later = i + 1 < len(entries) and self._worth_waiting(entries[i + 1].name, busy)
+                    nxt = pool.submit(self._load, entries, i + 1, busy) if i + 1 < len(entries) and not later else None
+                    yield e, base_t, fts
+                    del base_t, fts
             finally:
                 if nxt is not None:
                     nxt.cancel()
@@ -339,10 +373,11 @@ class TensorReader:
 
 
 def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], device: str = "cpu",
-                  progress: Progress = None, fast_io: bool = False) -> Any:
+                  progress: Progress = None, fast_io: bool = False, reader: TensorReader | None = None) -> Any:
     """Run the method's global first pass over every floating-point tensor (None if it needs none).
     `fast_io`: read through reused slots with a prefetching thread (`TensorReader`; the collectors keep no
-    tensor they are given)."""
+    tensor they are given). `reader`: a TensorReader to read with (the engine shares one, and its slots, with
+    `merge_tensors`)."""
     if not spec.needs_global_pass(params):
         return None
     floats = _float_entries(entries)
@@ -350,7 +385,7 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     collector = spec.collector(len(models), total, params)
     steps = collector.passes * max(1, len(floats))
     done = 0
-    reader = TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
+    reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
     for p in range(collector.passes):
         for e, base_t, fts in reader(floats):
             collector.add(p, e.name, base_t, [ft.sub_(base_t) for ft in fts])  # owned copies: in place
@@ -363,7 +398,7 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
 def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], *, stats: Any = None,
                   prepared: Mapping[str, Any] | None = None, config=None, device: str = "cpu",
                   out_dtype: torch.dtype | None = None, progress: Progress = None,
-                  fast_io: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+                  fast_io: bool = False, reader: TensorReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, merged tensor) for every base tensor in order, cast to `out_dtype` (default: the base's
     dtype) on the CPU. Non-floating tensors (e.g. integer buffers) are copied from the base.
 
@@ -373,7 +408,8 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     names = [e.name for e in entries]
     n_layers = num_layers_of(config, names)
     locate = layer_locator(config)
-    floats = iter(TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)(_float_entries(entries)))
+    reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
+    floats = iter(reader(_float_entries(entries)))
     for i, e in enumerate(entries):
         if not e.dtype.is_floating_point:
             yield e.name, base.read_raw(e.name)

@@ -20,7 +20,7 @@ import yaml
 
 from forgetlab import checkpoints as ck
 from forgetlab.errors import ParameterError
-from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats, merge_tensors
+from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors
 from forgetlab.merge.recipes import Recipe, load_recipe
 from forgetlab.merge.registry import PrepareContext, get_method
 from forgetlab.outputs import check_output_dir
@@ -137,7 +137,10 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     start = 0.2 if spec.needs_pool else 0.0
     glob = spec.needs_global_pass(params)
     mid = start + (0.5 * (1 - start) if glob else 0.0)
-    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), fast_io=True)
+    # one reader for every pass: its read slots are reused (write_hf_folder writes each merged tensor before it
+    # asks for the next, so a merged tensor may live in a slot)
+    reader = TensorReader(base, models, device, reuse=True, prefetch=True)
+    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), reader=reader)
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
             for e in entries]
@@ -155,8 +158,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
             config.dtype = recipe.dtype
         cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
-                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0),
-                           fast_io=True)  # write_hf_folder writes each tensor before asking for the next
+                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader)
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}},
                                  sort_keys=False)

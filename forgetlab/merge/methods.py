@@ -2,6 +2,8 @@
 (one named tensor of the base and of every fine-tuned model, float32) and returns the merged tensor."""
 from __future__ import annotations
 
+import math as _math
+
 import torch
 
 from forgetlab.errors import ParameterError
@@ -33,8 +35,9 @@ def _seed() -> ParamSpec:
 
 
 def _add_scaled(job: TensorJob, parts: list[torch.Tensor], lam: float) -> torch.Tensor:
-    """θ0 + λ·Σ wt·partt, accumulated in one output buffer (one pass per model)."""
-    out = job.base.clone()
+    """θ0 + λ·Σ wt·partt, accumulated into the base tensor, which the job owns (the engine's reads are
+    copies) and which no method reads after its parts are made: no output buffer to allocate."""
+    out = job.base
     for part, w in zip(parts, job.params["weights"]):
         out.add_(part, alpha=float(lam) * float(w))
     return out
@@ -81,13 +84,13 @@ def _merge_ties(job: TensorJob) -> torch.Tensor:
         # the same trim, election and disjoint mean, in place: exact selection instead of a sort, numpy masks,
         # blocks that stay in cache; the result is written into the base the job owns (forgetlab.merge.kernels)
         if p["scope"] == "global":
-            for tau, thr in zip(taus, job.stats):
-                _k.threshold_(tau, thr)
+            cuts = [_math.inf if thr is None else thr for thr in job.stats]
         elif p["keep"] < 1:
             k = _sp.keep_count(job.base.numel(), p["keep"])
-            for tau in taus:
-                _k.keep_top_(tau, k)
-        return _k.ties_combine_into_(job.base, taus, p["weights"], p["lam"])
+            cuts = [_k.top_cut_(tau, k) for tau in taus]
+        else:
+            cuts = None
+        return _k.ties_combine_into_(job.base, taus, p["weights"], p["lam"], cuts)
     merged = ties_combine(_ties_trimmed(job), p["weights"])  # other devices: torch.kthvalue, no copies to the CPU
     return job.base + p["lam"] * merged
 
