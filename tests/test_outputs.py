@@ -434,3 +434,16 @@ def test_pool_files_keep_working_with_keys_of_the_users_own(tiny_llama, tmp_path
     shutil.copytree(tiny_llama.root, root)
     (root / "pool.yaml").write_text((root / "pool.yaml").read_text() + "owner: ada\nnotes: [a, b]\n")
     assert ModelPool.from_yaml(root / "pool.yaml").model_names == ["ft0", "ft1"]
+
+
+@pytest.mark.parametrize("name", ["x" * 300, "bad\nname", "a\x00b", "base", "ft0"])
+def test_finetune_save_as_refuses_a_bad_name_before_training(name, tiny_llama, tmp_path, capsys):
+    import shutil
+
+    root = tmp_path / "p"
+    shutil.copytree(tiny_llama.root, root)
+    before = tree(root)
+    assert main(["finetune", str(root / "pool.yaml"), "--task", "math", "--steps", "50", "--save-as", name]) == 2
+    err = capsys.readouterr().err
+    assert "name" in err and "Traceback" not in err
+    assert tree(root) == before

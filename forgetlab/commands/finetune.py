@@ -47,10 +47,12 @@ def cmd_finetune(args) -> int:
     """Run one fine-tune or the comparison; print trajectories and finals; save the run and, with --save-as, the model."""
     from forgetlab.errors import ParameterError
     from forgetlab.pool import ModelPool
-    from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
-                                      save_finetuned, standard_configs)
+    from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, check_save_as, compare, finetune,
+                                      save_finetune_run, save_finetuned, standard_configs)
 
     pool = ModelPool.from_yaml(args.pool)
+    if args.save_as and not args.compare:
+        check_save_as(pool, args.save_as)          # before training, not after
     opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
                 max_task=args.max_task, max_train=args.max_train, device=args.device)
     update, close = tqdm_progress(f"finetune {args.task}")

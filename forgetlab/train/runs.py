@@ -355,6 +355,22 @@ def default_model_dir(pool, name: str) -> Path:
     return home() / "finetuned" / name
 
 
+def check_save_as(pool, name: str, *, out_dir=None, overwrite: bool = False) -> Path:
+    """Check, before any training, that a fine-tune can be saved into the pool as `name`: a plain name
+    (forgetlab.outputs.check_name), not 'base' nor a model the pool has, and a target folder that may be
+    written. Returns the target folder."""
+    from forgetlab.outputs import check_name, check_output_dir
+
+    check_name(name, "model name")
+    if name == "base":
+        raise ParameterError("'base' names the pool's base model; choose another name for the fine-tune.")
+    if name in pool.model_names:
+        raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
+    target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
+    check_output_dir(target, overwrite)
+    return target
+
+
 def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None, out_dir=None,
                    overwrite: bool = False, update_yaml: bool = True) -> Path:
     """Save a trained model as an HF folder (`forgetlab.checkpoints.save_model`, atomic) with its recipe
@@ -364,14 +380,8 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
     An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
     """
     from forgetlab.checkpoints import save_model
-    from forgetlab.outputs import check_name
 
-    check_name(name, "model name")
-    if name == "base":
-        raise ParameterError("'base' names the pool's base model; choose another name for the fine-tune.")
-    if name in pool.model_names:
-        raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
-    target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
+    target = check_save_as(pool, name, out_dir=out_dir, overwrite=overwrite)
     extra = {"finetune.json": json.dumps(run.to_dict(), indent=2, default=str)} if run is not None else None
     inputs = [pool.checkpoint(n).path for n in ["base", *pool.model_names]]
     if getattr(pool, "source", None):
