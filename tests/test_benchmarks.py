@@ -223,3 +223,19 @@ def test_the_zoo_pool_names_its_local_benchmarks_and_they_run_offline(pico_zoo, 
     assert set(bench) == {"zoo_wiki_cloze"} | \
         {n for names in spec["tasks"].values() for n in names}
     assert all(0 <= m["acc"] <= 1 for m in bench.values())
+
+
+def test_a_merge_is_judged_by_benchmarks_beside_its_parents(tiny_llama, tasks_dir, tmp_path):
+    from forgetlab.benchmarks import BenchmarkSpec
+    from forgetlab.merge.workflow import evaluate_merge, merge_into_workspace, pool_recipe
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    res = merge_into_workspace(pool_recipe(pool, "task_arithmetic", ["ft0", "ft1"]), "m", home=tmp_path)
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(tasks_dir), limit=6)
+    cards = evaluate_merge(pool, res.out_dir, ["ft0", "ft1"], max_general=2, max_task=2, benchmarks=spec)
+    assert [c.model for c in cards] == ["base", "ft0", "ft1", "m"]
+    assert all(set(c.benchmarks["tiny_cloze"]) == {"acc", "acc_norm"} for c in cards)
+    direct = evaluate_benchmarks(load_model(res.out_dir, device="cpu"), load_tokenizer(tiny_llama.base),
+                                 ["tiny_cloze"], include=tasks_dir, limit=6)
+    assert cards[-1].benchmarks == direct

@@ -70,10 +70,11 @@ def merge_into_workspace(recipe: Recipe, name: str, *, home: str | Path | None =
 
 def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, device: str | None = None,
                    max_general: int | None = 32, max_task: int | None = 50, cache: dict | None = None,
-                   progress: Progress = None) -> list[Scorecard]:
+                   benchmarks=None, progress: Progress = None) -> list[Scorecard]:
     """Scorecards of the base, the parents and the merged model (in that order) on the pool's probe data
     (eval split); saves them as scorecards.json in the merged folder. `cache` (a dict) reuses the scorecards
-    of the base and parents between calls with the same settings."""
+    of the base and parents between calls with the same settings. `benchmarks` (a BenchmarkSpec, e.g. the
+    pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard."""
     from forgetlab.checkpoints import load_model
 
     if pool.probes is None:
@@ -82,20 +83,28 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1
+    manager = None
+    if benchmarks is not None and benchmarks.all_tasks:
+        from forgetlab.benchmarks import check_tasks, task_manager
+
+        manager = task_manager(benchmarks.include, benchmarks.all_tasks)
+        check_tasks(benchmarks.all_tasks, manager)
+    bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
+    bench_key = json.dumps(benchmarks.to_dict(), sort_keys=True) if manager is not None else None
     for i, n in enumerate(names):
-        key = (getattr(pool, "key", ""), n, max_general, max_task, str(device))
+        key = (getattr(pool, "key", ""), n, max_general, max_task, str(device), bench_key)
         if cache is not None and key in cache:
             cards.append(cache[key])
             continue
         model = pool.load(n, device=device)
         card = evaluate(model, pool.tokenizer, pool.probes, name=n, max_general=max_general, max_task=max_task,
-                        progress=scaled(progress, i / steps, (i + 1) / steps))
+                        progress=scaled(progress, i / steps, (i + 1) / steps), **bench)
         if cache is not None:
             cache[key] = card
         cards.append(card)
     model = load_model(merged_dir, device=device)
     cards.append(evaluate(model, pool.tokenizer, pool.probes, name=merged_dir.name, max_general=max_general,
-                          max_task=max_task, progress=scaled(progress, (steps - 1) / steps, 1.0)))
+                          max_task=max_task, progress=scaled(progress, (steps - 1) / steps, 1.0), **bench))
     del model
     payload = {"parents": list(parents), "max_general": max_general, "max_task": max_task,
                "cards": [c.to_dict() for c in cards]}
