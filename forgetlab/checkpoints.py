@@ -917,19 +917,32 @@ def _as_dtype(dtype) -> torch.dtype:
     raise CheckpointError(f"Unknown dtype {dtype!r}; use one of {', '.join(names)}.")
 
 
-def load_model(ref: str | Path | Checkpoint, device: str | None = None, dtype=torch.float32):
+def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
     """A causal-LM model ready for forward passes (eval mode, no grad needed) on `device`.
 
     LoRA adapters are merged into the base weights (θ0 + ΔW) so every model is a plain transformers model.
+    `device` may be a `forgetlab.devicemap.Placement` (an accelerate device map with `max_memory`, for a model
+    larger than one device; HF folders only): the layers are then spread over GPUs, CPU and disk.
     """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from forgetlab.devicemap import Placement
+
     hf_logging.disable_progress_bar()  # forgetlab reports progress through its own callbacks
-    device = check_device(device)
+    placement = device if isinstance(device, Placement) else None
+    device = check_device(None if placement else device)
     ckpt = open_checkpoint(ref)
     dtype = _as_dtype(dtype)
+    if placement is not None and isinstance(ckpt, (GGUFCheckpoint, LoraCheckpoint)):
+        raise CheckpointError(f"A device map needs an HF folder; {ckpt.ref} is a {ckpt.kind} checkpoint. Convert or "
+                              "merge it into a folder first (forgetlab merge / the zoo's conversion).")
     try:
+        if placement is not None:
+            model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                                                               output_loading_info=True, **placement.kwargs())
+            _check_loading_info(ckpt, info)
+            return model.eval()
         if isinstance(ckpt, GGUFCheckpoint):
             # dequantised once per process (_dequantised); a plain model built from the config, so it can be
             # saved and fine-tuned like any other

@@ -83,7 +83,8 @@ def scorecards_frame(cards: Sequence[Scorecard]) -> pd.DataFrame:
 
 
 def _device_of(model) -> torch.device:
-    return next(model.parameters()).device
+    # a model dispatched by accelerate may hold offloaded parameters on "meta": its hooks move the inputs
+    return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))
 
 
 @torch.no_grad()

@@ -333,17 +333,28 @@ class WorkingCopy:
 
     Loads the base once (a fresh model: the pool's cached models are never modified), then `apply(fn)`
     writes fn(name, θ0, θ1) into every parameter, reading θ0 and θ1 tensor by tensor from the checkpoints.
+    `device` may be a `forgetlab.devicemap.Placement`: the copy is then spread by an accelerate device map
+    (GPUs, CPU, disk) and offloaded weights are written where accelerate keeps them (an offload folder of the
+    copy's own, removed with it).
     """
 
-    def __init__(self, pool, model: str, device: Optional[str] = None):
+    def __init__(self, pool, model: str, device=None):
+        import tempfile
+
         from forgetlab.checkpoints import load_model
+        from forgetlab.devicemap import ParamAccess, Placement
 
         if model == "base":
             raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
                                  f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
         self.base = pool.checkpoint("base")
         self.tuned = pool.checkpoint(model)
+        self._offload_dir = None
+        if isinstance(device, Placement) and not device.offload_folder:
+            self._offload_dir = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")
+            device = Placement(device.device_map, device.max_memory, self._offload_dir.name)
         self.model = load_model(self.base, device=device, dtype=torch.float32)
+        self.access = ParamAccess(self.model)
         self.params = dict(self.model.named_parameters())   # tied weights appear once
         base_names, tuned_names = set(self.base.names()), set(self.tuned.names())
         for name in self.params:
@@ -364,7 +375,7 @@ class WorkingCopy:
                 if new.shape != p.shape:
                     raise IncompatibleModelsError(f"Tensor {name}: new value has shape {tuple(new.shape)}, "
                                                   f"the model expects {tuple(p.shape)}.")
-                p.copy_(new.to(device=p.device, dtype=p.dtype))
+                self.access.write(name, new)
                 del w0, w1, new
 
     def distance(self) -> float:
@@ -372,7 +383,7 @@ class WorkingCopy:
         from forgetlab.taskvec import distance
 
         try:
-            return float(distance(self.params, self.theta0))
+            return float(distance(self.access, self.theta0))
         except ForgetlabError:
             return float("nan")
 

@@ -36,3 +36,24 @@ def executor_lines(result_executor: dict, points) -> list[str]:
              f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); driver {driver.get('host')}:{driver.get('pid')}"]
     lines += [f"note: {n}" for n in result_executor.get("notes") or []]
     return lines
+
+
+def add_device_map_arguments(p) -> None:
+    """Add `--device-map auto|balanced|sequential [--max-memory 0=20GiB,cpu=64GiB]` (models larger than a device)."""
+    p.add_argument("--device-map", default=None, choices=["auto", "balanced", "sequential"],
+                   help="spread a model that does not fit one device over the GPUs, then CPU, then disk "
+                        "(accelerate); overrides --device")
+    p.add_argument("--max-memory", default=None, metavar="DEV=SIZE,…",
+                   help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
+
+
+def device_from_args(args):
+    """`args.device`, or a `forgetlab.devicemap.Placement` when --device-map is given."""
+    from forgetlab.devicemap import Placement, parse_max_memory
+    from forgetlab.errors import ParameterError
+
+    if getattr(args, "device_map", None):
+        return Placement(args.device_map, parse_max_memory(args.max_memory) if args.max_memory else None)
+    if getattr(args, "max_memory", None):
+        raise ParameterError("--max-memory needs --device-map auto (or balanced / sequential).")
+    return args.device

@@ -1,7 +1,8 @@
 """CLI: `forgetlab sweep alpha|pruning|density|hma POOL.yaml --model NAME ...` — forgetting curves."""
 from __future__ import annotations
 
-from forgetlab.commands._executor import add_executor_arguments, executor_from_args, executor_lines
+from forgetlab.commands._executor import (add_device_map_arguments, add_executor_arguments, device_from_args,
+                                          executor_from_args, executor_lines)
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.errors import parse_floats
 
@@ -31,6 +32,7 @@ def _common(p) -> None:
     p.add_argument("--out", help="also write the table to this CSV or JSON file")
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
     add_executor_arguments(p)
+    add_device_map_arguments(p)
 
 
 def register(sub) -> None:
@@ -92,7 +94,7 @@ def cmd_sweep(args) -> int:
     general_measure = sweeps.check_general_measure(args.general_measure)
     pool = ModelPool.from_yaml(args.pool)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
-                  batch_size=args.batch_size, device=args.device, executor=executor_from_args(args),
+                  batch_size=args.batch_size, device=device_from_args(args), executor=executor_from_args(args),
                   benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
         extra = dict(alphas=parse_floats(args.alphas, "--alphas"))

@@ -1,0 +1,42 @@
+"""Device maps (forgetlab.devicemap): a sweep on a working copy that accelerate partly offloads to disk (a small
+CPU max_memory) gives the same points as on one device, and never touches the checkpoint."""
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from forgetlab.devicemap import ParamAccess, Placement, parse_max_memory
+from forgetlab.errors import ParameterError
+from forgetlab.sweeps import WorkingCopy, _wise, alpha_curve
+
+
+def test_offloaded_working_copy_sweeps_like_one_device(pool, tiny_llama):
+    stored = (tiny_llama.base / "model.safetensors").read_bytes()
+    place = Placement("auto", {"cpu": 90_000})          # ~half of the tiny model: the rest goes to disk
+    work = WorkingCopy(pool, "ft0", device=place)
+    where = set(work.model.hf_device_map.values())
+    assert "disk" in where and "cpu" in where            # really split between memory and disk
+    assert ParamAccess(work.model).offloaded
+    work.apply(_wise(1.0))                                # writes reach offloaded weights
+    ft = pool.checkpoint("ft0")
+    for name in ("lm_head.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"):
+        assert work.access[name].equal(ft.read(name))
+    del work
+    kw = dict(alphas=[0.0, 0.6, 1.0], max_general=3, max_task=4)
+    one = alpha_curve(pool, "ft0", device="cpu", **kw)
+    split = alpha_curve(pool, "ft0", device=place, **kw)
+    for a, b in zip(one.points, split.points):
+        assert b.general_loss == pytest.approx(a.general_loss, abs=1e-6)
+        assert b.distance == pytest.approx(a.distance, abs=1e-6)
+        for t in a.scorecard.tasks:
+            assert b.scorecard.tasks[t].answer_loss == pytest.approx(a.scorecard.tasks[t].answer_loss, abs=1e-6)
+    assert hashlib.sha256((tiny_llama.base / "model.safetensors").read_bytes()).digest() == \
+        hashlib.sha256(stored).digest()                  # the offload never wrote into the checkpoint
+
+
+def test_parse_max_memory():
+    assert parse_max_memory("0=20GiB, 1=20GiB,cpu=64GiB") == {0: "20GiB", 1: "20GiB", "cpu": "64GiB"}
+    assert parse_max_memory("cpu=1000") == {"cpu": 1000}
+    with pytest.raises(ParameterError, match="DEVICE=SIZE"):
+        parse_max_memory("20GiB")
