@@ -8,6 +8,7 @@ from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.errors import ParameterError
 from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.tables import show_table
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Features")
@@ -65,13 +66,24 @@ with right:
             start = True
 
     def work(progress):
-        cache[key] = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head,
-                                          pooling=pooling, samples=int(samples), perplexity=perplexity,
-                                          seed=int(seed), device=device, progress=progress)
-        return cache[key]
+        """The map, kept for this process and saved to the workspace's runs/ (kind "features")."""
+        from forgetlab.workspace import save_run
+
+        result = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
+                                      samples=int(samples), perplexity=perplexity, seed=int(seed), device=device,
+                                      progress=progress)
+        recipe = {"pool": str(pool.source or pool.name), "models": list(models), "tasks": list(tasks),
+                  "level": level, "layer": layer, "head": head, "pooling": pooling, "samples": int(samples),
+                  "perplexity": float(perplexity), "seed": int(seed)}
+        cache[key] = result
+        return result, save_run("features", recipe, result.to_dict(), frame=result.cluster_summary())
+
+    def keep(done) -> None:
+        st.toast(f"Saved under {done[1]}")
 
     last = run_once(key, work, start=start, label="Capturing features and mapping them with t-SNE",
-                    slot="features")
+                    slot="features", on_done=keep)
+    last = last[0] if last is not None else None
     result = cache.get(key)
     if result is None and last is not None:
         st.info("These settings are not mapped yet; below is the last map made on this page. Press "
@@ -84,8 +96,8 @@ with right:
     st.subheader("Distance between task clusters")
     st.caption("Euclidean distance between task centroids, per model: in the t-SNE plane and in the PCA space "
                "(the latter is the one to compare; t-SNE distances are only indicative).")
-    st.dataframe(result.cluster_summary(), hide_index=True, key="features_summary")
-    st.dataframe(result.distances, hide_index=True, key="features_distances")
+    show_table(result.cluster_summary(), key="features_summary")
+    show_table(result.distances, key="features_distances")
     if len(result.cluster_summary()):
         st.plotly_chart(distance_bars(result), key="features_distance_bars")
     st.download_button("Download coordinates (CSV)", result.coords.to_csv(index=False), mime="text/csv",

@@ -8,6 +8,7 @@ from forgetlab.errors import ParameterError, parse_floats
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.tables import show_table
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Linearity")
@@ -73,12 +74,27 @@ with right:
         st.stop()
 
     def work(progress):
-        cache[key] = linearity.nonlinearity_scores(pool, task, model=model, levels=levels, alphas=alphas,
-                                                   samples=int(samples), capture=capture, device=device,
-                                                   progress=progress)
-        return cache[key]
+        """The scores, kept for this process and saved to the workspace's runs/ as the CLI saves them."""
+        from forgetlab.workspace import save_run
 
-    last = run_once(key, work, start=run, label=f"Non-linearity of {model} on {task}", slot="linearity")
+        result = linearity.nonlinearity_scores(pool, task, model=model, levels=levels, alphas=alphas,
+                                               samples=int(samples), capture=capture, device=device,
+                                               progress=progress)
+        df = result.to_frame()
+        flat = df.assign(curve=[";".join(f"{v:.6g}" for v in c) for c in df["curve"]],
+                         curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
+        recipe = {"pool": str(pool.source or pool.name), "task": result.task, "model": result.model,
+                  "levels": list(result.levels), "alphas": list(result.alphas), "samples": result.samples,
+                  "capture": result.capture}
+        cache[key] = result
+        return result, save_run("linearity", recipe, result.to_dict(), frame=flat)
+
+    def keep(done) -> None:
+        st.toast(f"Saved under {done[1]}")
+
+    last = run_once(key, work, start=run, label=f"Non-linearity of {model} on {task}", slot="linearity",
+                    on_done=keep)
+    last = last[0] if last is not None else None
     result = cache.get(key)
     if result is None and last is not None:
         st.info("These settings are not computed yet; below is the last result computed on this page "
@@ -89,12 +105,14 @@ with right:
                 "head) costs about three times the model level alone (docs/linearity.md).")
         st.stop()
     by_level = result.by_level()
-    cols = st.columns(len(by_level) + 1)
-    for c, row in zip(cols, by_level.itertuples()):
-        c.metric(f"NLS · {row.level}", f"{row.nls_mean:.4f}", help=f"± {row.nls_std:.4f} over samples, "
-                 f"{row.submodules} submodule(s)")
+    # at most four metrics per row, three significant digits: six narrow columns truncated values to "0.3…"
+    n = len(by_level) + 1
+    cells = [c for i in range(0, n, 4) for c in st.columns(4)][:n]
+    for c, row in zip(cells, by_level.itertuples()):
+        c.metric(f"NLS · {row.level}", f"{row.nls_mean:.3g}", help=f"{row.nls_mean:.4f} ± {row.nls_std:.4f} over "
+                 f"samples, {row.submodules} submodule(s)")
     with show_errors():
-        cols[-1].metric("D(θ, θ0)", f"{_distance(pool.key, result.model):.4f}",
+        cells[-1].metric("D(θ, θ0)", f"{_distance(pool.key, result.model):.3g}",
                         help="mean relative distance ‖θ − θ0‖ / ‖θ0‖ over tensors. Submodules are near-linear "
                              "for small task vectors (SmolLM2 fine-tunes: D ≈ 0.004) and far from it for large ones "
                              "(pico: D ≈ 0.2–0.3), see docs/linearity.md.")
@@ -114,7 +132,7 @@ with right:
     st.plotly_chart(curves_figure(result, chosen or None), key="linearity_curve_chart")
     shown = frame.assign(curve=[", ".join(f"{v:.3f}" for v in c) for c in frame["curve"]],
                          curve_std=[", ".join(f"{v:.3f}" for v in c) for c in frame["curve_std"]])
-    st.dataframe(shown, hide_index=True, key="linearity_table")
+    show_table(shown, key="linearity_table")
     st.caption(f"{result.samples} samples · α ∈ {{{', '.join(f'{a:g}' for a in result.alphas)}}} · inputs from "
                f"the {result.capture} model · NLS = Σα |d(α) − (1 − α)|; residual = Property 1's relative error.")
     d1, d2 = st.columns(2)

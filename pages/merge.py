@@ -14,13 +14,15 @@ from forgetlab.plots.merge import scorecard_figure
 from forgetlab.progress import scaled
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.tables import show_table
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Merge")
 st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
-           "scored at once beside the base and its parents: general-text loss (generality) and exact match per "
-           "task (speciality).")
+           "scored at once beside the base and its parents: general-text loss (generality) and, per task, exact "
+           "match or answer loss (speciality).")
 
 pool = require_pool()
 require_finetuned(pool, "merge")
@@ -79,6 +81,7 @@ with left:
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
 
 with right:
+    measure = speciality_measure("merge", pool)
     device, _dtype = device_settings()
     out_dtype = None if dtype.startswith("(") else dtype
     start = False
@@ -120,13 +123,13 @@ with right:
         st.subheader(f"{report['name']}")
         st.caption(f"merged in {report['seconds']:.1f} s into {report['path']}")
         frame = cards_frame(report["cards"], merged=[report["name"]])
-        st.dataframe(frame, hide_index=True, key="merge_table")
-        st.plotly_chart(scorecard_figure(frame), key="merge_chart")
+        st.plotly_chart(scorecard_figure(report["cards"], measure, merged=[report["name"]]), key="merge_chart")
+        show_table(frame, key="merge_table")
         found = report.get("search")
         if found is not None:
             st.caption(f"λ search: probe answer loss {found.initial_loss:.4f} at the start → {found.loss:.4f} with "
                        f"λ = {', '.join(f'{v:.3f}' for v in found.lambdas)} ({found.n_evals} evaluations)")
-            st.dataframe(found.to_frame(), hide_index=True, key="merge_search_table")
+            show_table(found.to_frame(), key="merge_search_table")
         d1, d2 = st.columns(2)
         d1.download_button("Download recipe (forgetlab YAML)", report["recipe"].to_yaml(),
                            file_name=f"{report['name']}.yaml", key="merge_download")
@@ -147,7 +150,7 @@ if not earlier:
 else:
     import pandas as pd
 
-    st.dataframe(pd.DataFrame([m.to_row() for m in earlier]), hide_index=True, key="merge_saved_table")
+    show_table(pd.DataFrame([m.to_row() for m in earlier]), key="merge_saved_table")
     evaluated = [m for m in earlier if m.cards]
     chosen = st.multiselect("compare evaluated merges", [m.name for m in evaluated], key="merge_compare")
     if chosen:
@@ -160,9 +163,10 @@ else:
                     seen.add(label)
                     cards.append(c)
         frame = cards_frame(cards, merged=chosen)
-        st.dataframe(frame, hide_index=True, key="merge_compare_table")
-        st.plotly_chart(scorecard_figure(frame, title="saved merges beside their base and parents"),
+        st.plotly_chart(scorecard_figure(cards, measure, merged=chosen,
+                                         title="saved merges beside their base and parents"),
                         key="merge_compare_chart")
+        show_table(frame, key="merge_compare_table")
         for m in picked:
             with st.expander(f"recipe of {m.name}"):
                 st.code(m.recipe_yaml(), language="yaml")

@@ -6,8 +6,10 @@ import json
 import streamlit as st
 
 from forgetlab import workspace as ws
-from forgetlab.ui import show_errors
+from forgetlab.ui import get_pool, show_errors
+from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.tables import show_table
 from forgetlab.ui.runs import (
     compare_figures,
     compare_frame,
@@ -36,9 +38,9 @@ def _merges(root: str, mtime: float):
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def _figures(run_id: str, mtime: float, _run):
-    """A run's charts, rebuilt only when its folder changes (switching back to this page redraws from cache)."""
-    return run_figures(_run)
+def _figures(run_id: str, mtime: float, measure: str, _run):
+    """A run's charts, rebuilt only when its folder or the measure changes (switching back redraws from cache)."""
+    return run_figures(_run, measure)
 
 
 def _downloads(figs, key: str) -> None:
@@ -56,11 +58,10 @@ def show_run(run) -> None:
         st.json(run.recipe)
     with show_errors():
         frame = run.frame()
-        figs = _figures(str(run.path), _mtime(run.path), run)
+        figs = _figures(str(run.path), _mtime(run.path), measure, run)
         for i, fig in enumerate(figs):
             st.plotly_chart(fig, key=f"runs_chart_{run.id}_{i}")
-        if frame is not None:
-            st.dataframe(frame, hide_index=True)
+        show_table(frame, key=f"runs_table_{run.id}")
         c1, c2 = st.columns(2)
         if frame is not None:
             c1.download_button("Results (CSV)", frame.to_csv(index=False), file_name=f"{run.id}.csv",
@@ -83,13 +84,13 @@ def show_comparison(runs) -> None:
     st.subheader(f"Comparing {len(runs)} {kinds[0]} runs")
     with show_errors():
         frame = compare_frame(runs)
-        figs = compare_figures(runs)
+        figs = compare_figures(runs, measure)
         if not figs:
             st.info("These runs saved no table with numeric results to chart.")
         for i, fig in enumerate(figs):
             st.plotly_chart(fig, key=f"runs_compare_{i}")
         if not frame.empty:
-            st.dataframe(frame, hide_index=True)
+            show_table(frame, key="runs_compare_table")
             st.download_button("Compared results (CSV)", frame.to_csv(index=False), file_name="comparison.csv",
                                mime="text/csv", key="runs_compare_csv", on_click="ignore")
         if figs:
@@ -113,11 +114,23 @@ def show_merges(merges) -> None:
                        key="runs_merge_recipe", on_click="ignore")
     files = sorted(p.name for p in folder.iterdir() if p.is_file())
     st.caption("Files: " + ", ".join(files))
+    with show_errors():
+        from forgetlab.merge.workflow import cards_frame, load_merge
+        from forgetlab.plots.merge import scorecard_figure
+
+        saved = load_merge(folder)
+        if saved.cards:
+            st.markdown("**Scorecard** — the merge beside its base and parents, as evaluated when it was made")
+            st.plotly_chart(scorecard_figure(saved.cards, measure, merged=[name]), key="runs_merge_chart")
+            show_table(cards_frame(saved.cards, merged=[name]), key="runs_merge_table")
+        else:
+            st.caption("This merge was not evaluated (no scorecards.json); the Merge page evaluates its merges.")
 st.title("Runs")
 st.caption("What has been computed so far? Every analysis, sweep, merge and fine-tune saved under the workspace: "
            "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML here; "
            "PNG with the camera icon above each chart) and merge recipes.")
 
+measure = speciality_measure("runs", get_pool(show=False))
 runs, merges = [], []
 with show_errors():
     runs = _runs(str(ws.runs_dir()), _mtime(ws.runs_dir()))
@@ -131,7 +144,7 @@ with tab_runs:
         kinds = sorted({r.kind for r in runs})
         kind = st.selectbox("Kind", ["all", *kinds], key="runs_kind")
         shown = [r for r in runs if kind == "all" or r.kind == kind]
-        st.dataframe(runs_table(shown), hide_index=True)
+        show_table(runs_table(shown), key="runs_list")
         by_id = {r.id: r for r in shown}
         chosen = st.multiselect("Open runs (pick two or more of one kind to compare)", list(by_id),
                                 default=list(by_id)[:1], format_func=lambda i: run_label(by_id[i]),

@@ -18,7 +18,9 @@ def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypa
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     summary = at.dataframe[0].value
-    assert list(summary["model"]) == ["base", "ft0", "ft1"] and (summary["mean_distance_pca"] > 0).all()
+    assert list(summary["model"]) == ["base", "ft0", "ft1"] and (summary["mean distance pca"] > 0).all()
+    runs = [p.name for p in (tmp_path / "runs").iterdir()]
+    assert len(runs) == 1 and "features" in runs[0]                  # the map is a saved run
     assert len(at.dataframe[1].value) == 3  # one task pair per model
     assert len(at.get("plotly_chart")) == 2
     at.selectbox(key="features_level").set_value("head").run()

@@ -20,7 +20,9 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
     assert not at.error, [e.value for e in at.error]
     table = at.dataframe[0].value
     assert list(table["level"].unique()) == ["model", "layer", "attn", "mlp", "head"]
-    assert len(table) == 1 + 3 * 2 + 4 * 2 and table["nls_mean"].notna().all()
+    assert len(table) == 1 + 3 * 2 + 4 * 2 and table["NLS mean"].notna().all()
+    runs = [p.name for p in (tmp_path / "runs").iterdir()]
+    assert len(runs) == 1 and "linearity" in runs[0]                 # saved like the CLI's, reopened on Runs
     assert len(at.get("plotly_chart")) == 3  # heatmap, bars, curves
     assert [m.label for m in at.metric][:5] == [f"NLS · {lv}" for lv in ("model", "layer", "attn", "mlp", "head")]
     # the task vector's size, which decides how linear submodules can be, computed another way
@@ -29,7 +31,7 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     expected = distance(pool.checkpoint("ft1").state_dict(), pool.checkpoint("base").state_dict())
-    assert at.metric[5].label == "D(θ, θ0)" and abs(float(at.metric[5].value) - expected) < 1e-4
+    assert at.metric[5].label == "D(θ, θ0)" and at.metric[5].value == f"{expected:.3g}"   # 3 digits: never truncated
     # a rerun with the same settings shows the cached result without recomputing (no status box)
     at.run()
     assert len(at.dataframe) == 1 and not at.get("status")

@@ -86,7 +86,7 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     search = at.dataframe[1].value
-    assert len(search) == 3 and {"lam_0", "lam_1", "loss"} <= set(search.columns)
+    assert len(search) == 3 and {"lam 0", "lam 1", "loss"} <= set(search.columns)     # friendly headers
     import yaml
     recipe = yaml.safe_load((tmp_path / "merges" / "pcb-searched" / "recipe.yaml").read_text())
     assert all("lam" in m for m in recipe["models"])  # the λ found, per model

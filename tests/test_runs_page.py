@@ -145,3 +145,33 @@ def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(t
     generic = [json.loads(c.proto.spec) for c in at.get("plotly_chart")][1:]
     names = {t["name"].split(" · ")[0] for fig in generic for t in fig["data"]}
     assert len(names) == 2                                     # and one line per run on the generic charts
+
+
+def test_scorecards_reopen_in_the_session_measure_and_merges_show_their_scorecard(tmp_path, monkeypatch):
+    """What the Models page saves (kind "scorecards") reopens with its chart; the Merged-models tab draws a
+    merge's scorecards.json; both follow the session-wide speciality measure."""
+    from forgetlab.evaluate import Scorecard, TaskScore
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    cards = [Scorecard(n, 3.0 + i, 20.0, 100, {"math": TaskScore("math", 0.1 * i, 2.0 - i, 8)})
+             for i, n in enumerate(["base", "math"])]
+    ws.save_run("scorecards", {"models": ["base", "math"]}, {"cards": [c.to_dict() for c in cards]},
+                frame=pd.concat([c.to_frame() for c in cards]), run_id="r1-cards")
+    merged = tmp_path / "merges" / "m1"
+    merged.mkdir(parents=True)
+    (merged / "recipe.yaml").write_text("method: ties\nparameters: {keep: 0.2, lam: 1.0}\n")
+    merge_card = Scorecard("m1", 3.5, 30.0, 100, {"math": TaskScore("math", 0.05, 1.5, 8)})
+    (merged / "scorecards.json").write_text(json.dumps({"cards": [c.to_dict() for c in [*cards, merge_card]]}))
+    at = AppTest.from_file(PAGE, default_timeout=60)
+    at.session_state["app_measure"] = "answer_loss"
+    at.run()
+    assert not at.exception, at.exception
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    run_chart, merge_chart = specs[0], specs[-1]
+    assert run_chart["layout"]["yaxis2"]["title"]["text"] == "answer loss ↓"
+    assert [t["y"] for t in run_chart["data"] if t["xaxis"] == "x2"] == [[2.0], [1.0]]
+    assert [t["name"] for t in merge_chart["data"] if t["xaxis"] == "x2"] == ["base", "math", "m1 (merge)"]
+    assert at.radio(key="runs_measure").value == "answer_loss"
+    at.radio(key="runs_measure").set_value("exact_match").run()
+    specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    assert specs[0]["layout"]["yaxis2"]["title"]["text"] == "exact match ↑"

@@ -37,7 +37,8 @@ def register_reopener(kind: str, fn: Callable, compare: Callable | None = None) 
     """Redraw runs of `kind` with their page's own charts on the Runs page.
 
     `fn(run) -> list[go.Figure]` reopens one run; `compare(runs) -> list[go.Figure]` (optional) draws several
-    runs of the kind together. A kind ending in "*" matches every kind with that prefix ("sweep-*").
+    runs of the kind together. Either may take a second argument, `measure` (the session's speciality measure:
+    "exact_match" or "answer_loss"). A kind ending in "*" matches every kind with that prefix ("sweep-*").
     """
     _REOPENERS[kind] = fn
     if compare is not None:
@@ -53,36 +54,43 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 # -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
 
 
-def _sweep(run):
-    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+def _load_sweep(run, measure):
     from forgetlab.sweeps import load_sweep
 
     result = load_sweep(run.path)
+    if measure in ("exact_match", "answer_loss"):
+        result.measure = measure
+    return result
+
+
+def _sweep(run, measure=None):
+    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+
+    result = _load_sweep(run, measure)
     return [curves_figure(result), tradeoff_figure(result)]
 
 
-def _sweeps(runs):
+def _sweeps(runs, measure=None):
     from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-    from forgetlab.sweeps import load_sweep
 
-    results, ids = [load_sweep(r.path) for r in runs], [r.id[-6:] for r in runs]
+    results, ids = [_load_sweep(r, measure) for r in runs], [r.id[-6:] for r in runs]
     return [tradeoff_figure(results, ids=ids), curves_figure(results, ids=ids)]
 
 
-def _finetune(run):
+def _finetune(run, measure="exact_match"):
     from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
     from forgetlab.train.runs import load_finetune_run
 
     comp = load_finetune_run(run.path)
-    return [trajectories_figure(comp), loss_figure(comp), final_scatter(comp)]
+    return [trajectories_figure(comp, measure), loss_figure(comp), final_scatter(comp, measure)]
 
 
-def _finetunes(runs):
+def _finetunes(runs, measure="exact_match"):
     from forgetlab.plots.finetune import final_scatter, runs_of, trajectories_figure
     from forgetlab.train.runs import load_finetune_run
 
     every = runs_of([load_finetune_run(r.path) for r in runs], [r.id[-6:] for r in runs])
-    return [trajectories_figure(every), final_scatter(every)]
+    return [trajectories_figure(every, measure), final_scatter(every, measure)]
 
 
 def _linearity(run):
@@ -93,9 +101,38 @@ def _linearity(run):
     return [nls_heatmap(result), level_bars(result), curves_figure(result)]
 
 
+def _scorecards(run, measure="exact_match"):
+    from forgetlab.evaluate import Scorecard
+    from forgetlab.plots.models import scorecards_figure
+
+    cards = [Scorecard.from_dict(c) for c in run.results["cards"]]
+    return [scorecards_figure(cards, measure or "exact_match")]
+
+
+def _features(run):
+    from forgetlab.features import TsneResult
+    from forgetlab.plots.features import distance_bars, tsne_scatter
+
+    result = TsneResult.from_dict(run.results)
+    return [tsne_scatter(result), distance_bars(result)]
+
+
 register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("linearity", _linearity)
+register_reopener("scorecards", _scorecards)
+register_reopener("features", _features)
+
+
+def _call(fn: Callable, arg, measure: str | None):
+    """fn(arg, measure) when fn takes a measure, else fn(arg)."""
+    import inspect
+
+    try:
+        takes = len(inspect.signature(fn).parameters) >= 2
+    except (TypeError, ValueError):
+        takes = False
+    return fn(arg, measure) if takes and measure is not None else fn(arg)
 
 
 def run_label(run) -> str:
@@ -180,13 +217,13 @@ def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
     return figs
 
 
-def run_figures(run) -> list[go.Figure]:
-    """The charts of one saved run: its kind's registered reopener, else (or if that fails on an old or
-    foreign run) `figures_from_frame` of its results table."""
+def run_figures(run, measure: str | None = None) -> list[go.Figure]:
+    """The charts of one saved run (speciality in `measure` where the kind shows it): its kind's registered
+    reopener, else (or if that fails on an old or foreign run) `figures_from_frame` of its results table."""
     fn = _lookup(_REOPENERS, run.kind)
     if fn is not None:
         try:
-            return list(fn(run))
+            return list(_call(fn, run, measure))
         except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
             pass
     return figures_from_frame(run.frame(), title=run.kind)
@@ -205,7 +242,7 @@ def compare_frame(runs) -> pd.DataFrame:
     return out[["run", *[c for c in out.columns if c != "run"]]]
 
 
-def compare_figures(runs) -> list[go.Figure]:
+def compare_figures(runs, measure: str | None = None) -> list[go.Figure]:
     """Runs of one kind on shared charts: the kind's own comparison, drawn by its page's plotting functions
     (e.g. every sweep on one trade-off chart) when it has one, else the generic figures with one line (or
     bar group) per run."""
@@ -216,7 +253,7 @@ def compare_figures(runs) -> list[go.Figure]:
     fn = _lookup(_COMPARERS, kind)
     if fn is not None:
         try:
-            return list(fn(runs))
+            return list(_call(fn, runs, measure))
         except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
             pass
     return figures_from_frame(compare_frame(runs), title=f"{kind}:")
