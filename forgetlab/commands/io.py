@@ -29,11 +29,45 @@ def emit_frame(df: pd.DataFrame, out: str | None = None, float_format: str = "{:
             emit(df.to_string(index=False))
 
 
-def tqdm_progress(desc: str) -> tuple[Callable[[float, str], None], Callable[[], None]]:
-    """A Progress callback drawing a tqdm bar on stderr, and a function that closes it."""
+PIPE_INTERVAL = 5.0     # seconds between progress lines when stderr is not a terminal
+
+
+def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
+                  clock: Callable[[], float] | None = None) -> tuple[Callable[[float, str], None], Callable[[], None]]:
+    """A Progress callback and a function that closes it. On a terminal: a tqdm bar on stderr, redrawn in
+    place. On anything else (piped to `tee`, a log file, CI): one plain line every `interval` seconds
+    ("desc: 42% · message") and a last line with the elapsed time, instead of a redraw per step that piles
+    every update into one huge line."""
+    import time
+
+    stream = stream if stream is not None else sys.stderr
+    clock = clock or time.monotonic
+    if not getattr(stream, "isatty", lambda: False)():
+        start = clock()
+        state = {"last": None, "fraction": 0.0, "message": ""}
+
+        def line(fraction: float, message: str) -> None:
+            text = f"{desc}: {fraction:.0%}" + (f" · {message[:80]}" if message else "")
+            stream.write(text + "\n")
+            stream.flush()
+
+        def update_plain(fraction: float, message: str = "") -> None:
+            state["fraction"], state["message"] = float(fraction), message or state["message"]
+            now = clock()
+            if state["last"] is None or now - state["last"] >= interval:
+                state["last"] = now
+                line(state["fraction"], state["message"])
+
+        def close_plain() -> None:
+            if state["last"] is not None:
+                stream.write(f"{desc}: {state['fraction']:.0%}, {clock() - start:.0f} s\n")
+                stream.flush()
+
+        return update_plain, close_plain
+
     from tqdm import tqdm
 
-    bar = tqdm(total=1000, desc=desc, unit="‰", leave=False, file=sys.stderr,
+    bar = tqdm(total=1000, desc=desc, unit="‰", leave=False, file=stream,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
 
     def update(fraction: float, message: str = "") -> None:
