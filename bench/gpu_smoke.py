@@ -1,0 +1,279 @@
+"""GPU smoke test: every job the app offers, once, on `cuda`, next to the same job on CPU float32.
+
+    python bench/gpu_smoke.py                      # builds (or reuses) the smol zoo under FORGETLAB_HOME
+    python bench/gpu_smoke.py --pool POOL.yaml     # any pool (a base, ≥ 2 fine-tuned models, probe data)
+    python bench/gpu_smoke.py --dry-run            # the script's own plumbing on a tiny random model, on CPU
+
+Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
+submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
+device), a MoFO fine-tune, the attribution map when `forgetlab.attribution` exists, and an α sweep on Ray
+with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
+numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
+computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
+`dtype` column says which. The script exits 1 when a job fails or disagrees, 0 otherwise.
+
+Without CUDA it says so, runs its plumbing on CPU against itself on a tiny random Llama pool (built in a
+temporary folder, well under a minute; Ray is skipped) and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+GENERAL = [
+    "The river flows through the old town and past the mill. Farmers bring grain to the market every week.",
+    "A library keeps books, maps and letters. Readers come in the morning and leave in the evening.",
+    "The mountain is covered with snow in winter; in summer the meadows are green and full of flowers.",
+    "Ships carried wool and salt along the coast. The harbour grew into a busy city over many years.",
+]
+TASKS = {
+    "math": [(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 8), (9, 9)]],
+    "copy": [(f"copy {w}:", w) for w in ["red", "blue", "green", "stone", "river", "salt"]],
+}
+
+
+def tiny_pool(root: Path) -> Path:
+    """A tiny random Llama base + two perturbed fine-tunes + probe files + pool.yaml (the dry run's pool)."""
+    import yaml
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(GENERAL + [p + " " + a for v in TASKS.values() for p, a in v],
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>", "</s>", "<unk>"],
+                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False, pad_token_id=fast.pad_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    for i, name in enumerate(["base", "ft0", "ft1"]):
+        if i:
+            g = torch.Generator().manual_seed(100 + i)
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(base[n] + 0.02 * torch.randn(p.shape, generator=g))
+        model.save_pretrained(str(root / name))
+        fast.save_pretrained(str(root / name))
+    (root / "data").mkdir()
+    (root / "data" / "general.txt").write_text("\n\n".join(GENERAL))
+    for t, pairs in TASKS.items():
+        (root / "data" / f"{t}.jsonl").write_text("".join(json.dumps({"prompt": p, "answer": a}) + "\n"
+                                                          for p, a in pairs))
+    spec = {"name": "smoke", "base": "base", "models": {"ft0": "ft0", "ft1": "ft1"},
+            "probes": {"general": "data/general.txt",
+                       "tasks": {t: {k: f"data/{t}.jsonl" for k in ("train", "probe", "eval")} for t in TASKS}}}
+    (root / "pool.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root / "pool.yaml"
+
+
+# ------------------------------------------------------------------------------------------------- jobs
+# each job: (pool, models, device, dtype) -> list of numbers that must agree with the CPU float32 run
+
+
+def job_scorecards(pool, models, device, dtype):
+    from forgetlab.checkpoints import load_model
+    from forgetlab.evaluate import evaluate
+
+    out = []
+    for name in ("base", models[0]):
+        m = load_model(pool.checkpoint(name), device=device, dtype=dtype)
+        card = evaluate(m, pool.tokenizer, pool.probes, max_general=8, max_task=16)
+        out += [card.general_loss] + [t.answer_loss for t in card.tasks.values()]
+        del m
+    return out
+
+
+def job_linearity(pool, models, device, dtype):
+    from forgetlab.linearity import nonlinearity_scores
+
+    res = nonlinearity_scores(pool, pool.task_names[0], model=models[0], levels=("layer",), samples=4, device=device)
+    return [s.nls_mean for s in res.scores]
+
+
+def job_features(pool, models, device, dtype):
+    from forgetlab.features import capture_features
+
+    fs = capture_features(pool, pool.task_names[:2], ["base", models[0]], level="layer", layer=-1, samples=4,
+                          device=device)
+    return [float(abs(fs.X).mean()), float(fs.X.std())]
+
+
+def job_alpha_sweep(pool, models, device, dtype):
+    from forgetlab.sweeps import alpha_curve
+
+    res = alpha_curve(pool, models[0], alphas=[0.0, 0.5, 1.0], device=device, max_general=8, max_task=16)
+    return [p.general_loss for p in res.points] + [p.distance for p in res.points]
+
+
+def job_fapm_sweep(pool, models, device, dtype):
+    from forgetlab.sweeps import pruning_curve
+
+    res = pruning_curve(pool, models[0], ratios=[0.5, 0.9], scores=["fapm"], device=device, max_general=8,
+                        max_task=16)
+    return [p.general_loss for p in res.points]
+
+
+def _merge(method, pool, models, device, **params):
+    from forgetlab.merge import merge_state_dicts
+
+    base = pool.checkpoint("base").state_dict()
+    fts = [pool.checkpoint(m).state_dict() for m in models[:2]]
+    merged = merge_state_dicts(method, base, fts, device=device, **params)
+    names = sorted(merged)[:6]
+    return [float(merged[n].float().norm()) for n in names]
+
+
+def job_ties_merge(pool, models, device, dtype):
+    return _merge("ties", pool, models, device, keep=0.2)
+
+
+def job_pcb_merge(pool, models, device, dtype):
+    return _merge("pcb", pool, models, device, keep=0.2)
+
+
+def job_mofo_finetune(pool, models, device, dtype):
+    from forgetlab.train.runs import FinetuneConfig, finetune
+
+    run = finetune(pool, pool.task_names[0], FinetuneConfig(label="mofo", optimizer="mofo", steps=STEPS, batch_size=4,
+                                                          seed=0), max_general=8, max_task=16, device=device)
+    return [run.final.general_loss]
+
+
+def job_attribution(pool, models, device, dtype):
+    import importlib
+
+    try:
+        attribution = importlib.import_module("forgetlab.attribution")
+    except ImportError:
+        return None                                           # not built yet: reported as skipped
+    fn = getattr(attribution, "attribution_map", None)
+    if fn is None:
+        return None
+    res = fn(pool, models[0], device=device)
+    frame = res.to_frame()
+    return [float(frame.select_dtypes("number").abs().to_numpy().mean())]
+
+
+def job_ray_sweep(pool, models, device, dtype):
+    from forgetlab.executors import RayExecutor
+    from forgetlab.sweeps import alpha_curve
+
+    gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
+    ex = RayExecutor(workers=max(1, gpus) if gpus else 1, gpus_per_worker=1 if gpus else 0)
+    res = alpha_curve(pool, models[0], alphas=[0.0, 0.5, 1.0], device=None if gpus else device, max_general=8,
+                      max_task=16, executor=ex)
+    return [p.general_loss for p in res.points] + [p.distance for p in res.points]
+
+
+STEPS = 10
+JOBS = [("scorecards", job_scorecards, True), ("linearity", job_linearity, False),
+        ("features", job_features, False), ("alpha sweep", job_alpha_sweep, False),
+        ("FAPM sweep", job_fapm_sweep, False), ("TIES merge", job_ties_merge, False),
+        ("PCB merge", job_pcb_merge, False), ("MoFO fine-tune", job_mofo_finetune, False),
+        ("attribution", job_attribution, False), ("Ray alpha sweep", job_ray_sweep, False)]
+"""(name, job, whether it takes the dtype: the others compute in float32 by their API)."""
+
+
+def max_rel_diff(a, b) -> float:
+    """Largest |a − b| / max(|b|, 1e-6) over the numbers (inf when the lengths differ, nan-aware)."""
+    if len(a) != len(b):
+        return float("inf")
+    worst = 0.0
+    for x, y in zip(a, b):
+        if math.isnan(x) and math.isnan(y):
+            continue
+        worst = max(worst, abs(x - y) / max(abs(y), 1e-6))
+    return worst
+
+
+def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False) -> int:
+    """Run every job on `device` and on CPU float32, print the table; 1 if a job failed or disagreed. `dry`: the
+    CPU run only, compared with itself (the plumbing: jobs, timing, table)."""
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(pool_yaml)
+    models = pool.model_names
+    rows, failed = [], False
+    for name, job, takes_dtype in JOBS:
+        if name in skip:
+            rows.append((name, "-", float("nan"), float("nan"), float("nan"), "skipped"))
+            continue
+        jd = dtype if takes_dtype else torch.float32
+        try:
+            t0 = time.perf_counter()
+            ref = job(pool, models, "cpu", torch.float32)
+            t_cpu = time.perf_counter() - t0
+            if ref is None:
+                rows.append((name, "-", float("nan"), float("nan"), float("nan"), "skipped (not available)"))
+                continue
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            got = list(ref) if dry else job(pool, models, device, jd)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            wall = t_cpu if dry else time.perf_counter() - t0
+            peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else float("nan")
+            diff = max_rel_diff(got, ref)
+            tol = 5e-2 if jd == torch.bfloat16 else 2e-3
+            ok = diff <= tol
+            failed |= not ok
+            rows.append((name, str(jd).replace("torch.", ""), wall, peak, diff,
+                         f"{'ok' if ok else 'DISAGREES'} (tol {tol:g}; CPU {t_cpu:.1f} s)"))
+        except Exception as exc:  # noqa: BLE001 - the table reports every failure
+            failed = True
+            rows.append((name, "-", float("nan"), float("nan"), float("nan"), f"FAILED: {type(exc).__name__}: {exc}"[:160]))
+            traceback.print_exc(file=sys.stderr)
+    print(f"{'job':<16} {'dtype':<9} {'wall s':>8} {'peak MiB':>9} {'max rel diff':>13}  verdict")
+    for name, dt, wall, peak, diff, verdict in rows:
+        print(f"{name:<16} {dt:<9} {wall:>8.2f} {peak:>9.0f} {diff:>13.2e}  {verdict}")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pool", help="pool.yaml (default: the smol zoo, built when missing)")
+    ap.add_argument("--dry-run", action="store_true", help="the plumbing on CPU on a tiny random pool")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cuda available: {torch.cuda.is_available()}")
+    if args.dry_run or not torch.cuda.is_available():
+        if not args.dry_run:
+            print("No CUDA device here: nothing to measure on a GPU. Running a CPU dry run of the script's own "
+                  "plumbing on a tiny random model (Ray skipped) instead.")
+        global STEPS
+        STEPS = 4
+        with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
+            os.environ.setdefault("FORGETLAB_HOME", str(Path(tmp) / "home"))
+            pool_yaml = tiny_pool(Path(tmp))
+            code = run(pool_yaml, "cpu", torch.float32, skip=("Ray alpha sweep",), dry=True)
+        print("dry run " + ("passed" if code == 0 else "FAILED"))
+        return code
+    if args.pool:
+        pool_yaml = Path(args.pool)
+    else:
+        from forgetlab.zoo import build
+
+        pool_yaml = build(preset="smol").pool_yaml
+    print(f"GPU: {torch.cuda.get_device_name(0)} × {torch.cuda.device_count()}; pool {pool_yaml}")
+    return run(pool_yaml, "cuda", torch.bfloat16)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
