@@ -139,6 +139,8 @@ SHAPES = {"model.embed_tokens.weight": (300, 256), "model.layers.0.mlp.up_proj.w
 FAST_METHODS = [
     ("ties", {"keep": 0.2}), ("ties", {"keep": 0.2, "weights": [0.5, 1.5, 1.0], "lam": 0.8}),
     ("ties", {"keep": 0.0}), ("ties", {"keep": 1.0}), ("ties", {"keep": 0.3, "scope": "global"}),
+    ("dare_ties", {"drop": 0.9, "seed": 3}), ("dare_linear", {"drop": 0.9}), ("consensus", {}),
+    ("consensus", {"lam": [0.2, 0.5, 1.0], "k": 1, "alpha": 0.5}),
 ]
 
 
@@ -177,3 +179,24 @@ def test_tensor_reader_slots_and_prefetch_read_what_plain_reads_read(tiny_llama)
         b.add_(1.0)  # the consumer works in place on what it was given: later entries are unaffected
         seen += 1
     assert seen == len(entries)
+
+
+@pytest.mark.parametrize("drop", [0.0, 0.3, 0.9, 1.0])
+def test_dare_in_place_draws_the_same_mask(drop):
+    n = 2 * K.BLOCK + 77
+    tau = _tensors(n, seed=2, shape=(n,))
+    want = sp.dare(tau.clone(), drop, sp.tensor_generator(7, "w", 1))
+    got = K.dare_(tau.clone(), drop, sp.tensor_generator(7, "w", 1))
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("lam,k,alpha", [(0.4, 2, 1.0), ([0.2, 0.5, 1.5], 1, 0.7), (0.4, 3, 0.5)])
+def test_consensus_into_is_bit_identical(lam, k, alpha):
+    from forgetlab.merge.consensus import consensus_merge
+    n = K.BLOCK + 999
+    base = _tensors(n, seed=4)
+    taus = [_tensors(n, seed=20 + i, ties=True) for i in range(3)]
+    taus[0][:30] = 0
+    want = base + consensus_merge([t.clone() for t in taus], lam, k, alpha)
+    lams = [lam] * 3 if isinstance(lam, float) else lam
+    assert torch.equal(K.consensus_into_(base.clone(), taus, lams, k, alpha), want)

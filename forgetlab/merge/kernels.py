@@ -266,3 +266,50 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
             num_.mul_(lam)
         o[s:e].add_(num_)
     return out
+
+
+def dare_(tau: torch.Tensor, drop: float, generator: torch.Generator) -> torch.Tensor:
+    """DARE in place (METHODS.md): τ·[u ≥ p]/(1 − p) with u ~ U[0, 1) drawn from `generator` block by block —
+    the same draws, in the same order, as `sparsify.dare_mask` makes for the whole tensor, so the same mask
+    (the test compares them); the mask is a float block, not a bool tensor of the whole size."""
+    flat = tau.reshape(-1)
+    if drop <= 0:
+        return tau
+    if drop >= 1:
+        return flat.mul_(0).reshape(tau.shape)
+    u = torch.empty(min(BLOCK, flat.numel()), dtype=torch.float32)
+    scale = 1.0 - drop
+    for s, e in _blocks(flat.numel()):
+        u_ = u[: e - s]
+        torch.rand(e - s, generator=generator, out=u_)
+        torch.ge(u_, drop, out=u_)
+        flat[s:e].mul_(u_).div_(scale)
+    return tau
+
+
+def consensus_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], lams: Sequence[float], k: int,
+                    alpha: float) -> torch.Tensor:
+    """out += α·(Σt τt) ⊙ [Σt mt ≥ k] in place, mt = |τt| ≥ λt·|Σs τs − τt| (METHODS.md, Consensus / TALL
+    masks), block by block with float masks; the same operations in the same order as
+    `consensus.consensus_merge` (total = 0 + τ1 + τ2 + …, masks counted as 1.0/0.0)."""
+    flat = [t.reshape(-1) for t in taus]
+    o = out.reshape(-1)
+    nb = min(BLOCK, o.numel())
+    tot, d, m, cnt = (torch.empty(nb, dtype=torch.float32) for _ in range(4))
+    for s, e in _blocks(o.numel()):
+        c = e - s
+        tot_, d_, m_, cnt_ = tot[:c], d[:c], m[:c], cnt[:c]
+        blocks = [t[s:e] for t in flat]
+        tot_.zero_()
+        for b in blocks:
+            tot_.add_(b)
+        cnt_.zero_()
+        for b, lt in zip(blocks, lams):
+            torch.sub(tot_, b, out=d_).abs_().mul_(float(lt))
+            torch.abs(b, out=m_)
+            torch.ge(m_, d_, out=m_)
+            cnt_.add_(m_)
+        torch.ge(cnt_, int(k), out=cnt_)
+        tot_.mul_(alpha).mul_(cnt_)
+        o[s:e].add_(tot_)
+    return out

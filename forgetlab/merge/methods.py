@@ -96,7 +96,10 @@ def _merge_ties(job: TensorJob) -> torch.Tensor:
 
 
 def _dare_parts(job: TensorJob) -> list[torch.Tensor]:
-    return [_sp.dare(tau, job.params["drop"], job.generator(i)) for i, tau in enumerate(job.take_taus())]
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus):  # in place, block by block, the same draws (forgetlab.merge.kernels)
+        return [_k.dare_(tau, job.params["drop"], job.generator(i)) for i, tau in enumerate(taus)]
+    return [_sp.dare(tau, job.params["drop"], job.generator(i)) for i, tau in enumerate(taus)]
 
 
 def _merge_dare_linear(job: TensorJob) -> torch.Tensor:
@@ -104,7 +107,10 @@ def _merge_dare_linear(job: TensorJob) -> torch.Tensor:
 
 
 def _merge_dare_ties(job: TensorJob) -> torch.Tensor:
-    return job.base + job.params["lam"] * ties_combine(_dare_parts(job), job.params["weights"])
+    parts = _dare_parts(job)
+    if _k.on_cpu_fast_path(job.base, *parts):
+        return _k.ties_combine_into_(job.base, parts, job.params["weights"], job.params["lam"])
+    return job.base + job.params["lam"] * ties_combine(parts, job.params["weights"])
 
 
 def _merge_breadcrumbs(job: TensorJob) -> torch.Tensor:
@@ -120,7 +126,11 @@ def _check_breadcrumbs(params: dict, n: int) -> None:
 
 def _merge_consensus(job: TensorJob) -> torch.Tensor:
     p = job.params
-    return job.base + _consensus.consensus_merge(job.taus, p["lam"], p["k"], p["alpha"])
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus):
+        lams = [float(p["lam"])] * len(taus) if isinstance(p["lam"], (int, float)) else p["lam"]
+        return _k.consensus_into_(job.base, taus, lams, p["k"], p["alpha"])
+    return job.base + _consensus.consensus_merge(taus, p["lam"], p["k"], p["alpha"])
 
 
 def _check_consensus(params: dict, n: int) -> None:
