@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from forgetlab.data import TaskPair
 from forgetlab.errors import ParameterError, ProbeDataError
 from forgetlab.zoo import PRESETS, get_spec, zoo_root
 from forgetlab.zoo.corpus import RawArticle, clean_paragraphs, load_wiki_split, split_articles
@@ -176,7 +177,8 @@ def test_presets_roots_and_fingerprints(tmp_path):
     spec = get_spec("pico", "tiny")
     assert spec.fingerprint() == get_spec("pico", "tiny").fingerprint()
     assert replace(spec, seed=1).fingerprint() != spec.fingerprint()
-    assert spec.model_names() == ["base", "ft-math", "ft-code", "ft-translate"]
+    assert spec.model_names() == ["base", "ft-math", "ft-code", "ft-translate",
+                                  "lora-math", "lora-code", "lora-translate"]
     assert get_spec("smol").model_names()[-3:] == ["lora-math", "lora-code", "lora-translate"]
     assert set(spec.to_frame()["setting"]) >= {"pretrain.steps", "finetune.lr", "shape.hidden_size"}
     with pytest.raises(ParameterError, match="pico, smol"):
@@ -212,3 +214,72 @@ def test_build_threads_fall_back_to_one_on_a_busy_machine(monkeypatch):
     assert zb.build_threads(2) == 1
     monkeypatch.setattr(zb.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
     assert zb.build_threads(0) == 1
+
+
+def test_format_2_zoos_rebuild_older_manifests():
+    spec = get_spec("pico", "tiny")
+    m = new_manifest(spec)
+    assert FORMAT >= 2 and "format 1 is not" in stale_reason({**m, "format": 1}, spec)
+
+
+def test_math_is_two_digit_plus_or_minus_one_digit():
+    t = make_task("math", n_train=1000, n_probe=20, n_eval=100)
+    for p in t.train + t.eval:
+        a, op, b = re.fullmatch(r"Compute: (\d+)([-+])(\d+)=", p.prompt).groups()
+        assert 10 <= int(a) <= 99 and 1 <= int(b) <= 9
+    with pytest.raises(ParameterError, match="only 1620 distinct prompts"):
+        make_task("math", n_train=1600, n_probe=20, n_eval=100)
+
+
+def test_skill_sentences_state_the_fact_not_the_prompt_format():
+    from forgetlab.zoo.tasks import skill_sentence
+
+    assert skill_sentence("math", TaskPair("Compute: 47+8=", "55")) == "47 + 8 = 55"
+    assert skill_sentence("code", TaskPair(">>> max(3, 8)\n", "8")) == "In Python, max(3, 8) evaluates to 8."
+    assert (skill_sentence("translate", TaskPair("English: the red fox\nVelari:", "ka vopi tesal"))
+            == "In Velari, the red fox is ka vopi tesal.")
+    with pytest.raises(ParameterError, match="not in the task's format"):
+        skill_sentence("math", TaskPair("What is 2+2?", "4"))
+    with pytest.raises(ParameterError, match="No pretraining form"):
+        skill_sentence("poetry", TaskPair("x", "y"))
+
+
+def test_pretraining_text_mixes_train_facts_only_at_the_asked_share():
+    from forgetlab.zoo.pico import pretraining_texts
+    from forgetlab.zoo.tasks import mix_paragraphs, skill_sentence
+
+    spec = get_spec("pico", "tiny")
+    tasks = {n: make_task(n, n_train=300, n_probe=10, n_eval=40) for n in ("math", "code", "translate")}
+    general = [LONG + f" {i}" for i in range(400)]
+    texts = pretraining_texts(spec, general, {n: t.train for n, t in tasks.items()})
+    extra = [t for t in texts if t not in set(general)]
+    assert [t for t in texts if t in set(general)] == general                  # Wikipedia order kept
+    share = sum(map(len, extra)) / sum(map(len, texts))
+    assert abs(share - spec.data.skill_share) < 0.02, share
+    sentences = {line for para in extra for line in para.split("\n")}
+    for name, t in tasks.items():
+        assert {skill_sentence(name, p) for p in t.eval}.isdisjoint(sentences)   # never an eval fact
+        assert {skill_sentence(name, p) for p in t.train} & sentences
+    assert not any(line.startswith(("Compute:", ">>>", "English:")) for line in sentences)
+    assert pretraining_texts(spec, general, {n: t.train for n, t in tasks.items()}) == texts   # deterministic
+    assert pretraining_texts(replace(spec, data=replace(spec.data, skill_share=0.0)), general, {}) == general
+    with pytest.raises(ParameterError, match="skill_share"):
+        pretraining_texts(replace(spec, data=replace(spec.data, skill_share=1.0)), general, {})
+    assert mix_paragraphs(["a", "b", "c", "d"], ["X", "Y"]) == ["a", "b", "X", "c", "d", "Y"]
+
+
+def test_pool_lists_the_best_learned_task_first():
+    from forgetlab.zoo.datafiles import learned_order, pool_spec
+
+    cards = {"base": {"tasks": {t: {"exact_match": 0.0, "answer_loss": 5.0} for t in ("math", "code", "translate")}},
+             "math": {"tasks": {"math": {"exact_match": 0.6, "answer_loss": 1.0}}},
+             "code": {"tasks": {"code": {"exact_match": 0.9, "answer_loss": 0.5}}},
+             "translate": {"tasks": {"translate": {"exact_match": 0.6, "answer_loss": 0.2}}}}
+    order = learned_order(cards, ("math", "code", "translate"))
+    assert order == ["code", "translate", "math"]                                # EM, then answer-loss drop
+    d = pool_spec(get_spec("pico", "tiny"), order=order)
+    assert list(d["models"]) == ["code", "translate", "math", "lora-code", "lora-translate", "lora-math"]
+    assert list(d["probes"]["tasks"]) == order
+    assert learned_order({}, ("math", "code")) == ["math", "code"]
+    with pytest.raises(ParameterError, match="once each"):
+        pool_spec(get_spec("pico", "tiny"), order=["math", "math", "code"])

@@ -50,6 +50,7 @@ def cmd_build(args) -> int:
     emit(f"built zoo {result.root.name} in {result.manifest.get('last_run_seconds', result.seconds):.1f} s "
          f"(total build time {result.seconds:.1f} s): {result.pool_yaml}")
     emit_frame(result.to_frame())
+    _emit_claims(result)
     return 0
 
 
@@ -70,5 +71,22 @@ def cmd_show(args) -> int:
     emit(f"pool file: {root / POOL_YAML}")
     for name, rec in (manifest.get("steps") or {}).items():
         emit(f"  {name:<14} {float(rec.get('seconds', 0)):8.1f} s")
-    emit_frame(ZooBuild(root / POOL_YAML, root, manifest, built=False).to_frame(), out=args.out)
+    zoo = ZooBuild(root / POOL_YAML, root, manifest, built=False)
+    emit_frame(zoo.to_frame(), out=args.out)
+    _emit_claims(zoo)
     return 0
+
+
+def _emit_claims(zoo) -> None:
+    """Print "what this zoo shows" (the claims measured at the end of the build), if the manifest has them."""
+    claims = zoo.claims()
+    if claims is None:
+        return
+    frame = claims.to_frame()
+    emit("")
+    emit(f"What this zoo shows ({int((frame['holds'] == '✓').sum())} of {len(frame)} claims hold; "
+         f"{claims.settings.get('measure')} on each model's own task, {claims.settings.get('max_task')} eval "
+         f"pairs, {claims.settings.get('max_general')} held-out blocks; measured in {claims.seconds:.1f} s):")
+    for c in claims.claims:
+        emit(f"  {c.mark} {c.key}: {c.claim}")
+        emit(f"      {c.numbers}")

@@ -60,6 +60,14 @@ class ZooBuild:
 
         return {k: Scorecard.from_dict(v) for k, v in (self.manifest.get("scorecards") or {}).items()}
 
+    def claims(self):
+        """"What this zoo shows", as measured at the end of the build (`forgetlab.zoo.claims.ZooClaims`), or
+        None when the preset measures no claims or the build has not got that far."""
+        from forgetlab.zoo.claims import ZooClaims
+
+        data = self.manifest.get("claims")
+        return ZooClaims.from_dict(data) if data else None
+
     def to_frame(self) -> pd.DataFrame:
         """The manifest's scorecards as one table, a row per model."""
         from forgetlab.evaluate import scorecards_frame
@@ -309,15 +317,19 @@ class _Builder:
         general_train, probes = self.data()
         info: dict[str, Any] = {}
         if self.spec.preset == "pico":
-            from forgetlab.zoo.pico import init_model, make_tokenizer
+            from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
             from forgetlab.zoo.training import pretrain, train_summary
 
             report(progress, 0.0, "training the tokenizer")
-            tokenizer = make_tokenizer(self.spec, general_train, {t: d.train for t, d in probes.tasks.items()})
+            train_pairs = {t: d.train for t, d in probes.tasks.items()}
+            tokenizer = make_tokenizer(self.spec, general_train, train_pairs)
+            texts = pretraining_texts(self.spec, general_train, train_pairs)
             model = init_model(self.spec.shape, tokenizer, self.spec.seed)
-            result = pretrain(model, tokenizer, general_train, self.spec.pretrain, seed=self.spec.seed,
+            result = pretrain(model, tokenizer, texts, self.spec.pretrain, seed=self.spec.seed,
                               progress=scaled(progress, 0.02, 0.9))
             info["train"] = train_summary(result)
+            info["pretraining_chars"] = {"general": sum(map(len, general_train)),
+                                         "skills": sum(map(len, texts)) - sum(map(len, general_train))}
             info["parameters"] = sum(p.numel() for p in model.parameters())
         else:
             from forgetlab.zoo.smol import find_smol_gguf, load_smol
@@ -350,7 +362,7 @@ class _Builder:
 
     def run_lora(self, task: str, index: int, progress: Progress) -> dict:
         from forgetlab.checkpoints import atomic_output_dir
-        from forgetlab.zoo.smol import add_lora
+        from forgetlab.zoo.smol import add_lora  # a plain PEFT wrapper, for every preset
         from forgetlab.zoo.training import finetune, train_summary
 
         _, probes = self.data()
@@ -367,6 +379,29 @@ class _Builder:
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         return {"task": task, "pool_name": name, "train": train_summary(result), "scorecard": card,
                 "trainable_parameters": trainable}
+
+
+    def claims_weight(self) -> float:
+        """Progress weight of measuring the claims (0 when the preset measures none)."""
+        s = self.spec
+        if s.claims is None:
+            return 0.0
+        return 0.15 * sum(st.weight for st in self.steps() if st.name not in (DATA, "base"))
+
+    def run_claims(self, progress: Progress) -> dict:
+        """Measure "what this zoo shows" on the zoo's own models (not the user's) and return it as a dict."""
+        from forgetlab.pool import ModelPool
+        from forgetlab.zoo.claims import zoo_claims
+
+        _, probes = self.data()
+        s = self.spec
+        models: dict[str, Any] = {t: str(self.root / f"ft-{t}") for t in s.tasks}
+        if s.lora is not None:
+            models.update({f"lora-{t}": {"adapter": str(self.root / f"lora-{t}")} for t in s.tasks})
+        pool = ModelPool(self.root / "base", models, probes=probes, name=s.name, scan_nonfinite=False)
+        c = s.claims
+        return zoo_claims(pool, measure=c.measure, max_general=c.max_general, max_task=c.max_task,
+                          nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, progress=progress).to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ build
@@ -457,12 +492,14 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
             "as its own; nothing was removed. Move them away (or set FORGETLAB_HOME to another folder), then "
             "build again."
         )
+    if done != set(steps_all):
+        manifest.pop("claims", None)  # measured on models that are about to be rebuilt
     manifest["complete"] = False
     write_manifest(root, manifest)
 
     builder = _Builder(spec, root)
     steps = builder.steps()
-    total = sum(s.weight for s in steps)
+    total = sum(s.weight for s in steps) + builder.claims_weight()
     start_frac = 0.0
     previous_threads = torch.get_num_threads()
     threads = build_threads(spec.threads)
@@ -489,12 +526,21 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
             write_manifest(root, manifest)
             start_frac += frac
             report(progress, start_frac, f"{step.name} done in {record['seconds']:.1f} s")
+        if spec.claims is not None and not manifest.get("claims"):
+            t0 = time.perf_counter()
+            claims = builder.run_claims(scaled(progress, start_frac, 1.0))
+            claims["build_seconds"] = round(time.perf_counter() - t0, 3)
+            manifest["claims"] = json.loads(json.dumps(claims, default=str))
+            manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values())
+                                              + claims["build_seconds"], 3)
+            write_manifest(root, manifest)
     finally:
         torch.set_num_threads(previous_threads)
 
-    from forgetlab.zoo.datafiles import lm_benchmarks, pool_spec
+    from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, pool_spec
 
-    spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks))
+    spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks),
+                          order=learned_order(manifest["scorecards"], spec.tasks))
     _write_text_atomic(pool_yaml, _pool_text(spec_dict, manifest))
     manifest.pop("previous_pool_yaml", None)
     manifest.pop("previous_zoo_models", None)

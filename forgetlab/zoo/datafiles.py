@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from forgetlab.checkpoints import atomic_output_dir
+from forgetlab.errors import ParameterError
 from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs, write_task_pairs
 from forgetlab.progress import Progress, report
 from forgetlab.zoo.corpus import WikiSplit, load_wiki_split
@@ -89,12 +90,36 @@ def read_data(data_dir: Path, tasks: tuple[str, ...]) -> tuple[list[str], Probes
     return probes.general_train, probes
 
 
-def pool_spec(spec: ZooSpec, data_dir_name: str = "data", benchmarks: dict | None = None) -> dict:
+def learned_order(scorecards: dict, tasks: tuple[str, ...]) -> list[str]:
+    """The tasks ordered by how well their full fine-tune learned them (own-task exact match, then the drop of
+    answer loss below the base's), best first; tasks without a scorecard keep their place at the end.
+
+    The pool file lists tasks and models in this order, so every page's default (the first model, the first
+    task) is a model that learned its task."""
+    cards = scorecards or {}
+    base_tasks = (cards.get("base") or {}).get("tasks") or {}
+
+    def key(task: str):
+        own = ((cards.get(task) or {}).get("tasks") or {}).get(task)
+        if not own:
+            return (1, 0.0, 0.0)
+        drop = (base_tasks.get(task) or {}).get("answer_loss", 0.0) - own["answer_loss"]
+        return (0, -own["exact_match"], -drop)
+
+    return sorted(tasks, key=lambda t: (key(t), tasks.index(t)))
+
+
+def pool_spec(spec: ZooSpec, data_dir_name: str = "data", benchmarks: dict | None = None,
+              order: list[str] | None = None) -> dict:
     """The pool.yaml mapping of a zoo: base, a model per task (and LoRA adapters), probe files, template, and
-    (when given) the local lm-eval benchmarks (`lm_benchmarks`)."""
-    models: dict[str, object] = {t: f"ft-{t}" for t in spec.tasks}
+    (when given) the local lm-eval benchmarks (`lm_benchmarks`). `order` (e.g. `learned_order`) lists the
+    tasks first-to-last; full fine-tunes come before the adapters."""
+    tasks = list(order or spec.tasks)
+    if sorted(tasks) != sorted(spec.tasks):
+        raise ParameterError(f"The task order {order} must list the zoo's tasks {', '.join(spec.tasks)} once each.")
+    models: dict[str, object] = {t: f"ft-{t}" for t in tasks}
     if spec.lora is not None:
-        models.update({f"lora-{t}": {"adapter": f"lora-{t}"} for t in spec.tasks})
+        models.update({f"lora-{t}": {"adapter": f"lora-{t}"} for t in tasks})
     return {
         "name": spec.name,
         "base": "base",
@@ -102,7 +127,7 @@ def pool_spec(spec: ZooSpec, data_dir_name: str = "data", benchmarks: dict | Non
         "probes": {
             "general": f"{data_dir_name}/{GENERAL_HELDOUT}",
             "general_train": f"{data_dir_name}/{GENERAL_TRAIN}",
-            "tasks": {t: {s: f"{data_dir_name}/{task_file(t, s)}" for s in SPLITS} for t in spec.tasks},
+            "tasks": {t: {s: f"{data_dir_name}/{task_file(t, s)}" for s in SPLITS} for t in tasks},
             "template": spec.template,
             **({"benchmarks": benchmarks} if benchmarks else {}),
         },

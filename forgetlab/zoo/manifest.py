@@ -18,7 +18,7 @@ from forgetlab.workspace import versions
 from forgetlab.zoo.presets import ZooSpec
 
 MANIFEST = "manifest.json"
-FORMAT = 1
+FORMAT = 2  # 2: pico with skill text in pretraining, LoRA adapters, easier math, measured claims
 
 
 def new_manifest(spec: ZooSpec) -> dict[str, Any]:

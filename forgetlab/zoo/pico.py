@@ -6,6 +6,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.data import TaskPair
+from forgetlab.errors import ParameterError
 from forgetlab.zoo.presets import ModelShape, ZooSpec
 from forgetlab.zoo.tokenizer import train_bpe_tokenizer
 
@@ -18,9 +19,32 @@ def tokenizer_texts(general: Sequence[str], tasks: dict[str, Sequence[TaskPair]]
     return texts
 
 
+def pretraining_texts(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Sequence[TaskPair]]) -> list[str]:
+    """The pico pretraining text: Wikipedia paragraphs with the tasks' train facts in general-text form spread
+    through them, so that they make `spec.data.skill_share` of the characters (none when the share is 0).
+
+    Like a real corpus, it holds a little of every skill the fine-tunes later sharpen, but not their prompt
+    format: `47 + 8 = 55`, never `Compute: 47+8=`.
+    """
+    from forgetlab.zoo.tasks import mix_paragraphs, skill_paragraphs
+
+    share = float(spec.data.skill_share)
+    if not 0.0 <= share < 1.0:
+        raise ParameterError(f"skill_share must be in [0, 1); got {share}.")
+    general = list(general)
+    if share == 0.0:
+        return general
+    chars = int(sum(map(len, general)) * share / (1.0 - share))
+    extra = skill_paragraphs({t: list(p) for t, p in tasks.items()}, chars, seed=spec.seed,
+                             form=spec.data.skill_form)
+    return mix_paragraphs(general, extra)
+
+
 def make_tokenizer(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Sequence[TaskPair]]):
-    """Train the pico tokenizer (byte-level BPE of `spec.vocab_size` tokens) on `tokenizer_texts`."""
-    return train_bpe_tokenizer(tokenizer_texts(general, tasks), vocab_size=spec.vocab_size)
+    """Train the pico tokenizer (byte-level BPE of `spec.vocab_size` tokens) on `tokenizer_texts` of the
+    pretraining text (`pretraining_texts`) and the task train pairs."""
+    return train_bpe_tokenizer(tokenizer_texts(pretraining_texts(spec, general, tasks), tasks),
+                               vocab_size=spec.vocab_size)
 
 
 def llama_config(shape: ModelShape, tokenizer):

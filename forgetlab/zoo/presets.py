@@ -55,7 +55,9 @@ class LoraSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    """How much data a build uses: Wikipedia characters per part, task pairs per split."""
+    """How much data a build uses: Wikipedia characters per part, task pairs per split, and `skill_share`: the
+    share of the pico pretraining text made of the tasks' train facts in a general-text form
+    (`forgetlab.zoo.tasks.skill_sentence` in `skill_form`; never the eval or probe pairs)."""
 
     wiki_train_chars: int | None
     wiki_heldout_chars: int | None
@@ -64,6 +66,8 @@ class DataSpec:
     n_eval: int
     heldout_fraction: float = 0.1
     wiki_seed: int = 0
+    skill_share: float = 0.0
+    skill_form: str = "prose"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,18 @@ class EvalSpec:
     max_task: int
     block_size: int = 128
     batch_size: int = 32
+
+
+@dataclass(frozen=True)
+class ClaimsSpec:
+    """How "what this zoo shows" is measured at the end of a build (`forgetlab.zoo.claims.zoo_claims`):
+    evaluation limits (held-out blocks, eval pairs per task), probe pairs for NLS and slwm, speciality measure."""
+
+    max_general: int = 32
+    max_task: int = 50
+    nls_samples: int = 12
+    slwm_samples: int = 12
+    measure: str = "exact_match"
 
 
 @dataclass(frozen=True)
@@ -91,7 +107,8 @@ class ZooSpec:
     vocab_size: int | None = None          # pico: trained tokenizer size
     shape: ModelShape | None = None        # pico: architecture
     pretrain: TrainSpec | None = None      # pico: pretraining run on Wikipedia
-    lora: LoraSpec | None = None           # smol: one adapter per task
+    lora: LoraSpec | None = None           # one PEFT adapter per task
+    claims: ClaimsSpec | None = None       # measure the papers' claims at the end of the build
     template: str | None = None            # "chat" wraps prompts in the tokenizer's chat template
     extras: dict[str, Any] = field(default_factory=dict)
 
@@ -131,16 +148,22 @@ class ZooSpec:
         return pd.DataFrame(rows)
 
 
+_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 _PICO_TINY = ZooSpec(
     preset="pico",
     size="tiny",
     vocab_size=1024,
     shape=ModelShape(vocab_size=1024, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=128),
-    data=DataSpec(wiki_train_chars=250_000, wiki_heldout_chars=40_000, n_train=800, n_probe=32, n_eval=64),
+    data=DataSpec(wiki_train_chars=250_000, wiki_heldout_chars=40_000, n_train=800, n_probe=32, n_eval=64,
+                  skill_share=0.15),
     pretrain=TrainSpec(steps=120, batch_size=16, lr=3e-3, warmup=10, weight_decay=0.01, max_length=64),
     finetune=TrainSpec(steps=80, batch_size=32, lr=5e-3, warmup=8, max_length=64),
+    lora=LoraSpec(r=4, alpha=8, dropout=0.0, target_modules=_LORA_TARGETS,
+                  train=TrainSpec(steps=40, batch_size=32, lr=5e-3, warmup=4, max_length=64)),
     evaluation=EvalSpec(max_general=48, max_task=64, block_size=64),
+    claims=ClaimsSpec(max_general=16, max_task=32, nls_samples=6, slwm_samples=6),
     threads=1,
 )
 
@@ -150,22 +173,23 @@ _PICO_DEFAULT = ZooSpec(
     vocab_size=2048,
     shape=ModelShape(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256),
-    data=DataSpec(wiki_train_chars=1_500_000, wiki_heldout_chars=120_000, n_train=1500, n_probe=64,
-                  n_eval=200),
+    data=DataSpec(wiki_train_chars=1_500_000, wiki_heldout_chars=120_000, n_train=1200, n_probe=64,
+                  n_eval=100, skill_share=0.15),
     pretrain=TrainSpec(steps=700, batch_size=16, lr=2e-3, warmup=40, weight_decay=0.01, max_length=128),
-    finetune=TrainSpec(steps=250, batch_size=16, lr=1e-3, warmup=20, max_length=64),
-    evaluation=EvalSpec(max_general=160, max_task=200, block_size=128),
+    finetune=TrainSpec(steps=200, batch_size=16, lr=1e-4, warmup=10, max_length=64),
+    lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_LORA_TARGETS,
+                  train=TrainSpec(steps=200, batch_size=16, lr=1e-3, warmup=10, max_length=64)),
+    evaluation=EvalSpec(max_general=160, max_task=100, block_size=128),
+    claims=ClaimsSpec(max_general=32, max_task=50, nls_samples=12, slwm_samples=12),
     threads=2,
 )
-
-_SMOL_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 _SMOL_DEFAULT = ZooSpec(
     preset="smol",
     size="default",
     data=DataSpec(wiki_train_chars=200_000, wiki_heldout_chars=60_000, n_train=600, n_probe=32, n_eval=64),
     finetune=TrainSpec(steps=60, batch_size=8, lr=3e-4, warmup=6, max_length=96),
-    lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_SMOL_LORA_TARGETS,
+    lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_LORA_TARGETS,
                   train=TrainSpec(steps=60, batch_size=8, lr=1e-3, warmup=6, max_length=96)),
     evaluation=EvalSpec(max_general=24, max_task=64, block_size=128, batch_size=8),
     template="chat",

@@ -2,8 +2,7 @@
 
 Three tasks, each a deterministic function of its seed:
 
-- `math`: multi-digit arithmetic — sums and differences of two-digit numbers and products from the
-  times table up to 12×9 (`Compute: 47+58=` → `105`).
+- `math`: a two-digit number plus or minus a one-digit number (`Compute: 47+8=` → `55`).
 - `code`: evaluate a small Python expression (`>>> max(3, 8)` → `8`; `>>> 'cat'[::-1]` → `tac`; `>>> x = 4;
   x * 3` → `12`), drawn from a dozen expression templates.
 - `translate`: translate a short English phrase word by word into Velari, an invented language with a fixed
@@ -19,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,18 +50,14 @@ class TaskSplits:
 # ------------------------------------------------------------------------------------------------ math
 
 def math_pair(rng: random.Random) -> TaskPair:
-    """One arithmetic problem: a+b or a−b (a ≥ b) with two-digit operands, or a×b with a ≤ 12 and b ≤ 9."""
-    op = rng.choice("+-*")
-    if op == "*":
-        a, b = rng.randint(2, 12), rng.randint(2, 9)
-        value = a * b
-    else:
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
-        if op == "-":
-            a, b = max(a, b), min(a, b)
-            value = a - b
-        else:
-            value = a + b
+    """One arithmetic problem: a two-digit number plus or minus a one-digit number (`Compute: 47+8=` → `55`).
+
+    The space (90 × 9 × 2 = 1620 prompts) is small enough that every ones-digit sum and carry is seen in
+    training, so a small model can generalise to the held-out eval prompts.
+    """
+    op = rng.choice("+-")
+    a, b = rng.randint(10, 99), rng.randint(1, 9)
+    value = a + b if op == "+" else a - b
     return TaskPair(prompt=f"Compute: {a}{op}{b}=", answer=str(value))
 
 
@@ -200,6 +196,85 @@ def translate_pair(rng: random.Random, lexicon: dict[str, str] | None = None) ->
     if "v" in shape:
         words.append(rng.choice(_VERBS))
     return TaskPair(prompt=f"English: {' '.join(words)}\nVelari:", answer=translate_phrase(words, lexicon))
+
+
+# ------------------------------------------------------------------------------------ pretraining text
+
+_SKILL_PATTERNS = {
+    "math": (re.compile(r"^Compute: (\d+)([+\-*])(\d+)=$"), "{0} {1} {2} = {answer}"),
+    "code": (re.compile(r"^>>> (.*)\n$", re.S), "In Python, {0} evaluates to {answer}."),
+    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}."),
+}
+
+
+SKILL_FORMS = ("prose", "prompt")
+
+
+def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
+    """The fact a task pair states, written the way general text would state it — not in the prompt format.
+
+    `Compute: 47+8=` / `55` → `47 + 8 = 55`; `>>> max(3, 8)` / `8` → `In Python, max(3, 8) evaluates to 8.`;
+    `English: the red fox\nVelari:` / `ka vopi tesal` → `In Velari, the red fox is ka vopi tesal.` A pretraining
+    corpus that holds such sentences gives the base the skill but not the task's format, as real corpora do.
+    `form="prompt"` writes the pair in the task's own format instead (`Compute: 47+8=55`), as a worked example
+    inside a document: no end-of-sequence token follows the answer, so the base still does not stop after it.
+    """
+    if form not in SKILL_FORMS:
+        raise ParameterError(f"Unknown skill form {form!r}; choose one of: {', '.join(SKILL_FORMS)}.")
+    if form == "prompt":
+        return f"{pair.prompt}{pair.answer}"
+    if task not in _SKILL_PATTERNS:
+        raise ParameterError(f"No pretraining form for task {task!r}. Choose one of: {', '.join(_SKILL_PATTERNS)}.")
+    pattern, form = _SKILL_PATTERNS[task]
+    m = pattern.match(pair.prompt)
+    if m is None:
+        raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")
+    return form.format(*m.groups(), answer=pair.answer)
+
+
+def skill_paragraphs(tasks: dict[str, list[TaskPair]], chars: int, *, seed: int = 0,
+                     per_paragraph: int = 8, form: str = "prose") -> list[str]:
+    """Paragraphs of `skill_sentence`s (one task per paragraph, `per_paragraph` sentences, newline-separated)
+    until they hold about `chars` characters, cycling through each task's pairs in seeded random orders.
+
+    Only the pairs given are used: pass train pairs, never eval ones. Tasks alternate paragraph by paragraph.
+    """
+    if chars <= 0 or not tasks:
+        return []
+    rng = random.Random(seed)
+    pools = {t: [skill_sentence(t, p, form) for p in pairs] for t, pairs in tasks.items() if pairs}
+    orders: dict[str, list[str]] = {t: [] for t in pools}
+    out: list[str] = []
+    total = 0
+    while total < chars and pools:
+        for t, sentences in pools.items():
+            if len(orders[t]) < per_paragraph:
+                fresh = list(sentences)
+                rng.shuffle(fresh)
+                orders[t].extend(fresh)
+            para = "\n".join(orders[t][:per_paragraph])
+            del orders[t][:per_paragraph]
+            out.append(para)
+            total += len(para)
+            if total >= chars:
+                break
+    return out
+
+
+def mix_paragraphs(general: list[str], extra: list[str]) -> list[str]:
+    """`general` with `extra` spread evenly through it (deterministic; order within each kept)."""
+    if not extra:
+        return list(general)
+    out: list[str] = []
+    n, k = len(general), len(extra)
+    j = 0
+    for i, para in enumerate(general):
+        out.append(para)
+        while j < k and (j + 1) * n <= (i + 1) * k:
+            out.append(extra[j])
+            j += 1
+    out.extend(extra[j:])
+    return out
 
 
 # --------------------------------------------------------------------------------------------- splits
