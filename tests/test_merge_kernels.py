@@ -140,7 +140,9 @@ FAST_METHODS = [
     ("ties", {"keep": 0.2}), ("ties", {"keep": 0.2, "weights": [0.5, 1.5, 1.0], "lam": 0.8}),
     ("ties", {"keep": 0.0}), ("ties", {"keep": 1.0}), ("ties", {"keep": 0.3, "scope": "global"}),
     ("dare_ties", {"drop": 0.9, "seed": 3}), ("dare_linear", {"drop": 0.9}), ("consensus", {}),
-    ("consensus", {"lam": [0.2, 0.5, 1.0], "k": 1, "alpha": 0.5}),
+    ("consensus", {"lam": [0.2, 0.5, 1.0], "k": 1, "alpha": 0.5}), ("breadcrumbs", {}),
+    ("breadcrumbs", {"keep": 0.3, "gamma": 0.05, "lam": 0.5}), ("fapm", {}), ("fapm", {"score": "magnitude"}),
+    ("fapm", {"score": "relative", "ratio": 0.5}),
 ]
 
 
@@ -200,3 +202,37 @@ def test_consensus_into_is_bit_identical(lam, k, alpha):
     want = base + consensus_merge([t.clone() for t in taus], lam, k, alpha)
     lams = [lam] * 3 if isinstance(lam, float) else lam
     assert torch.equal(K.consensus_into_(base.clone(), taus, lams, k, alpha), want)
+
+
+@pytest.mark.parametrize("score", ["fapm", "magnitude", "relative"])
+@pytest.mark.parametrize("ratio", [0.0, 0.5, 0.9, 1.0])
+def test_fapm_prune_in_place_equals_fapm_prune(score, ratio):
+    from forgetlab.merge.fapm import fapm_prune
+    n = K.BLOCK + 4321
+    for zero_base in (False, True):
+        w0 = torch.zeros(n) if zero_base else _tensors(n, seed=30, ties=True)
+        if not zero_base:
+            w0[:100] = 0  # W0 = 0: S = −∞ where τ ≠ 0
+        tau = _tensors(n, seed=31, ties=True)
+        tau[50:150] = 0  # τ = 0 (also where W0 = 0: the 0/0 entries)
+        want = fapm_prune(tau.clone(), w0, ratio, score)
+        w0_abs = w0.abs()
+        mean0 = float(w0_abs.mean()) if bool(w0_abs.mean() > 0) else None
+        got = K.fapm_prune_(tau.clone(), w0_abs, mean0, ratio, score, torch.empty(n))
+        assert torch.equal(got, want), (score, ratio, zero_base)
+
+
+@pytest.mark.parametrize("keep,gamma", [(0.1, 0.01), (0.3, 0.0), (0.5, 0.5), (0.0, 0.2), (1e-6, 0.01), (0.9, 0.1)])
+@pytest.mark.parametrize("ties", [False, True])
+def test_breadcrumbs_in_place_equals_breadcrumbs(keep, gamma, ties):
+    n = 3 * K.BLOCK + 11
+    tau = _tensors(n, seed=40, ties=ties)
+    tau[:500] = 0
+    want = sp.breadcrumbs(tau.clone(), keep, gamma)
+    n_top, n_keep = sp.breadcrumbs_counts(n, keep, gamma)
+    got = K.breadcrumbs_(tau.clone(), n_top, n_keep)
+    assert torch.equal(got, want)
+    small = torch.tensor([0.3, -0.1, 0.3, 0.0, -0.3])
+    for k1, k2 in [(5, 1), (3, 1), (2, 0), (0, 0), (4, 2)]:
+        want = small * (sp.topk_mask(small.abs(), k1) & ~sp.topk_mask(small.abs(), k2))
+        assert torch.equal(K.breadcrumbs_(small.clone(), k2, k1 - k2), want), (k1, k2)

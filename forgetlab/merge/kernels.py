@@ -313,3 +313,84 @@ def consensus_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], lams: Seque
         tot_.mul_(alpha).mul_(cnt_)
         o[s:e].add_(tot_)
     return out
+
+
+def fapm_score_into(score: torch.Tensor, tau: torch.Tensor, w0_abs: torch.Tensor, mean0: float | None,
+                    kind: str) -> torch.Tensor:
+    """FAPM's pruning score of τ into `score` (METHODS.md, FAPM; the rules of `fapm.fapm_scores`), block by
+    block without torch.where: "fapm" S = |τ| − mean(|W0|)·|τ|/|W0|, "relative" S = −|τ|/|W0|, "magnitude"
+    S = |τ|; `mean0` = mean(|W0|), None for an all-zero base (then "fapm" scores by magnitude). |τ|/|W0| is
+    +∞ where W0 = 0 and τ ≠ 0 by itself; the one NaN, 0/0 where τ = 0 and W0 = 0, is the reference's 0."""
+    flat, w, sc = tau.reshape(-1), w0_abs.reshape(-1), score.reshape(-1)
+    if kind == "magnitude" or (kind == "fapm" and mean0 is None):
+        return torch.abs(flat, out=sc).reshape(score.shape)
+    inf = math.inf
+    for s, e in _blocks(flat.numel()):
+        b, sc_ = flat[s:e], sc[s:e]
+        torch.abs(b, out=sc_)
+        if kind == "relative":
+            sc_.div_(w[s:e]).neg_()
+        else:
+            rel = torch.div(sc_, w[s:e])
+            sc_.sub_(rel.mul_(mean0))
+        torch.nan_to_num_(sc_, nan=0.0, posinf=inf, neginf=-inf)
+    return score
+
+
+def fapm_prune_(tau: torch.Tensor, w0_abs: torch.Tensor, mean0: float | None, ratio: float, kind: str,
+                score: torch.Tensor) -> torch.Tensor:
+    """FAPM pruning in place: keep the n − ⌊ratio·n⌋ entries of τ with the largest score (exact selection,
+    ties by storage order as `sparsify.topk_mask`), zero the rest (`fapm.fapm_prune`). `score` is scratch of
+    τ's size."""
+    if float(ratio) <= 0:
+        return tau
+    n = tau.numel()
+    k = n - int(float(ratio) * n)
+    if k >= n:
+        return tau
+    if kind == "magnitude" or (kind == "fapm" and mean0 is None):
+        return keep_top_(tau, k)
+    return keep_top_(tau, k, fapm_score_into(score, tau, w0_abs, mean0, kind))
+
+
+def breadcrumbs_(tau: torch.Tensor, n_top: int, n_keep: int) -> torch.Tensor:
+    """Breadcrumbs in place (METHODS.md): keep the entries ranked n_top + 1 … n_top + n_keep by |τ|, i.e.
+    τ·(topk(|τ|, n_top + n_keep) ∧ ¬topk(|τ|, n_top)) exactly as `sparsify.breadcrumbs_mask` (ties at either
+    cut broken by storage order, first wins). Without ties at the cuts: one blocked pass keeping
+    lo ≤ |τ| < hi; with ties: the same masks built in numpy with the tied entries settled."""
+    arr = as_array(tau)
+    n = arr.size
+    k1, k2 = n_top + n_keep, n_top
+    row = int(tau.shape[-1]) if tau.dim() else 1
+    if k1 <= 0:
+        arr *= np.float32(0)
+        return tau
+    lo, n_ge1 = (-math.inf, n) if k1 >= n else kth_largest(arr, k1, row, absolute=True)
+    hi, n_ge2 = (math.inf, 0) if k2 <= 0 else kth_largest(arr, k2, row, absolute=True)
+    ties1 = k1 < n and n_ge1 > k1 and lo > 0  # ties at a cut of 0 change nothing: those entries are 0
+    ties2 = k2 > 0 and n_ge2 > k2 and hi > 0
+    if not ties1 and not ties2:
+        nb = min(BLOCK, n)
+        buf, keep, below = np.empty(nb, np.float32), np.empty(nb, np.bool_), np.empty(nb, np.bool_)
+        for s, e in _blocks(n):
+            c = e - s
+            a = _scores(arr, True, s, e, buf)
+            np.greater_equal(a, np.float32(lo), out=keep[:c])
+            np.less(a, np.float32(hi), out=below[:c])
+            np.logical_and(keep[:c], below[:c], out=keep[:c])
+            blk = arr[s:e]
+            np.multiply(blk, keep[:c], out=blk)
+        return tau
+    a = np.abs(arr)
+    outer = np.greater_equal(a, np.float32(lo))
+    if ties1:
+        tied = np.flatnonzero(a == np.float32(lo))
+        outer[tied[k1 - (n_ge1 - tied.size):]] = False
+    if k2 > 0:
+        inner = np.greater_equal(a, np.float32(hi))
+        if ties2:
+            tied = np.flatnonzero(a == np.float32(hi))
+            inner[tied[k2 - (n_ge2 - tied.size):]] = False
+        outer &= ~inner
+    np.multiply(arr, outer, out=arr)
+    return tau

@@ -114,8 +114,15 @@ def _merge_dare_ties(job: TensorJob) -> torch.Tensor:
 
 
 def _merge_breadcrumbs(job: TensorJob) -> torch.Tensor:
-    parts = [_sp.breadcrumbs(tau, job.params["keep"], job.params["gamma"]) for tau in job.take_taus()]
-    return _add_scaled(job, parts, job.params["lam"])
+    p = job.params
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus) and p["keep"] < 1:  # exact selection, in place
+        if p["keep"] + p["gamma"] > 1 + 1e-12:
+            _sp.breadcrumbs(taus[0], p["keep"], p["gamma"])  # raises the same message
+        n_top, n_keep = _sp.breadcrumbs_counts(job.base.numel(), p["keep"], p["gamma"])
+        return _add_scaled(job, [_k.breadcrumbs_(tau, n_top, n_keep) for tau in taus], p["lam"])
+    parts = [_sp.breadcrumbs(tau, p["keep"], p["gamma"]) for tau in taus]
+    return _add_scaled(job, parts, p["lam"])
 
 
 def _check_breadcrumbs(params: dict, n: int) -> None:
@@ -147,8 +154,17 @@ def _merge_pcb(job: TensorJob) -> torch.Tensor:
 
 def _merge_fapm(job: TensorJob) -> torch.Tensor:
     p = job.params
-    parts = [fapm_prune(tau, job.base, p["adapter_ratio"] if job.is_adapter(i) else p["ratio"], p["score"])
-             for i, tau in enumerate(job.taus)]
+    ratios = [p["adapter_ratio"] if job.is_adapter(i) else p["ratio"] for i in range(len(job.finetuned))]
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus) and p["score"] in SCORES:
+        # the scores of fapm.fapm_scores block by block, exact selection, pruned in place (forgetlab.merge.kernels)
+        w0_abs = job.base.abs()
+        mean0 = w0_abs.mean()
+        mean0 = float(mean0) if bool(mean0 > 0) else None  # all-zero base tensor: magnitude (fapm.py)
+        score = torch.empty_like(w0_abs)
+        parts = [_k.fapm_prune_(tau, w0_abs, mean0, r, p["score"], score) for tau, r in zip(taus, ratios)]
+        return _add_scaled(job, parts, p["lam"])
+    parts = [fapm_prune(tau, job.base, r, p["score"]) for tau, r in zip(taus, ratios)]
     return _add_scaled(job, parts, p["lam"])
 
 
