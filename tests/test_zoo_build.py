@@ -15,7 +15,7 @@ from forgetlab.errors import MissingDependencyError, WorkspaceError
 from forgetlab.outputs import PARTIAL
 from forgetlab.zoo import build, build_spec, get_spec, zoo_root
 from forgetlab.zoo.manifest import done_steps
-from forgetlab.zoo.presets import DataSpec, EvalSpec, TrainSpec
+from forgetlab.zoo.presets import ClaimsSpec, DataSpec, EvalSpec, TrainSpec
 
 TASKS = ("math", "code", "translate")
 
@@ -45,6 +45,8 @@ def micro_spec(**changes):
         evaluation=EvalSpec(max_general=4, max_task=8, block_size=32),
         vocab_size=400,
         shape=replace(spec.shape, vocab_size=400),
+        lora=None,
+        claims=None,
     )
     return replace(spec, **changes)
 
@@ -195,6 +197,36 @@ def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
     assert build_spec(spec, root).built is False
     forced = build_spec(spec, root, force=True)                          # forced: everything again
     assert forced.built is True and base_file.stat().st_mtime_ns != base_mtime
+
+
+def test_lora_steps_and_claims_resume_without_retraining(tmp_path):
+    """A build interrupted while it measures the claims keeps every model; the next build measures the claims
+    only, then writes pool.yaml (adapters after the full fine-tunes)."""
+    tiny = get_spec("pico", "tiny")
+    spec = micro_spec(lora=replace(tiny.lora, train=TrainSpec(steps=2, batch_size=4, lr=1e-3, max_length=32)),
+                      claims=ClaimsSpec(max_general=2, max_task=4, nls_samples=2, slwm_samples=2))
+    root = tmp_path / "zoo" / "micro"
+    with pytest.raises(Interrupt):
+        build_spec(spec, root, progress=_stop_at("claims: merging"))
+    m = json.loads((root / "manifest.json").read_text())
+    assert set(done_steps(m)) == {"data", "base", *(f"ft-{t}" for t in TASKS), *(f"lora-{t}" for t in TASKS)}
+    assert "claims" not in m and m["complete"] is False and not (root / "pool.yaml").exists()
+    assert (root / "lora-code" / "adapter_model.safetensors").is_file()
+    mtimes = {n: (root / n).stat().st_mtime_ns for n in m["steps"]}
+    messages = []
+    done = build_spec(spec, root, progress=lambda f, msg: messages.append(msg))
+    assert done.built and done.manifest["complete"] and done.claims() is not None
+    assert {n: (root / n).stat().st_mtime_ns for n in m["steps"]} == mtimes
+    assert all(msg.startswith("claims: ") for msg in messages[:-1]), messages
+    claims = done.claims()
+    assert [c.key for c in claims.claims][:6] == [f"finetune:{n}" for n in
+                                                  (*TASKS, *(f"lora-{t}" for t in TASKS))]
+    assert done.manifest["build_seconds"] == pytest.approx(
+        sum(r["seconds"] for r in done.manifest["steps"].values()) + done.manifest["claims"]["build_seconds"],
+        abs=0.01)
+    import yaml
+    models = list(yaml.safe_load(done.pool_yaml.read_text())["models"])
+    assert models[3:] == [f"lora-{t}" for t in models[:3]]
 
 
 def test_manifest_from_another_version_or_settings_is_rebuilt_not_trusted(tmp_path):

@@ -528,7 +528,8 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
             report(progress, start_frac, f"{step.name} done in {record['seconds']:.1f} s")
         if spec.claims is not None and not manifest.get("claims"):
             t0 = time.perf_counter()
-            claims = builder.run_claims(scaled(progress, start_frac, 1.0))
+            sub = scaled(progress, start_frac, 1.0)
+            claims = builder.run_claims(None if sub is None else (lambda f, m="", s=sub: s(f, f"claims: {m}")))
             claims["build_seconds"] = round(time.perf_counter() - t0, 3)
             manifest["claims"] = json.loads(json.dumps(claims, default=str))
             manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values())
