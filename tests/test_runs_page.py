@@ -74,7 +74,7 @@ def test_comparison_stacks_runs_with_one_line_per_run(home):
     assert by_name[run_label(runs[0])] != by_name[run_label(runs[1])]
     assert sorted(sum(by_name.values(), [])) == [2.0, 2.5, 3.0, 3.0, 3.5, 4.0]
     table = runs_table(runs)
-    assert set(table["id"]) == {"r1-wise", "r2-wise"} and "seed=" in table["settings"][0]
+    assert set(table["id"]) == {"r1-wise", "r2-wise"} and "seed " in table["settings"][0]
 
 # ---------------------------------------------------------------- the page (AppTest)
 

@@ -268,8 +268,11 @@ def runs_table(runs) -> pd.DataFrame:
     """One row per run: id, kind, created (local time), the recipe's main settings, folder."""
     rows = []
     for run in runs:
-        recipe = {k: v for k, v in run.recipe.items() if k not in ("kind", "created", "versions")}
-        summary = ", ".join(f"{k}={v}" for k, v in list(recipe.items())[:4] if not isinstance(v, (dict, list)))
+        recipe = {k: v for k, v in run.recipe.items()
+                  if k not in ("kind", "created", "versions", "pool", "evaluated") and v is not None
+                  and not isinstance(v, (dict, list))}
+        summary = " · ".join(f"{k.replace('_', ' ')} {v:g}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                             for k, v in list(recipe.items())[:5])
         rows.append({"id": run.id, "kind": run.kind,
                      "created": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created)),
                      "settings": summary, "folder": str(run.path)})
