@@ -191,3 +191,31 @@ def test_merge_search_local_and_ray_agree(ray_cpus2, pool, tiny_llama):
         assert b.speciality == a.speciality
         assert b.worker["pid"] != os.getpid() and b.executor == "ray"
     assert local.best == remote.best and local.best_recipe == remote.best_recipe
+
+
+def test_cancel_stops_the_workers(ray_cpus2):
+    from forgetlab.executors import Cancelled
+
+    def build():
+        def state(item, progress):
+            import time as _t
+            _t.sleep(0.3)
+            return os.getpid()
+        return state
+
+    seen = []
+    with pytest.raises(Cancelled):
+        RayExecutor(workers=2).map(build, list(range(40)), on_result=lambda o: seen.append(o.value),
+                                   cancel=lambda: len(seen) >= 2)
+    assert 2 <= len(seen) < 40
+    import time
+    deadline = time.monotonic() + 20
+    alive = set(seen)
+    while alive and time.monotonic() < deadline:            # the killed actors' processes exit
+        for pid in list(alive):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                alive.discard(pid)
+        time.sleep(0.2)
+    assert not alive
