@@ -9,6 +9,7 @@ import streamlit as st
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.zoo_claims import render_zoo_claims
 from forgetlab.ui.navigation import require_app
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
@@ -17,6 +18,7 @@ st.caption("What is in the pool, how good is each model at its task and at gener
            "and where in the network did fine-tuning move the weights?")
 
 pool = require_pool()
+render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
 for warning in pool.warnings:
     st.warning(warning)
 
@@ -74,7 +76,7 @@ if cards:
 else:
     st.info("No scorecards yet for this pool: press **Evaluate** below.")
 
-with st.expander("Evaluate", expanded=not cards):
+with st.expander("Evaluate again (limits, models)" if cards else "Evaluate", expanded=not cards):
     device, _dtype = device_settings()
     c1, c2 = st.columns(2)
     max_general = c1.number_input("general-text blocks (max)", 8, 4096, 64, step=8, key="models_max_general")
