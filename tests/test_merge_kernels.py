@@ -142,7 +142,8 @@ FAST_METHODS = [
     ("dare_ties", {"drop": 0.9, "seed": 3}), ("dare_linear", {"drop": 0.9}), ("consensus", {}),
     ("consensus", {"lam": [0.2, 0.5, 1.0], "k": 1, "alpha": 0.5}), ("breadcrumbs", {}),
     ("breadcrumbs", {"keep": 0.3, "gamma": 0.05, "lam": 0.5}), ("fapm", {}), ("fapm", {"score": "magnitude"}),
-    ("fapm", {"score": "relative", "ratio": 0.5}),
+    ("fapm", {"score": "relative", "ratio": 0.5}), ("pcb", {"scope": "tensor"}), ("pcb", {"scope": "global"}),
+    ("pcb", {"scope": "tensor", "keep": 0.5, "lam": [0.5, 1.0, 1.5]}),
 ]
 
 
@@ -236,3 +237,35 @@ def test_breadcrumbs_in_place_equals_breadcrumbs(keep, gamma, ties):
     for k1, k2 in [(5, 1), (3, 1), (2, 0), (0, 0), (4, 2)]:
         want = small * (sp.topk_mask(small.abs(), k1) & ~sp.topk_mask(small.abs(), k2))
         assert torch.equal(K.breadcrumbs_(small.clone(), k2, k1 - k2), want), (k1, k2)
+
+
+@pytest.mark.parametrize("n_tasks", [2, 3])
+@pytest.mark.parametrize("keep", [0.0, 0.2, 1.0])
+def test_pcb_merge_into_matches_pcb_merge(n_tasks, keep):
+    from forgetlab.merge import pcb
+    n = K.BLOCK + 5000
+    base = _tensors(n, seed=50)
+    taus = [_tensors(n, seed=51 + i) for i in range(n_tasks)]
+    taus[0][:40] = 0
+    lams = [0.7, 1.3, 1.0][:n_tasks]
+    want = base + pcb.pcb_merge([t.clone() for t in taus], keep, lams)
+    got = K.pcb_merge_into_(base.clone(), taus, keep, lams)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
+    st = pcb.pcb_stats(taus, 0.3)  # global scope: statistics given, β computed block by block
+    want = base + pcb.pcb_merge([t.clone() for t in taus], 0.3, lams, st)
+    torch.testing.assert_close(K.pcb_merge_into_(base.clone(), taus, 0.3, lams, st), want, rtol=0, atol=1e-7)
+    # the statistics of the blocked passes equal pcb_stats (sums in float64, in another order)
+    lo, hi = K.pcb_minmax(taus)
+    assert lo == st.lo and hi == st.hi
+    zp, zi = K.pcb_zsums(taus, lo, hi)
+    for p in zp:
+        assert zp[p] == pytest.approx(st.z_pair[p], rel=1e-12)
+    assert zi == pytest.approx(st.z_intra, rel=1e-12)
+
+
+def test_pcb_constant_products():
+    from forgetlab.merge import pcb
+    taus = [torch.zeros(300), torch.full((300,), 0.5)]
+    base = torch.zeros(300)
+    want = base + pcb.pcb_merge([t.clone() for t in taus], 0.2, [1.0, 1.0])
+    torch.testing.assert_close(K.pcb_merge_into_(base.clone(), taus, 0.2, [1.0, 1.0]), want, rtol=0, atol=0)

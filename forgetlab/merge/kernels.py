@@ -394,3 +394,155 @@ def breadcrumbs_(tau: torch.Tensor, n_top: int, n_keep: int) -> torch.Tensor:
         outer &= ~inner
     np.multiply(arr, outer, out=arr)
     return tau
+
+
+# -- PCB (METHODS.md, PCB-merging): the formulas of forgetlab.merge.pcb, block by block
+
+def _pcb_pairs(n: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(n) for j in range(i, n)]
+
+
+def pcb_minmax(taus: Sequence[torch.Tensor], lo: dict | None = None, hi: dict | None = None) -> tuple[dict, dict]:
+    """min and max of τi ⊙ τj for every pair i ≤ j (updating `lo`/`hi` when given: a streamed first pass)."""
+    flat = [t.reshape(-1) for t in taus]
+    n_tasks = len(flat)
+    lo = {p: math.inf for p in _pcb_pairs(n_tasks)} if lo is None else lo
+    hi = {p: -math.inf for p in _pcb_pairs(n_tasks)} if hi is None else hi
+    size = flat[0].numel()
+    P = torch.empty(min(BLOCK, size), dtype=torch.float32)
+    for s, e in _blocks(size):
+        P_ = P[: e - s]
+        for i, j in _pcb_pairs(n_tasks):
+            torch.mul(flat[i][s:e], flat[j][s:e], out=P_)
+            mn, mx = torch.aminmax(P_)
+            lo[(i, j)] = min(lo[(i, j)], float(mn))
+            hi[(i, j)] = max(hi[(i, j)], float(mx))
+    return lo, hi
+
+
+def _pcb_exps(blocks, n_tasks, lo, hi, E: dict, Ei: list) -> None:
+    """E[(i, j)] = exp(Norm(τi⊙τj)), Ei[i] = exp(N·Norm(τi⊙τi)) for one block (pcb._exp_pair/_exp_intra)."""
+    for i, j in _pcb_pairs(n_tasks):
+        P_ = E[(i, j)]
+        l, h = lo[(i, j)], hi[(i, j)]
+        if h > l:
+            torch.mul(blocks[i], blocks[j], out=P_)
+            P_.sub_(l).div_(h - l)
+        else:
+            P_.zero_()  # a constant product normalises to 0
+        if i == j:
+            torch.mul(P_, n_tasks, out=Ei[i]).exp_()
+        P_.exp_()
+
+
+def _pcb_buffers(n_tasks: int, nb: int):
+    E = {p: torch.empty(nb, dtype=torch.float32) for p in _pcb_pairs(n_tasks)}
+    Ei = [torch.empty(nb, dtype=torch.float32) for _ in range(n_tasks)]
+    return E, Ei
+
+
+def pcb_zsums(taus: Sequence[torch.Tensor], lo: dict, hi: dict, z_pair: dict | None = None,
+              z_intra: list | None = None) -> tuple[dict, list]:
+    """Softmax denominators Σ exp(Norm(τi⊙τj)) and Σ exp(N·Norm(τi⊙τi)), summed in float64 (updating the
+    given sums: a streamed pass)."""
+    flat = [t.reshape(-1) for t in taus]
+    n_tasks = len(flat)
+    z_pair = {p: 0.0 for p in _pcb_pairs(n_tasks)} if z_pair is None else z_pair
+    z_intra = [0.0] * n_tasks if z_intra is None else z_intra
+    size = flat[0].numel()
+    nb = min(BLOCK, size)
+    E, Ei = _pcb_buffers(n_tasks, nb)
+    for s, e in _blocks(size):
+        c = e - s
+        Eb = {p: v[:c] for p, v in E.items()}
+        Eib = [v[:c] for v in Ei]
+        _pcb_exps([t[s:e] for t in flat], n_tasks, lo, hi, Eb, Eib)
+        for p, v in Eb.items():
+            z_pair[p] += float(v.sum(dtype=torch.float64))
+        for i, v in enumerate(Eib):
+            z_intra[i] += float(v.sum(dtype=torch.float64))
+    return z_pair, z_intra
+
+
+def _pcb_betas_block(blocks, n_tasks, st, Eb, Eib, outs) -> None:
+    """βi = intra_i ⊙ inter_i for one block into outs[i] (the operations of pcb.pcb_balance, in its order)."""
+    _pcb_exps(blocks, n_tasks, st.lo, st.hi, Eb, Eib)
+    for i in range(n_tasks):
+        out = outs[i]
+        out.zero_()
+        for j in range(n_tasks):
+            p = (i, j) if i <= j else (j, i)
+            out.add_(Eb[p] / st.z_pair[p])
+        out.mul_(Eib[i].div_(st.z_intra[i]))
+
+
+def pcb_betas(taus: Sequence[torch.Tensor], st, outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """βi of every task into `outs` (tensors of τ's size), with the Norm bounds and denominators of `st`."""
+    flat = [t.reshape(-1) for t in taus]
+    n_tasks = len(flat)
+    size = flat[0].numel()
+    E, Ei = _pcb_buffers(n_tasks, min(BLOCK, size))
+    of = [o.reshape(-1) for o in outs]
+    for s, e in _blocks(size):
+        c = e - s
+        _pcb_betas_block([t[s:e] for t in flat], n_tasks, st, {p: v[:c] for p, v in E.items()},
+                         [v[:c] for v in Ei], [o[s:e] for o in of])
+    return list(outs)
+
+
+def pcb_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], thresholds: Sequence[float | None],
+                      lams: Sequence[float], betas: Sequence[torch.Tensor] | None = None, st=None) -> torch.Tensor:
+    """out += Σi λi·β̂i ⊙ τi / Σi β̂i (0 where Σi β̂i = 0), β̂i = βi·[βi ≥ thresholdi] (None: keep none), in
+    place and block by block (pcb.pcb_combine's operations in its order). βi come from `betas`, or are
+    computed per block from the statistics `st` (global scope: nothing of τ's size is stored)."""
+    flat = [t.reshape(-1) for t in taus]
+    n_tasks = len(flat)
+    o = out.reshape(-1)
+    size = o.numel()
+    nb = min(BLOCK, size)
+    num, den, bh, tmp = (torch.empty(nb, dtype=torch.float32) for _ in range(4))
+    shrink = [None if t is None else float(np.nextafter(np.float32(t), np.float32(-np.inf))) for t in thresholds]
+    if betas is None:
+        E, Ei = _pcb_buffers(n_tasks, nb)
+        B = [torch.empty(nb, dtype=torch.float32) for _ in range(n_tasks)]
+    else:
+        bflat = [b.reshape(-1) for b in betas]
+    for s, e in _blocks(size):
+        c = e - s
+        num_, den_, bh_, tmp_ = num[:c], den[:c], bh[:c], tmp[:c]
+        blocks = [t[s:e] for t in flat]
+        if betas is None:
+            bl = [b[:c] for b in B]
+            _pcb_betas_block(blocks, n_tasks, st, {p: v[:c] for p, v in E.items()}, [v[:c] for v in Ei], bl)
+        else:
+            bl = [b[s:e] for b in bflat]
+        num_.zero_()
+        den_.zero_()
+        for beta, tau, thr, li in zip(bl, blocks, shrink, lams):
+            if thr is None:
+                continue  # β̂ = 0: adds 0 to both sums
+            torch.ops.aten.hardshrink.out(beta, thr, out=bh_)  # β ≥ 0: β·[β ≥ threshold]
+            num_.add_(torch.mul(bh_, float(li), out=tmp_).mul_(tau))
+            den_.add_(bh_)
+        den_.add_(torch.eq(den_, 0, out=tmp_))  # Σ β̂ = 0: the sum of λ·β̂·τ is 0 too, divide by 1
+        o[s:e].add_(num_.div_(den_))
+    return out
+
+
+def pcb_merge_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], keep: float, lams: Sequence[float],
+                    stats=None) -> torch.Tensor:
+    """out += PCB's merged task vector (pcb.pcb_merge): per-tensor statistics from `taus` (two blocked
+    passes, βi stored once, exact k-th largest βi by selection), or the global `stats` (one blocked pass)."""
+    from forgetlab.merge.pcb import PCBStats
+    from forgetlab.merge.sparsify import keep_count
+    n_tasks = len(taus)
+    if stats is not None:
+        return pcb_combine_into_(out, taus, stats.thresholds, lams, st=stats)
+    st = PCBStats(n_tasks)
+    st.lo, st.hi = pcb_minmax(taus)
+    st.z_pair, st.z_intra = pcb_zsums(taus, st.lo, st.hi)
+    betas = pcb_betas(taus, st, [torch.empty_like(out) for _ in range(n_tasks)])
+    k = keep_count(out.numel(), keep)
+    st.thresholds = [None if k <= 0 else kth_largest(as_array(b), k, int(out.shape[-1]) if out.dim() else 1)[0]
+                     for b in betas]
+    return pcb_combine_into_(out, taus, st.thresholds, lams, betas=betas)

@@ -149,7 +149,11 @@ def _check_consensus(params: dict, n: int) -> None:
 def _merge_pcb(job: TensorJob) -> torch.Tensor:
     p = job.params
     stats = job.stats if p["scope"] == "global" else None
-    return job.base + _pcb.pcb_merge(job.taus, p["keep"], p["lam"], stats)
+    taus = job.take_taus()
+    if _k.on_cpu_fast_path(job.base, *taus):  # blocked passes, exact selection of the β thresholds
+        lams = [float(p["lam"])] * len(taus) if isinstance(p["lam"], (int, float)) else p["lam"]
+        return _k.pcb_merge_into_(job.base, taus, p["keep"], lams, stats)
+    return job.base + _pcb.pcb_merge(taus, p["keep"], p["lam"], stats)
 
 
 def _merge_fapm(job: TensorJob) -> torch.Tensor:

@@ -133,6 +133,17 @@ class PCBGlobalCollector:
     def add(self, pass_index, name, base, taus):
         taus = [t.to(torch.float32) for t in taus]
         st = self.st
+        from forgetlab.merge import kernels
+        if kernels.on_cpu_fast_path(*taus):  # the same statistics, block by block (forgetlab.merge.kernels)
+            if pass_index == 0:
+                kernels.pcb_minmax(taus, st.lo, st.hi)
+            elif pass_index == 1:
+                kernels.pcb_zsums(taus, st.lo, st.hi, st.z_pair, st.z_intra)
+            else:
+                betas = kernels.pcb_betas(taus, st, [torch.empty_like(taus[0]) for _ in taus])
+                for sel, beta in zip(self.selects, betas):
+                    sel.add(beta)
+            return
         if pass_index == 0:
             for i, j in _pairs(self.n):
                 prod = taus[i] * taus[j]

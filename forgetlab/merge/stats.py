@@ -16,6 +16,8 @@ from typing import Any, Protocol, Sequence
 import torch
 
 _BINS = 1 << 16
+_LITTLE = __import__("sys").byteorder == "little"
+_FLUSH = 1 << 20
 
 
 class RadixSelect:
@@ -31,6 +33,8 @@ class RadixSelect:
         self.high: int | None = None
         self.k_rem: int | None = None
         self._value: float | None = None
+        self._pending: list = []  # parts not yet counted (see _add_halves)
+        self._pending_n = 0
 
     @staticmethod
     def _bits(values: torch.Tensor) -> torch.Tensor:
@@ -39,7 +43,9 @@ class RadixSelect:
 
     def add(self, values: torch.Tensor) -> None:
         """Count one chunk of values in the current stage (no-op once done)."""
-        if self.stage == 0:
+        if self.stage < 2 and _LITTLE and values.dtype == torch.float32 and values.device.type == "cpu":
+            self._add_halves(values)
+        elif self.stage == 0:
             hi = self._bits(values) >> 16
             self.hist += torch.bincount(hi, minlength=_BINS)[:_BINS]
         elif self.stage == 1:
@@ -47,6 +53,39 @@ class RadixSelect:
             sel = bits[(bits >> 16) == self.high] & 0xFFFF
             if sel.numel():
                 self.hist += torch.bincount(sel, minlength=_BINS)[:_BINS]
+
+    def _add_halves(self, values: torch.Tensor) -> None:
+        """`add` on a little-endian CPU: the high and low 16 bits of each float32 are the odd and even uint16
+        of its memory, so a histogram of them is numpy.bincount of a strided view (no shift, no mask, no
+        int64 copy; ~3 ns per value where the torch ops took ~8), and stage 1 picks the low halves of the
+        values in the chosen bin with a comparison and numpy.compress (~1 ns per value, the bool-indexed
+        torch gather took ~10). Bins ≥ 0x8000 (sign bit set: −0.0 of a non-negative input) fold onto
+        bins − 0x8000, as the mask of `_bits` does."""
+        import numpy as np
+        u16 = values.detach().contiguous().reshape(-1).numpy().view(np.uint16)
+        high, low = u16[1::2], u16[0::2]
+        if self.stage == 0:
+            part = high if high.size >= _FLUSH else high.copy()
+        else:
+            part = np.compress(np.equal(high, self.high) | np.equal(high, self.high | 0x8000), low)
+        if part.size:  # small parts wait: a 65,536-bin count has a fixed cost per call
+            self._pending.append(part)
+            self._pending_n += part.size
+            if self._pending_n >= _FLUSH:
+                self._flush()
+
+    def _flush(self) -> None:
+        import numpy as np
+        if not self._pending:
+            return
+        parts, self._pending, self._pending_n = self._pending, [], 0
+        h = sum(np.bincount(p, minlength=_BINS) for p in parts) if len(parts) < 4 else \
+            np.bincount(np.concatenate(parts), minlength=_BINS)
+        if self.stage == 0:
+            h = h[: _BINS // 2] + h[_BINS // 2:]
+            self.hist[: _BINS // 2] += torch.from_numpy(h)
+        else:
+            self.hist += torch.from_numpy(h)
 
     @staticmethod
     def _find(hist: torch.Tensor, k: int) -> tuple[int, int]:
@@ -61,6 +100,7 @@ class RadixSelect:
 
     def advance(self) -> None:
         """Close the current pass."""
+        self._flush()
         if self.stage == 0:
             self.high, self.k_rem = self._find(self.hist, self.k)
             self.hist = torch.zeros(_BINS, dtype=torch.int64)
