@@ -74,13 +74,21 @@ def ray_cpus2():
     ray.shutdown()
 
 
-def test_local_and_ray_alpha_sweeps_agree(ray_cpus2, pool):
+def test_local_and_ray_alpha_sweeps_agree(ray_cpus2, pool, tiny_llama, tmp_path, monkeypatch, capsys):
+    """`forgetlab sweep alpha --executor ray --workers 2` (in process, on the module's Ray instance) against the
+    local library sweep: every point equal to 1e-6, computed by the two workers, saved with their pids."""
+    from forgetlab.cli import main
+
     kw = dict(alphas=[0.0, 0.3, 0.7, 1.0], device="cpu", max_general=3, max_task=4)
     local = alpha_curve(pool, "ft0", **kw)
-    seen = []
-    remote = alpha_curve(pool, "ft0", executor=RayExecutor(workers=2), on_point=lambda p, r: seen.append(p.x),
-                         **kw)
-    assert sorted(seen) == kw["alphas"] and [p.x for p in remote.points] == kw["alphas"]   # gathered in order
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    code = main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "0,0.3,0.7,1",
+                 "--max-general", "3", "--max-task", "4", "--device", "cpu", "--executor", "ray", "--workers", "2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "executor ray: 2 worker process(es)" in out
+    remote = load_sweep(next((tmp_path / "runs").iterdir()))
+    assert [p.x for p in remote.points] == kw["alphas"]                          # gathered in order
     for a, b in zip(local.points, remote.points):
         assert (a.series, a.x, a.settings) == (b.series, b.x, b.settings)
         assert b.general_loss == pytest.approx(a.general_loss, abs=1e-6)
@@ -97,21 +105,6 @@ def test_local_and_ray_alpha_sweeps_agree(ray_cpus2, pool):
     assert remote.executor["name"] == "ray" and remote.executor["workers"] == 2
     assert remote.executor["driver"]["pid"] == me and not remote.failed
     assert ray.is_initialized()                                  # not started by the executor: left running
-
-
-def test_cli_sweep_on_ray_saves_worker_pids(ray_cpus2, tiny_llama, tmp_path, monkeypatch, capsys):
-    from forgetlab.cli import main
-
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    code = main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft1", "--alphas", "0,0.5,1",
-                 "--max-general", "2", "--max-task", "2", "--device", "cpu", "--executor", "ray", "--workers", "2"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    saved = load_sweep(next((tmp_path / "runs").iterdir()))
-    assert [p.x for p in saved.points] == [0.0, 0.5, 1.0]
-    assert all(p.executor == "ray" and p.worker["pid"] != os.getpid() for p in saved.points)
-    assert saved.executor["driver"]["pid"] == os.getpid()
-    assert "executor ray: 2 worker process(es)" in out
 
 
 def test_killed_worker_point_is_retried_then_failed(ray_cpus2, tmp_path):

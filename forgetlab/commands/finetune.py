@@ -1,6 +1,7 @@
 """CLI: `forgetlab finetune POOL.yaml --task NAME --optimizer adamw|mofo ...` — what-if fine-tunes."""
 from __future__ import annotations
 
+from forgetlab.commands._executor import add_executor_arguments, executor_from_args
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 
 FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",
@@ -40,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
     p.add_argument("--out", help="also write the trajectories to this CSV or JSON file")
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+    add_executor_arguments(p)
     p.set_defaults(func=cmd_finetune)
 
 
@@ -50,6 +52,9 @@ def cmd_finetune(args) -> int:
     from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, check_save_as, compare, finetune,
                                       save_finetune_run, save_finetuned, standard_configs)
 
+    if args.executor != "local" and not args.compare:
+        raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
+                             "fine-tune runs in process: add --compare or drop --executor.")
     pool = ModelPool.from_yaml(args.pool)
     if args.save_as and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
@@ -63,7 +68,7 @@ def cmd_finetune(args) -> int:
             configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
                                        fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
                                        l2=args.l2 or 1.0)
-            comp = compare(pool, args.task, configs, progress=update, **opts)
+            comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args), **opts)
             model = None
         else:
             label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"

@@ -98,6 +98,8 @@ class FinetuneRun:
     final: Optional[Scorecard] = None
     start_card: Optional[Scorecard] = None
     pareto: bool = False
+    executor: str = "local"
+    worker: dict[str, Any] = field(default_factory=dict)   # {"host", "pid"} of the process that trained it
 
     @property
     def label(self) -> str:
@@ -136,14 +138,16 @@ class FinetuneRun:
                "answer_loss": self.final.tasks[self.task].answer_loss if self.final else float("nan"),
                "general_loss": self.general_loss, "forgetting": self.general_loss - base_gen,
                "distance": self.distance, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
-               "seconds": self.train.seconds, "stopped": self.train.stopped}
+               "seconds": self.train.seconds, "stopped": self.train.stopped, "executor": self.executor,
+               "worker_host": self.worker.get("host"), "worker_pid": self.worker.get("pid")}
         return pd.DataFrame([row])
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (round-trips through `from_dict`)."""
         return {"config": self.config.to_dict(), "task": self.task, "start": self.start,
                 "train": self.train.to_dict(), "final": self.final.to_dict() if self.final else None,
-                "start_card": self.start_card.to_dict() if self.start_card else None, "pareto": self.pareto}
+                "start_card": self.start_card.to_dict() if self.start_card else None, "pareto": self.pareto,
+                "executor": self.executor, "worker": dict(self.worker)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneRun":
@@ -152,7 +156,8 @@ class FinetuneRun:
                    train=TrainResult.from_dict(d["train"]),
                    final=Scorecard.from_dict(d["final"]) if d.get("final") else None,
                    start_card=Scorecard.from_dict(d["start_card"]) if d.get("start_card") else None,
-                   pareto=bool(d.get("pareto", False)))
+                   pareto=bool(d.get("pareto", False)), executor=str(d.get("executor", "local")),
+                   worker=dict(d.get("worker") or {}))
 
 
 @dataclass
@@ -292,11 +297,14 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
 def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = "base",
             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
-            device: Optional[str] = None, on_run=None, progress: Progress = None) -> FinetuneComparison:
+            device: Optional[str] = None, on_run=None, progress: Progress = None,
+            executor=None) -> FinetuneComparison:
     """Run each config from the same start on the same task data and mark the Pareto front of the finals.
 
     Configs should share `steps`, `batch_size` and `seed` for a fair comparison (same batches in the same
-    order); `on_run(run, comparison)` is called after each run. Labels must be distinct.
+    order); `on_run(run, comparison)` is called after each run. Labels must be distinct. `executor` ("ray" or a
+    `forgetlab.executors.Executor`) runs one fine-tune per worker; runs come back in the configs' order and
+    record the worker that trained them.
     """
     configs = list(configs)
     if not configs:
@@ -309,15 +317,63 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
         "max_general": max_general, "max_task": max_task, "max_train": max_train,
         "pool": str(pool.source) if getattr(pool, "source", None) else None})
     n = len(configs)
+    kw = dict(start=start, eval_every=eval_every, eval_tasks=eval_tasks, max_general=max_general,
+              max_task=max_task, max_train=max_train, device=device)
+    from forgetlab.executors import worker_id
+
+    if executor is not None and executor != "local":
+        from forgetlab.executors import make_executor
+
+        executor = make_executor(executor)
+        slots: list[Optional[FinetuneRun]] = [None] * n
+
+        def landed(out) -> None:
+            if not out.ok:                         # its worker died twice: listed, the other runs are kept
+                comp.recipe.setdefault("failed", []).append({"label": labels[out.index], "error": out.error})
+                return
+            run = out.value
+            run.executor, run.worker = executor.name, dict(out.worker or {})
+            slots[out.index] = run
+            comp.runs = [r for r in slots if r is not None]
+            comp.mark_pareto()
+            if on_run is not None:
+                on_run(run, comp)
+
+        executor.map(_FinetuneFactory(pool, task, kw), configs, on_result=landed, progress=progress)
+        comp.recipe["executor"] = executor.describe()
+        return comp
     for i, cfg in enumerate(configs):
-        run = finetune(pool, task, cfg, start=start, eval_every=eval_every, eval_tasks=eval_tasks,
-                       max_general=max_general, max_task=max_task, max_train=max_train, device=device,
-                       progress=scaled(progress, i / n, (i + 1) / n))
+        run = finetune(pool, task, cfg, progress=scaled(progress, i / n, (i + 1) / n), **kw)
+        run.worker = worker_id()
         comp.runs.append(run)
         comp.mark_pareto()
         if on_run is not None:
             on_run(run, comp)
     return comp
+
+
+class _FinetuneFactory:
+    """A fine-tune worker (one run per item, a config); pickled for Ray with the pool replaced by its spec."""
+
+    def __init__(self, pool, task: str, kw: dict):
+        self.pool, self.task, self.kw = pool, task, kw
+
+    def __getstate__(self) -> dict[str, Any]:
+        from forgetlab.executors import pool_spec
+
+        d = dict(self.__dict__)
+        if not isinstance(d["pool"], dict):
+            d["pool"] = pool_spec(d["pool"])
+        return d
+
+    def __call__(self):
+        from forgetlab.executors import open_pool
+
+        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+
+        def state(cfg, progress=None):
+            return finetune(pool, self.task, cfg, progress=progress, **self.kw)
+        return state
 
 
 # --------------------------------------------------------------------------------------------- saving
