@@ -399,3 +399,60 @@ def save_search(result: SearchResult, home_path=None):
               "measure": result.measure, "max_forgetting": result.max_forgetting,
               "forgetting_weight": result.forgetting_weight}
     return save_run("search", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
+
+
+# ------------------------------------------------------------------------------------ PCB λ search on workers
+
+
+class _PcbState:
+    """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
+
+    def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
+                 device: Optional[str]):
+        from forgetlab.checkpoints import open_checkpoint
+        from forgetlab.merge.lambda_search import pcb_components, probe_loss
+
+        base = open_checkpoint(base_ref)
+        self.base = base.state_dict()
+        fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
+        self.comps = pcb_components(self.base, fts, keep, scope)
+        del fts
+        self.loss = probe_loss(pool, device=device)
+
+    def __call__(self, lambdas, progress: Progress = None) -> float:
+        from forgetlab.merge.lambda_search import compose
+
+        return float(self.loss(compose(self.base, self.comps, lambdas)))
+
+
+class _PcbFactory(_SearchFactory):
+    def __call__(self) -> _PcbState:
+        from forgetlab.executors import open_pool
+
+        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+        return _PcbState(pool, *self.args)
+
+
+class pcb_batch_loss:
+    """Context manager giving `batch_loss(list of λ vectors) -> losses` for `search_pcb_lambdas`, evaluated on an
+    executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
+
+    def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None):
+        from forgetlab.executors import make_executor
+
+        self.executor = make_executor(executor)
+        self.factory = _PcbFactory(pool, _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models],
+                                   float(keep), scope, device)
+        self.workers_used: list[dict] = []
+
+    def __enter__(self):
+        self._workers = self.executor.workers(self.factory)
+
+        def batch(lams: list[list[float]]) -> list[float]:
+            outs = self._workers.map(lams)
+            self.workers_used += [dict(o.worker or {}) for o in outs]
+            return [o.value if o.ok else float("nan") for o in outs]
+        return batch
+
+    def __exit__(self, *exc) -> None:
+        self._workers.close()

@@ -37,6 +37,8 @@ def register(subparsers) -> None:
     s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
     s.add_argument("--seed", type=int, default=0, help="Seed of CMA-ES.")
     s.add_argument("--out", help="Write the recipe with the λ found (per model) to this YAML file.")
+    from forgetlab.commands._executor import add_executor_arguments
+    add_executor_arguments(s)
     s.set_defaults(func=_pcb_search)
 
 
@@ -100,10 +102,23 @@ def _pcb_search(args) -> int:
     pool = ModelPool.from_yaml(args.pool)
     base = open_checkpoint(recipe.base)
     fts = [open_checkpoint(m.model, base=base).state_dict() for m in recipe.models]
+    from forgetlab.commands._executor import executor_from_args
+    executor = executor_from_args(args)
     update, close = tqdm_progress("λ search")
     try:
-        res = search_pcb_lambdas(base.state_dict(), fts, probe_loss(pool), keep=p["keep"], lam=float(p["lam"][0]),
-                                 scope=p["scope"], budget=args.budget, seed=args.seed, progress=update)
+        if executor.name == "local":
+            res = search_pcb_lambdas(base.state_dict(), fts, probe_loss(pool), keep=p["keep"],
+                                     lam=float(p["lam"][0]), scope=p["scope"], budget=args.budget, seed=args.seed,
+                                     progress=update)
+        else:                      # each CMA-ES generation evaluated at once on the workers
+            from forgetlab.search import pcb_batch_loss
+            on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=None)
+            with on as batch:
+                res = search_pcb_lambdas(base.state_dict(), fts, None, keep=p["keep"], lam=float(p["lam"][0]),
+                                         scope=p["scope"], budget=args.budget, seed=args.seed, progress=update,
+                                         batch_loss=batch)
+            pids = sorted({f"{w.get('host')}:{w.get('pid')}" for w in on.workers_used})
+            emit(f"executor {executor.name}: {len(pids)} worker process(es) ({', '.join(pids)})")
     finally:
         close()
     emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")

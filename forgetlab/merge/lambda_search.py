@@ -90,11 +90,14 @@ def compose(base: Mapping[str, torch.Tensor], components: Sequence[Mapping[str, 
 def search_pcb_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
                        validation_loss: Callable, *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
                        budget: int = 30, sigma0: float = 0.3, bounds: tuple[float, float] = (0.0, 3.0),
-                       seed: int = 0, loss_of: str = "state_dict", progress: Progress = None) -> LambdaSearchResult:
+                       seed: int = 0, loss_of: str = "state_dict", progress: Progress = None,
+                       batch_loss: Callable | None = None) -> LambdaSearchResult:
     """Search per-task λi for PCB with CMA-ES from λi = `lam`, minimising `validation_loss`.
 
     `validation_loss(state_dict) -> float` (loss_of="state_dict") or `validation_loss(lambdas) -> float`
     (loss_of="lambdas"). At most `budget` evaluations (the start counts as one); λi stay within `bounds`.
+    `batch_loss(list of λ vectors) -> list of losses`, when given, evaluates each CMA-ES generation at once
+    (e.g. on Ray workers, `forgetlab.search.pcb_batch_loss`); the points and the result are the same.
     """
     try:
         import cma
@@ -110,23 +113,32 @@ def search_pcb_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Map
     comps = pcb_components(base, finetuned, keep, scope, scaled(progress, 0, 0.2))
     history: list[tuple[list[float], float]] = []
 
-    def f(x) -> float:
-        lams = [float(v) for v in x]
-        value = validation_loss(lams) if loss_of == "lambdas" else validation_loss(compose(base, comps, lams))
+    def record(lams: list[float], value: float) -> float:
         value = float(value)
         history.append((lams, value))
         report(progress, 0.2 + 0.8 * len(history) / budget, f"λ search {len(history)}/{budget}: loss {value:.4f}")
         return value if value == value else float("inf")
 
+    def f(x) -> float:
+        lams = [float(v) for v in x]
+        return record(lams, validation_loss(lams) if loss_of == "lambdas"
+                      else validation_loss(compose(base, comps, lams)))
+
+    def many(xs) -> list[float]:
+        if batch_loss is None:
+            return [f(x) for x in xs]
+        lams = [[float(v) for v in x] for x in xs]
+        return [record(lv, value) for lv, value in zip(lams, batch_loss(lams))]
+
     x0 = [float(lam)] * n
-    initial = f(x0)
+    initial = many([x0])[0]
     if budget > 1:
         es = cma.CMAEvolutionStrategy(x0, sigma0, {"bounds": [bounds[0], bounds[1]], "seed": int(seed) + 1,
                                                    "verbose": -9, "maxfevals": budget - 1})
         while not es.stop() and len(history) < budget:
             xs = es.ask()
             xs = xs[: budget - len(history)]
-            losses = [f(x) for x in xs]
+            losses = many(xs)
             if len(xs) < es.popsize:
                 break
             es.tell(xs, losses)
