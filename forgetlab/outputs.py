@@ -155,28 +155,38 @@ def clean_stale(folder: str | Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _writer_lock(out: Path) -> Iterator[None]:
+def exclusive_lock(lock: Path, busy: Exception, cannot: Exception, remove: bool = False) -> Iterator[None]:
+    """Hold an exclusive, non-blocking flock on the file `lock` (created if needed): raise `busy` at once when
+    another process holds it, `cannot` when the file cannot be created; `remove` deletes the file afterwards."""
     import fcntl
 
-    lock = out.parent / f".{out.name}.lock"
     try:
         fh = open(lock, "a+")
-    except OSError as exc:
-        raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
-                             "folder.") from None
+    except OSError:
+        raise cannot from None
     try:
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise OutputExistsError(f"Another forgetlab job is writing {out} right now; nothing was changed. "
-                                    "Wait for it to finish or choose another output folder.") from None
+            raise busy from None
         try:
             yield
         finally:
-            with contextlib.suppress(OSError):
-                lock.unlink()
+            if remove:
+                with contextlib.suppress(OSError):
+                    lock.unlink()
     finally:
         fh.close()
+
+
+def _writer_lock(out: Path):
+    """One writer per output: `.<name>.lock` beside it, removed afterwards."""
+    return exclusive_lock(
+        out.parent / f".{out.name}.lock",
+        OutputExistsError(f"Another forgetlab job is writing {out} right now; nothing was changed. Wait for it "
+                          "to finish or choose another output folder."),
+        WorkspaceError(f"Cannot write into {out.parent}; choose a writable folder."),
+        remove=True)
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -146,3 +146,24 @@ def pico_zoo(zoo_home):
     from forgetlab.zoo import build
 
     return build(preset="pico", size="tiny", home=zoo_home)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A folder on a tmpfs of the asked size (a real full disk); skips where the machine cannot mount one."""
+    import subprocess
+
+    mounts = []
+
+    def make(size: str) -> Path:
+        mnt = tmp_path / f"small-{len(mounts)}"
+        mnt.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], capture_output=True)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+        mounts.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounts:
+        subprocess.run(["umount", str(mnt)], check=False)

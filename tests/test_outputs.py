@@ -226,20 +226,13 @@ def test_disk_full_is_a_message_and_the_existing_output_is_untouched(recipe, tmp
     assert tree(tmp_path) == before
 
 
-def test_disk_full_on_a_real_small_filesystem(recipe, tmp_path, capsys):
-    """A 64 KiB tmpfs, smaller than the merge (root may mount one here; skipped where it cannot)."""
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        assert _merge_cli(recipe, mnt / "merged") == 2
-        err = capsys.readouterr().err
-        assert "No space left" in err and "Traceback" not in err
-        assert list(mnt.iterdir()) == []
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+def test_disk_full_on_a_real_small_filesystem(recipe, small_disk, capsys):
+    """A 64 KiB tmpfs, smaller than the merge."""
+    mnt = small_disk("64k")
+    assert _merge_cli(recipe, mnt / "merged") == 2
+    err = capsys.readouterr().err
+    assert "No space left" in err and "Traceback" not in err
+    assert list(mnt.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", ["abc\n", "a\x01b", "a\x00b", "x" * 300, "../up", ".hidden", "", "a/b"])

