@@ -28,7 +28,12 @@ with st.sidebar:
 
 from forgetlab.ui.sidebar import render_first_run, render_sidebar  # noqa: E402 - after the menu is drawn
 
-if render_sidebar() is None:
-    with st.container(border=True):
-        render_first_run()
-navigation.run()
+from forgetlab.ui.heap import freeze_long_lived  # noqa: E402
+
+try:
+    if render_sidebar() is None:
+        with st.container(border=True):
+            render_first_run()
+    navigation.run()
+finally:
+    freeze_long_lived()     # keep the garbage collector off torch & co. (forgetlab/ui/heap.py)

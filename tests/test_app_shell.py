@@ -567,3 +567,21 @@ def test_changing_the_workspace_in_the_sidebar_lists_its_zoo(tiny_llama, tmp_pat
     at.run()                                          # and the first session keeps its own on every rerun
     assert at.sidebar.text_input(key="app_workspace").value == str(other)
     assert at.session_state["forgetlab_pool_path"] == str(other / "zoo" / "pico" / "pool.yaml")
+
+
+def test_freeze_long_lived_freezes_after_new_imports_only(monkeypatch):
+    import gc
+    import sys
+
+    import forgetlab.ui.heap as heap
+
+    monkeypatch.setattr(heap, "_modules_at_freeze", 0)
+    frozen_before = gc.get_freeze_count()
+    try:
+        assert heap.freeze_long_lived() is True                   # everything imported so far
+        assert gc.get_freeze_count() > frozen_before
+        assert heap.freeze_long_lived() is False                  # nothing new: a length check, no collection
+        monkeypatch.setattr(heap, "_modules_at_freeze", len(sys.modules) - heap.MIN_NEW_MODULES)
+        assert heap.freeze_long_lived() is True                   # ten new modules: frozen again
+    finally:
+        gc.unfreeze()

@@ -18,9 +18,10 @@ an auto-refreshing `st.fragment(run_every=...)` (and the latest published value,
 returns the result once it is there.
 
 Cost while a job runs: the job shares the machine with the server and the browser, so the page polls
-gently — the progress bar once a second, the partial result (a chart) in its own fragment every few seconds
-and only once something new was published (between two publications it re-sends the figure it built last
-time instead of rebuilding it). Redrawing a chart every half second held the GIL and kept the browser busy
+gently — the progress bar every 2 s, the partial result (a chart) in its own fragment every 5 s once
+something was published (between two publications it re-sends the figure it built last time instead of
+rebuilding it), and the Cancel button outside the polling fragment. Each poll is a Streamlit fragment rerun
+with a real cost (measured: a bare fragment polling every second costs ~6% of a core on this 2-core machine). Redrawing a chart every half second held the GIL and kept the browser busy
 re-laying out plotly, which slowed the job itself (bench/app_latency.py --jobs measures app vs CLI).
 """
 from __future__ import annotations
@@ -39,6 +40,8 @@ import streamlit as st
 from forgetlab.ui.errors import render_error
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
+REFRESH = 2.0            # seconds between progress redraws of a running job (each is a Streamlit fragment rerun)
+PARTIAL_REFRESH = 5.0    # seconds between redraws of its partial result
 
 
 class JobCancelled(Exception):
@@ -170,11 +173,15 @@ def job_key(*parts: Any) -> str:
     return f"{head}-{hashlib.sha1(blob.encode()).hexdigest()[:16]}"
 
 
-def _draw_running(job: Job, *, cancellable: bool) -> None:
+def _draw_running(job: Job) -> None:
     elapsed = time.time() - job.started
     text = f"{job.label} — {job.message}" if job.message else job.label
     st.progress(job.fraction, text=f"{text} ({elapsed:.0f} s)")
-    if cancellable and st.button("Cancel", key=f"cancel-{job.key}"):
+
+
+def _cancel_button(job: Job) -> None:
+    """Drawn once with the page, not in the polling fragment (a widget there made every poll dearer)."""
+    if st.button("Cancel", key=f"cancel-{job.key}"):
         job.cancel()
         st.toast(f"Cancelling {job.label}…")
 
@@ -199,7 +206,7 @@ def _find(reg: JobRegistry, key: str, slot: str | None) -> tuple[Job | None, boo
 
 
 def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = "", cancellable: bool = True,
-             refresh: float = 1.0, partial_refresh: float = 3.0, slot: str | None = None,
+             refresh: float = REFRESH, partial_refresh: float = PARTIAL_REFRESH, slot: str | None = None,
              on_done: Callable[[Any], None] | None = None,
              show_partial: Callable[[Any], None] | None = None, registry: JobRegistry | None = None) -> Any:
     """Run `fn(progress)` once per `key` in the background and draw its state; return its result when done.
@@ -234,11 +241,13 @@ def run_once(key: str, fn: Callable[[Job], Any], *, start: bool, label: str = ""
         @st.fragment(run_every=refresh)
         def _poll() -> None:
             if job.running:
-                _draw_running(job, cancellable=cancellable)
+                _draw_running(job)
             else:  # ended since the page was drawn: redraw the page so it shows the result
                 st.rerun(scope="app")
 
         _poll()
+        if cancellable:
+            _cancel_button(job)
         if show_partial is not None:
             @st.fragment(run_every=partial_refresh)
             def _partial() -> None:
