@@ -73,6 +73,8 @@ with right:
     device, _dtype = device_settings()
     settings = dict(task=task, device=device, max_general=max_general, max_task=max_task, **extra)
     key = job_key("forgetting", pool.key, str(workspace_home()), model, kind, settings)
+    from forgetlab.ui.executor import session_executor
+    executor = session_executor()
     start = False
     if run and extra:
         with show_errors():
@@ -81,7 +83,8 @@ with right:
 
     def work(progress):
         """The sweep, publishing a snapshot after each point, then saved (also if nobody is watching)."""
-        result = sweeps.SWEEPS[kind](pool, model, progress=progress, **settings, on_point=lambda point, partial:
+        result = sweeps.SWEEPS[kind](pool, model, progress=progress, **settings, executor=executor,
+                                     on_point=lambda point, partial:
                                      progress.publish(replace(partial, points=list(partial.points))))
         return result, sweeps.save_sweep(result)
 

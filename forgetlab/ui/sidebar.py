@@ -81,6 +81,8 @@ def render_sidebar() -> str | None:
         render_workspace()
         path = render_pool_choice()
         render_device_settings()
+        from forgetlab.ui.executor import render_executor_settings
+        render_executor_settings()
         render_jobs()
     return path
 
