@@ -40,6 +40,7 @@ def distance_bars(result: TsneResult) -> go.Figure:
     """Average distance between task clusters per model (PCA space; a larger value = better separated tasks)."""
     s = result.cluster_summary()
     fig = go.Figure(go.Bar(x=s["model"], y=s["mean_distance_pca"], marker_color=[color_for(m) for m in s["model"]]))
-    fig.update_layout(xaxis_title="model", yaxis_title="mean distance between task centroids (PCA space)",
-                      margin=dict(t=30, b=10))
+    fig.update_layout(xaxis_title="model", yaxis_title="task-centroid distance (PCA)",
+                      title="Mean distance between task clusters (higher: tasks better separated)",
+                      margin=dict(t=40, b=10))
     return fig

@@ -85,8 +85,9 @@ def curves_figure(result: NonlinearityResult,
         color = color_for(label if selection else level)
         fig.add_trace(go.Scatter(x=alphas, y=mean, name=label, mode="lines+markers", line=dict(color=color),
                                  error_y=dict(type="data", array=np.nan_to_num(std), visible=True, thickness=1)))
-    fig.update_layout(xaxis_title="α", yaxis_title="d(α) = ‖f(θ0+ατ) − f(θ0+τ)‖ / ‖f(θ0) − f(θ0+τ)‖",
-                      margin=dict(t=30, b=10), title="Distance curves", legend_title=None)
+    # the formula in the title, not the y axis (a long axis title was cut at a 420 px chart height)
+    fig.update_layout(xaxis_title="α", yaxis_title="d(α)", margin=dict(t=40, b=10), legend_title=None,
+                      title="Distance curves d(α) = ‖f(θ0+ατ) − f(θ0+τ)‖ / ‖f(θ0) − f(θ0+τ)‖")
     return fig
 
 
