@@ -1,4 +1,5 @@
-"""App latency in a real browser: first render of each page and re-render after a page switch.
+"""App latency in a real browser: first render of each page and re-render after a page switch; and the
+time of a background job in the app against the same job on the CLI.
 
 Peer, measured in the same run: a bare Streamlit app (st.navigation over two pages that only write a title
 and a line) served the same way. Each figure is the median of --repeat measurements; ratios are
@@ -8,7 +9,13 @@ the server process is warm, so process-wide caches such as the loaded pool are s
 app's script is idle again (the page fully drawn). The cold start (the first request after the server
 started: imports, pool opening) is printed on its own.
 
-    python bench/app_latency.py [--home FORGETLAB_HOME] [--repeat 3]
+Jobs (--jobs): a fine-tune comparison (AdamW/MoFO/SFA/L2/L1) and a WiSE-FT α sweep with the same settings, run
+by `forgetlab finetune --compare` / `forgetlab sweep alpha` (wall time of the command: Python start, imports
+and pool opening included; also shown without that start-up, measured by a command that only imports and
+opens the pool) and by the app in Chromium (click to result drawn; the server is warm, the pool already
+open). Ratios are app / CLI; the issue asks for ≤ 1.3.
+
+    python bench/app_latency.py [--home FORGETLAB_HOME] [--repeat 3] [--jobs] [--no-pages]
 
 Without --home, the tiny pico zoo is built into a temporary workspace first (about a minute).
 """
@@ -24,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.harness import chromium, click_nav, goto, streamlit_server  # noqa: E402
+from tests.e2e.harness import chromium, click_nav, goto, streamlit_server, wait_jobs  # noqa: E402
 
 BARE_APP = """
 import streamlit as st
@@ -65,6 +72,87 @@ def measure(url: str, pages: list[tuple[str, str, str]], repeat: int, shots: Pat
     return out
 
 
+FINETUNE = {"steps": 30, "record every k steps": 5, "general blocks (max)": 16, "eval pairs (max)": 50}
+SWEEP = {"α values": "0, 0.25, 0.5, 0.75, 1", "general blocks (max)": 16, "pairs per task (max)": 50}
+
+
+def _cli(args: list[str], home: Path) -> float:
+    import os
+    import subprocess
+
+    exe = Path(sys.executable).with_name("forgetlab")
+    start = time.monotonic()
+    subprocess.run([str(exe), *args], check=True, env={**os.environ, "FORGETLAB_HOME": str(home)},
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.monotonic() - start
+
+
+def cli_startup(pool_yaml: Path) -> float:
+    """Seconds for a fresh Python to import the CLI's modules and open the pool with its base model."""
+    import subprocess
+
+    code = ("import forgetlab.cli, forgetlab.train.runs, forgetlab.sweeps; from forgetlab.pool import ModelPool; "
+            f"ModelPool.from_yaml({str(pool_yaml)!r}).load('base')")
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    return time.monotonic() - start
+
+
+def cli_jobs(pool_yaml: Path, home: Path, task: str, model: str) -> dict[str, float]:
+    """Wall time of the CLI commands running the two jobs with the app's settings."""
+    f, w = FINETUNE, SWEEP
+    return {
+        "fine-tune comparison": _cli(["finetune", str(pool_yaml), "--task", task, "--compare", "--steps",
+                                      str(f["steps"]), "--eval-every", str(f["record every k steps"]),
+                                      "--max-general", str(f["general blocks (max)"]), "--max-task",
+                                      str(f["eval pairs (max)"]), "--device", "cpu"], home),
+        "WiSE-FT α sweep": _cli(["sweep", "alpha", str(pool_yaml), "--model", model, "--alphas",
+                                 w["α values"].replace(" ", ""), "--max-general", str(w["general blocks (max)"]),
+                                 "--max-task", str(w["pairs per task (max)"]), "--device", "cpu"], home),
+    }
+
+
+def _fill(page, values: dict) -> None:
+    from tests.e2e.harness import wait_idle
+
+    for label, value in values.items():
+        box = page.get_by_label(label, exact=True).first
+        box.fill(str(value))
+        box.press("Enter")
+        wait_idle(page)
+
+
+def _timed_click(page, name: str) -> float:
+    """Seconds from the click until the job's progress bar has come and gone and the page is idle."""
+    from tests.e2e.harness import PROGRESS, count, wait_for
+
+    start = time.monotonic()
+    page.get_by_role("button", name=name, exact=True).first.click()
+    wait_for(page, lambda: count(page, PROGRESS) > 0, 120, f"the job of {name!r} to start")
+    wait_jobs(page, 1800)
+    return time.monotonic() - start
+
+
+def app_jobs(url: str, task: str) -> dict[str, float]:
+    """Click to result of the two jobs in the app (Fine-tune page in comparison mode; Forgetting page)."""
+    out = {}
+    with chromium() as page:
+        goto(page, f"{url}/finetune", timeout=180)
+        from tests.e2e.harness import wait_idle
+
+        page.get_by_label("task", exact=True).first.click()
+        page.get_by_role("option", name=task, exact=True).click()
+        wait_idle(page)
+        page.get_by_text("comparison", exact=True).click()
+        wait_idle(page)
+        _fill(page, FINETUNE)
+        out["fine-tune comparison"] = _timed_click(page, "Fine-tune")
+        goto(page, f"{url}/forgetting", timeout=180)
+        _fill(page, SWEEP)
+        out["WiSE-FT α sweep"] = _timed_click(page, "Run sweep")
+    return out
+
+
 def bare_app(folder: Path) -> Path:
     """A bare two-page app served like forgetlab's: same menu (st.page_link) and the same config.toml."""
     import shutil
@@ -82,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--home", type=Path, help="a FORGETLAB_HOME holding zoo/ (default: build the tiny pico zoo)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the temporary folder (server logs)")
+    ap.add_argument("--jobs", action="store_true", help="also time a fine-tune comparison and a sweep, app vs CLI")
+    ap.add_argument("--no-pages", action="store_true", help="skip the page latencies")
     args = ap.parse_args(argv)
 
     from forgetlab.ui.navigation import existing_pages
@@ -100,22 +190,42 @@ def main(argv: list[str] | None = None) -> None:
     ours = [("" if i == 0 else p.stem, p.title, specs[0].title if p.stem == "runs" else specs[-1].title)
             for i, p in enumerate(specs)]
 
-    with streamlit_server(bare_app(tmp / "bare"), log=tmp / "bare.log") as url:
-        bare = measure(url, [("", "Hello", "Other")], args.repeat, tmp)
-    with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "app.log") as url:
-        app = measure(url, ours, args.repeat, tmp)
-    b_first, b_again = bare["pages"]["Hello"]
-
     import os
 
-    print(f"chromium headless, {args.repeat} repeats (median), workspace {home}, "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"cold start (first request after server start): forgetlab {app['cold']:.2f} s, "
-          f"bare {bare['cold']:.2f} s, ratio {app['cold'] / bare['cold']:.1f}x")
-    print(f"{'page':<12}{'first render s':>16}{'÷ bare':>9}{'re-render s':>14}{'÷ bare':>9}")
-    print(f"{'(bare)':<12}{b_first:>16.2f}{1:>9.1f}{b_again:>14.2f}{1:>9.1f}")
-    for title, (first, again) in app["pages"].items():
-        print(f"{title:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
+    load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    if not args.no_pages:
+        with streamlit_server(bare_app(tmp / "bare"), log=tmp / "bare.log") as url:
+            bare = measure(url, [("", "Hello", "Other")], args.repeat, tmp)
+        with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "app.log") as url:
+            app = measure(url, ours, args.repeat, tmp)
+        b_first, b_again = bare["pages"]["Hello"]
+        print(f"chromium headless, {args.repeat} repeats (median), workspace {home}, {load}")
+        print(f"cold start (first request after server start): forgetlab {app['cold']:.2f} s, "
+              f"bare {bare['cold']:.2f} s, ratio {app['cold'] / bare['cold']:.1f}x")
+        print(f"{'page':<12}{'first render s':>16}{'÷ bare':>9}{'re-render s':>14}{'÷ bare':>9}")
+        print(f"{'(bare)':<12}{b_first:>16.2f}{1:>9.1f}{b_again:>14.2f}{1:>9.1f}")
+        for title, (first, again) in app["pages"].items():
+            print(f"{title:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
+    if args.jobs:
+        import torch
+        from forgetlab.pool import ModelPool
+        from forgetlab.ui.settings import zoo_presets
+        from forgetlab.workspace import use_home
+
+        use_home(home)
+        pool_yaml = next(iter(zoo_presets().values()))
+        pool = ModelPool.from_yaml(pool_yaml)
+        task, model = pool.task_names[0], pool.model_names[0]
+        startup = cli_startup(pool_yaml)
+        cli = cli_jobs(pool_yaml, home, task, model)
+        with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "jobs.log") as url:
+            app_t = app_jobs(url, task)
+        print(f"jobs on {pool_yaml} (task {task}, model {model}); torch {torch.get_num_threads()} threads by "
+              f"default; {load} at the end; CLI start-up (imports + pool) {startup:.1f} s")
+        print(f"{'job':<22}{'CLI s':>8}{'CLI − start s':>15}{'app s':>8}{'app ÷ CLI':>11}{'÷ (CLI − start)':>17}")
+        for name, c in cli.items():
+            a = app_t[name]
+            print(f"{name:<22}{c:>8.1f}{c - startup:>15.1f}{a:>8.1f}{a / c:>11.2f}{a / max(c - startup, 1e-9):>17.2f}")
     if args.keep:
         print(f"server logs in {tmp}")
 
