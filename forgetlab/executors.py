@@ -22,7 +22,10 @@ Every outcome names the worker that computed it: ``{"host": ..., "pid": ...}``.
 
 Ray is imported only when a `RayExecutor` starts. It connects to an existing cluster (`address="auto"`, a GCS
 address ``host:port`` or a Ray client address ``ray://host:port``; the cluster's nodes need forgetlab and the
-models' paths) or starts a local instance bound to the loopback interface without the dashboard.
+models' paths) or starts a local instance on this machine without the dashboard. Note: on Linux Ray's own
+servers (GCS, raylet) listen on all interfaces of the node and advertise its routable address whatever
+`_node_ip_address` says (Ray maps 127.0.0.1 to it); this Ray version protects them with a token
+(~/.ray/auth_token). forgetlab itself contacts nothing beyond the cluster it is given.
 """
 from __future__ import annotations
 
@@ -362,8 +365,8 @@ class _RayWorkers(Workers):
 class RayExecutor(Executor):
     """Run points on Ray actors that keep the base and task vectors resident (see the module docstring).
 
-    `address`: None starts a local Ray instance (`num_cpus` CPUs, default all of this machine's; loopback
-    only, no dashboard) unless Ray is already initialised in this process; "auto", "host:port" or
+    `address`: None starts a local Ray instance (`num_cpus` CPUs, default all of this machine's; no
+    dashboard) unless Ray is already initialised in this process; "auto", "host:port" or
     "ray://host:port" connect to a running cluster. `workers`: how many actors (default: as many as fit);
     asking for more than fit is said (`notes`, a ResourceShortageWarning) and the ones that fit are used.
     `gpus_per_worker`: GPUs per actor (default 1 when the cluster has GPUs, else 0). A point whose worker dies
@@ -419,7 +422,7 @@ class RayExecutor(Executor):
         else:
             num_cpus = self.num_cpus or os.cpu_count() or 1
             try:
-                ray.init(num_cpus=int(num_cpus), _node_ip_address="127.0.0.1", **common)
+                ray.init(num_cpus=int(num_cpus), **common)
             except Exception as exc:  # noqa: BLE001
                 raise ExecutorError(f"Could not start a local Ray instance: {exc}") from None
         self._started = True

@@ -68,8 +68,7 @@ def test_local_executor_flags_need_ray():
 @pytest.fixture(scope="module")
 def ray_cpus2():
     """A local Ray instance with 2 CPUs for this module (RayExecutor reuses it and leaves it running)."""
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False,
-             logging_level="WARNING")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
 
