@@ -4,6 +4,7 @@ a streaming engine over checkpoints on disk, recipes (ours and mergekit's) and a
     from forgetlab.merge import METHODS, merge_state_dicts, run
 """
 from forgetlab.merge import methods as _methods  # noqa: F401  (registers the built-in methods)
+from forgetlab.merge import submodule as _submodule  # noqa: F401  (registers submodule_alpha)
 from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.registry import (METHODS, MethodSpec, ParamSpec, PrepareContext, TensorJob, get_method,
                                       load_plugins, register, validate_params)

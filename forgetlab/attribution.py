@@ -1,0 +1,526 @@
+"""Where is the forgetting? Per-submodule maps of what each part of a task vector buys and costs.
+
+For a fine-tuned model θ1 = θ0 + τ (a full fine-tune or a LoRA adapter, τ = its ΔW) and a task, the task vector
+is cut into parts τ = Σk τk at a level (METHODS.md notation; parts from `forgetlab.anatomy.Anatomy`):
+
+- ``layer``:  one part per decoder layer, plus ``embed`` (embeddings), ``norm`` (final norm), ``lm_head``;
+- ``module``: per layer ``attn``, ``mlp`` and ``norm`` (its layer norms), plus ``embed``, ``norm``, ``lm_head``;
+- ``head``:   as ``module`` with each layer's attention cut into heads (head h: its q rows, its kv group's k/v
+  rows and its o_proj columns — `Anatomy.head_slices`); attention entries that belong to no head (an o_proj
+  bias, q/k norms) are one more ``attn`` part with no head. Under grouped-query attention the k/v rows are
+  shared by the heads of a group: the part being studied is written last, so only-this of head h includes its
+  group's k/v rows and leave-one-out of head h removes them.
+
+Two maps, each scored by `forgetlab.evaluate.evaluate` (generality: general loss; speciality: exact match and
+answer loss on the task):
+
+- **only_this**:     θ0 + α·τk (α = 1 by default), d = its value − the base's;
+- **leave_one_out**: θ0 + τ − (1 − α)·τk (α = 0 by default: τk removed), d = its value − the fine-tune's.
+
+Passing ``alphas`` evaluates every part along a line of α values instead of the 0/1 point. Additivity
+(`AttributionResult.additivity`) compares Σk d over the parts with the whole: fine-tune − base for only_this,
+base − fine-tune for leave_one_out (a ratio of 1 means the parts add up exactly).
+
+Memory and cost: ONE working copy (`forgetlab.sweeps.WorkingCopy`) is rewritten in place, and only the tensors
+whose α changes between two evaluations are rewritten (read lazily from θ0/θ1). A part whose τ is zero is not
+evaluated (its model is the reference bit for bit, so both d are 0); its rows are flagged ``zero_tau``. The
+result reports the seconds and the number of evaluations.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import pandas as pd
+import torch
+
+from forgetlab.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
+from forgetlab.evaluate import Scorecard, evaluate
+from forgetlab.progress import Progress, report, scaled
+
+LEVELS = ("layer", "module", "head")
+MAPS = ("only_this", "leave_one_out")
+KIND = "attribution"
+MEASURES = ("general_loss", "speciality", "answer_loss")
+COLUMNS = ["map", "key", "layer", "module", "head", "alpha", "d_general_loss", "d_speciality", "d_answer_loss",
+           "general_loss", "speciality", "answer_loss", "tau_norm", "tau_share", "zero_tau", "seconds"]
+
+
+# ------------------------------------------------------------------------------------------------ parts
+
+
+@dataclass(frozen=True)
+class Part:
+    """One submodule of a level: its key (``"3"``, ``"3.mlp"``, ``"3.attn.h1"``, ``"embed"``, ``"norm"``,
+    ``"lm_head"``), layer (None outside the layers), module (``layer``, ``attn``, ``mlp``, ``norm``, ``embed``,
+    ``lm_head``), head, its whole tensors and its tensor slices (head level)."""
+
+    key: str
+    layer: Optional[int]
+    module: str
+    head: Optional[int]
+    tensors: tuple[str, ...] = ()
+    slices: tuple = ()
+
+    def tensor_names(self) -> list[str]:
+        return list(dict.fromkeys([*self.tensors, *(s.name for s in self.slices)]))
+
+
+def _outside_part(anatomy, name: str) -> str:
+    part = anatomy.role(name).part
+    if name.endswith("lm_head.weight") or part in ("lm_head", "embed_out"):
+        return "lm_head"
+    if part in ("embed_tokens", "wte", "wpe") or "embed" in part:
+        return "embed"
+    return "norm"
+
+
+def parts_of(anatomy, names: Sequence[str], level: str) -> list[Part]:
+    """The parts of `level` over the parameter `names` (a partition of them, heads aside: see the module
+    docstring), in model order: the embeddings, then layer by layer, then the final norm and lm_head."""
+    level = check_level(level)
+    by_layer: dict[int, dict[str, list[str]]] = {}
+    outside: dict[str, list[str]] = {}
+    for n in names:
+        r = anatomy.role(n)
+        if r.layer is None:
+            outside.setdefault(_outside_part(anatomy, n), []).append(n)
+        else:
+            by_layer.setdefault(r.layer, {}).setdefault(r.module or "norm", []).append(n)
+    parts: list[Part] = []
+    if "embed" in outside:
+        parts.append(Part("embed", None, "embed", None, tuple(outside["embed"])))
+    have = set(names)
+    for i in sorted(by_layer):
+        mods = by_layer[i]
+        if level == "layer":
+            parts.append(Part(str(i), i, "layer", None, tuple(n for m in mods.values() for n in m)))
+            continue
+        for module in ("attn", "mlp", "norm"):
+            tensors = mods.get(module, [])
+            if not tensors:
+                continue
+            if level == "head" and module == "attn":
+                sliced: set[str] = set()
+                for h in range(anatomy.num_heads):
+                    sl = tuple(s for s in anatomy.head_slices(i, h) if s.name in have)
+                    sliced.update(s.name for s in sl)
+                    parts.append(Part(f"{i}.attn.h{h}", i, "attn", h, (), sl))
+                rest = tuple(n for n in tensors if n not in sliced)
+                if rest:
+                    parts.append(Part(f"{i}.attn", i, "attn", None, rest))
+                continue
+            parts.append(Part(f"{i}.{module}", i, module, None, tuple(tensors)))
+    for key in ("norm", "lm_head"):
+        if key in outside:
+            parts.append(Part(key, None, key, None, tuple(outside[key])))
+    return parts
+
+
+def check_level(level: str) -> str:
+    """`level` if attribution offers it, else a ParameterError naming the levels."""
+    if level not in LEVELS:
+        hint = " (attn and mlp are parts of the 'module' level)" if level in ("attn", "mlp") else ""
+        raise ParameterError(f"Attribution has no level {level!r}{hint}; choose one of {', '.join(LEVELS)}.")
+    return level
+
+
+# ---------------------------------------------------------------------------------------------- results
+
+
+@dataclass
+class AttributionRow:
+    """One (map, part, α) evaluation: the edited model's scores and d = edited − reference."""
+
+    map: str
+    key: str
+    layer: Optional[int]
+    module: str
+    head: Optional[int]
+    alpha: float
+    general_loss: float
+    speciality: float
+    answer_loss: float
+    d_general_loss: float
+    d_speciality: float
+    d_answer_loss: float
+    tau_norm: float
+    tau_share: float
+    zero_tau: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class AttributionResult:
+    """Both maps of one model and task at one level, the base's and the fine-tune's scorecards, the cost."""
+
+    model: str
+    task: str
+    level: str
+    base: Scorecard
+    finetuned: Scorecard
+    rows: list[AttributionRow] = field(default_factory=list)
+    seconds: float = 0.0
+    evaluations: int = 0
+    tensors_written: int = 0
+    notes: list[str] = field(default_factory=list)
+    recipe: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (map, submodule[, α]) with the columns of `COLUMNS`."""
+        return pd.DataFrame([asdict(r) for r in self.rows], columns=COLUMNS)
+
+    def scores(self, which: str) -> dict[str, float]:
+        """general_loss, speciality (exact match on the task) and answer_loss of ``"base"`` or ``"finetuned"``."""
+        card = self.base if which == "base" else self.finetuned
+        t = card.tasks[self.task]
+        return {"general_loss": float(card.general_loss), "speciality": float(t.exact_match),
+                "answer_loss": float(t.answer_loss)}
+
+    @property
+    def zero_parts(self) -> list[str]:
+        """Keys of the parts whose τ is zero (flagged, not evaluated)."""
+        return list(dict.fromkeys(r.key for r in self.rows if r.zero_tau))
+
+    def additivity(self) -> pd.DataFrame:
+        """Per map and measure: Σk d over the parts (at α = 1 for only_this, α = 0 for leave_one_out), the
+        whole (fine-tune − base, or base − fine-tune), and their ratio (1 = the parts add up exactly)."""
+        base, ft = self.scores("base"), self.scores("finetuned")
+        out = []
+        for m, a in (("only_this", 1.0), ("leave_one_out", 0.0)):
+            rows = [r for r in self.rows if r.map == m and r.alpha == a]
+            for meas in MEASURES:
+                total = sum(getattr(r, f"d_{meas}") for r in rows)
+                whole = (ft[meas] - base[meas]) * (1 if m == "only_this" else -1)
+                ratio = total / whole if abs(whole) > 1e-12 else float("nan")
+                out.append({"map": m, "measure": meas, "sum_of_parts": total, "whole": whole, "ratio": ratio,
+                            "parts": len(rows)})
+        return pd.DataFrame(out, columns=["map", "measure", "sum_of_parts", "whole", "ratio", "parts"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "task": self.task, "level": self.level, "base": self.base.to_dict(),
+                "finetuned": self.finetuned.to_dict(), "rows": [asdict(r) for r in self.rows],
+                "seconds": self.seconds, "evaluations": self.evaluations, "tensors_written": self.tensors_written,
+                "notes": list(self.notes), "recipe": dict(self.recipe)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "AttributionResult":
+        return cls(model=d["model"], task=d["task"], level=d["level"], base=Scorecard.from_dict(d["base"]),
+                   finetuned=Scorecard.from_dict(d["finetuned"]), rows=[AttributionRow(**r) for r in d["rows"]],
+                   seconds=float(d.get("seconds", 0.0)), evaluations=int(d.get("evaluations", 0)),
+                   tensors_written=int(d.get("tensors_written", 0)), notes=list(d.get("notes", [])),
+                   recipe=dict(d.get("recipe", {})))
+
+
+# ------------------------------------------------------------------------------------------- the checks
+
+
+def _resolve(pool, model: str, task: Optional[str], level: str, select, alphas) -> tuple[str, Optional[list[str]],
+                                                                                         list[float]]:
+    from forgetlab.sweeps import _check_model, default_task
+
+    check_level(level)
+    _check_model(pool, model)
+    if not pool.probes.general:
+        raise ProbeDataError("Attribution needs held-out general text to measure generality; add "
+                             "`probes: general:` to the pool file.")
+    if task is None:
+        task = default_task(pool, model)
+        if task is None:
+            raise ProbeDataError(f"Name the task whose speciality {model} should keep (--task); the pool's tasks "
+                                 f"are: {', '.join(pool.task_names) or 'none (add probes: tasks: to the pool)'}.")
+    if task not in pool.task_names:
+        raise ProbeDataError(f"The pool has no probe data for task {task!r}; its tasks are: "
+                             f"{', '.join(pool.task_names) or 'none'}. Add it under `probes: tasks:`.")
+    if not pool.probes.tasks[task].eval:
+        raise ProbeDataError(f"Task {task!r} has no evaluation pairs (its `eval:` split is empty); add some to "
+                             "the pool's probe data.")
+    sel = None
+    if select is not None:
+        sel = [str(s) for s in select]
+        if not sel:
+            raise ParameterError("The selection of submodules is empty; pick at least one, or pass none to map "
+                                 "every submodule.")
+    if alphas is None:
+        grid: list[float] = []
+    else:
+        grid = [check_fraction("every alpha", a) for a in alphas]
+        if not grid:
+            raise ParameterError("The α line is empty; give values in [0, 1] (e.g. 0 0.5 1) or none for 0/1.")
+    return task, sel, grid
+
+
+class _Checked(Exception):
+    pass
+
+
+def check(pool, model: str, **settings) -> None:
+    """Raise the ForgetlabError that `attribute(pool, model, **settings)` would raise for bad settings (level,
+    model, task, probe data, empty selection, α line), without loading the model — the app's pre-check."""
+    _resolve(pool, model, settings.get("task"), settings.get("level", "module"), settings.get("select"),
+             settings.get("alphas"))
+
+
+# ------------------------------------------------------------------------------------------ the writing
+
+
+class _Writer:
+    """Writes θ0 + c·τ into the working copy, c given per part, rewriting only tensors whose c changed."""
+
+    def __init__(self, work, parts: Sequence[Part]):
+        self.work = work
+        self.parts = list(parts)
+        self.whole: dict[str, str] = {}
+        self.sliced: dict[str, list[tuple[str, Any]]] = {}
+        for p in self.parts:
+            for n in p.tensors:
+                self.whole[n] = p.key
+            for s in p.slices:
+                self.sliced.setdefault(s.name, []).append((p.key, s))
+        self.state: dict[str, Any] = {}
+        self.written = 0
+
+    @staticmethod
+    def _mix(w0: torch.Tensor, w1: torch.Tensor, c: float) -> torch.Tensor:
+        if c == 0:
+            return w0
+        if c == 1:
+            return w1
+        return w0 + c * (w1 - w0)
+
+    def signature(self, name: str, coef: Mapping[str, float], focus: Optional[str], rest: float):
+        if name in self.whole:
+            return coef.get(self.whole[name], rest)
+        pieces = self.sliced.get(name)
+        if not pieces:
+            return rest
+        order = sorted(pieces, key=lambda kp: kp[0] == focus)   # the studied part is written last
+        return (rest, tuple((k, coef.get(k, rest)) for k, _ in order))
+
+    def write(self, coef: Mapping[str, float], focus: Optional[str] = None, rest: float = 0.0) -> None:
+        """Set every tensor: c = coef[part] (parts not in coef: `rest`; tensors in no part: `rest`)."""
+        with torch.no_grad():
+            for name in self.work.names:
+                sig = self.signature(name, coef, focus, rest)
+                if self.state.get(name) == sig:
+                    continue
+                w0 = self.work.base.read(name, dtype=torch.float32)
+                w1 = self.work.tuned.read(name, dtype=torch.float32)
+                if isinstance(sig, tuple):
+                    out = self._mix(w0, w1, sig[0]).clone()
+                    pieces = {k: s for k, s in self.sliced[name]}
+                    for k, c in sig[1]:
+                        idx = pieces[k].index(out.ndim)
+                        out[idx] = self._mix(w0, w1, c)[idx]
+                else:
+                    out = self._mix(w0, w1, sig)
+                self.work.access.write(name, out)
+                self.state[name] = sig
+                self.written += 1
+
+    def tau_norms(self) -> dict[str, float]:
+        """‖τk‖ of every part (slices: the norm of τ over the slice)."""
+        sq = {p.key: 0.0 for p in self.parts}
+        for name in self.work.names:
+            if name not in self.whole and name not in self.sliced:
+                continue
+            tau = self.work.tuned.read(name, dtype=torch.float32) - self.work.base.read(name, dtype=torch.float32)
+            if name in self.whole:
+                sq[self.whole[name]] += float(tau.double().pow(2).sum())
+            for k, s in self.sliced.get(name, []):
+                sq[k] += float(tau[s.index(tau.ndim)].double().pow(2).sum())
+        return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+# ---------------------------------------------------------------------------------------------- the maps
+
+
+def _scores(card: Scorecard, task: str) -> dict[str, float]:
+    t = card.tasks[task]
+    return {"general_loss": float(card.general_loss), "speciality": float(t.exact_match),
+            "answer_loss": float(t.answer_loss)}
+
+
+def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "module",
+              select: Optional[Sequence[str]] = None, alphas: Optional[Sequence[float]] = None,
+              device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
+              max_task: Optional[int] = None, progress: Progress = None) -> AttributionResult:
+    """The only-this and leave-one-out maps of `model`'s task vector at `level` (see the module docstring).
+
+    only_this k:     θ0 + α·τk,             d = scores − base's          (α = 1 unless `alphas` is given);
+    leave_one_out k: θ0 + τ − (1 − α)·τk,   d = scores − fine-tune's     (α = 0 unless `alphas` is given).
+    `select` restricts the map to some part keys (``"3.mlp"``, ``"2"``, ``"embed"`` …); the others then stay
+    at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.sweeps`.
+    Speciality is teacher-forced exact match on `task` (default: the task named in the model's name).
+    """
+    from forgetlab.anatomy import Anatomy
+    from forgetlab.sweeps import WorkingCopy
+
+    task, sel, grid = _resolve(pool, model, task, level, select, alphas)
+    start = time.perf_counter()
+    report(progress, 0.0, f"loading a working copy of {model}")
+    work = WorkingCopy(pool, model, device=device)
+    anatomy = Anatomy.from_config(pool.config, names=work.names)
+    parts = parts_of(anatomy, work.names, level)
+    if sel is not None:
+        known = {p.key for p in parts}
+        unknown = [s for s in sel if s not in known]
+        if unknown:
+            raise ParameterError(f"No submodule {', '.join(map(repr, unknown))} at the {level} level; its keys are: "
+                                 f"{', '.join(p.key for p in parts)}.")
+        chosen = [p for p in parts if p.key in set(sel)]
+    else:
+        chosen = parts
+    writer = _Writer(work, parts)
+    report(progress, 0.01, "measuring the task vector of every submodule")
+    norms = writer.tau_norms()
+    total = math.sqrt(sum(v * v for v in norms.values()))
+    if total == 0.0:
+        raise ParameterError(f"{model} has no task vector: its weights equal the base's everywhere, so there is "
+                             "nothing to attribute. Pick a fine-tuned model that differs from the base.")
+    zero = [p.key for p in chosen if norms[p.key] == 0.0]
+    if len(zero) == len(chosen):
+        raise ParameterError(f"{model}'s task vector is zero on every selected submodule ({', '.join(zero)}); "
+                             "select submodules that fine-tuning changed.")
+    notes = []
+    if zero:
+        notes.append(f"zero task vector (not evaluated, d = 0): {', '.join(zero)}")
+    kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=[task])
+    only_grid = grid or [1.0]
+    loo_grid = grid or [0.0]
+    n_eval = 2 + sum(len(only_grid) + len(loo_grid) for p in chosen if p.key not in zero)
+    state = {"done": 0, "evals": 0}
+
+    def run_eval(label: str) -> tuple[Scorecard, float]:
+        t0 = time.perf_counter()
+        lo = 0.02 + 0.98 * state["done"] / n_eval
+        hi = 0.02 + 0.98 * (state["done"] + 1) / n_eval
+        card = evaluate(work.model, pool.tokenizer, pool.probes, name=f"{model}:{label}",
+                        progress=scaled(progress, lo, hi), **kw)
+        state["done"] += 1
+        state["evals"] += 1
+        report(progress, hi, f"{label} ({state['done']}/{n_eval})")
+        return card, time.perf_counter() - t0
+
+    writer.write({}, rest=0.0)
+    base_card, _ = run_eval("base")
+    base = _scores(base_card, task)
+    rows: list[AttributionRow] = []
+
+    def add(m: str, p: Part, a: float, sc: dict[str, float], ref: dict[str, float], secs: float, z: bool):
+        rows.append(AttributionRow(
+            map=m, key=p.key, layer=p.layer, module=p.module, head=p.head, alpha=float(a),
+            general_loss=sc["general_loss"], speciality=sc["speciality"], answer_loss=sc["answer_loss"],
+            d_general_loss=sc["general_loss"] - ref["general_loss"], d_speciality=sc["speciality"] - ref["speciality"],
+            d_answer_loss=sc["answer_loss"] - ref["answer_loss"], tau_norm=norms[p.key],
+            tau_share=(norms[p.key] / total) ** 2, zero_tau=z, seconds=secs))
+
+    only_rows: list[tuple[Part, float, dict, float]] = []
+    for p in chosen:
+        for a in only_grid:
+            if p.key in zero:
+                only_rows.append((p, a, None, 0.0))
+                continue
+            writer.write({p.key: a}, focus=p.key, rest=0.0)
+            card, secs = run_eval(f"only {p.key} α={a:g}")
+            only_rows.append((p, a, _scores(card, task), secs))
+    writer.write({}, rest=1.0)
+    ft_card, _ = run_eval("fine-tune")
+    ft = _scores(ft_card, task)
+    for p, a, sc, secs in only_rows:
+        if sc is None:      # θ0 + a·0 = θ0: the base's scores
+            sc = dict(base)
+        add("only_this", p, a, sc, base, secs, p.key in zero)
+    for p in chosen:
+        for a in loo_grid:
+            if p.key in zero:
+                add("leave_one_out", p, a, dict(ft), ft, 0.0, True)
+                continue
+            writer.write({p.key: a}, focus=p.key, rest=1.0)
+            card, secs = run_eval(f"without {p.key} α={a:g}")
+            add("leave_one_out", p, a, _scores(card, task), ft, secs, False)
+    recipe = {"analysis": KIND, "pool": str(pool.source) if getattr(pool, "source", None) else None,
+              "pool_name": getattr(pool, "name", None), "model": model, "task": task, "level": level,
+              "select": sel, "alphas": grid or None, "max_general": max_general, "max_task": max_task,
+              "batch_size": batch_size}
+    result = AttributionResult(model=model, task=task, level=level, base=base_card, finetuned=ft_card, rows=rows,
+                               seconds=time.perf_counter() - start, evaluations=state["evals"],
+                               tensors_written=writer.written, notes=notes, recipe=recipe)
+    report(progress, 1.0, f"{len(chosen)} submodules, {result.evaluations} evaluations in {result.seconds:.1f} s")
+    return result
+
+
+# ------------------------------------------------------------------------------------------ the recipe
+
+
+def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float], *, default: float = 0.0,
+                    name: Optional[str] = None):
+    """A `submodule_alpha` merge recipe (`forgetlab.merge.submodule`): θk = θ0,k + αk·τk.
+
+    `keep` is a list of part keys (α = 1 for each: a mask keeping those parts of τ) or a mapping key → α; every
+    other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head keys are
+    not (a merge applies one α per tensor): pick at the module level instead.
+    """
+    from forgetlab.merge.recipes import ModelEntry, Recipe
+    from forgetlab.merge.submodule import format_alphas, parse_alphas
+
+    from forgetlab.sweeps import _check_model
+
+    _check_model(pool, model)
+    alphas = dict(keep) if isinstance(keep, Mapping) else {str(k): 1.0 for k in keep}
+    if not alphas:
+        raise ParameterError("No submodule chosen: pick at least one submodule to keep in the recipe.")
+    heads = [k for k in alphas if ".h" in k]
+    if heads:
+        raise ParameterError(f"A merge recipe gives one α per tensor; head parts ({', '.join(heads)}) cannot be "
+                             "kept alone. Choose at the module or layer level.")
+    alphas = parse_alphas(alphas)
+    check_fraction("default", default)
+    return Recipe(method="submodule_alpha", base=str(pool.checkpoint("base").path),
+                  models=[ModelEntry(str(pool.checkpoint(model).path))],
+                  params={"alphas": format_alphas(alphas), "default": float(default)},
+                  name=name or f"{model}-submodules")
+
+
+# ------------------------------------------------------------------------------------------ save/reopen
+
+
+def save_attribution(result: AttributionResult, home_path: str | Path | None = None) -> Path:
+    """Save under the workspace's runs/ (kind ``attribution``: recipe.json, results.json, results.csv)."""
+    from forgetlab.workspace import save_run
+
+    recipe = dict(result.recipe)
+    recipe.setdefault("model", result.model)
+    recipe.setdefault("task", result.task)
+    return save_run(KIND, recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
+
+
+def load_attribution(path: str | Path) -> AttributionResult:
+    """Reopen a map saved by `save_attribution`."""
+    from forgetlab.workspace import load_run
+
+    run = load_run(path)
+    if run.kind != KIND:
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not an attribution map.")
+    try:
+        return AttributionResult.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The attribution map in {path} is unreadable ({exc}); delete it or rerun it.") from None
+
+
+def list_attributions(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
+    """Saved attribution maps (`forgetlab.workspace.SavedRun`s, newest first), optionally of one model."""
+    from forgetlab.workspace import list_runs
+
+    runs = [r for r in list_runs(home_path) if r.kind == KIND]
+    if model is not None:
+        runs = [r for r in runs if r.recipe.get("model") == model]
+    return runs
+
+
+__all__ = ["LEVELS", "MAPS", "Part", "AttributionRow", "AttributionResult", "parts_of", "check_level", "check",
+           "attribute", "recipe_from_map", "save_attribution", "load_attribution", "list_attributions",
+           "ForgetlabError"]
