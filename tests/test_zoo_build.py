@@ -18,6 +18,7 @@ from forgetlab.zoo.manifest import done_steps
 from forgetlab.zoo.presets import ClaimsSpec, DataSpec, EvalSpec, TrainSpec
 
 TASKS = ("math", "code", "translate")
+LORAS = tuple(f"lora-{t}" for t in TASKS)
 
 
 def dead_pid() -> int:
@@ -71,19 +72,22 @@ def fresh_cards(pico_zoo):
 
 def test_tiny_zoo_shows_speciality_and_forgetting_from_a_fresh_evaluation(fresh_cards):
     base = fresh_cards["base"]
-    assert set(fresh_cards) == {"base", *TASKS}
+    assert set(fresh_cards) == {"base", *TASKS, *LORAS}
     for task in TASKS:
-        ft = fresh_cards[task]
+        ft, lora = fresh_cards[task], fresh_cards[f"lora-{task}"]
         own, base_own = ft.tasks[task], base.tasks[task]
         # much better than the base on its own task: answer loss at most 60 % of the base's ...
         assert own.answer_loss < 0.6 * base_own.answer_loss, (task, own, base_own)
         assert own.exact_match >= base_own.exact_match
-        # ... and the specialist of its task: lower answer loss there than any other fine-tune
+        assert lora.tasks[task].answer_loss < base_own.answer_loss, (task, lora.tasks[task], base_own)
+        # ... and the specialist of its task: lower answer loss there than any other full fine-tune
         for other in TASKS:
             if other != task:
                 assert own.answer_loss < fresh_cards[other].tasks[task].answer_loss, (task, other)
-        # measurably worse on held-out Wikipedia
-        assert ft.general_loss > base.general_loss + 0.2, (task, ft.general_loss, base.general_loss)
+        # measurably worse on held-out Wikipedia, but not catastrophically (format 1 lost up to 7.6 nats)
+        for model in (ft, lora):
+            assert 0.0 < model.general_loss - base.general_loss < 1.0, (model.model, model.general_loss,
+                                                                      base.general_loss)
 
 
 def test_manifest_scorecards_agree_with_the_fresh_evaluation(pico_zoo, fresh_cards):
@@ -105,6 +109,8 @@ def test_tiny_zoo_layout_and_manifest(pico_zoo, zoo_home):
     assert root == zoo_root("pico", "tiny", zoo_home) and pico_zoo.pool_yaml == root / "pool.yaml"
     for name in ("base", "ft-math", "ft-code", "ft-translate"):
         assert (root / name / "model.safetensors").is_file() and (root / name / "config.json").is_file()
+    for name in LORAS:
+        assert (root / name / "adapter_model.safetensors").is_file()
     tok = AutoTokenizer.from_pretrained(root / "base")
     assert tok.bos_token == "<s>" and tok.eos_token == "</s>" and tok.pad_token == "<pad>"
     for task in TASKS:
@@ -121,9 +127,11 @@ def test_tiny_zoo_layout_and_manifest(pico_zoo, zoo_home):
     assert m["seeds"]["model"] == 0 and m["steps"]["base"]["parameters"] > 0
     assert all(m["steps"][s]["done"] and m["steps"][s]["seconds"] > 0
                for s in ("data", "base", "ft-math", "ft-code", "ft-translate"))
-    assert m["build_seconds"] == pytest.approx(sum(r["seconds"] for r in m["steps"].values()), abs=0.01)
+    assert m["build_seconds"] == pytest.approx(sum(r["seconds"] for r in m["steps"].values())
+                                               + m["claims"]["build_seconds"], abs=0.01)
+    assert m["steps"]["base"]["pretraining_chars"]["skills"] > 0
     frame = pico_zoo.to_frame()
-    assert list(frame["model"]) == ["base", *TASKS] and "translate/exact_match" in frame
+    assert list(frame["model"]) == ["base", *TASKS, *LORAS] and "translate/exact_match" in frame
 
 
 def test_second_build_does_nothing_and_says_so(pico_zoo, zoo_home):

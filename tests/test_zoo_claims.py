@@ -11,7 +11,7 @@ from forgetlab.errors import ParameterError
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
 
 TASKS = ("math", "code", "translate")
-SMALL = dict(max_general=6, max_task=12, nls_samples=3, slwm_samples=3)
+SMALL = dict(max_general=6, max_task=12, nls_samples=3, slwm_samples=3, measure="answer_loss")
 
 
 @pytest.fixture(scope="module")
