@@ -40,3 +40,20 @@ def test_parse_max_memory():
     assert parse_max_memory("cpu=1000") == {"cpu": 1000}
     with pytest.raises(ParameterError, match="DEVICE=SIZE"):
         parse_max_memory("20GiB")
+
+
+def test_eval_cli_with_a_device_map_matches_one_device(tiny_llama, tmp_path):
+    import json
+
+    from forgetlab.cli import main
+
+    one, split = tmp_path / "one.json", tmp_path / "split.json"
+    common = ["eval", str(tiny_llama.pool_yaml), "--models", "ft1", "--max-general", "3", "--max-task", "4"]
+    assert main(common + ["--device", "cpu", "--out", str(one)]) == 0
+    assert main(common + ["--device-map", "auto", "--max-memory", "cpu=90000", "--out", str(split)]) == 0
+    a, b = json.loads(one.read_text())[0], json.loads(split.read_text())[0]
+    assert b["general_loss"] == pytest.approx(a["general_loss"], abs=1e-6)
+    for t in a["tasks"]:
+        assert b["tasks"][t]["answer_loss"] == pytest.approx(a["tasks"][t]["answer_loss"], abs=1e-6)
+    with pytest.raises(SystemExit):
+        main(common + ["--device-map", "everywhere"])

@@ -57,3 +57,20 @@ def device_from_args(args):
     if getattr(args, "max_memory", None):
         raise ParameterError("--max-memory needs --device-map auto (or balanced / sequential).")
     return args.device
+
+
+def load_placed(ckpt, placement):
+    """`load_model(ckpt, device=placement)`; weights that fit nowhere go to a temporary offload folder that
+    lives as long as the model (when the placement names none)."""
+    import tempfile
+    import weakref
+    from dataclasses import replace
+
+    from forgetlab.checkpoints import load_model
+
+    if placement.offload_folder:
+        return load_model(ckpt, device=placement)
+    folder = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")
+    model = load_model(ckpt, device=replace(placement, offload_folder=folder.name))
+    weakref.finalize(model, folder.cleanup)
+    return model

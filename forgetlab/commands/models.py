@@ -47,6 +47,8 @@ def register(sub) -> None:
     p.add_argument("--general-loss", choices=GENERAL_LOSS_MODES, default="blocks",
                    help="blocks: packed 128-token blocks, EOS between documents (default); documents: one "
                         "sequence per document")
+    from forgetlab.commands._executor import add_device_map_arguments
+    add_device_map_arguments(p)
     p.set_defaults(func=cmd_eval)
 
 
@@ -137,9 +139,12 @@ def cmd_eval(args) -> int:
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
     bench, manager = benchmark_spec(args, pool)
+    from forgetlab.commands._executor import device_from_args, load_placed
+    placement = device_from_args(args)
     cards = []
     for name in names:
-        model = pool.load(name, device=args.device)
+        model = (pool.load(name, device=args.device) if isinstance(placement, (str, type(None)))
+                 else load_placed(pool.checkpoint(name), placement))
         update, close = tqdm_progress(f"eval {name}")
         try:
             cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name, max_general=args.max_general,
