@@ -73,7 +73,8 @@ def measure(url: str, pages: list[tuple[str, str, str]], repeat: int, shots: Pat
 
 
 FINETUNE = {"steps": 30, "record every k steps": 5, "general blocks (max)": 16, "eval pairs (max)": 50}
-SWEEP = {"α values": "0, 0.25, 0.5, 0.75, 1", "general blocks (max)": 16, "pairs per task (max)": 50}
+SWEEP = {"α values": "0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1", "general blocks (max)": 32,
+         "pairs per task (max)": 50}     # the Forgetting page's defaults
 
 
 def _cli(args: list[str], home: Path) -> float:
@@ -216,16 +217,24 @@ def main(argv: list[str] | None = None) -> None:
         pool_yaml = next(iter(zoo_presets().values()))
         pool = ModelPool.from_yaml(pool_yaml)
         task, model = pool.task_names[0], pool.model_names[0]
-        startup = cli_startup(pool_yaml)
-        cli = cli_jobs(pool_yaml, home, task, model)
+        cli_runs, app_runs, starts = [], [], []
         with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(home)}, log=tmp / "jobs.log") as url:
-            app_t = app_jobs(url, task)
+            for _ in range(args.repeat):        # interleaved, so that a change of load hits both sides
+                starts.append(cli_startup(pool_yaml))
+                cli_runs.append(cli_jobs(pool_yaml, home, task, model))
+                app_runs.append(app_jobs(url, task))
+        startup = statistics.median(starts)
+        cli = {k: statistics.median(r[k] for r in cli_runs) for k in cli_runs[0]}
+        app_t = {k: statistics.median(r[k] for r in app_runs) for k in app_runs[0]}
         print(f"jobs on {pool_yaml} (task {task}, model {model}); torch {torch.get_num_threads()} threads by "
-              f"default; {load} at the end; CLI start-up (imports + pool) {startup:.1f} s")
+              f"default; medians of {args.repeat}, CLI and app interleaved; {load} at the start, "
+              f"{os.getloadavg()[0]:.1f} at the end; CLI start-up (imports + pool) {startup:.1f} s")
         print(f"{'job':<22}{'CLI s':>8}{'CLI − start s':>15}{'app s':>8}{'app ÷ CLI':>11}{'÷ (CLI − start)':>17}")
         for name, c in cli.items():
             a = app_t[name]
             print(f"{name:<22}{c:>8.1f}{c - startup:>15.1f}{a:>8.1f}{a / c:>11.2f}{a / max(c - startup, 1e-9):>17.2f}")
+        print("every run (CLI s / app s): " + "; ".join(
+            f"{k}: " + ", ".join(f"{c[k]:.1f}/{a[k]:.1f}" for c, a in zip(cli_runs, app_runs)) for k in cli))
     if args.keep:
         print(f"server logs in {tmp}")
 

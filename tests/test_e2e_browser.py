@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.actions import action_for
 from tests.e2e.harness import CHROMIUM, EXCEPTION, NAV_LINK, PLOT, ROOT, chromium, click_nav, count, exceptions, \
-    goto, idle_cpu, screenshot, streamlit_server, wait_idle
+    goto, idle_cpu, screenshot, streamlit_server, wait_idle, wait_jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -111,4 +111,9 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
         time.sleep(1)
         after = sorted(p.name for p in (app_home / "runs").iterdir()) if saved else []
         assert set(saved) <= set(after), "a saved run disappeared"
+        # after every page and job, the server goes quiet again (no job or fragment left polling)
+        wait_jobs(page, 180)
+        idle = idle_cpu(url.pid, IDLE_SECONDS)
+        report.append(f"idle server after every page and job: {idle:.1%} of a core over {IDLE_SECONDS:.0f} s")
+        assert idle < IDLE_LIMIT, f"after the actions, the idle server used {idle:.0%} of a core"
     print("\n".join(report))

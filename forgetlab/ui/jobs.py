@@ -18,10 +18,11 @@ an auto-refreshing `st.fragment(run_every=...)` (and the latest published value,
 returns the result once it is there.
 
 Cost while a job runs: the job shares the machine with the server and the browser, so the page polls
-gently — the progress bar every 2 s, the partial result (a chart) in its own fragment every 5 s once
+gently — the progress bar every second, the partial result (a chart) in its own fragment every 3 s once
 something was published (between two publications it re-sends the figure it built last time instead of
-rebuilding it), and the Cancel button outside the polling fragment. Each poll is a Streamlit fragment rerun
-with a real cost (measured: a bare fragment polling every second costs ~6% of a core on this 2-core machine). Redrawing a chart every half second held the GIL and kept the browser busy
+rebuilding it), and the Cancel button outside the polling fragment. Each poll is a Streamlit fragment rerun;
+with the garbage collector kept off the long-lived heap (forgetlab.ui.heap) a poll every second costs ~1% of
+a core (9% every 2 s without it). Redrawing a chart every half second held the GIL and kept the browser busy
 re-laying out plotly, which slowed the job itself (bench/app_latency.py --jobs measures app vs CLI).
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ import streamlit as st
 from forgetlab.ui.errors import render_error
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
-REFRESH = 2.0            # seconds between progress redraws of a running job (each is a Streamlit fragment rerun)
-PARTIAL_REFRESH = 5.0    # seconds between redraws of its partial result
+REFRESH = 1.0            # seconds between progress redraws of a running job (each is a Streamlit fragment rerun)
+PARTIAL_REFRESH = 3.0    # seconds between redraws of its partial result
 
 
 class JobCancelled(Exception):
