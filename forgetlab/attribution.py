@@ -171,7 +171,8 @@ class AttributionResult:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (map, submodule[, α]) with the columns of `COLUMNS`."""
-        return pd.DataFrame([asdict(r) for r in self.rows], columns=COLUMNS)
+        frame = pd.DataFrame([asdict(r) for r in self.rows], columns=COLUMNS)
+        return frame.astype({"layer": "Int64", "head": "Int64"})
 
     def scores(self, which: str) -> dict[str, float]:
         """general_loss, speciality (exact match on the task) and answer_loss of ``"base"`` or ``"finetuned"``."""
