@@ -253,19 +253,19 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         fapm_vals[name] = {"task": task, "fapm_gain": fgain, "fapm_forgetting": fforget, "fapm_efficiency": feff,
                            "wise_gain": wgain, "wise_forgetting": wforget, "wise_efficiency": weff,
                            "fapm_distance": f.points[0].distance}
-    unit = "EM" if measure == "exact_match" else "answer-loss drop"
+    unit = "EM gain" if measure == "exact_match" else "answer-loss drop"
     claims.append(Claim(
         key="wise_ft", claim="WiSE-FT α = 0.5 recovers part of the general loss and keeps part of the speciality",
         source=CLAIM_SOURCES["wise_ft"], holds=_all(wise_flags),
         numbers="; ".join(f"{n}: recovers {_pct(v['recovered'])} of the forgetting, keeps {_pct(v['kept'])} of "
-                          f"the {unit} gain" for n, v in wise_vals.items()) + f" ({_count(wise_flags)})",
+                          f"the {unit}" for n, v in wise_vals.items()) + f" ({_count(wise_flags)})",
         values=wise_vals))
     claims.append(Claim(
         key="fapm", claim="FAPM ratio 0.9 keeps more speciality per unit of forgetting than WiSE-FT α = 0.5",
         source=CLAIM_SOURCES["fapm"], holds=_all(fapm_flags),
         numbers="; ".join(f"{n}: FAPM {_ratio_text(v['fapm_gain'], v['fapm_forgetting'])} vs WiSE-FT "
                           f"{_ratio_text(v['wise_gain'], v['wise_forgetting'])}" for n, v in fapm_vals.items())
-        + f" ({unit} gain / nats of forgetting; {_count(fapm_flags)})",
+        + f" ({unit} / nats of forgetting; {_count(fapm_flags)})",
         values=fapm_vals))
 
     # (d) submodules are more linear than the model

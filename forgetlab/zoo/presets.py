@@ -181,7 +181,8 @@ _PICO_DEFAULT = ZooSpec(
     lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_LORA_TARGETS,
                   train=TrainSpec(steps=150, batch_size=16, lr=1e-3, warmup=10, max_length=64)),
     evaluation=EvalSpec(max_general=160, max_task=100, block_size=128),
-    claims=ClaimsSpec(max_general=32, max_task=50, nls_samples=12, slwm_samples=12),
+    # exact match moves by a few answers out of 50 on this zoo; the answer loss is the measure that moves
+    claims=ClaimsSpec(max_general=32, max_task=50, nls_samples=12, slwm_samples=12, measure="answer_loss"),
     threads=2,
 )
 
