@@ -117,13 +117,11 @@ with right:
     else:
         st.subheader(f"{result.start} fine-tuned on {result.task}")
         st.plotly_chart(trajectories_figure(result, measure), key="finetune_trajectories")
-        a, b = st.columns(2)
-        with a:
-            st.markdown("**Final trade-off**")
-            st.plotly_chart(final_scatter(result, measure), key="finetune_final")
-        with b:
-            st.markdown("**Training loss**")
-            st.plotly_chart(loss_figure(result), key="finetune_loss")
+        # stacked, each at the column's full width (side by side they were ~170 px wide at a 1000 px window)
+        st.markdown("**Final trade-off**")
+        st.plotly_chart(final_scatter(result, measure), key="finetune_final")
+        st.markdown("**Training loss**")
+        st.plotly_chart(loss_figure(result), key="finetune_loss")
         frame = result.to_frame()
         show_table(frame, key="finetune_table")
         traj = result.trajectories()

@@ -107,9 +107,10 @@ with right:
     by_level = result.by_level()
     # at most four metrics per row, three significant digits: six narrow columns truncated values to "0.3…"
     n = len(by_level) + 1
+    st.caption("Non-linearity score (NLS, mean over samples) per level, and the task vector's size D(θ, θ0)")
     cells = [c for i in range(0, n, 4) for c in st.columns(4)][:n]
     for c, row in zip(cells, by_level.itertuples()):
-        c.metric(f"NLS · {row.level}", f"{row.nls_mean:.3g}", help=f"{row.nls_mean:.4f} ± {row.nls_std:.4f} over "
+        c.metric(str(row.level), f"{row.nls_mean:.3g}", help=f"{row.nls_mean:.4f} ± {row.nls_std:.4f} over "
                  f"samples, {row.submodules} submodule(s)")
     with show_errors():
         cells[-1].metric("D(θ, θ0)", f"{_distance(pool.key, result.model):.3g}",

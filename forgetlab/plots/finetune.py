@@ -122,7 +122,7 @@ def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]
                                  mode="lines", name="Pareto front",
                                  line=dict(color="black", dash="dash", shape="hv"), hoverinfo="skip"))
     task = runs[0].task if runs else ""
-    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)", yaxis_title=f"{task} {label}",
+    fig.update_layout(xaxis_title="general loss on held-out text ↓", yaxis_title=f"{task} {label}",
                       margin=dict(t=20, b=10, l=60, r=10), height=420)
     _legend_below(fig, -0.2)
     return fig
