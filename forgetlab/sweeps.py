@@ -20,6 +20,8 @@ Benchmarks: pass `benchmarks=` (a `forgetlab.benchmarks.BenchmarkSpec`) and ever
 lm-eval tasks; then `SweepResult.measure` (speciality) and `general_measure` (generality) may name an lm-eval
 metric `TASK/METRIC` (e.g. `arc_easy/acc`, higher is better) instead of exact match / general loss.
 
+Precision: `dtype=` (default float32) sets the working copy's dtype, e.g. torch.bfloat16 on a GPU.
+
 Executors: pass `executor=` ("local", the default, or "ray", or a `forgetlab.executors.Executor`) to run the
 points on Ray actors, each holding its own working copy (see `forgetlab.executors`); the points are the same
 to 1e-6. Every point records the executor and the worker (host, pid) that computed it; a point whose worker
@@ -335,10 +337,11 @@ class WorkingCopy:
     writes fn(name, θ0, θ1) into every parameter, reading θ0 and θ1 tensor by tensor from the checkpoints.
     `device` may be a `forgetlab.devicemap.Placement`: the copy is then spread by an accelerate device map
     (GPUs, CPU, disk) and offloaded weights are written where accelerate keeps them (an offload folder of the
-    copy's own, removed with it).
+    copy's own, removed with it). `dtype` (default float32) is the copy's precision: f(θ0, θ1) is always
+    computed in float32 and rounded once when written (bfloat16 halves the memory of a large model).
     """
 
-    def __init__(self, pool, model: str, device=None):
+    def __init__(self, pool, model: str, device=None, dtype=None):
         import tempfile
 
         from forgetlab.checkpoints import load_model
@@ -353,7 +356,7 @@ class WorkingCopy:
         if isinstance(device, Placement) and not device.offload_folder:
             self._offload_dir = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")
             device = Placement(device.device_map, device.max_memory, self._offload_dir.name)
-        self.model = load_model(self.base, device=device, dtype=torch.float32)
+        self.model = load_model(self.base, device=device, dtype=dtype or torch.float32)
         self.access = ParamAccess(self.model)
         self.params = dict(self.model.named_parameters())   # tied weights appear once
         base_names, tuned_names = set(self.base.names()), set(self.tuned.names())
@@ -429,7 +432,7 @@ def _check_grid(name: str, values: Sequence[float]) -> list[float]:
 def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[str], recipe: dict[str, Any],
          device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
          tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
-         benchmarks=None, executor=None) -> SweepResult:
+         benchmarks=None, executor=None, dtype=None) -> SweepResult:
     _check_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
@@ -455,7 +458,8 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
                          executor={"name": executor.name})
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
-    factory = _SweepFactory(pool, model, device, batch_size, max_general, max_task, eval_tasks, benchmarks, manager)
+    factory = _SweepFactory(pool, model, device, batch_size, max_general, max_task, eval_tasks, benchmarks, manager,
+                            dtype=dtype)
     labels = [f"{spec.series} {result.x_name}={spec.x:g}" for spec in specs]
     run = [i for i, spec in enumerate(specs) if spec.same_as is None]     # shared endpoints are evaluated once
     source = {spec.key: i for i, spec in enumerate(specs) if spec.key is not None and spec.same_as is None}
@@ -501,9 +505,9 @@ class _SweepState:
     with a point `(fn, name)` it writes θ0 + f(τ) in place, evaluates it and returns (Scorecard, D(θ, θ0))."""
 
     def __init__(self, pool, model: str, device: Optional[str], batch_size: int, max_general: Optional[int],
-                 max_task: Optional[int], tasks: Sequence[str], benchmarks, manager=None):
+                 max_task: Optional[int], tasks: Sequence[str], benchmarks, manager=None, dtype=None):
         self.pool = pool
-        self.work = WorkingCopy(pool, model, device=device)
+        self.work = WorkingCopy(pool, model, device=device, dtype=dtype)
         self.kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=list(tasks))
         self.benchmarks, self.manager = None, None
         if benchmarks is not None and benchmarks.all_tasks:
@@ -526,8 +530,9 @@ class _SweepState:
 class _SweepFactory:
     """Builds a `_SweepState`; pickled (for Ray workers) with the pool replaced by what reopens it."""
 
-    def __init__(self, pool, model, device, batch_size, max_general, max_task, tasks, benchmarks, manager=None):
-        self.pool, self.model, self.device = pool, model, device
+    def __init__(self, pool, model, device, batch_size, max_general, max_task, tasks, benchmarks, manager=None,
+                 dtype=None):
+        self.pool, self.model, self.device, self.dtype = pool, model, device, dtype
         self.args = (batch_size, max_general, max_task, list(tasks), benchmarks)
         self.manager = manager          # the driver's lm-eval task manager, reused in process (rebuilt remotely)
 
@@ -544,7 +549,7 @@ class _SweepFactory:
         from forgetlab.executors import open_pool
 
         pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
-        return _SweepState(pool, self.model, self.device, *self.args, manager=self.manager)
+        return _SweepState(pool, self.model, self.device, *self.args, manager=self.manager, dtype=self.dtype)
 
 
 def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
@@ -565,7 +570,7 @@ def _wise(alpha: float) -> Callable:
 def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
                 device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
                 max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
+                progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1).
 
     α = 0 is the base and α = 1 the fine-tuned model, bit for bit. `on_point(point, result)` is called after
@@ -577,7 +582,7 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, t
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks, executor=executor)
+                benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
 def _pruned(ratio: float, score: str) -> Callable:
@@ -597,7 +602,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                   scores: Sequence[str] = PRUNING_SCORES, task: Optional[str] = None, device: Optional[str] = None,
                   batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
     entries of every tensor are zeroed (`forgetlab.merge.fapm.fapm_mask`), for each ratio and each score
     ("fapm" S = |τ| − mean|W0|·|τ|/|W0|, and the ablations "magnitude" S = |τ|, "relative" S = −|τ|/|W0|).
@@ -622,7 +627,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                      max_task=max_task, tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks, executor=executor)
+                benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
 def _dare(drop: float, seed: int) -> Callable:
@@ -655,7 +660,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                   task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
                   max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                  progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
+                  progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """Density curves of one task vector: DARE θ0 + dare(τ, p) (drop each entry with probability p, rescale
     survivors by 1/(1 − p), seeded per tensor) over `drops`, and TIES θ0 + trim(τ, keep) (top keep fraction
     by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model."""
@@ -682,7 +687,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks, executor=executor)
+                benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
 def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
@@ -699,7 +704,7 @@ def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
 def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
              device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
              max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-             progress: Progress = None, benchmarks=None, executor=None) -> SweepResult:
+             progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
     blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — METHODS.md "HMA".
     x = the tuple's mean α. Default grid: the MoFO rebuttal's 15 triples."""
@@ -717,7 +722,7 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
                      tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
-                benchmarks=benchmarks, executor=executor)
+                benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}

@@ -57,3 +57,17 @@ def test_eval_cli_with_a_device_map_matches_one_device(tiny_llama, tmp_path):
         assert b["tasks"][t]["answer_loss"] == pytest.approx(a["tasks"][t]["answer_loss"], abs=1e-6)
     with pytest.raises(SystemExit):
         main(common + ["--device-map", "everywhere"])
+
+
+def test_bfloat16_working_copy_close_to_float32(pool):
+    import torch
+
+    kw = dict(alphas=[0.0, 0.5], device="cpu", max_general=3, max_task=4)
+    full = alpha_curve(pool, "ft0", **kw)
+    half = alpha_curve(pool, "ft0", dtype=torch.bfloat16, **kw)
+    work = WorkingCopy(pool, "ft0", device="cpu", dtype=torch.bfloat16)
+    assert {p.dtype for p in work.model.parameters()} == {torch.bfloat16}
+    for a, b in zip(full.points, half.points):
+        assert b.general_loss == pytest.approx(a.general_loss, rel=2e-2)
+        assert b.answer_loss() == pytest.approx(a.answer_loss(), rel=2e-2)
+    assert any(b.answer_loss() != a.answer_loss() for a, b in zip(full.points, half.points))   # really bfloat16

@@ -33,6 +33,8 @@ def _common(p) -> None:
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
     add_executor_arguments(p)
     add_device_map_arguments(p)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="precision of the working copy (default float32; θ0 + f(τ) is computed in float32)")
 
 
 def register(sub) -> None:
@@ -87,6 +89,8 @@ def measure_benchmarks(pool, measures, include, limit):
 
 def cmd_sweep(args) -> int:
     """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
+    import torch
+
     from forgetlab import sweeps
     from forgetlab.pool import ModelPool
 
@@ -95,6 +99,7 @@ def cmd_sweep(args) -> int:
     pool = ModelPool.from_yaml(args.pool)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
                   batch_size=args.batch_size, device=device_from_args(args), executor=executor_from_args(args),
+                  dtype=getattr(torch, args.dtype),
                   benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
         extra = dict(alphas=parse_floats(args.alphas, "--alphas"))
