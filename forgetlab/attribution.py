@@ -486,6 +486,37 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
                   name=name or f"{model}-submodules")
 
 
+def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
+    """Part keys → mean NLS from a linearity table (`forgetlab.linearity.NonlinearityResult.to_frame`): level
+    ``layer`` → ``"3"``, ``attn``/``mlp`` → ``"3.attn"``/``"3.mlp"``, ``head`` → ``"3.attn.h1"``."""
+    out: dict[str, float] = {}
+    for _, r in frame.iterrows():
+        if pd.isna(r.get("layer")):
+            continue
+        i, level = int(r["layer"]), r["level"]
+        key = {"layer": f"{i}", "attn": f"{i}.attn", "mlp": f"{i}.mlp"}.get(level)
+        if level == "head" and not pd.isna(r.get("head")):
+            key = f"{i}.attn.h{int(r['head'])}"
+        if key is not None and not pd.isna(r["nls_mean"]):
+            out[key] = float(r["nls_mean"])
+    return out
+
+
+def linearity_nls(model: str, task: Optional[str] = None, home_path: str | Path | None = None) -> dict[str, float]:
+    """NLS per part key from the newest saved linearity run of `model` (and `task`), {} when there is none."""
+    from forgetlab.linearity import NonlinearityResult
+    from forgetlab.workspace import list_runs
+
+    for run in list_runs(home_path, kind="linearity"):
+        if run.recipe.get("model") != model or (task is not None and run.recipe.get("task") != task):
+            continue
+        try:
+            return nls_keys(NonlinearityResult.from_dict(run.results).to_frame())
+        except (KeyError, TypeError, ValueError):
+            continue
+    return {}
+
+
 # ------------------------------------------------------------------------------------------ save/reopen
 
 

@@ -30,6 +30,10 @@ require_finetuned(pool, "merge")
 load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 CACHE_KEY = "merge_card_cache"
+incoming = st.session_state.pop("attribution_recipe", None)   # a recipe made on the Attribution page
+if incoming:   # preset the form's widgets with it (before they are drawn)
+    st.session_state.update({"merge_models": incoming["models"], "merge_method": incoming["method"],
+                             **{f"merge_{incoming['method']}_{k}": v for k, v in incoming["params"].items()}})
 
 
 def _param_widget(method: str, p, models: list[str]):

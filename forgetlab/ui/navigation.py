@@ -33,6 +33,7 @@ PAGE_ORDER = (
     PageSpec("models", "Models", ":material/hub:"),
     PageSpec("linearity", "Linearity", ":material/show_chart:"),
     PageSpec("forgetting", "Forgetting", ":material/trending_down:"),
+    PageSpec("attribution", "Attribution", ":material/grid_on:"),
     PageSpec("features", "Features", ":material/scatter_plot:"),
     PageSpec("merge", "Merge", ":material/merge:"),
     PageSpec("finetune", "Fine-tune", ":material/model_training:"),
