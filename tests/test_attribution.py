@@ -208,6 +208,10 @@ def test_cli_writes_map_saves_run_and_reopens(edited, tmp_path, monkeypatch, cap
     back = A.load_attribution(runs[0].path)
     pd.testing.assert_frame_equal(back.to_frame().astype({"layer": float, "head": float}), frame, check_dtype=False)
     assert back.level == "layer" and back.evaluations > 0 and back.seconds > 0
+    from forgetlab.ui.runs import run_figures      # the Runs page redraws the map with the page's charts
+
+    figs = run_figures(runs[0], "exact_match")
+    assert [f.data[0].type for f in figs] == ["heatmap", "heatmap", "scatter"]
     # bad input: exit 2, nothing saved; an existing --out is refused without --overwrite
     assert main(["attribution", str(edited.source), "--model", "two", "--level", "attn"]) == 2
     assert main(["attribution", str(edited.source), "--model", "same", "--task", "math",

@@ -117,7 +117,18 @@ def _features(run):
     return [tsne_scatter(result), distance_bars(result)]
 
 
+def _attribution(run, measure="exact_match"):
+    from forgetlab.attribution import AttributionResult
+    from forgetlab.plots.attribution import heatmap_figure, tradeoff_figure
+
+    result = AttributionResult.from_dict(run.results)
+    spec = "d_speciality" if measure == "exact_match" else "d_answer_loss"
+    return [heatmap_figure(result, "d_general_loss"), heatmap_figure(result, spec),
+            tradeoff_figure(result, measure=measure)]
+
+
 register_reopener("sweep-*", _sweep, _sweeps)
+register_reopener("attribution", _attribution)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("linearity", _linearity)
 register_reopener("scorecards", _scorecards)
