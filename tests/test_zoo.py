@@ -244,11 +244,13 @@ def test_skill_sentences_state_the_fact_not_the_prompt_format():
         skill_sentence("poetry", TaskPair("x", "y"))
 
 
-def test_pretraining_text_mixes_train_facts_only_at_the_asked_share():
+@pytest.mark.parametrize("form", ["prose", "prompt"])
+def test_pretraining_text_mixes_train_facts_only_at_the_asked_share(form):
     from forgetlab.zoo.pico import pretraining_texts
     from forgetlab.zoo.tasks import mix_paragraphs, skill_sentence
 
     spec = get_spec("pico", "tiny")
+    spec = replace(spec, data=replace(spec.data, skill_form=form))
     tasks = {n: make_task(n, n_train=300, n_probe=10, n_eval=40) for n in ("math", "code", "translate")}
     general = [LONG + f" {i}" for i in range(400)]
     texts = pretraining_texts(spec, general, {n: t.train for n, t in tasks.items()})
@@ -256,15 +258,21 @@ def test_pretraining_text_mixes_train_facts_only_at_the_asked_share():
     assert [t for t in texts if t in set(general)] == general                  # Wikipedia order kept
     share = sum(map(len, extra)) / sum(map(len, texts))
     assert abs(share - spec.data.skill_share) < 0.02, share
-    sentences = {line for para in extra for line in para.split("\n")}
+    joined = "\n" + "\n".join(extra) + "\n"
     for name, t in tasks.items():
-        assert {skill_sentence(name, p) for p in t.eval}.isdisjoint(sentences)   # never an eval fact
-        assert {skill_sentence(name, p) for p in t.train} & sentences
-    assert not any(line.startswith(("Compute:", ">>>", "English:")) for line in sentences)
+        assert not any(f"\n{skill_sentence(name, p, form)}\n" in joined for p in t.eval)   # never an eval fact
+        assert any(f"\n{skill_sentence(name, p, form)}\n" in joined for p in t.train)
+    if form == "prose":
+        assert not any(line.startswith(("Compute:", ">>>", "English:")) for line in joined.split("\n"))
+    else:
+        assert "Compute: " in joined and ">>> " in joined and "\nVelari:" in joined
+        assert "</s>" not in joined                              # no end-of-sequence after an answer
     assert pretraining_texts(spec, general, {n: t.train for n, t in tasks.items()}) == texts   # deterministic
     assert pretraining_texts(replace(spec, data=replace(spec.data, skill_share=0.0)), general, {}) == general
     with pytest.raises(ParameterError, match="skill_share"):
         pretraining_texts(replace(spec, data=replace(spec.data, skill_share=1.0)), general, {})
+    with pytest.raises(ParameterError, match="skill form"):
+        skill_sentence("math", tasks["math"].train[0], "poem")
     assert mix_paragraphs(["a", "b", "c", "d"], ["X", "Y"]) == ["a", "b", "X", "c", "d", "Y"]
 
 
