@@ -31,18 +31,29 @@ def _scorecards() -> dict:
     return {}
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _norms(_pool, pool_key: str, name: str):
-    from forgetlab.taskvec import task_vector_norms
+@st.cache_resource
+def _anatomy() -> dict:
+    """Task-vector norms by level and cosines, by (pool, model), shared by every session of this process."""
+    return {}
 
-    return task_vector_norms(_pool, name).by_level()
 
+def _anatomy_job(names: list[str]):
+    """A job streaming every fine-tuned model's task vector once: norms per layer × module and the cosines.
+    Runs in the background on a page's first visit, so the page is usable while it reads the weights."""
+    from forgetlab.taskvec import cosine_matrix, task_vector_norms
 
-@st.cache_data(show_spinner=False, max_entries=16)
-def _cosines(_pool, pool_key: str, names: tuple[str, ...]):
-    from forgetlab.taskvec import cosine_matrix
+    cache = _anatomy()
 
-    return cosine_matrix(_pool, list(names))
+    def work(progress):
+        for i, n in enumerate(names):
+            progress(i / (len(names) + 1), f"task vector of {n}")
+            if (pool.key, n) not in cache:
+                cache[(pool.key, n)] = task_vector_norms(pool, n).by_level()
+        progress(len(names) / (len(names) + 1), "cosines")
+        cache[(pool.key, "cosines")] = cosine_matrix(pool, list(names))
+        return True
+
+    return work
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -122,12 +133,20 @@ if pool.model_names:
     from forgetlab.plots.models import cosine_heatmap, norms_heatmap
 
     st.subheader("Task vectors τ = θt − θ0")
-    left, right = st.columns(2)
-    with left, show_errors():
-        name = st.selectbox("fine-tuned model", pool.model_names, key="models_tv_model")
-        value = st.radio("value", ["relative", "norm"], horizontal=True, key="models_tv_value",
-                         help="relative = ‖τ‖/‖θ0‖ per layer and module; norm = ‖τ‖")
-        st.plotly_chart(norms_heatmap(_norms(pool, pool.key, name), value), key="models_norms_fig")
-    with right, show_errors():
-        st.markdown("**Cosine similarity between task vectors**")
-        st.plotly_chart(cosine_heatmap(_cosines(pool, pool.key, tuple(pool.model_names))), key="models_cos_fig")
+    anatomy = _anatomy()
+    if (pool.key, "cosines") not in anatomy:
+        from forgetlab.ui.jobs import REGISTRY
+
+        key = job_key("models-anatomy", pool.key)     # started once per pool; a failure is shown, not retried
+        run_once(key, _anatomy_job(list(pool.model_names)), start=REGISTRY.get(key) is None,
+                 label="Reading the task vectors", cancellable=False)
+    if (pool.key, "cosines") in anatomy:
+        left, right = st.columns(2)
+        with left, show_errors():
+            name = st.selectbox("fine-tuned model", pool.model_names, key="models_tv_model")
+            value = st.radio("value", ["relative", "norm"], horizontal=True, key="models_tv_value",
+                             help="relative = ‖τ‖/‖θ0‖ per layer and module; norm = ‖τ‖")
+            st.plotly_chart(norms_heatmap(anatomy[(pool.key, name)], value), key="models_norms_fig")
+        with right, show_errors():
+            st.markdown("**Cosine similarity between task vectors**")
+            st.plotly_chart(cosine_heatmap(anatomy[(pool.key, "cosines")]), key="models_cos_fig")
