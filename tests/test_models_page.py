@@ -54,7 +54,7 @@ def _with_manifest(tiny_llama, tmp_path, exact_match: dict[str, float]):
 
 
 def test_stored_scorecards_show_at_once_and_the_measure_defaults_to_what_moves(tiny_llama, tmp_path):
-    flat = _with_manifest(tiny_llama, tmp_path / "a", {"base": 0.0, "ft0": 0.01, "ft1": 0.0})
+    flat = _with_manifest(tiny_llama, tmp_path / "a", {"base": 0.0, "ft0": 0.11, "ft1": 0.0})    # the pico zoo's spread
     at = open_page("models", flat, timeout=120)
     at.run()
     assert not at.exception, at.exception
@@ -72,7 +72,7 @@ def test_stored_scorecards_show_at_once_and_the_measure_defaults_to_what_moves(t
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert fig["layout"]["yaxis2"]["title"]["text"] == "exact match ↑"
 
-    moving = _with_manifest(tiny_llama, tmp_path / "b", {"base": 0.0, "ft0": 0.6, "ft1": 0.1})
+    moving = _with_manifest(tiny_llama, tmp_path / "b", {"base": 0.0, "ft0": 0.6, "ft1": 0.1})   # moves by 0.6
     at = open_page("models", moving, timeout=120)
     at.run()
     assert at.radio(key="models_measure").value == "exact_match"

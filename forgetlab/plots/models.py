@@ -38,6 +38,11 @@ def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", 
                              marker=dict(color=colors[card.model], pattern=pattern),
                              hovertemplate=f"{name}<br>%{{x}}: {label} %{{y:.4f}}<extra></extra>"), row=1, col=2)
     fig.update_yaxes(title_text="general loss ↓", row=1, col=1)
+    losses = [c.general_loss for c in cards if c.general_loss == c.general_loss]
+    if losses:      # zoomed on the models' range: from zero, forgetting of a few hundredths of a nat is invisible
+        lo, hi = min(losses), max(losses)
+        pad = max(0.25 * (hi - lo), 0.005 * abs(hi), 1e-3)
+        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=1)
     fig.update_yaxes(title_text=label, row=1, col=2, rangemode="tozero")
     if measure == "exact_match":
         fig.update_yaxes(range=[0, 1.02], row=1, col=2)
