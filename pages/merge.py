@@ -40,7 +40,8 @@ def _param_widget(method: str, p, models: list[str]):
     key = f"merge_{method}_{p.name}"
     lo, hi = (p.range if p.range else (None, None))
     if p.per_model:
-        cols = st.columns(max(1, len(models)))
+        # three per row: one column per model squeezed the labels to a letter per line with six models
+        cols = [c for _ in range(0, max(1, len(models)), 3) for c in st.columns(3)]
         return [col.number_input(f"{p.name} · {m}", lo, hi, float(p.default), 0.05, key=f"{key}_{m}", help=p.help)
                 for col, m in zip(cols, models)]
     if p.type == "float":
