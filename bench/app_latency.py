@@ -77,25 +77,38 @@ SWEEP = {"α values": "0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1", "gene
          "pairs per task (max)": 50}     # the Forgetting page's defaults
 
 
-def _cli(args: list[str], home: Path) -> float:
+CPU: dict[str, list[float]] = {}      # CPU seconds per job and side ("cli:<job>", "app:<job>"), robust to load
+
+
+def _cli(args: list[str], home: Path, name: str = "") -> float:
     import os
+    import resource
     import subprocess
 
     exe = Path(sys.executable).with_name("forgetlab")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     subprocess.run([str(exe), *args], check=True, env={**os.environ, "FORGETLAB_HOME": str(home)},
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if name:
+        CPU.setdefault(f"cli:{name}", []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return time.monotonic() - start
 
 
 def cli_startup(pool_yaml: Path) -> float:
-    """Seconds for a fresh Python to import the CLI's modules and open the pool with its base model."""
+    """Seconds for a fresh Python to import the CLI's modules and open the pool with its base model (its CPU
+    seconds go to CPU["cli:start-up"])."""
+    import resource
     import subprocess
 
     code = ("import forgetlab.cli, forgetlab.train.runs, forgetlab.sweeps; from forgetlab.pool import ModelPool; "
             f"ModelPool.from_yaml({str(pool_yaml)!r}).load('base')")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     subprocess.run([sys.executable, "-c", code], check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU.setdefault("cli:start-up", []).append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
     return time.monotonic() - start
 
 
@@ -106,10 +119,11 @@ def cli_jobs(pool_yaml: Path, home: Path, task: str, model: str) -> dict[str, fl
         "fine-tune comparison": _cli(["finetune", str(pool_yaml), "--task", task, "--compare", "--steps",
                                       str(f["steps"]), "--eval-every", str(f["record every k steps"]),
                                       "--max-general", str(f["general blocks (max)"]), "--max-task",
-                                      str(f["eval pairs (max)"]), "--device", "cpu"], home),
+                                      str(f["eval pairs (max)"]), "--device", "cpu"], home, "fine-tune comparison"),
         "WiSE-FT α sweep": _cli(["sweep", "alpha", str(pool_yaml), "--model", model, "--alphas",
                                  w["α values"].replace(" ", ""), "--max-general", str(w["general blocks (max)"]),
-                                 "--max-task", str(w["pairs per task (max)"]), "--device", "cpu"], home),
+                                 "--max-task", str(w["pairs per task (max)"]), "--device", "cpu"], home,
+                                "WiSE-FT α sweep"),
     }
 
 
@@ -123,14 +137,18 @@ def _fill(page, values: dict) -> None:
         wait_idle(page)
 
 
-def _timed_click(page, name: str) -> float:
-    """Seconds from the click until the job's progress bar has come and gone and the page is idle."""
-    from tests.e2e.harness import PROGRESS, count, wait_for
+def _timed_click(page, name: str, pid: int | None = None, job: str = "") -> float:
+    """Seconds from the click until the job's progress bar has come and gone and the page is idle (and the
+    server's CPU seconds meanwhile, kept in CPU["app:<job>"] when `pid` is given)."""
+    from tests.e2e.harness import PROGRESS, count, cpu_seconds, wait_for
 
+    cpu0 = cpu_seconds(pid) if pid else 0.0
     start = time.monotonic()
     page.get_by_role("button", name=name, exact=True).first.click()
     wait_for(page, lambda: count(page, PROGRESS) > 0, 120, f"the job of {name!r} to start")
     wait_jobs(page, 1800)
+    if pid:
+        CPU.setdefault(f"app:{job}", []).append(cpu_seconds(pid) - cpu0)
     return time.monotonic() - start
 
 
@@ -147,10 +165,11 @@ def app_jobs(url: str, task: str) -> dict[str, float]:
         page.get_by_text("comparison", exact=True).click()
         wait_idle(page)
         _fill(page, FINETUNE)
-        out["fine-tune comparison"] = _timed_click(page, "Fine-tune")
+        out["fine-tune comparison"] = _timed_click(page, "Fine-tune", getattr(url, "pid", None),
+                                                   "fine-tune comparison")
         goto(page, f"{url}/forgetting", timeout=180)
         _fill(page, SWEEP)
-        out["WiSE-FT α sweep"] = _timed_click(page, "Run sweep")
+        out["WiSE-FT α sweep"] = _timed_click(page, "Run sweep", getattr(url, "pid", None), "WiSE-FT α sweep")
     return out
 
 
@@ -235,6 +254,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{name:<22}{c:>8.1f}{c - startup:>15.1f}{a:>8.1f}{a / c:>11.2f}{a / max(c - startup, 1e-9):>17.2f}")
         print("every run (CLI s / app s): " + "; ".join(
             f"{k}: " + ", ".join(f"{c[k]:.1f}/{a[k]:.1f}" for c, a in zip(cli_runs, app_runs)) for k in cli))
+        # CPU seconds: what the job cost the machine, much less sensitive to other load than wall time
+        boot = statistics.median(CPU["cli:start-up"])
+        print(f"CPU seconds (medians; CLI start-up {boot:.1f} CPU-s; app = the whole server while the job ran):")
+        for name in cli:
+            c, a = statistics.median(CPU[f"cli:{name}"]), statistics.median(CPU[f"app:{name}"])
+            print(f"  {name:<22} CLI {c:.1f}, CLI − start-up {c - boot:.1f}, app {a:.1f}: app ÷ (CLI − start-up) "
+                  f"{a / max(c - boot, 1e-9):.2f}")
     if args.keep:
         print(f"server logs in {tmp}")
 
