@@ -48,9 +48,10 @@ with right:
     start = False
     with show_errors():
         alphas = parse_floats(line, "the α line") if line.strip() else None
-        settings = dict(task=task, level=level, alphas=alphas, device=device, max_general=int(max_general),
-                        max_task=int(max_task))
-        if run:
+    settings = dict(task=task, level=level, alphas=alphas, device=device, max_general=int(max_general),
+                    max_task=int(max_task))
+    if run and (alphas is not None or not line.strip()):
+        with show_errors():
             A.check(pool, model, **settings)
             start = True
     key = job_key("attribution", pool.key, str(workspace_home()), model, settings)

@@ -39,6 +39,11 @@ def test_attribution_page_maps_reopen_and_recipe(tiny_llama, tmp_path, monkeypat
     again.text_input(key="attribution_alphas").set_value("0, 2")
     again.button(key="attribution_run").click().run()
     assert any("[0, 1]" in e.value for e in again.error)
+    again.text_input(key="attribution_alphas").set_value("0, x")
+    again.button(key="attribution_run").click().run()
+    assert not again.exception, again.exception
+    assert any("α line" in e.value for e in again.error)
+    assert len(list((tmp_path / "runs").iterdir())) == 1            # nothing more was saved
     # the Merge page opens the recipe in its form
     merge = open_page("merge", tiny_llama.pool_yaml)
     merge.session_state["attribution_recipe"] = sent
