@@ -440,7 +440,26 @@ def _app(home, monkeypatch) -> AppTest:
     (tree / "pages").mkdir(parents=True)
     shutil.copy(APP, tree / "app.py")
     shutil.copy(Path(APP).parent / "pages" / "runs.py", tree / "pages" / "runs.py")
+    _serve_as_after_navigation(monkeypatch)
     return AppTest.from_file(str(tree / "app.py"), default_timeout=60)
+
+
+def _serve_as_after_navigation(monkeypatch) -> None:
+    """Run every AppTest script through app.py, as a server does once app.py's st.navigation has run.
+
+    AppTest forgets that before each run (it resets PagesManager.uses_pages_directory, which is then True
+    because pages/ exists), so from the second run on it executed the page file alone (Streamlit's pre-
+    st.navigation way); require_app() then reran through app.py, and the rerun dropped any button click.
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    original = PagesManager.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        PagesManager.uses_pages_directory = False
+
+    monkeypatch.setattr(PagesManager, "__init__", init)
 
 
 def test_app_with_an_empty_workspace_offers_the_demo_zoo(tmp_path, monkeypatch):
