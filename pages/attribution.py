@@ -5,7 +5,7 @@ import streamlit as st
 
 from forgetlab import attribution as A
 from forgetlab.errors import parse_floats
-from forgetlab.plots.attribution import heatmap_figure, tradeoff_figure
+from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
 from forgetlab.sweeps import default_task, pareto_mask
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
@@ -83,13 +83,15 @@ with right:
 
     r = current
     b, f = r.scores("base"), r.scores("finetuned")
+    key, label = ("speciality", "exact match") if measure == "exact_match" else ("answer_loss", "answer loss")
     st.caption(f"{r.model} on {r.task}, {r.level} level · {r.evaluations} evaluations, {r.seconds:.1f} s · base: "
-               f"general loss {b['general_loss']:.3f}, exact match {b['speciality']:.3f} · fine-tune: general loss "
-               f"{f['general_loss']:.3f}, exact match {f['speciality']:.3f}")
+               f"general loss {b['general_loss']:.3f}, {label} {b[key]:.3f} · fine-tune: general loss "
+               f"{f['general_loss']:.3f}, {label} {f[key]:.3f}")
     for note in r.notes:
         st.warning(note)
     which = st.radio("map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="attribution_map", horizontal=True)
     spec_col = "d_speciality" if measure == "exact_match" else "d_answer_loss"
+    st.markdown(f"**{MAP_TITLES[which][0].upper()}{MAP_TITLES[which][1:]}**")
     c1, c2 = st.columns(2)
     c1.plotly_chart(heatmap_figure(r, "d_general_loss", which), key="attribution_heat_general")
     c2.plotly_chart(heatmap_figure(r, spec_col, which), key="attribution_heat_speciality")

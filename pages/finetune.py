@@ -29,8 +29,8 @@ left, right = st.columns([1, 2])
 with left:
     task = st.selectbox("task", pool.task_names, key="finetune_task")
     start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
-    mode = st.radio("mode", ["one run", "comparison"], horizontal=True, key="finetune_mode",
-                    help="comparison: AdamW, MoFO, SFA and L2-to-init with the same steps, lr, batches and seed")
+    mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
+                    help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init with the same steps, lr, batches and seed")
     c1, c2 = st.columns(2)
     steps = c1.number_input("steps", 1, 100_000, 60, key="finetune_steps")
     lr = c2.number_input("learning rate", 1e-6, 1.0, 1e-3, format="%.5f", key="finetune_lr")

@@ -18,6 +18,8 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     at.run()
     assert not at.exception, at.exception
     assert at.title[0].value == "Fine-tune"
+    assert at.radio(key="finetune_mode").value == "comparison"     # the page's story: the fixes side by side
+    at.radio(key="finetune_mode").set_value("one run").run()
     at.number_input(key="finetune_steps").set_value(4)
     at.number_input(key="finetune_eval_every").set_value(2)
     at.number_input(key="finetune_max_general").set_value(1)

@@ -51,11 +51,13 @@ def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_t
         text[i][j] = f"{r['key']}<br>{float(r[measure]):+.4f}" + ("<br>τ = 0" if r["zero_tau"] else "")
     # for a loss, red = worse: reverse the scale so that a rise of the loss is red, a rise of speciality blue
     scale = "RdBu_r" if measure != "d_speciality" else "RdBu"
+    # the title names the measure; which map it is the page says once, above both heatmaps (a long title
+    # here was cut at half-page width, and a titled colour bar took a third of the plot)
     fig = go.Figure(go.Heatmap(z=z, x=cols, y=rows, text=text, hoverinfo="text", colorscale=scale, zmid=0,
-                               colorbar={"title": LABELS.get(measure, measure)}))
-    fig.update_layout(title=f"{LABELS.get(measure, measure)} · {MAP_LABELS.get(which, which)}",
-                      xaxis_title="layer", yaxis_title="module", xaxis_type="category",
-                      margin={"l": 60, "r": 20, "t": 50, "b": 40}, height=120 + 40 * len(rows))
+                               colorbar={"thickness": 12}))
+    fig.update_layout(title=LABELS.get(measure, measure), xaxis_title="layer", yaxis_title="module",
+                      xaxis_type="category", margin={"l": 60, "r": 20, "t": 50, "b": 40},
+                      height=160 + 40 * len(rows))
     return fig
 
 
@@ -76,7 +78,7 @@ def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_matc
         fig.add_trace(go.Scatter(x=f["d_general_loss"], y=y, mode="markers+text", text=f["key"],
                                  textposition="top center", hovertext=hover, hoverinfo="text", name="submodules",
                                  marker={"size": 11, "color": vals, "colorscale": "Viridis", "showscale": True,
-                                         "colorbar": {"title": "NLS"}}))
+                                         "colorbar": {"title": "NLS", "thickness": 12}}))
     else:
         for module in dict.fromkeys(f["module"]):
             m = f["module"] == module
@@ -88,5 +90,7 @@ def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_matc
         fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines", name="Pareto front",
                                  line={"dash": "dot", "color": "#4d4d4d"}))
     fig.update_layout(title=MAP_LABELS.get(which, which), xaxis_title=LABELS["d_general_loss"], yaxis_title=ylabel,
-                      margin={"l": 60, "r": 20, "t": 50, "b": 40})
+                      margin={"l": 60, "r": 20, "t": 50, "b": 40},
+                      # below the plot: at the right it sat on the NLS colour bar
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0})
     return fig
