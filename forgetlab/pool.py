@@ -168,10 +168,7 @@ class ModelPool:
         return ckpt
 
     def _warn_nonfinite(self, name: str, ckpt: Checkpoint) -> None:
-        if isinstance(ckpt, LoraCheckpoint):
-            bad = [n for n in ckpt.delta_names() if not bool(torch.isfinite(ckpt.delta(n)).all())]
-        else:
-            bad = ckpt.nonfinite_tensors()
+        bad = ckpt.nonfinite_tensors()
         if bad:
             msg = (f"{name} has NaN/Inf values in {len(bad)} tensor(s): {', '.join(bad[:5])}"
                    f"{' …' if len(bad) > 5 else ''}. Results involving it will be NaN.")

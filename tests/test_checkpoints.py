@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -359,3 +360,24 @@ def test_modules_to_save_lm_head_on_a_tied_base_is_refused(tiny_gpt2, tmp_path):
                modules_to_save=["lm_head"])
     with pytest.raises(CheckpointError, match="ties lm_head to the embeddings .* does not untie"):
         open_checkpoint(tmp_path / "ad", base=tiny_gpt2.base)
+
+
+def test_nan_in_an_adapter_factor_warns_naming_the_factor_without_a_product_per_module(tiny_llama, tmp_path,
+                                                                                        monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from forgetlab.checkpoints import LoraCheckpoint
+    from forgetlab.pool import ModelPool, NonFiniteWeightsWarning
+
+    _make_lora(tiny_llama.base, tmp_path / "lora")
+    clean = ModelPool(tiny_llama.base, {"lora": {"adapter": tmp_path / "lora"}})
+    assert clean.warnings == []
+    file = tmp_path / "lora" / "adapter_model.safetensors"
+    tensors = load_file(str(file))
+    bad = next(n for n in tensors if "layers.1" in n and "lora_B" in n)
+    tensors[bad][0, 0] = float("inf")
+    save_file(tensors, str(file))
+    monkeypatch.setattr(LoraCheckpoint, "delta", lambda *a, **k: pytest.fail("the scan computed a ΔW"))
+    with pytest.warns(NonFiniteWeightsWarning, match=re.escape(bad)):
+        pool = ModelPool(tiny_llama.base, {"lora": {"adapter": tmp_path / "lora"}})
+    assert "lora has NaN/Inf values in 1 tensor(s)" in pool.warnings[0]
