@@ -464,15 +464,16 @@ def pcb_zsums(taus: Sequence[torch.Tensor], lo: dict, hi: dict, z_pair: dict | N
     return z_pair, z_intra
 
 
-def _pcb_betas_block(blocks, n_tasks, st, Eb, Eib, outs) -> None:
-    """βi = intra_i ⊙ inter_i for one block into outs[i] (the operations of pcb.pcb_balance, in its order)."""
+def _pcb_betas_block(blocks, n_tasks, st, Eb, Eib, outs, tmp) -> None:
+    """βi = intra_i ⊙ inter_i for one block into outs[i] (the operations of pcb.pcb_balance, in its order;
+    `tmp` is a scratch block, so no temporary is allocated per pair)."""
     _pcb_exps(blocks, n_tasks, st.lo, st.hi, Eb, Eib)
     for i in range(n_tasks):
         out = outs[i]
         out.zero_()
         for j in range(n_tasks):
             p = (i, j) if i <= j else (j, i)
-            out.add_(Eb[p] / st.z_pair[p])
+            out.add_(torch.div(Eb[p], st.z_pair[p], out=tmp))
         out.mul_(Eib[i].div_(st.z_intra[i]))
 
 
@@ -482,11 +483,12 @@ def pcb_betas(taus: Sequence[torch.Tensor], st, outs: Sequence[torch.Tensor]) ->
     n_tasks = len(flat)
     size = flat[0].numel()
     E, Ei = _pcb_buffers(n_tasks, min(BLOCK, size))
+    tmp = torch.empty(min(BLOCK, size), dtype=torch.float32)
     of = [o.reshape(-1) for o in outs]
     for s, e in _blocks(size):
         c = e - s
         _pcb_betas_block([t[s:e] for t in flat], n_tasks, st, {p: v[:c] for p, v in E.items()},
-                         [v[:c] for v in Ei], [o[s:e] for o in of])
+                         [v[:c] for v in Ei], [o[s:e] for o in of], tmp[:c])
     return list(outs)
 
 
@@ -513,7 +515,8 @@ def pcb_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], threshold
         blocks = [t[s:e] for t in flat]
         if betas is None:
             bl = [b[:c] for b in B]
-            _pcb_betas_block(blocks, n_tasks, st, {p: v[:c] for p, v in E.items()}, [v[:c] for v in Ei], bl)
+            _pcb_betas_block(blocks, n_tasks, st, {p: v[:c] for p, v in E.items()}, [v[:c] for v in Ei], bl,
+                             tmp_)
         else:
             bl = [b[s:e] for b in bflat]
         num_.zero_()
