@@ -142,7 +142,8 @@ def clean_stale(folder: str | Path) -> list[Path]:
         if not m or entry.is_symlink() or not entry.is_dir() or _pid_alive(int(m["pid"])):
             continue
         target = folder / m["name"]
-        if m["kind"] == "tmp" and (entry / PARTIAL).is_file():
+        # an empty one: killed between creating the folder and marking it partial
+        if m["kind"] == "tmp" and ((entry / PARTIAL).is_file() or not any(entry.iterdir())):
             shutil.rmtree(entry, ignore_errors=True)
             done.append(entry)
         elif m["kind"] == "old" and (entry / MARKER).is_file():

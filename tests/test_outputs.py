@@ -132,6 +132,9 @@ def test_stale_temporaries_of_a_killed_merge_are_removed_and_an_interrupted_swap
     (stale / "model.safetensors").write_bytes(b"0" * 1000)
     foreign = tmp_path / f".notes.tmp-{pid}-x2"          # same shape of name, but not marked as ours
     foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    unmarked = tmp_path / f".merged.tmp-{pid}-x5"        # killed between creating it and marking it: empty
+    unmarked.mkdir()
     alive = tmp_path / f".other.tmp-{os.getpid()}-x3"    # a job still running
     alive.mkdir()
     (alive / PARTIAL).write_text("")
