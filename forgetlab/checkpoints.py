@@ -966,6 +966,12 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
                         params[name].add_(ckpt.delta(name))
             model = model.to(dtype)
         else:
+            # before transformers loads it: it would print its own mismatch report first (checked again after)
+            found = config_mismatch(ckpt)
+            if found:
+                raise IncompatibleModelsError(
+                    f"The config.json of {ckpt.ref} disagrees with its weights ({found}): loading it would "
+                    "re-initialise those weights. Fix the config (or the weights) so their shapes match.")
             model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
                                                                output_loading_info=True)
             _check_loading_info(ckpt, info)

@@ -385,7 +385,7 @@ def test_a_full_disk_while_saving_a_run_is_a_message_and_leaves_nothing(tmp_path
     assert [p.name for p in (tmp_path / "runs").iterdir()] == []
 
 
-def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_path, capsys):
+def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_path, monkeypatch):
     import shutil
 
     bad = tmp_path / "bad"
@@ -396,7 +396,12 @@ def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_p
     from forgetlab.checkpoints import load_model
     from forgetlab.errors import IncompatibleModelsError
 
-    with pytest.raises(IncompatibleModelsError, match="disagrees with its weights"):
+    import transformers
+
+    # refused before transformers loads it (it would print its own mismatch report first, on the CLI too)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("transformers was asked to load the model"))
+    with pytest.raises(IncompatibleModelsError, match=r"disagrees with its weights \(model\.layers\.0\.mlp"):
         load_model(bad, device="cpu")
 
 
