@@ -18,6 +18,9 @@ drop = [k for k, g, s in zip(loo.key, loo.d_general_loss, loo.d_speciality) if g
 keep2 = [k for k in loo.key if k not in drop]
 # recipe 3: keep only parts whose only-this buys exact match (d_speciality > 0)
 keep3 = [k for k in only.key if k != "embed"]
+# recipe 4: drop only the part whose removal lowers general loss most (leave-one-out)
+worst = loo.key.iloc[int(loo.d_general_loss.values.argmin())]
+keep4 = [k for k in loo.key if k != worst]
 work = WorkingCopy(pool, model, device="cpu")
 locate = layer_locator(pool.config)
 def rec(keys, rest=0.0):
@@ -25,7 +28,8 @@ def rec(keys, rest=0.0):
     return lambda n, w0, w1: submodule_alpha(w0, w1, alpha_of(n, locate(n), al, rest))
 cands = {"base": _wise(0.0), "fine-tune": _wise(1.0), "wise-ft α=0.5": _wise(0.5),
          "fapm ratio=0.9": _pruned(0.9, "fapm"), f"map: only-this front (answer loss) {front}": rec(front),
-         f"map: drop {drop}": rec(keep2), "map: all but embed": rec(keep3)}
+         f"map: drop {drop}": rec(keep2), "map: all but embed": rec(keep3),
+         f"map: all but {worst}": rec(keep4)}
 rows = []
 for name, fn in cands.items():
     work.apply(fn)
