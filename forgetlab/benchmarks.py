@@ -279,3 +279,82 @@ def check_measure(measure: str, tasks: Sequence[str]) -> tuple[str, str]:
         raise ParameterError(f"The measure {measure!r} names task {task!r}, which is not evaluated; evaluate it "
                              f"(--lm-eval {task}) or choose one of: {', '.join(tasks) or 'none'}.")
     return task, metric
+
+
+@dataclass
+class BenchmarkTable:
+    """lm-eval results of several models of a pool: `results[model][task][metric]`, with what was run
+    (tasks, include folder, limit) and how long it took. `to_frame()` is the table model × `task/metric`."""
+
+    results: dict[str, dict[str, dict[str, float]]]
+    tasks: list[str]
+    include: str | None = None
+    limit: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def models(self) -> list[str]:
+        return list(self.results)
+
+    def measures(self) -> list[str]:
+        """Every `TASK/METRIC` that some model has, in task order then metric order."""
+        out: list[str] = []
+        for task in self.tasks:
+            for card in self.results.values():
+                for metric in card.get(task, {}):
+                    if f"{task}/{metric}" not in out:
+                        out.append(f"{task}/{metric}")
+        return out
+
+    def to_frame(self):
+        """One row per model; a column `model`, then one column per `TASK/METRIC` (empty where missing)."""
+        import pandas as pd
+
+        cols = self.measures()
+        rows = [{"model": m, **{c: card.get(c.partition("/")[0], {}).get(c.partition("/")[2]) for c in cols}}
+                for m, card in self.results.items()]
+        return pd.DataFrame(rows, columns=["model", *cols])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"results": self.results, "tasks": list(self.tasks), "include": self.include, "limit": self.limit,
+                "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BenchmarkTable":
+        results = {str(m): {str(t): {str(k): float(v) for k, v in ms.items()} for t, ms in card.items()}
+                   for m, card in (d.get("results") or {}).items()}
+        return cls(results, [str(t) for t in d.get("tasks") or []], d.get("include"), d.get("limit"),
+                   float(d.get("seconds") or 0.0))
+
+
+def benchmark_pool(pool, models: Sequence[str], spec: BenchmarkSpec, *, limit: int | None = None,
+                   device: str | None = None, batch_size: int = 1, progress: Progress = None) -> BenchmarkTable:
+    """Run `spec`'s lm-eval tasks on each of `models` of `pool` ("base" or a pool model name), in memory:
+    a BenchmarkTable. `limit` overrides `spec.limit`. Every task is checked (and the limit) before the first
+    model is loaded; a ForgetlabError says what is wrong."""
+    import time
+
+    from forgetlab.progress import scaled
+
+    names = list(models)
+    if not names:
+        raise ParameterError("Choose at least one model to run the benchmarks on.")
+    tasks = spec.all_tasks
+    if not tasks:
+        raise BenchmarkError("The pool names no lm-eval benchmarks; add `benchmarks:` under `probes:` in its "
+                             "pool.yaml (general: [TASK, …], tasks: {POOL_TASK: [TASK, …]}, include: DIR).")
+    limit = check_limit(limit if limit is not None else spec.limit)
+    include = check_include(spec.include)
+    report(progress, 0.0, "indexing the lm-eval tasks")
+    manager = task_manager(include, tasks)
+    check_tasks(tasks, manager)
+    start = time.perf_counter()
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for i, name in enumerate(names):
+        part = scaled(progress, i / len(names), (i + 1) / len(names))
+        report(part, 0.0, f"{name}: loading")
+        model = pool.load(name, device=device)
+        sub = (lambda f, m="", name=name, part=part: report(part, f, f"{name}: {m}")) if part else None
+        results[name] = evaluate_benchmarks(model, pool.tokenizer, tasks, include=include, limit=limit,
+                                            batch_size=batch_size, manager=manager, progress=sub)
+    return BenchmarkTable(results, list(tasks), include, limit, time.perf_counter() - start)

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_claims import render_zoo_claims
@@ -128,6 +129,8 @@ def keep(done) -> None:
 
 run_once(job_key("models", pool.key, chosen, limits), work, start=clicked, label="Evaluating", slot="models",
          on_done=keep)
+
+render_benchmarks(pool, device)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
 
 if pool.model_names:
     from forgetlab.plots.models import cosine_heatmap, norms_heatmap

@@ -1,0 +1,130 @@
+"""The Models page's "Benchmarks (lm-evaluation-harness)" section: the table model × `task/metric` of the
+latest saved benchmark run of the pool, and a button that runs the pool's named benchmarks
+(`probes.benchmarks`) on every model as a background job, saved to Runs (kind "benchmarks").
+
+`render_benchmarks(pool)` draws the whole section; `latest_benchmarks(pool)` finds the saved table (also used by
+`forgetlab.ui.measure` to list the benchmark measures a pool offers).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from forgetlab.ui.jobs import job_key, run_once
+
+if TYPE_CHECKING:  # pragma: no cover
+    from forgetlab.benchmarks import BenchmarkTable
+    from forgetlab.pool import ModelPool
+    from forgetlab.workspace import SavedRun
+
+KIND = "benchmarks"
+DEFAULT_LIMIT = 20       # examples per task: 4 tasks × 7 models of the pico zoo in well under a minute on CPU
+SLOT = "modelsbench"     # the job slot (and key prefix) of the section
+
+SNIPPET = """probes:
+  benchmarks:
+    general: [arc_easy, hellaswag]     # lm-eval tasks that measure generality
+    tasks: {math: [gsm8k]}             # per pool task: lm-eval tasks that measure its speciality
+    include: lm_tasks/                 # optional: a folder of local task YAMLs (work offline)
+    limit: 200                         # optional: examples per task"""
+
+
+def pool_spec(pool: "ModelPool"):
+    """The pool's BenchmarkSpec when it names at least one lm-eval task, else None."""
+    spec = getattr(pool.probes, "benchmarks", None) if pool.probes is not None else None
+    return spec if spec is not None and spec.all_tasks else None
+
+
+def _pool_id(pool: "ModelPool") -> str:
+    return str(pool.source or pool.name)
+
+
+def latest_benchmarks(pool: "ModelPool") -> "tuple[BenchmarkTable, SavedRun] | None":
+    """The newest saved benchmark run of this pool in the workspace (its table and the run), or None."""
+    from forgetlab.benchmarks import BenchmarkTable
+    from forgetlab.errors import WorkspaceError
+    from forgetlab.workspace import load_run, runs_dir
+
+    root = runs_dir()
+    folders = [p for p in root.iterdir() if p.is_dir() and f"-{KIND}-" in p.name] if root.is_dir() else []
+    runs = []
+    for folder in folders:          # only this kind's folders are read (a workspace holds many sweeps)
+        try:
+            runs.append(load_run(folder))
+        except WorkspaceError:
+            continue
+    for run in sorted(runs, key=lambda r: r.created, reverse=True):
+        if run.kind != KIND or run.recipe.get("pool") != _pool_id(pool) or not isinstance(run.results, dict):
+            continue
+        try:
+            return BenchmarkTable.from_dict(run.results), run
+        except (AttributeError, TypeError, ValueError):
+            continue
+    return None
+
+
+def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str):
+    """The job: run the pool's benchmarks on `models`, save the table to Runs; returns (table, run folder)."""
+    def work(progress):
+        from forgetlab.benchmarks import benchmark_pool
+        from forgetlab.workspace import save_run
+
+        spec = pool_spec(pool)
+        table = benchmark_pool(pool, models, spec, limit=limit, device=device, progress=progress)
+        recipe = {"pool": _pool_id(pool), "models": list(models), "tasks": table.tasks,
+                  "general": list(spec.general), "task_benchmarks": {k: list(v) for k, v in spec.tasks.items()},
+                  "include": table.include, "limit": table.limit, "device": device, "evaluated": time.time()}
+        path = save_run(KIND, recipe, table.to_dict(), frame=table.to_frame())
+        return table, path
+
+    return work
+
+
+def show_benchmark_table(table: "BenchmarkTable", *, key: str = "models_bench_table") -> None:
+    """The table model × `task/metric` (the names a measure is written with), three decimals."""
+    frame = table.to_frame()
+    st.dataframe(frame.style.format(precision=3, na_rep=""), hide_index=True, key=key, width="stretch")
+
+
+def render_benchmarks(pool: "ModelPool", device: str = "cpu") -> None:
+    """The whole section: heading, stored table (if any), limit + button, the job's progress and errors."""
+    st.subheader("Benchmarks (lm-evaluation-harness)")
+    spec = pool_spec(pool)
+    if spec is None:
+        st.info("This pool names no lm-eval benchmarks. Add them to its pool.yaml (standard lm-eval task names, "
+                "or local task YAMLs in an include folder), then reload the pool:")
+        st.code(SNIPPET, language="yaml")
+        return
+    groups = [f"general: {', '.join(spec.general)}"] if spec.general else []
+    groups += [f"{t}: {', '.join(names)}" for t, names in spec.tasks.items()]
+    st.caption("lm-eval tasks named by the pool — " + " · ".join(groups) + ". Each metric can be chosen as the "
+               "speciality or generality measure (written TASK/METRIC).")
+    c1, c2 = st.columns([1, 2])
+    limit = c1.number_input("examples per task (limit)", 1, 100_000, min(DEFAULT_LIMIT, spec.limit or DEFAULT_LIMIT),
+                            key="models_bench_limit",
+                            help=f"lm-eval's --limit: at most this many examples of each task (the pool's "
+                                 f"pool.yaml says {spec.limit or 'all'}). Small limits are quick but noisy.")
+    models = ["base", *pool.model_names]
+    c2.write("")
+    clicked = c2.button(f"Run benchmarks on all {len(models)} models", key="models_bench_run",
+                        help="Runs in the background; the result is saved to Runs.")
+
+    def keep(done) -> None:
+        st.toast(f"Saved under {done[1]}")
+
+    key = job_key(SLOT, pool.key, str(_pool_id(pool)), models, int(limit), device)
+    done = run_once(key, benchmark_job(pool, models, int(limit), device), start=clicked,
+                    label="Running the benchmarks", slot=SLOT, on_done=keep)
+    latest = latest_benchmarks(pool)
+    if done is not None and (latest is None or str(latest[1].path) != str(done[1])):
+        latest = (done[0], None)
+    if latest is None:
+        st.info("No benchmark results for this pool yet: press the button above.")
+        return
+    table, run = latest
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(run.created)) if run is not None else "just now"
+    st.caption(f"Latest run ({when}, limit {table.limit or 'all'} per task, {table.seconds:.0f} s"
+               + (f", saved as {run.id}" if run is not None else "") + ").")
+    show_benchmark_table(table)

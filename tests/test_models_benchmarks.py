@@ -1,0 +1,167 @@
+"""The Models page's lm-eval section: the button runs the pool's benchmarks on every model in the background,
+the table shows lm-eval's own numbers per model × task/metric, the run is saved and shown again on the next
+visit; a pool without benchmarks is told how to add them; a bad task is a message. The session-wide measure
+offers the benchmark metrics, and the sweep helper runs them at every point."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+pytest.importorskip("lm_eval")
+
+from tests.jobs_helper import finish_jobs, open_page
+from tests.test_benchmarks import write_task
+
+
+def _bench_pool(tiny_llama, tmp_path, general=("tiny_cloze",), limit=6):
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    write_task(root / "lm_tasks")
+    d = yaml.safe_load((root / "pool.yaml").read_text())
+    d["probes"]["benchmarks"] = {"general": list(general), "include": "lm_tasks", "limit": limit}
+    (root / "pool.yaml").write_text(yaml.safe_dump(d))
+    return root / "pool.yaml"
+
+
+def _bench_frames(at):
+    return [d.value for d in at.dataframe if "model" in d.value.columns
+            and any("/" in str(c) for c in d.value.columns)]
+
+
+def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_numbers(tiny_llama, tmp_path,
+                                                                                         monkeypatch):
+    from forgetlab.benchmarks import evaluate_benchmarks
+    from forgetlab.checkpoints import load_model, load_tokenizer
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path)
+    at = open_page("models", pool_yaml, timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    assert "Benchmarks (lm-evaluation-harness)" in [h.value for h in at.subheader]
+    assert at.number_input(key="models_bench_limit").value == 6        # the pool's limit (below the default 20)
+    assert any("No benchmark results" in i.value for i in at.info) and not _bench_frames(at)
+    at.number_input(key="models_bench_limit").set_value(5)
+    at.button(key="models_bench_run").click().run()
+    finish_jobs(at, "models")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    frames = _bench_frames(at)
+    assert len(frames) == 1
+    table = frames[0]
+    assert list(table["model"]) == ["base", "ft0", "ft1"]
+    assert list(table.columns) == ["model", "tiny_cloze/acc", "tiny_cloze/acc_norm"]
+    folder = tiny_llama.finetuned["ft1"]
+    direct = evaluate_benchmarks(load_model(folder, device="cpu"), load_tokenizer(folder), ["tiny_cloze"],
+                                 include=pool_yaml.parent / "lm_tasks", limit=5)["tiny_cloze"]
+    row = table[table["model"] == "ft1"].iloc[0]
+    assert (row["tiny_cloze/acc"], row["tiny_cloze/acc_norm"]) == (direct["acc"], direct["acc_norm"])
+    runs = [p for p in (home / "runs").iterdir() if "benchmarks" in p.name]
+    assert len(runs) == 1
+    recipe = json.loads((runs[0] / "recipe.json").read_text())
+    assert recipe["kind"] == "benchmarks" and recipe["limit"] == 5 and recipe["models"] == ["base", "ft0", "ft1"]
+    assert json.loads((runs[0] / "results.json").read_text())["results"]["ft1"]["tiny_cloze"] == direct
+    assert "limit 5 per task" in " ".join(c.value for c in at.caption)
+
+    again = open_page("models", pool_yaml, timeout=120)   # a new session: the stored table at once, no click
+    again.run()
+    assert not again.exception, again.exception
+    stored = _bench_frames(again)
+    assert len(stored) == 1 and stored[0].equals(table)
+
+    # the session-wide speciality measure offers the metrics (the Forgetting page's sweeps can use them)
+    from forgetlab.pool import ModelPool
+    from forgetlab.ui.measure import benchmark_measures
+
+    assert benchmark_measures(ModelPool.from_yaml(pool_yaml)) == ["tiny_cloze/acc", "tiny_cloze/acc_norm"]
+
+
+def test_a_pool_without_benchmarks_is_told_how_to_add_them(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("models", tiny_llama.pool_yaml, timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    assert any("names no lm-eval benchmarks" in i.value for i in at.info)
+    assert any("benchmarks:" in c.value and "include:" in c.value for c in at.code)
+    assert not [b for b in at.button if b.key == "models_bench_run"]
+
+
+def test_an_unknown_task_is_a_message_and_the_page_keeps_working(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, general=("tiny_clozee",))
+    at = open_page("models", pool_yaml, timeout=120)
+    at.run()
+    at.button(key="models_bench_run").click().run()
+    finish_jobs(at, "models")
+    assert not at.exception, at.exception
+    errors = [e.value for e in at.error]
+    assert any("no task 'tiny_clozee'" in e and "tiny_cloze" in e for e in errors), errors
+    assert not (tmp_path / "home" / "runs").exists() or \
+        not [p for p in (tmp_path / "home" / "runs").iterdir() if "benchmarks" in p.name]   # nothing saved
+    assert list(at.dataframe[0].value["model"]) == ["base", "ft0", "ft1"]                   # page still drawn
+
+
+def test_sweep_measures_run_the_benchmark_at_every_point_and_fall_back_on_sweeps_without_it(tiny_llama, tmp_path,
+                                                                                          monkeypatch):
+    """What the Forgetting page's sweep gets from `sweep_measures`: a benchmark measure adds the BenchmarkSpec
+    to the sweep's settings; the trade-off chart then plots it; an old sweep without it falls back."""
+    from streamlit.testing.v1 import AppTest
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+
+    def script():
+        import json as _json
+
+        import streamlit as st
+
+        from forgetlab import sweeps
+        from forgetlab.plots.forgetting import tradeoff_figure
+        from forgetlab.pool import ModelPool
+        from forgetlab.ui.measure import sweep_measures
+
+        pool = ModelPool.from_yaml(st.session_state["pool_yaml"])
+        measures = sweep_measures("forgetting", pool)
+        st.session_state["settings"] = {k: v.to_dict() for k, v in measures.settings.items()}
+        if measures.settings:
+            with_bench = sweeps.alpha_curve(pool, "ft0", alphas=[0, 1], max_general=2, max_task=2,
+                                            **measures.settings)
+            results = [with_bench]
+            if st.session_state.get("mix"):
+                results.append(sweeps.alpha_curve(pool, "ft0", alphas=[0.5], max_general=2, max_task=2))
+            measures.apply(results)
+            st.session_state["applied"] = (results[0].measure, results[0].general_measure)
+            fig = tradeoff_figure(results)
+            st.session_state["axes"] = _json.loads(fig.to_json())["layout"]
+            st.session_state["y"] = list(fig.data[0].y)
+            st.session_state["bench"] = [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in with_bench.points]
+
+    at = AppTest.from_function(script, default_timeout=180)
+    at.session_state["pool_yaml"] = str(pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    spec = at.selectbox(key="forgetting_measure")
+    assert spec.options[:2] == ["exact match ↑", "answer loss ↓"] and "tiny_cloze/acc_norm" in spec.options
+    assert at.session_state["settings"] == {}
+    spec.set_value("tiny_cloze/acc_norm")
+    at.selectbox(key="forgetting_general_measure").set_value("tiny_cloze/acc")
+    at.run()
+    assert not at.exception, at.exception
+    assert at.session_state["app_measure"] == "tiny_cloze/acc_norm"                 # session-wide
+    assert at.session_state["settings"]["benchmarks"]["general"] == ["tiny_cloze"]
+    assert at.session_state["settings"]["benchmarks"]["limit"] == 4
+    assert at.session_state["applied"] == ("tiny_cloze/acc_norm", "tiny_cloze/acc")
+    assert at.session_state["y"] == at.session_state["bench"]                      # the chart plots the metric
+    axes = at.session_state["axes"]
+    assert axes["yaxis"]["title"]["text"] == "speciality: tiny_cloze/acc_norm ↑"
+    assert axes["xaxis"]["title"]["text"] == "generality: tiny_cloze/acc ↑"
+    at.session_state["mix"] = True                                                 # plus a sweep without it
+    at.run()
+    assert not at.exception, at.exception
+    assert at.session_state["applied"][1] == "general_loss"
+    assert at.session_state["applied"][0] in ("exact_match", "answer_loss")
+    assert any("was not run in every sweep" in c.value for c in at.caption)
