@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forgetlab.plots import color_map, series_name
-from forgetlab.sweeps import MEASURES, SweepPoint, SweepResult, check_measure, pareto_mask
+from forgetlab.sweeps import (MEASURES, SweepPoint, SweepResult, check_general_measure, check_measure,
+                              higher_is_better, is_benchmark, pareto_mask)
 
 AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio (share of τ zeroed)",
                "density": "density (share of τ kept)", "mean_alpha": "mean block α"}
@@ -20,15 +21,28 @@ SETTING_NAMES = {"alphas": "α", "ratios": "ratios", "drops": "drop", "keeps": "
                  "grid": "α tuples", "measure": "measure", "device": "device"}
 
 
-def _hover(p: SweepPoint, task, measure: str) -> str:
-    return (f"{p.series}<br>{json.dumps(p.settings)}<br>{MEASURES[measure][0]} {p.speciality(task, measure):.3f}"
-            f"<br>general loss {p.general_loss:.4f}<br>D(θ, θ0) {p.distance:.4f}")
+def _hover(p: SweepPoint, task, measure: str, general_measure: str = "general_loss") -> str:
+    name = measure if is_benchmark(measure) else MEASURES[measure][0]
+    general = (f"<br>{general_measure} {p.generality(general_measure):.4f}" if general_measure != "general_loss"
+               else "")
+    return (f"{p.series}<br>{json.dumps(p.settings)}<br>{name} {p.speciality(task, measure):.3f}"
+            f"{general}<br>general loss {p.general_loss:.4f}<br>D(θ, θ0) {p.distance:.4f}")
 
 
 def speciality_label(task: str | None, measure: str) -> str:
-    """Axis text of the speciality measure, with its direction: "math exact match ↑", "mean answer loss ↓"."""
-    label, higher = MEASURES[check_measure(measure)]
+    """Axis text of the speciality measure, with its direction: "math exact match ↑", "mean answer loss ↓";
+    a benchmark metric by its name: "zoo_math/acc ↑" (it names its own task)."""
+    if is_benchmark(check_measure(measure)):
+        return f"{measure} {'↑' if higher_is_better(measure) else '↓'}"
+    label, higher = MEASURES[measure]
     return f"{task or 'mean'} {label} {'↑' if higher else '↓'}"
+
+
+def general_label(general_measure: str) -> str:
+    """Axis text of the generality measure: "general loss ↓" or a benchmark metric "zoo_wiki_cloze/acc ↑"."""
+    if check_general_measure(general_measure) == "general_loss":
+        return "general loss ↓"
+    return f"{general_measure} {'↑' if higher_is_better(general_measure) else '↓'}"
 
 
 _SAME_FOR_ALL = ("created", "versions", "pool", "pool_name", "sweep", "model", "task", "kind")
@@ -91,12 +105,13 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
     results = [results] if isinstance(results, SweepResult) else list(results)
     first = results[0] if results else SweepResult("alpha", "", None, "alpha")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        speciality_label(first.task, first.measure), "general loss ↓", "D(θ, θ0)"))
+        speciality_label(first.task, first.measure), general_label(first.general_measure), "D(θ, θ0)"))
     for res, series, name, color in _series(results, ids):
         pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
         xs = [p.x for p in pts]
-        hover = [_hover(p, res.task, res.measure) for p in pts]
-        for col, ys in enumerate(([p.speciality(res.task, res.measure) for p in pts], [p.general_loss for p in pts],
+        hover = [_hover(p, res.task, res.measure, res.general_measure) for p in pts]
+        for col, ys in enumerate(([p.speciality(res.task, res.measure) for p in pts],
+                                  [p.generality(res.general_measure) for p in pts],
                                   [p.distance for p in pts]), start=1):
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=name, legendgroup=name,
                                      showlegend=col == 1, line=dict(color=color), hovertext=hover,
@@ -111,7 +126,7 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
 
 def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str | None = None,
                     measure: str | None = None, show_front: bool = True,
-                    ids: Sequence[str] | None = None) -> go.Figure:
+                    ids: Sequence[str] | None = None, general_measure: str | None = None) -> go.Figure:
     """Speciality (y: exact match ↑ or answer loss ↓, `measure`, default the first sweep's) against held-out
     general loss (↓, x) for every point of every series of the given sweeps (compared sweeps named by
     `sweep_labels`, with `ids` telling identical settings apart); the Pareto front over all of them is drawn
@@ -119,28 +134,31 @@ def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str |
     results = [results] if isinstance(results, SweepResult) else list(results)
     task = task if task is not None else (results[0].task if results else None)
     measure = check_measure(measure or (results[0].measure if results else "exact_match"))
-    sign = 1.0 if MEASURES[measure][1] else -1.0
+    sign = 1.0 if higher_is_better(measure) else -1.0
+    general = check_general_measure(general_measure or (results[0].general_measure if results else "general_loss"))
+    gsign = -1.0 if higher_is_better(general) else 1.0       # the mask wants a loss (lower is better)
     fig = go.Figure()
     everything: list[SweepPoint] = []
     for res, series, name, color in _series(results, ids):
         pts = sorted((p for p in res.points if p.series == series), key=lambda p: p.x)
         everything.extend(pts)
         fig.add_trace(go.Scatter(
-            x=[p.general_loss for p in pts], y=[p.speciality(task, measure) for p in pts], mode="lines+markers",
-            name=name, line=dict(color=color, width=1), marker=dict(size=8),
-            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task, measure) for p in pts],
+            x=[p.generality(general) for p in pts], y=[p.speciality(task, measure) for p in pts],
+            mode="lines+markers", name=name, line=dict(color=color, width=1), marker=dict(size=8),
+            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task, measure, general) for p in pts],
             hoverinfo="text"))
     if show_front and everything:
         flags = pareto_mask([sign * p.speciality(task, measure) for p in everything],
-                            [p.general_loss for p in everything])
-        front = sorted((p for p, f in zip(everything, flags) if f), key=lambda p: p.general_loss)
+                            [gsign * p.generality(general) for p in everything])
+        front = sorted((p for p, f in zip(everything, flags) if f), key=lambda p: p.generality(general))
         if front:
             fig.add_trace(go.Scatter(
-                x=[p.general_loss for p in front], y=[p.speciality(task, measure) for p in front],
+                x=[p.generality(general) for p in front], y=[p.speciality(task, measure) for p in front],
                 mode="lines+markers",
                 name="Pareto front", line=dict(color="black", dash="dash", shape="hv"),
                 marker=dict(size=14, symbol="circle-open", color="black"), hoverinfo="skip"))
-    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)",
+    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)" if general == "general_loss" else
+                      f"generality: {general_label(general)}",
                       yaxis_title=f"speciality: {speciality_label(task, measure)}",
                       margin=dict(t=20, b=10, l=60, r=10), legend_title_text=None, height=440,
                       legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
