@@ -9,7 +9,8 @@ Every folder forgetlab writes (merges, saved fine-tunes, zoo steps) goes through
   with that marker — never a folder forgetlab did not write, a file, a symbolic link (or what it points to),
   a folder holding one of the job's inputs, or the current working folder;
 - one writer per target at a time (an exclusive lock `.<name>.lock` beside it, removed afterwards): a second
-  job writing the same target is refused at once instead of silently replacing the first one's result;
+  job writing the same target is refused at once instead of silently replacing the first one's result; a
+  user's own file that happens to carry the lock's name is used as it is and kept;
 - temporaries left by a killed process (SIGKILL cannot be caught) are recognised by their marker and the dead
   process id in their name, and removed by the next write into the same folder; an old output that was being
   replaced when the process died is put back;
@@ -38,6 +39,7 @@ PARTIAL = ".forgetlab-partial"
 _TEMP = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[^/]*$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 MAX_NAME_BYTES = 200
+LOCK_TEXT = "forgetlab lock (removed when the job ends)\n"
 
 
 class OutputRefusedError(OutputExistsError):
@@ -158,9 +160,16 @@ def clean_stale(folder: str | Path) -> list[Path]:
 @contextlib.contextmanager
 def exclusive_lock(lock: Path, busy: Exception, cannot: Exception, remove: bool = False) -> Iterator[None]:
     """Hold an exclusive, non-blocking flock on the file `lock` (created if needed): raise `busy` at once when
-    another process holds it, `cannot` when the file cannot be created; `remove` deletes the file afterwards."""
+    another process holds it, `cannot` when the file cannot be created; `remove` deletes the file afterwards.
+
+    The lock file forgetlab creates holds LOCK_TEXT; a file of that name with other contents is the user's: it
+    is locked as it is (never written) and never removed. A link or a folder of that name is refused."""
     import fcntl
 
+    if lock.is_symlink() or (lock.exists() and not lock.is_file()):
+        raise WorkspaceError(f"{lock} is in the way of forgetlab's lock file (it is a "
+                             f"{'symbolic link' if lock.is_symlink() else 'folder'}); nothing was changed. Move it "
+                             "away, then run again.")
     try:
         fh = open(lock, "a+")
     except OSError:
@@ -171,9 +180,18 @@ def exclusive_lock(lock: Path, busy: Exception, cannot: Exception, remove: bool 
         except OSError:
             raise busy from None
         try:
+            fh.seek(0)
+            ours = fh.read(len(LOCK_TEXT) + 1) in ("", LOCK_TEXT)
+            if ours and os.fstat(fh.fileno()).st_size == 0:
+                with contextlib.suppress(OSError):
+                    fh.write(LOCK_TEXT)
+                    fh.flush()
+        except (OSError, UnicodeDecodeError):
+            ours = False
+        try:
             yield
         finally:
-            if remove:
+            if remove and ours:
                 with contextlib.suppress(OSError):
                     lock.unlink()
     finally:

@@ -184,6 +184,30 @@ def test_two_writers_of_one_output_cannot_both_succeed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_users_file_named_like_the_lock_is_kept_and_a_link_there_refused(tmp_path):
+    """Found by bench/hostile_inputs.py: the writer's lock `.<name>.lock` was removed after the job even when it
+    was the user's own file (a link there was followed when the lock was opened)."""
+    mine = tmp_path / ".out.lock"
+    mine.write_text("my notes\n")
+    with atomic_output_dir(tmp_path / "out") as tmp:
+        (tmp / "a").write_text("1")
+    assert mine.read_text() == "my notes\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out"]
+    # forgetlab's own lock files (also an empty one left by a killed job) go away afterwards
+    (tmp_path / ".out2.lock").write_text("")
+    with atomic_output_dir(tmp_path / "out2") as tmp:
+        (tmp / "a").write_text("1")
+    with atomic_output_dir(tmp_path / "out3") as tmp:
+        (tmp / "a").write_text("1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", "out", "out2", "out3"]
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / ".out4.lock").symlink_to(tmp_path / "elsewhere" / "target")
+    with pytest.raises(WorkspaceError, match="in the way of forgetlab's lock file"):
+        with atomic_output_dir(tmp_path / "out4"):
+            pass
+    assert list((tmp_path / "elsewhere").iterdir()) == [] and not (tmp_path / "out4").exists()
+
+
 def test_two_overwrite_merges_at_once_one_is_refused(recipe, tmp_path):
     """Two processes merge into one output with --overwrite: one result, and the other process says so."""
     out = tmp_path / "merged"
