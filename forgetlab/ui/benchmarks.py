@@ -72,10 +72,12 @@ def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str)
         from forgetlab.workspace import save_run
 
         spec = pool_spec(pool)
-        table = benchmark_pool(pool, models, spec, limit=limit, device=device, progress=progress)
+        table = benchmark_pool(pool, models, spec, limit=limit, device=device, progress=progress,
+                               threads=1 if device == "cpu" else None)     # see benchmark_pool: 1 is faster
         recipe = {"pool": _pool_id(pool), "models": list(models), "tasks": table.tasks,
                   "general": list(spec.general), "task_benchmarks": {k: list(v) for k, v in spec.tasks.items()},
-                  "include": table.include, "limit": table.limit, "device": device, "evaluated": time.time()}
+                  "include": table.include, "limit": table.limit, "device": device,
+                  "threads": 1 if device == "cpu" else None, "evaluated": time.time()}
         path = save_run(KIND, recipe, table.to_dict(), frame=table.to_frame())
         return table, path
 
