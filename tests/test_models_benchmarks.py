@@ -16,6 +16,20 @@ from tests.jobs_helper import finish_jobs, open_page
 from tests.test_benchmarks import write_task
 
 
+@pytest.fixture(autouse=True)
+def _forget_our_jobs():
+    """The job registry is process-wide: the jobs these tests start (the Models page's anatomy job of each pool
+    copy, the benchmark jobs) are waited for and dropped, so later page tests see only their own."""
+    from forgetlab.ui.jobs import REGISTRY
+
+    before = {j.key for j in REGISTRY.jobs()}
+    yield
+    for job in REGISTRY.jobs():
+        if job.key not in before:
+            job.wait(120)
+            REGISTRY.forget(job.key)
+
+
 def _bench_pool(tiny_llama, tmp_path, general=("tiny_cloze",), limit=6):
     root = tmp_path / "pool"
     shutil.copytree(tiny_llama.root, root)
@@ -66,6 +80,13 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
     assert recipe["kind"] == "benchmarks" and recipe["limit"] == 5 and recipe["models"] == ["base", "ft0", "ft1"]
     assert json.loads((runs[0] / "results.json").read_text())["results"]["ft1"]["tiny_cloze"] == direct
     assert "limit 5 per task" in " ".join(c.value for c in at.caption)
+    from forgetlab.ui.runs import run_figures
+    from forgetlab.workspace import load_run
+
+    fig = run_figures(load_run(runs[0]))[0]                            # reopened on the Runs page: one bar chart
+    assert [t.name for t in fig.data] == ["base", "ft0", "ft1"]
+    assert list(fig.data[2].x) == ["tiny_cloze/acc", "tiny_cloze/acc_norm"]
+    assert list(fig.data[2].y) == [direct["acc"], direct["acc_norm"]]
 
     again = open_page("models", pool_yaml, timeout=120)   # a new session: the stored table at once, no click
     again.run()
@@ -82,7 +103,9 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
 
 def test_a_pool_without_benchmarks_is_told_how_to_add_them(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
-    at = open_page("models", tiny_llama.pool_yaml, timeout=120)
+    root = tmp_path / "pool"                      # a copy: test_models_page wants the first visit of the original
+    shutil.copytree(tiny_llama.root, root)
+    at = open_page("models", root / tiny_llama.pool_yaml.name, timeout=120)
     at.run()
     assert not at.exception, at.exception
     assert any("names no lm-eval benchmarks" in i.value for i in at.info)

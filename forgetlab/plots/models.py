@@ -77,3 +77,19 @@ def cosine_heatmap(cos: CosineMatrix) -> go.Figure:
                     labels=dict(color="cosine"))
     fig.update_layout(margin=dict(t=10, b=10))
     return fig
+
+
+def benchmark_bars(table) -> go.Figure:
+    """A `forgetlab.benchmarks.BenchmarkTable` as grouped bars: one group per lm-eval `task/metric`, one bar
+    per model (the models' colours)."""
+    frame = table.to_frame()
+    measures = [c for c in frame.columns if c != "model"]
+    colors = color_map(list(frame["model"]))
+    fig = go.Figure()
+    for _, row in frame.iterrows():
+        fig.add_trace(go.Bar(x=measures, y=[row[m] for m in measures], name=str(row["model"]),
+                             marker={"color": colors[row["model"]]}))
+    fig.update_layout(barmode="group", yaxis_title="value (lm-eval)", height=380, legend_title_text="model",
+                      title=f"lm-eval benchmarks (limit {table.limit or 'all'} per task)",
+                      margin={"t": 50, "b": 40, "l": 50, "r": 10})
+    return fig

@@ -127,7 +127,15 @@ def _attribution(run, measure="exact_match"):
             tradeoff_figure(result, measure=measure)]
 
 
+def _benchmarks(run):
+    from forgetlab.benchmarks import BenchmarkTable
+    from forgetlab.plots.models import benchmark_bars
+
+    return [benchmark_bars(BenchmarkTable.from_dict(run.results))]
+
+
 register_reopener("sweep-*", _sweep, _sweeps)
+register_reopener("benchmarks", _benchmarks)
 register_reopener("attribution", _attribution)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("linearity", _linearity)
