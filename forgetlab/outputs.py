@@ -195,7 +195,8 @@ def exclusive_lock(lock: Path, busy: Exception, cannot: Exception, remove: bool 
                 with contextlib.suppress(OSError):
                     lock.unlink()
     finally:
-        fh.close()
+        with contextlib.suppress(OSError):  # on a full disk the buffered LOCK_TEXT cannot be flushed: no matter
+            fh.close()
 
 
 def _writer_lock(out: Path):
@@ -246,11 +247,38 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
     """
     inputs = list(inputs)
     out = check_output_dir(out_dir, overwrite, inputs)
+    with removed_if_failed(missing_dirs(out.parent)):
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
+                                 "folder.") from None
+        with _atomic_output_dir(out, overwrite, inputs, kind) as tmp:
+            yield tmp
+
+
+def missing_dirs(folder: str | Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, innermost first (what `mkdir -p` would create)."""
+    folder = absolute(folder)
+    return [p for p in (folder, *folder.parents) if not (p.exists() or p.is_symlink())]
+
+
+@contextlib.contextmanager
+def removed_if_failed(made: Iterable[Path]) -> Iterator[None]:
+    """Remove again the (empty) folders `made` (innermost first) when the block fails, so that a refused or
+    failed write leaves no trace of the folders created for it."""
+    made = list(made)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
-                             "folder.") from None
+        yield
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> Iterator[Path]:
     with _writer_lock(out):
         clean_stale(out.parent)
         existed = out.exists() or out.is_symlink()

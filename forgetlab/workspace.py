@@ -128,14 +128,22 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
     `results` must be JSON-serialisable or have `.to_dict()`; `frame` (or `results.to_frame()` when it
     exists) is saved as CSV too.
     """
-    from forgetlab.outputs import atomic_output_dir, check_name
+    from forgetlab.outputs import atomic_output_dir, check_name, missing_dirs, removed_if_failed
 
-    root = ensure_writable(runs_dir(home_path))
     rid = check_name(run_id, "run id") if run_id else (time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-"
                                                        + uuid.uuid4().hex[:6])
-    final = root / rid
-    if final.exists():
-        raise WorkspaceError(f"A run named {rid} exists already in {root}; choose another id.")
+    with removed_if_failed(missing_dirs(runs_dir(home_path))):
+        root = ensure_writable(runs_dir(home_path))
+        final = root / rid
+        if final.exists():
+            raise WorkspaceError(f"A run named {rid} exists already in {root}; choose another id.")
+        _write_run(final, kind, recipe, results, frame)
+    return final
+
+
+def _write_run(final: Path, kind: str, recipe: dict[str, Any], results: Any, frame: pd.DataFrame | None) -> None:
+    from forgetlab.outputs import atomic_output_dir
+
     with atomic_output_dir(final, kind="run") as tmp:  # a full disk is a message and leaves nothing
         full_recipe = {"kind": kind, "created": time.time(), "versions": versions(), **recipe}
         (tmp / "recipe.json").write_text(json.dumps(full_recipe, indent=2, default=_json_default))
@@ -144,7 +152,6 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
             frame = results.to_frame()
         if frame is not None:
             frame.to_csv(tmp / "results.csv", index=False)
-    return final
 
 
 def load_run(path: str | Path) -> SavedRun:

@@ -333,6 +333,7 @@ def test_saving_into_the_pool_keeps_the_users_comments_and_keys(tmp_path):
     (["eval", "{pool}", "--out", "{tmp}/existing.csv"], "exists already"),
     (["merge-export", "{recipe}", "--out", "{tmp}/existing.csv"], "exists already"),
     (["merge-export", "{recipe}", "--out", "{tmp}"], "is a folder"),
+    (["eval", "{pool}", "--out", ""], "--out is empty"),
 ])
 def test_bad_cli_arguments_exit_2_with_a_message_and_write_nothing(argv, message, tiny_llama, recipe, tmp_path,
                                                                     capsys):
@@ -406,7 +407,24 @@ def test_a_full_disk_while_saving_a_run_is_a_message_and_leaves_nothing(tmp_path
     with pytest.raises(WorkspaceError, match="No space left"):
         workspace.save_run("sweep", {"a": 1}, {"points": []}, home_path=tmp_path)
     monkeypatch.undo()
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == []
+    assert not (tmp_path / "runs").exists()  # made for this save, removed with it
+
+
+def test_a_run_saved_onto_a_real_full_disk_is_a_message_and_leaves_no_folder(small_disk):
+    """On a full tmpfs the folders still get made (they need no data blocks) and the lock file's first line
+    cannot be flushed: the save must still be a WorkspaceError, and the workspace folders it created go again."""
+    from forgetlab import workspace
+
+    mnt = small_disk("64k")
+    with pytest.raises(OSError):
+        with open(mnt / "filler", "wb") as fh:
+            while True:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+    before = tree(mnt)
+    with pytest.raises(WorkspaceError, match="No space left"):
+        workspace.save_run("sweep", {"a": 1}, {"points": [1, 2, 3]}, home_path=mnt / "home")
+    assert tree(mnt) == before
 
 
 def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_path, monkeypatch):
@@ -461,7 +479,7 @@ def test_pool_files_keep_working_with_keys_of_the_users_own(tiny_llama, tmp_path
     assert ModelPool.from_yaml(root / "pool.yaml").model_names == ["ft0", "ft1"]
 
 
-@pytest.mark.parametrize("name", ["x" * 300, "bad\nname", "a\x00b", "base", "ft0"])
+@pytest.mark.parametrize("name", ["x" * 300, "bad\nname", "a\x00b", "base", "ft0", ""])
 def test_finetune_save_as_refuses_a_bad_name_before_training(name, tiny_llama, tmp_path, capsys):
     import shutil
 
