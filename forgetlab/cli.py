@@ -87,11 +87,14 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_output_files(args) -> None:
     """Refuse, before any work, an output file that exists (without --overwrite), is a folder, or lies in a
     folder that does not exist."""
+    from forgetlab.errors import ParameterError
     from forgetlab.outputs import check_output_file
 
     for dest in OUTPUT_FILES:
         value = getattr(args, dest, None)
-        if isinstance(value, str) and value:
+        if isinstance(value, str) and not value.strip():
+            raise ParameterError(f"--{dest} is empty; give a file name such as results.csv, or leave the option out.")
+        if isinstance(value, str):
             check_output_file(value, getattr(args, "overwrite", False))
 
 

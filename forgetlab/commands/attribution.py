@@ -56,7 +56,7 @@ def cmd_attribution(args) -> int:
     emit_frame(result.to_frame()[SHOWN])
     emit("additivity (sum of the parts against the whole):")
     emit_frame(result.additivity())
-    if args.out:
+    if args.out is not None:
         emit_frame(result.to_frame(), args.out)
     if not args.no_save:
         emit(f"saved {attribution.save_attribution(result)}")

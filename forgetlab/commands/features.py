@@ -49,7 +49,7 @@ def cmd_features(args) -> int:
     emit(f"{len(fs)} points, t-SNE by {result.backend} (perplexity {result.perplexity:g}, PCA {result.pca_dims} dims)")
     emit("average distance between task clusters:")
     emit_frame(result.cluster_summary())
-    if args.out:
+    if args.out is not None:
         write_csv(result.coords, args.out, args.overwrite)
     if args.distances:
         write_csv(result.distances, args.distances, args.overwrite)

@@ -56,14 +56,14 @@ def cmd_finetune(args) -> int:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
     pool = ModelPool.from_yaml(args.pool)
-    if args.save_as and not args.compare:
+    if args.save_as is not None and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
     opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
                 max_task=args.max_task, max_train=args.max_train, device=args.device)
     update, close = tqdm_progress(f"finetune {args.task}")
     try:
         if args.compare:
-            if args.save_as:
+            if args.save_as is not None:
                 raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
             configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
                                        fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
@@ -93,10 +93,10 @@ def cmd_finetune(args) -> int:
     emit_frame(traj[[c for c in TRAJ if c in traj.columns]])
     emit("final")
     emit_frame(comp.to_frame()[FINAL])
-    if args.out:
+    if args.out is not None:
         emit_frame(traj, args.out)
     if not args.no_save:
         emit(f"saved {save_finetune_run(comp)}")
-    if args.save_as and model is not None:
+    if args.save_as is not None and model is not None:
         emit(f"added {args.save_as} to the pool: {save_finetuned(pool, model, args.save_as, run=comp.runs[0])}")
     return 0

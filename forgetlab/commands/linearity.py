@@ -80,7 +80,7 @@ def cmd_linearity(args) -> int:
     note = result.unchanged_note()
     if note:
         emit(note)
-    if args.out:
+    if args.out is not None:
         write_csv(flat, args.out, args.overwrite)
     else:
         emit_frame(flat.drop(columns=["curve", "curve_std"]))
@@ -108,7 +108,7 @@ def cmd_slwm_weights(args) -> int:
     finally:
         close()
     df = w.to_frame()
-    if args.out:
+    if args.out is not None:
         write_csv(df, args.out, args.overwrite)
     else:
         emit_frame(df)

@@ -81,7 +81,7 @@ def _export(args) -> int:
 
     recipe = load_recipe(args.recipe)
     text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
-    if args.out:
+    if args.out is not None:
         emit(f"wrote {write_text_file(args.out, text, overwrite=args.overwrite)}")
     else:
         emit(text.rstrip("\n"))
@@ -123,7 +123,7 @@ def _pcb_search(args) -> int:
         close()
     emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")
     emit("λ = " + ", ".join(f"{v:.4f}" for v in res.lambdas))
-    if args.out:
+    if args.out is not None:
         params = {k: v for k, v in recipe.params.items() if k != "lam"}
         models = [ModelEntry(m.model, {**m.params, "lam": round(v, 6)}) for m, v in zip(recipe.models, res.lambdas)]
         out = type(recipe)(recipe.method, recipe.base, models, params, recipe.dtype, recipe.seed, recipe.name)

@@ -102,7 +102,7 @@ def cmd_taskvec(args) -> int:
     from forgetlab.pool import ModelPool
     from forgetlab.taskvec import cosine_matrix, task_vector_norms
 
-    if args.out:
+    if args.out is not None:
         check_output_file(cosine_path(args.out), args.overwrite)
     pool = ModelPool.from_yaml(args.pool)
     frames = []
@@ -115,7 +115,7 @@ def cmd_taskvec(args) -> int:
         frames.append(norms.by_level().assign(model=name))
     df = pd.concat(frames, ignore_index=True)[["model", "layer", "module", "norm", "relative"]]
     cos = cosine_matrix(pool).to_frame()
-    if args.out:
+    if args.out is not None:
         emit_frame(df, args.out)
         emit(f"wrote {write_text_file(cosine_path(args.out), cos.to_csv(), overwrite=True)}")
     else:

@@ -84,7 +84,7 @@ def cmd_search(args) -> int:
          f"{'' if res.objective != 'constrained' or best.forgetting <= res.max_forgetting else ' (no point met the bound)'}")
     text = yaml.safe_dump(res.best_recipe, sort_keys=False)
     emit(text.rstrip("\n"))
-    if args.out:
+    if args.out is not None:
         emit_frame(frame, args.out)
     if args.save_recipe:
         emit(f"wrote {write_text_file(args.save_recipe, text, overwrite=args.overwrite)}")

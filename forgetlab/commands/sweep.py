@@ -129,7 +129,7 @@ def cmd_sweep(args) -> int:
         emit(f"FAILED {f['series']} {result.x_name}={f['x']:g}: {f['error']}")
     shown = SHOWN + (["generality"] if general_measure != "general_loss" else [])
     emit_frame(frame[shown])
-    if args.out:
+    if args.out is not None:
         emit_frame(frame, args.out)
     if not args.no_save:
         emit(f"saved {sweeps.save_sweep(result)}")
