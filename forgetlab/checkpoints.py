@@ -623,6 +623,12 @@ class LoraCheckpoint(Checkpoint):
             pairs[target] = LoraPair(target, a, b, scale, fan_in_fan_out=fan and not emb, embedding=emb,
                                      magnitude=g.get("mag"), replacement=full.pop(target, None))
             if "B_bias" in g:
+                if not {f"{module}.bias", f"model.{module}.bias", module.removeprefix("model.") + ".bias"} & base_names:
+                    raise CheckpointError(
+                        f"The LoRA adapter {self.ref} was trained with lora_bias=True: it adds a bias to {module}, "
+                        f"which has no bias in the base {self.base.ref}. PEFT cannot merge it into this base either "
+                        "('Impossible to merge LoRA with lora_bias=True because the base layer has no bias'). "
+                        "Retrain the adapter without lora_bias, or pass a base whose layer has a bias.")
                 bias_target = self._match_base_name(module + ".bias", base_names)
                 pairs[bias_target] = LoraPair(bias_target, None, g["B_bias"], scale,
                                               replacement=full.pop(bias_target, None), bias_of=target)

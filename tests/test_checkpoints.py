@@ -235,6 +235,23 @@ def test_lora_variants_equal_peft_merge_and_unload(tiny_llama, tiny_gpt2, tmp_pa
     torch.testing.assert_close(load_model(ckpt, device="cpu")(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-5)
 
 
+def test_lora_bias_on_a_layer_without_bias_is_refused_by_name(tiny_llama, tmp_path):
+    """PEFT cannot merge lora_bias into a bias-less layer (Llama's q_proj); the message must say lora_bias, not
+    'trained on another base'."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from peft import LoraConfig, get_peft_model
+
+        peft_model = get_peft_model(load_model(tiny_llama.base, device="cpu"),
+                                    LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], lora_bias=True))
+    peft_model.save_pretrained(str(tmp_path / "adp"))
+    with pytest.raises(CheckpointError, match="lora_bias=True.*no bias") as info:
+        open_checkpoint(tmp_path / "adp", base=tiny_llama.base).names()
+    assert "another base" not in str(info.value)
+
+
 def test_dora_delta_depends_on_the_base_hand_computed(tmp_path):
     """DoRA by hand on a 2×2 weight: W' = m ⊙ (W0 + s·BA) / ‖W0 + s·BA‖ per row (output feature)."""
     from safetensors.torch import save_file
