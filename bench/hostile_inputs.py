@@ -16,6 +16,7 @@ Prints one markdown table (case | command | exit | message | verdict) and exits 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -59,8 +60,9 @@ def snapshot(root: Path) -> dict[str, str]:
 
 
 def tree_changes(before: dict, after: dict, allowed: tuple[str, ...]) -> list[str]:
-    def ok(path: str) -> bool:
-        return any(path == a or path.startswith(a.rstrip("/") + "/") for a in allowed)
+    def ok(path: str) -> bool:  # `allowed` holds paths or fnmatch patterns; what is below them counts too
+        return any(fnmatch.fnmatchcase(path, a) or fnmatch.fnmatchcase(path, a.rstrip("/") + "/*")
+                   for a in allowed)
 
     problems = [f"new {p}" for p in after if p not in before and not ok(p)]
     problems += [f"changed {p}" for p in before if p in after and after[p] != before[p] and not ok(p)]
@@ -69,8 +71,11 @@ def tree_changes(before: dict, after: dict, allowed: tuple[str, ...]) -> list[st
 
 
 def first_paragraph(text: str) -> str:
+    """The message as a user reads it: from the first 'error:' line on when there is one (after argparse's
+    usage or progress lines), else the whole output; warnings left out."""
     lines = [ln for ln in text.strip().splitlines() if "Warning" not in ln and not ln.startswith("  warnings.warn")]
-    return " ".join(ln.strip() for ln in lines)[:240]
+    start = next((i for i, ln in enumerate(lines) if "error:" in ln), 0)
+    return " ".join(ln.strip() for ln in lines[start:])[:240]
 
 
 class Replay:
@@ -85,29 +90,49 @@ class Replay:
         shutil.copytree(self.fixture, w, symlinks=True)
         return w
 
-    def cli(self, case: str, argv: list[str], *, expect: int = 2, allowed: tuple[str, ...] = (), prepare=None,
+    def cli(self, case: str, argv: list[str], *, expect=2, allowed: tuple[str, ...] = (), prepare=None,
             check=None, must_say: str | None = None, env: dict | None = None, timeout: float = 300,
-            cwd_rel: str = ".") -> None:
+            cwd_rel: str = ".", small_disk: dict | None = None) -> None:
+        """Run `forgetlab argv` in a fresh copy of the pool and judge it. `small_disk` runs it instead on a
+        real full disk: a tmpfs mounted in a private mount namespace (`unshare -rm`), holding a copy of the
+        case folder, filled up to `free` bytes; the snapshots are then taken of that disk."""
         if self.only and self.only not in case:
             return
         w = self.fresh()
         if prepare:
             prepare(w)
-        before = snapshot(w)
-        home = w / ".home"
-        full_env = {**os.environ, "FORGETLAB_HOME": str(home), "PYTHONWARNINGS": "ignore", **(env or {})}
+        beside = sorted(x.name for x in self.work.iterdir())
         start = time.time()
-        try:
-            p = subprocess.run(FORGETLAB + argv, cwd=w / cwd_rel, env=full_env, capture_output=True, text=True,
-                               timeout=timeout)
-            code, out, err = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired:
-            code, out, err = "timeout", "", ""
+        if small_disk is None:
+            before = snapshot(w)
+            full_env = {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore", **(env or {})}
+            try:
+                p = subprocess.run(FORGETLAB + argv, cwd=w / cwd_rel, env=full_env, capture_output=True, text=True,
+                                   timeout=timeout)
+                code, out, err = p.returncode, p.stdout, p.stderr
+            except subprocess.TimeoutExpired:
+                code, out, err = "timeout", "", ""
+            after = snapshot(w)
+            root = w
+        else:
+            root = self.work / f"disk{self.n:03d}"
+            root.mkdir()
+            spec = {"mnt": str(root), "src": str(w), "argv": argv, "cwd_rel": cwd_rel, "timeout": timeout,
+                    "env": env or {}, **small_disk}
+            p = subprocess.run(["unshare", "-rm", sys.executable, str(Path(__file__).resolve()), "--inner",
+                                json.dumps(spec)], capture_output=True, text=True, timeout=timeout + 120)
+            try:
+                res = json.loads(p.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                res = {"code": f"runner failed ({p.returncode})", "out": p.stdout[-500:], "err": p.stderr[-500:],
+                       "before": {}, "after": {}}
+            code, out, err, before, after = res["code"], res["out"], res["err"], res["before"], res["after"]
+            root.rmdir()
         seconds = time.time() - start
-        after = snapshot(w)
         problems = []
-        if code != expect:
-            problems.append(f"exit {code}, expected {expect}")
+        expects = expect if isinstance(expect, tuple) else (expect,)
+        if code not in expects:
+            problems.append(f"exit {code}, expected {' or '.join(map(str, expects))}")
         if "Traceback" in out + err:
             problems.append("traceback")
         msg_text = err if code == 2 else (err + out)
@@ -115,10 +140,15 @@ class Replay:
             problems.append("message of more than one paragraph")
         if must_say and must_say.lower() not in (out + err).lower():
             problems.append(f"message lacks {must_say!r}")
-        problems += tree_changes(before, after, allowed + (".home",))
-        if check:
-            problems += check(w, out, err) or []
-        cmd = " ".join(a if len(a) < 40 else a[:37] + "…" for a in argv)
+        home_ok = (".home",) if small_disk is None or small_disk.get("allow_home") else ()
+        problems += tree_changes(before, after, allowed + home_ok)
+        problems += [f"wrote outside the case folder: {x}" for x in sorted(x.name for x in self.work.iterdir())
+                     if x not in beside]
+        if check:  # on a full disk (gone once its namespace ends) the check gets the snapshot after the run
+            problems += check(after if small_disk else w, out, err) or []
+        cmd = " ".join(repr(a) if not a or not a.isprintable() else a if len(a) < 40 else a[:37] + "…" for a in argv)
+        if small_disk:
+            cmd += f" (full disk, {small_disk.get('free', 0) // 1024} KiB free)"
         self.results.append(Outcome(case, f"`{cmd}`".replace("|", "\\|"), code,
                                     first_paragraph(msg_text).replace("|", "\\|") + f" ({seconds:.1f} s)",
                                     "ok" if not problems else "FAIL: " + "; ".join(problems)))
@@ -154,18 +184,9 @@ def write_yaml(path: Path, data) -> Path:
 
 def make_adapter(base: Path, out: Path, **lora) -> dict:
     """A PEFT adapter with every trainable tensor randomised; returns merge_and_unload()'s state dict."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+    from peft import LoraConfig
 
-    model = AutoModelForCausalLM.from_pretrained(str(base))
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, **lora))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for _, p in peft_model.named_parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
-    peft_model.save_pretrained(str(out))
+    peft_model = save_peft(base, out, LoraConfig(r=4, lora_alpha=8, **lora))
     return {k: v.detach().clone() for k, v in peft_model.merge_and_unload().state_dict().items()}
 
 
@@ -464,6 +485,475 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
         return f"exit codes {codes}; refused: {refused[0][:160] if refused else '-'}", problems
     r.api("two --overwrite merges at once", concurrent)
 
+    more_cases(r)
+
+
+def dead_pid() -> int:
+    """The id of a process that has just ended (for temporaries 'left by a killed run')."""
+    q = subprocess.Popen(["true"])
+    q.wait()
+    return q.pid
+
+
+def peft_reference(base: Path, adapter: Path) -> dict:
+    """PEFT's merged weights for an adapter saved on disk, loaded the way a user loads it."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base))
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    return {k: v.detach().float().clone() for k, v in merged.state_dict().items()}
+
+
+def save_peft(base: Path, out: Path, config, randomise: bool = True):
+    """Save a PEFT adapter of `config` on `base`, every trainable tensor moved away from its initial value;
+    returns the PeftModel."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base))
+    peft_model = get_peft_model(model, config)
+    if randomise:
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for _, p in peft_model.named_parameters():
+                if p.requires_grad:
+                    p.add_(0.1 * torch.randn(p.shape, generator=g))
+    peft_model.save_pretrained(str(out))
+    return peft_model
+
+
+_ZOO: Path | None = None
+
+
+def zoo_home(work: Path) -> Path:
+    """A FORGETLAB_HOME holding the tiny pico zoo, built once through the CLI (about a minute)."""
+    global _ZOO
+    if _ZOO is None:
+        _ZOO = work / "zoofix" / ".home"
+        _ZOO.mkdir(parents=True)
+        subprocess.run(FORGETLAB + ["zoo", "build", "--size", "tiny"], cwd=_ZOO.parent, capture_output=True,
+                       check=True, env={**os.environ, "FORGETLAB_HOME": str(_ZOO), "PYTHONWARNINGS": "ignore"})
+    return _ZOO
+
+
+def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
+    """Cases added to the first replay: every remaining line of the issue, and neighbours of each."""
+    merge = ["merge", "ties.yaml"]
+    env_of = lambda w: {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore"}  # noqa: E731
+
+    def own_merge(w, name="out"):
+        subprocess.run(FORGETLAB + merge + [name], cwd=w, capture_output=True, check=True, env=env_of(w))
+
+    # --overwrite: forgetlab's own output that holds an input, a link to its own output, an input without it
+    def out_holds_input(w):
+        own_merge(w)
+        shutil.copytree(w / "ft0", w / "out" / "ft0copy")
+        write_yaml(w / "in2.yaml", {"method": "ties", "base": "base", "models": ["out/ft0copy", "ft1"]})
+    r.cli("merge --overwrite onto forgetlab's own merge that holds an input", ["merge", "in2.yaml", "out",
+                                                                             "--overwrite"],
+          prepare=out_holds_input, must_say="input")
+
+    def link_to_own(w):
+        own_merge(w)
+        (w / "link2").symlink_to(w / "out")
+    r.cli("merge --overwrite onto a symlink to forgetlab's own merge", merge + ["link2", "--overwrite"],
+          prepare=link_to_own, must_say="link")
+    r.cli("merge onto an input folder without --overwrite", merge + ["base"], must_say="exists")
+    r.cli("merge --overwrite onto the base (an input, not forgetlab's)", merge + ["base", "--overwrite"])
+
+    # stale temporaries: forgetlab's own are removed by the next run, look-alikes of the user's are kept
+    def stale(w):
+        pid = dead_pid()
+        ours = w / f".out.tmp-{pid}-abc123"
+        ours.mkdir()
+        (ours / ".forgetlab-partial").write_text("")
+        (ours / "model-00001-of-00002.safetensors").write_bytes(b"\0" * 4096)
+        mine = w / f".out.tmp-{pid}-mine"
+        mine.mkdir()
+        (mine / "thesis.tex").write_text("years of work")
+        old = w / f".out.old-{pid}-mine"
+        old.mkdir()
+        (old / "notes.txt").write_text("mine")
+        (w / "ours.txt").write_text(ours.name)
+
+    def stale_gone(w, out, err):
+        ours = w / (w / "ours.txt").read_text()
+        return ["forgetlab's own stale temporary was not removed"] if ours.exists() else []
+    r.cli("stale .out.tmp-* of a killed merge removed, user look-alikes kept", merge + ["out"], expect=0,
+          prepare=stale, allowed=("out", ".out.tmp-*-abc123"), check=stale_gone)
+
+    def user_lock(w):
+        (w / ".out.lock").write_text("my notes in a file that happens to be called .out.lock\n")
+    r.cli("a user's file named like the merge's lock file is kept", merge + ["out"], expect=0, prepare=user_lock,
+          allowed=("out",))
+
+    # --out: --overwrite replaces, a second file (the cosine table) that exists is not silently replaced
+    def afile(w):
+        (w / "notes.txt").write_text("mine")
+    r.cli("taskvec --out onto an existing file with --overwrite (replaced)",
+          ["taskvec", "pool.yaml", "--out", "notes.txt", "--overwrite"], expect=0, prepare=afile,
+          allowed=("notes.txt", "notes.cosine.csv", "notes.txt.cosine.csv"))
+
+    def cosine_exists(w):
+        (w / "norms.cosine.csv").write_text("my own cosine table\n")
+    r.cli("taskvec --out norms.csv when norms.cosine.csv exists", ["taskvec", "pool.yaml", "--out", "norms.csv"],
+          prepare=cosine_exists)
+    r.cli("--out into a folder that does not exist (eval)", ["eval", "pool.yaml", "--out", "nope/x.csv"])
+    r.cli("finetune --out into a folder that does not exist",
+          ["finetune", "pool.yaml", "--task", "math", "--steps", "2", "--out", "nope/x.csv", "--no-save"])
+
+    # names that would leave the folder the user chose, or replace a pool model
+    ft = ["finetune", "pool.yaml", "--task", "math", "--steps", "2", "--max-general", "2", "--max-task", "2",
+          "--no-save"]
+    for label, name in [("../escape", "../escape"), ("'.'", "."), ("a NUL", "a\0b"),
+                        ("the name of an existing pool model", "ft0"), ("an empty name", "")]:
+        if "\0" in name:  # a NUL cannot pass through argv; the API must refuse it
+            continue
+        r.cli(f"finetune --save-as {label}", ft + ["--save-as", name])
+
+    def escaping_pool(w):
+        text = (w / "pool.yaml").read_text().replace("name: tiny-llama", "name: ../../../escape-pool")
+        (w / "pool.yaml").write_text(text)
+    r.cli("pool name with ../ (a saved sweep run stays in the workspace)",
+          ["sweep", "alpha", "pool.yaml", "--model", "ft0", "--task", "math", "--max-general", "1", "--max-task", "1",
+           "--alphas", "0,1"], expect=(0, 2), prepare=escaping_pool,
+          check=lambda w, o, e: [f"wrote outside: {x}" for x in ("escape-pool",) if (w.parent / x).exists()
+                                 or (w / x).exists()])
+
+    # numbers
+    for label, extra in [("--steps 0", ["--steps", "0"]), ("--steps -5", ["--steps", "-5"]),
+                         ("--lr nan", ["--lr", "nan"]), ("--lr -1", ["--lr", "-1"]),
+                         ("--batch-size 0", ["--batch-size", "0"]),
+                         ("--optimizer mofo --fraction 1.5", ["--optimizer", "mofo", "--fraction", "1.5"]),
+                         ("--eval-every 0", ["--eval-every", "0"]), ("--max-train -1", ["--max-train", "-1"]),
+                         ("--device tpu9", ["--device", "tpu9"])]:
+        r.cli(f"finetune {label}", ["finetune", "pool.yaml", "--task", "math", "--no-save"] + extra)
+    alpha = ["sweep", "alpha", "pool.yaml", "--model", "ft0", "--task", "math", "--no-save"]
+    r.cli("sweep --batch-size -1", alpha + ["--batch-size", "-1"])
+    r.cli("sweep --limit -1", alpha + ["--limit", "-1"])
+    r.cli("eval --limit -1", ["eval", "pool.yaml", "--limit", "-1"])
+    r.cli("eval --device tpu9", ["eval", "pool.yaml", "--device", "tpu9"])
+
+    # pools
+    for label, text in [("an empty pool file", ""), ("models as a string", None), ("a missing base", None),
+                        ("a !!python tag", "name: x\nbase: !!python/object/apply:os.system ['touch PWNED']\n"),
+                        ("a list instead of a mapping", "- base\n- ft0\n"),
+                        ("bytes that are not UTF-8", None)]:
+        def pool_file(w, text=text, label=label):
+            if label == "models as a string":
+                text = (w / "pool.yaml").read_text().replace("models:\n  ft0: ft0\n  ft1: ft1", "models: ft0")
+                assert "models: ft0" in text
+            elif label == "a missing base":
+                text = (w / "pool.yaml").read_text().replace("base: base", "base: nosuch")
+            if label.startswith("bytes"):
+                (w / "pool.yaml").write_bytes(b"name: \xff\xfe\xfa\nbase: base\n")
+            else:
+                (w / "pool.yaml").write_text(text)
+        r.cli(f"pool with {label}", ["taskvec", "pool.yaml"], prepare=pool_file,
+              check=lambda w, o, e: ["the !!python tag ran"] if (w / "PWNED").exists() else [])
+
+    # recipes and mergekit YAML
+    for label, text in [("a !!python tag", "method: ties\nbase: !!python/object/apply:os.system ['touch PWNED']\n"
+                                           "models: [ft0]\n"),
+                        ("a list instead of a mapping", "- ties\n- base\n"), ("an empty file", ""),
+                        ("an unknown method", "method: nosuch\nbase: base\nmodels: [ft0]\n"),
+                        ("density .nan", "method: ties\nbase: base\nmodels: [ft0, ft1]\nparams: {density: .nan}\n"),
+                        ("lam .inf", "method: task_arithmetic\nbase: base\nmodels: [ft0, ft1]\nparams: {lam: .inf}\n"),
+                        ("params as a list", "method: ties\nbase: base\nmodels: [ft0]\nparams: [1, 2]\n"),
+                        ("a model listed twice under one name", "method: ties\nbase: base\nmodels: [ft0, ft0]\n"),
+                        ("a missing model", "method: ties\nbase: base\nmodels: [ft0, nosuch]\n"),
+                        ("mergekit models as a string", "merge_method: ties\nbase_model: base\nmodels: ft0\n"),
+                        ("mergekit unknown merge_method", "merge_method: nosuch\nbase_model: base\n"
+                                                          "models:\n  - model: ft0\n"),
+                        ("mergekit base_model as a list", "merge_method: ties\nbase_model: [base]\n"
+                                                          "models:\n  - model: ft0\n")]:
+        def recipe_file(w, text=text):
+            (w / "r.yaml").write_text(text)
+        r.cli(f"recipe with {label}", ["merge", "r.yaml", "out"], prepare=recipe_file,
+              expect=(0, 2) if "listed twice" in label else 2, allowed=("out",) if "listed twice" in label else (),
+              check=lambda w, o, e: ["the !!python tag ran"] if (w / "PWNED").exists() else [])
+
+    # checkpoints: hostile pickle, truncated or lying headers, garbage files
+    def evil_bin(w):
+        import pickle
+        d = w / "evil"
+        d.mkdir()
+        shutil.copy(w / "ft0" / "config.json", d / "config.json")
+
+        class Boom:
+            def __reduce__(self):
+                return (os.system, (f"touch {w / 'PWNED'}",))
+        (d / "pytorch_model.bin").write_bytes(pickle.dumps({"model.norm.weight": Boom()}))
+        write_yaml(w / "evil.yaml", {"method": "ties", "base": "base", "models": ["evil", "ft1"]})
+    no_pwn = lambda w, o, e: ["the pickle ran"] if (w / "PWNED").exists() else []  # noqa: E731
+    r.cli("inspect of a pytorch_model.bin holding a hostile pickle", ["inspect", "evil", "--tensors"], prepare=evil_bin,
+          check=no_pwn)
+    r.cli("merge of a pytorch_model.bin holding a hostile pickle", ["merge", "evil.yaml", "out"], prepare=evil_bin,
+          check=no_pwn)
+
+    def truncated(w):
+        f = w / "ft1" / "model.safetensors"
+        f.write_bytes(f.read_bytes()[:4000])
+    r.cli("merge of a truncated safetensors file", merge + ["out"], prepare=truncated)
+
+    def lying_header(w):
+        import struct
+        f = w / "ft1" / "model.safetensors"
+        data = f.read_bytes()
+        f.write_bytes(struct.pack("<Q", 2 ** 40) + data[8:])
+    r.cli("inspect of a safetensors file whose header length is 1 TiB", ["inspect", "ft1"], prepare=lying_header)
+
+    def garbage_gguf(w):
+        (w / "m.gguf").write_bytes(b"GGUF" + os.urandom(200))
+    r.cli("inspect of a garbage .gguf file", ["inspect", "m.gguf"], prepare=garbage_gguf)
+
+    def config_only(w):
+        (w / "cfgonly").mkdir()
+        shutil.copy(w / "ft0" / "config.json", w / "cfgonly" / "config.json")
+    r.cli("inspect of a folder with config.json only", ["inspect", "cfgonly"], prepare=config_only)
+
+    def bad_config_json(w):
+        (w / "ft1" / "config.json").write_text("{not json")
+    r.cli("merge of a model whose config.json is malformed", merge + ["out"], prepare=bad_config_json,
+          expect=(0, 2), allowed=("out",))
+
+    # adapters pointing at themselves, at each other, at nothing; adapter files that lie
+    def adapter(w, config, name="bad", rows=32):
+        import torch
+        from safetensors.torch import save_file
+        d = w / name
+        d.mkdir()
+        (d / "adapter_config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+        save_file({"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(2, 32),
+                   "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": torch.ones(rows, 2)},
+                  str(d / "adapter_model.safetensors"))
+
+    def self_abs(w):
+        adapter(w, {"r": 2, "base_model_name_or_path": str(w / "bad")})
+    r.cli("adapter whose base is itself (absolute path)", ["inspect", "bad"], prepare=self_abs)
+    r.cli("merge with an adapter whose base is itself", ["merge", "r.yaml", "out"],
+          prepare=lambda w: (self_abs(w), write_yaml(w / "r.yaml", {"method": "ties", "models": ["bad"]})))
+
+    def mutual_abs(w):
+        adapter(w, {"r": 2, "base_model_name_or_path": str(w / "b")}, "a")
+        adapter(w, {"r": 2, "base_model_name_or_path": str(w / "a")}, "b")
+    r.cli("two adapters naming each other (absolute paths)", ["inspect", "a"], prepare=mutual_abs)
+
+    def mutual_rel(w):  # relative to the adapter folder, as a user who moved both would write it
+        adapter(w, {"r": 2, "base_model_name_or_path": "../b"}, "a")
+        adapter(w, {"r": 2, "base_model_name_or_path": "../a"}, "b")
+    r.cli("two adapters naming each other (run from inside a)", ["inspect", "."], prepare=mutual_rel, cwd_rel="a")
+    r.cli("adapter whose base does not exist", ["inspect", "bad"],
+          prepare=lambda w: adapter(w, {"r": 2, "base_model_name_or_path": str(w / "nosuch")}))
+    r.cli("adapter whose lora_B does not fit the base", ["inspect", "bad", "--base", "base", "--tensors"],
+          prepare=lambda w: adapter(w, {"r": 2, "base_model_name_or_path": "../base"}, rows=64))
+    r.cli("taskvec of a pool with an adapter whose lora_B does not fit the base", ["taskvec", "p2.yaml"],
+          prepare=lambda w: (adapter(w, {"r": 2, "base_model_name_or_path": str(w / "base")}, rows=64),
+                             (w / "p2.yaml").write_text((w / "pool.yaml").read_text().replace(
+                                 "  ft1: ft1", "  ft1: ft1\n  bad:\n    adapter: bad"))))
+    r.cli("adapter_config.json that is a JSON list", ["inspect", "bad", "--base", "base"],
+          prepare=lambda w: adapter(w, "[1, 2, 3]"))
+    r.cli("adapter with lora_alpha .nan-like string", ["inspect", "bad", "--base", "base"],
+          prepare=lambda w: adapter(w, {"r": 2, "lora_alpha": "NaN"}))
+
+    def no_weights(w):
+        adapter(w, {"r": 2, "base_model_name_or_path": "../base"})
+        (w / "bad" / "adapter_model.safetensors").unlink()
+    r.cli("adapter folder without its weights", ["inspect", "bad", "--base", "base"], prepare=no_weights)
+
+    # adapter variants read right (against PEFT, loaded from disk) or refused with a message
+    def variant(family: str, make_config, refuse: str | None = None):
+        def fn(w):
+            from forgetlab.checkpoints import open_checkpoint
+            from forgetlab.errors import ForgetlabError
+            root = w / "gpt2pool" if family == "gpt2" else w
+            if family == "gpt2":
+                from tests.conftest import make_tiny_pool
+                make_tiny_pool(root, "gpt2")
+            save_peft(root / "base", w / "adp", make_config())
+            base = open_checkpoint(root / "base")
+            try:
+                ckpt = open_checkpoint(w / "adp", base=base)
+                names = ckpt.names()
+                deltas = {n: ckpt.delta(n) for n in names}
+            except ForgetlabError as exc:
+                msg = str(exc)
+                if refuse is None:
+                    return f"refused: {msg[:200]}", ["refused an adapter PEFT merges"]
+                return f"refused: {msg[:200]}", ([] if refuse.lower() in msg.lower() else [f"message lacks {refuse!r}"])
+            if refuse is not None:
+                return "accepted", [f"accepted an adapter it should refuse ({refuse})"]
+            ref = peft_reference(root / "base", w / "adp")
+            err, compared = 0.0, 0
+            for n in names:
+                if n in ref:
+                    compared += 1
+                    err = max(err, float((deltas[n] - (ref[n] - base.read(n))).abs().max()))
+            missing = sorted(set(ref) - set(names) - {"lm_head.weight"})
+            problems = [] if err < 1e-5 else ["differs from PEFT"]
+            problems += [f"tensors PEFT has but forgetlab lacks: {missing[:3]}"] if missing else []
+            return (f"max \\|τ − (merge_and_unload − θ0)\\| = {err:.2e} over {compared} tensors", problems)
+        return fn
+
+    from peft import IA3Config, LoHaConfig, LoraConfig
+    r.api("GPT-2 LoRA on Conv1D (fan_in_fan_out) vs PEFT", variant(
+        "gpt2", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True)))
+    r.api("GPT-2 DoRA on Conv1D vs PEFT", variant(
+        "gpt2", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], fan_in_fan_out=True,
+                                   use_dora=True)))
+    r.api("GPT-2 LoRA on wte (tied lm_head) vs PEFT", variant(
+        "gpt2", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["wte", "c_attn"], fan_in_fan_out=True)))
+    # Llama's q/v projections have no bias: PEFT's merge_and_unload raises on this adapter ("Impossible to merge
+    # LoRA with lora_bias=True"), so forgetlab must refuse it by name (with biases it is read like PEFT: tests)
+    r.api("LoRA with lora_bias on a base without biases refused", variant(
+        "llama", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_bias=True),
+        refuse="lora_bias"))
+    r.api("modules_to_save on embed_tokens vs PEFT", variant(
+        "llama", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], modules_to_save=["embed_tokens"])))
+    r.api("DoRA on embed_tokens vs PEFT", variant(
+        "llama", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["embed_tokens", "q_proj"], use_dora=True)))
+    r.api("LoRA with alpha_pattern and rank_pattern vs PEFT", variant(
+        "llama", lambda: LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                    rank_pattern={"down_proj": 2}, alpha_pattern={"v_proj": 32})))
+    r.api("IA3 adapter refused", variant("llama", lambda: IA3Config(target_modules=["k_proj", "down_proj"],
+                                                                     feedforward_modules=["down_proj"]),
+                                         refuse="IA3"))
+    r.api("LoHa adapter refused", variant("llama", lambda: LoHaConfig(r=4, target_modules=["q_proj"]),
+                                          refuse="LOHA"))
+    r.api("LoRA with trainable_token_indices refused", variant(
+        "llama", lambda: LoraConfig(r=4, target_modules=["q_proj"], trainable_token_indices=[1, 2]),
+        refuse="trainable"))
+    r.api("PiSSA-initialised LoRA (base rewritten) refused", variant(
+        "llama", lambda: LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights="pissa"), refuse="pissa"))
+
+    # the "wrong without an error" lines that have no CLI form
+    def api_rules(w):
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        import forgetlab.train as ftrain
+        from forgetlab.merge.fapm import ADAPTER_RATIO, fapm_mask
+        from forgetlab.merge.interpolation import block_of
+        from forgetlab.train.mofo import unfiltered_parameters
+        problems, said = [], []
+        sizes = [sum(1 for i in range(32) if block_of(i, 32, 3) == b) for b in range(3)]
+        said.append(f"HMA 32 layers → {sizes}")
+        problems += [] if sizes == [11, 10, 11] else ["HMA split differs from the MoFO rebuttal's 11/10/11"]
+        m = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=50))
+        free = unfiltered_parameters(m)
+        lns = {n for n, _ in m.named_parameters() if ".ln_" in n or n.startswith("transformer.ln_f")}
+        said.append(f"MoFO GPT-2 LayerNorms unfiltered: {lns <= free}")
+        problems += [] if lns <= free else [f"MoFO filters {sorted(lns - free)[:2]}"]
+        kept = float(fapm_mask(torch.randn(100), torch.zeros(100), ratio=0.5).float().mean())
+        said.append(f"FAPM on an all-zero base keeps {kept:.2f} at ratio 0.5")
+        problems += [] if abs(kept - 0.5) < 0.05 else ["FAPM on a zero base keeps nothing"]
+        said.append(f"FAPM adapter ratio {ADAPTER_RATIO}")
+        problems += [] if ADAPTER_RATIO < 0.9 else ["adapters share FAPM's 0.9"]
+        said.append(f"forgetlab.train.MoFO exported: {hasattr(ftrain, 'MoFO')}")
+        problems += [] if hasattr(ftrain, "MoFO") else ["forgetlab.train.MoFO missing"]
+        from forgetlab.errors import ParameterError
+        from forgetlab.merge.workflow import check_merge_name
+        for name in ("abc\n", "a\x01b", "a\x00b", "x" * 300, "../up"):
+            try:
+                check_merge_name(name)
+                problems.append(f"check_merge_name accepts {name[:10]!r}")
+            except ParameterError:
+                pass
+        said.append("check_merge_name refuses control characters, NUL, 300 characters, ../")
+        return "; ".join(said), problems
+    r.api("API rules: HMA split, MoFO norms, FAPM zero base, adapter ratio, MoFO export, merge names", api_rules)
+
+    def save_nul(w):
+        from forgetlab.errors import ForgetlabError
+        from forgetlab.pool import ModelPool
+        from forgetlab.train.runs import save_finetuned
+        pool = ModelPool.from_yaml(w / "pool.yaml")
+        before = snapshot(w)
+        problems, said = [], []
+        for name in ("a\x00b", "n" * 300, "abc\n"):
+            try:
+                save_finetuned(pool, pool.load("ft0"), name)
+                problems.append(f"saved under {name[:10]!r}")
+            except ForgetlabError as exc:
+                said.append(str(exc)[:70])
+            except Exception as exc:  # noqa: BLE001
+                problems.append(f"{type(exc).__name__} for {name[:10]!r}")
+        problems += tree_changes(before, snapshot(w), ())
+        return " / ".join(said), problems
+    r.api("save_finetuned (the app's Save button) with NUL, 300 characters, newline", save_nul)
+
+    # the zoo keeps what the user added to its pool and folder across a rebuild
+    def user_additions(w):
+        shutil.copytree(zoo_home(r.work), w / ".home", symlinks=True)
+        z = w / ".home" / "zoo" / "pico-tiny"
+        text = (z / "pool.yaml").read_text()
+        text = "# my comment about this zoo\n" + text.replace("models:\n", f"models:\n  mine: {w / 'ft0'}\n", 1)
+        (z / "pool.yaml").write_text(text + "my_key: kept\n")
+        (z / "mynotes").mkdir()
+        (z / "mynotes" / "notes.txt").write_text("mine")
+
+    def additions_kept(w, out, err):
+        z = w / ".home" / "zoo" / "pico-tiny"
+        text = (z / "pool.yaml").read_text()
+        problems = [f"{what} dropped" for what, s in [("comment", "# my comment"), ("user model", "mine:"),
+                                                      ("user key", "my_key: kept")] if s not in text]
+        problems += [] if (z / "mynotes" / "notes.txt").is_file() else ["user folder mynotes removed"]
+        problems += [f"leftover {p.name}" for p in z.iterdir() if ".tmp" in p.name]
+        return problems
+    r.cli("zoo build --force keeps the user's models, comments, keys and folders", ["zoo", "build", "--size", "tiny",
+                                                                                  "--force"],
+          expect=0, prepare=user_additions, check=additions_kept, timeout=600)
+
+    # a full disk (a real one: a small tmpfs in a private mount namespace)
+    def no_temps(after, out, err):
+        return [f"leftover {p}" for p in after if ".tmp-" in p or ".old-" in p]
+    r.cli("merge onto a full disk", merge + ["out"], small_disk={"free": 64 * 1024}, must_say="no space",
+          check=no_temps)
+    r.cli("merge --overwrite onto a full disk (the old merge kept)", merge + ["out", "--overwrite"],
+          small_disk={"free": 64 * 1024, "pre": [merge + ["out"]]}, must_say="no space", check=no_temps)
+    r.cli("taskvec --out onto a full disk", ["taskvec", "pool.yaml", "--out", "norms.csv"],
+          small_disk={"free": 0}, must_say="no space", check=no_temps)
+    r.cli("sweep saving its run onto a full disk", ["sweep", "alpha", "pool.yaml", "--model", "ft0", "--task", "math",
+                                                    "--max-general", "1", "--max-task", "1", "--alphas", "0,1"],
+          small_disk={"free": 0}, must_say="no space", check=no_temps)
+    r.cli("finetune --save-as onto a full disk", ft + ["--save-as", "mine"], small_disk={"free": 0},
+          must_say="no space", check=no_temps)
+    r.cli("zoo build onto a full disk", ["zoo", "build", "--size", "tiny"], small_disk={"free": 256 * 1024, "allow_home": True},
+          must_say="no space", check=no_temps, timeout=600)
+
+
+def small_disk_inner(spec: dict) -> None:
+    """Inside `unshare -rm`: mount a tmpfs, copy the case there, fill it, run, and print the outcome as JSON."""
+    mnt = Path(spec["mnt"])
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={spec.get('size', '48m')}", "tmpfs", str(mnt)], check=True)
+    w = mnt / "case"
+    shutil.copytree(spec["src"], w, symlinks=True)
+    env = {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore", **spec["env"]}
+    for pre in spec.get("pre", []):
+        subprocess.run(FORGETLAB + pre, cwd=w, env=env, capture_output=True, check=True)
+    filler = mnt / "filler"
+    with open(filler, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+        except OSError:
+            pass
+    size = filler.stat().st_size
+    os.truncate(filler, max(0, size - spec.get("free", 0)))
+    before = snapshot(w)
+    try:
+        p = subprocess.run(FORGETLAB + spec["argv"], cwd=w / spec["cwd_rel"], env=env, capture_output=True, text=True,
+                           timeout=spec["timeout"])
+        code, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        code, out, err = "timeout", "", ""
+    after = snapshot(w)
+    print(json.dumps({"code": code, "out": out.replace(str(w), "…/disk"), "err": err.replace(str(w), "…/disk"),
+                      "before": before, "after": after}))
+
 
 _BIG: Path | None = None
 
@@ -493,7 +983,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     ap.add_argument("--only", help="only cases whose name contains this")
+    ap.add_argument("--inner", help=argparse.SUPPRESS)  # the full-disk runner, inside its mount namespace
     args = ap.parse_args()
+    if args.inner:
+        small_disk_inner(json.loads(args.inner))
+        return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="hostile-"))
     work.mkdir(parents=True, exist_ok=True)
     fixture = make_fixture(work / "fixture")
