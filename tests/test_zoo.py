@@ -124,6 +124,20 @@ def test_code_answers_are_what_python_evaluates():
     assert len(kinds) >= 8                                                 # many templates are drawn
 
 
+def test_basic_code_level_draws_only_the_learnable_templates_with_python_answers():
+    full = make_task("code", n_train=300, n_probe=10, n_eval=50)
+    t = make_task("code", n_train=300, n_probe=10, n_eval=50, code_level="basic")
+    assert t != full
+    for p in t.train + t.eval:
+        expr = p.prompt[4:-1]
+        assert p.answer == _python_value(expr), expr
+        assert not re.search(r"sorted|sum|upper|::-1|%|\*", expr), expr    # the hard kinds are left out
+    kinds = {re.sub(r"\d+", "N", p.prompt) for p in t.train}
+    assert any(k.startswith(">>> max(") for k in kinds) and any("x = N; x - N" in k for k in kinds)
+    with pytest.raises(ParameterError, match="code level"):
+        make_task("code", n_train=3, n_probe=1, n_eval=1, code_level="hard")
+
+
 def test_velari_lexicon_is_fixed_injective_and_eval_words_are_trained():
     lex = velari_lexicon()
     assert lex == velari_lexicon() and len(set(lex.values())) == len(lex)

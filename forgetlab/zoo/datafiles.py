@@ -52,7 +52,8 @@ def make_data(spec: ZooSpec, progress: Progress = None) -> ZooData:
     wiki = load_wiki_split(heldout_fraction=d.heldout_fraction, seed=d.wiki_seed,
                            max_train_chars=d.wiki_train_chars, max_heldout_chars=d.wiki_heldout_chars)
     report(progress, 0.8, "generating tasks")
-    tasks = {t: make_task(t, n_train=d.n_train, n_probe=d.n_probe, n_eval=d.n_eval) for t in spec.tasks}
+    tasks = {t: make_task(t, n_train=d.n_train, n_probe=d.n_probe, n_eval=d.n_eval, code_level=d.code_level)
+             for t in spec.tasks}
     report(progress, 1.0, "data ready")
     return ZooData(wiki=wiki, tasks=tasks)
 

@@ -75,7 +75,10 @@ def _fmt(xs: list[int]) -> str:
     return "[" + ", ".join(str(x) for x in xs) + "]"
 
 
-def _code_templates() -> list[Callable[[random.Random], tuple[str, str]]]:
+def _code_templates(level: str = "full") -> list[Callable[[random.Random], tuple[str, str]]]:
+    """The code task's expression templates. `full`: twelve kinds, string and list manipulation included;
+    `basic`: the seven a ~1 M-parameter model learns from a little pretraining text (max, min, len, indexing,
+    abs, a conditional, one-digit + and −): the pico zoo's, so that its fine-tunes reach a real exact match."""
     def max_(r):
         a, b = r.randint(0, 99), r.randint(0, 99)
         return f"max({a}, {b})", str(max(a, b))
@@ -111,7 +114,7 @@ def _code_templates() -> list[Callable[[random.Random], tuple[str, str]]]:
 
     def assign_(r):
         a, b = r.randint(1, 9), r.randint(1, 9)
-        op = r.choice("+*-")
+        op = r.choice("+*-" if level == "full" else "+-")
         value = {"+": a + b, "*": a * b, "-": a - b}[op]
         return f"x = {a}; x {op} {b}", str(value)
 
@@ -127,15 +130,21 @@ def _code_templates() -> list[Callable[[random.Random], tuple[str, str]]]:
         a, b = r.randint(10, 99), r.randint(2, 9)
         return f"{a} % {b}", str(a % b)
 
+    if level == "basic":
+        return [max_, min_, len_, index_, assign_, cond_, abs_]
     return [max_, min_, len_, sum_, sorted_, index_, upper_, reverse_, assign_, cond_, abs_, mod_]
 
 
-_CODE_TEMPLATES = _code_templates()
+CODE_LEVELS = ("full", "basic")
+_CODE_TEMPLATES = {level: _code_templates(level) for level in CODE_LEVELS}
 
 
-def code_pair(rng: random.Random) -> TaskPair:
-    """One small Python expression and the value Python prints for it (checked by evaluating it)."""
-    expr, value = rng.choice(_CODE_TEMPLATES)(rng)
+def code_pair(rng: random.Random, level: str = "full") -> TaskPair:
+    """One small Python expression of the `level`'s templates (`_code_templates`) and the value Python prints
+    for it (checked by evaluating it)."""
+    if level not in _CODE_TEMPLATES:
+        raise ParameterError(f"Unknown code level {level!r}; choose one of: {', '.join(CODE_LEVELS)}.")
+    expr, value = rng.choice(_CODE_TEMPLATES[level])(rng)
     return TaskPair(prompt=f">>> {expr}\n", answer=value)
 
 
@@ -286,8 +295,10 @@ _GENERATORS: dict[str, Callable[[random.Random], TaskPair]] = {
 }
 
 
-def make_task(name: str, *, n_train: int, n_probe: int, n_eval: int, seed: int | None = None) -> TaskSplits:
-    """Generate task `name` with disjoint eval, probe and train splits (by prompt), deterministic in `seed`.
+def make_task(name: str, *, n_train: int, n_probe: int, n_eval: int, seed: int | None = None,
+              code_level: str = "full") -> TaskSplits:
+    """Generate task `name` with disjoint eval, probe and train splits (by prompt), deterministic in `seed`
+    (`code_level` picks the code task's templates: `code_pair`).
 
     Candidates are drawn from a `random.Random(seed)` until enough distinct prompts exist (or the task's space
     is exhausted), then cut in the order eval, probe, train.
@@ -299,7 +310,7 @@ def make_task(name: str, *, n_train: int, n_probe: int, n_eval: int, seed: int |
             raise ParameterError(f"{label} must be a positive integer; got {n}.")
     seed = TASK_SEEDS[name] if seed is None else int(seed)
     rng = random.Random(seed)
-    gen = _GENERATORS[name]
+    gen = functools.partial(code_pair, level=code_level) if name == "code" else _GENERATORS[name]
     need = n_train + n_probe + n_eval
     seen: dict[str, TaskPair] = {}
     misses = 0  # consecutive draws of a known prompt; many in a row mean the task's space is exhausted

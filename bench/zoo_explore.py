@@ -1,0 +1,82 @@
+"""Explore pico zoo settings (docs/zoo.md, "Format 2"): pretrain a base with the pico default preset changed by
+KEY=VALUE overrides, print its held-out loss, answer loss and greedy answer prefix accuracy per task (the share
+of eval prompts whose greedy continuation starts with the answer: what a fine-tune that only learns to stop can
+reach), then fine-tune it on each task and print D(θ, θ0), the scorecard and Δ held-out loss.
+
+    python bench/zoo_explore.py NAME [share=0.5] [psteps=1400] [plr=…] [plen=…] [pbatch=…] [hidden=…]
+        [inter=…] [layers=…] [form=prompt|prose] [code=full|basic] [fsteps=…] [flr=…] [ft=0] [threads=1]
+
+Works in /tmp/zoo_explore/NAME by default (--root to change; the base is kept there and reused)."""
+import copy, json, sys, time
+from dataclasses import replace
+from pathlib import Path
+import torch
+from forgetlab.zoo.presets import get_spec, EvalSpec
+from forgetlab.zoo.datafiles import read_data
+from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
+from forgetlab.zoo.training import pretrain, finetune, score
+from forgetlab.taskvec import distance
+
+args = [a for a in sys.argv[1:] if not a.startswith("--root=")]
+roots = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--root=")]
+name = args[0]
+kv = dict(a.split("=", 1) for a in args[1:])
+torch.set_num_threads(int(kv.pop("threads", 1)))
+spec = get_spec("pico", "default")
+def f(k, d): return type(d)(kv[k]) if k in kv else d
+data = replace(spec.data, skill_share=f("share", spec.data.skill_share), skill_form=f("form", spec.data.skill_form), code_level=f("code", spec.data.code_level))
+pre = replace(spec.pretrain, steps=f("psteps", spec.pretrain.steps), lr=f("plr", spec.pretrain.lr),
+              max_length=f("plen", spec.pretrain.max_length), batch_size=f("pbatch", spec.pretrain.batch_size))
+shape = replace(spec.shape, hidden_size=f("hidden", spec.shape.hidden_size),
+                intermediate_size=f("inter", spec.shape.intermediate_size),
+                num_hidden_layers=f("layers", spec.shape.num_hidden_layers))
+ft = replace(spec.finetune, steps=f("fsteps", spec.finetune.steps), lr=f("flr", spec.finetune.lr))
+spec = replace(spec, data=data, pretrain=pre, shape=shape, finetune=ft)
+out = Path(roots[0] if roots else "/tmp/zoo_explore") / name
+out.mkdir(parents=True, exist_ok=True)
+log = open(out / "log.txt", "a")
+def say(*a):
+    s = " ".join(str(x) for x in a); print(s, flush=True); log.write(s + "\n"); log.flush()
+say("settings", kv)
+from forgetlab.zoo.datafiles import make_data, write_data
+if not (out / "data").exists():
+    write_data(make_data(spec), out / "data")
+general_train, probes = read_data(out / "data", spec.tasks)
+train_pairs = {t: d.train for t, d in probes.tasks.items()}
+t0 = time.time()
+tok = make_tokenizer(spec, general_train, train_pairs)
+texts = pretraining_texts(spec, general_train, train_pairs)
+if (out / "base.pt").exists():
+    model = init_model(spec.shape, tok, spec.seed); model.load_state_dict(torch.load(out / "base.pt"))
+else:
+    model = init_model(spec.shape, tok, spec.seed)
+    r = pretrain(model, tok, texts, spec.pretrain, seed=spec.seed)
+    torch.save(model.state_dict(), out / "base.pt")
+    say("pretrain s", round(time.time() - t0, 1), "final loss", round(r.final_loss, 3))
+model.eval()
+ev = EvalSpec(max_general=80, max_task=60, block_size=128)
+
+def prefix_acc(m, task, n=60):
+    pairs = probes.tasks[task].eval[:n]; hit = 0
+    for p in pairs:
+        ids = tok(p.prompt, return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            o = m.generate(ids, max_new_tokens=14, do_sample=False, pad_token_id=tok.pad_token_id)
+        hit += tok.decode(o[0, ids.shape[1]:], skip_special_tokens=True).startswith(p.answer)
+    return hit / len(pairs)
+
+base_card = score(model, tok, probes, ev, name="base").to_dict()
+say("base", json.dumps({k: v for k, v in base_card.items() if k in ("general_loss", "tasks")})[:600])
+say("base prefix", {t: prefix_acc(model, t) for t in spec.tasks})
+if kv.get("ft", "1") == "0":
+    sys.exit()
+theta0 = {k: v.clone() for k, v in model.state_dict().items()}
+for task in spec.tasks:
+    m = copy.deepcopy(model); m.train()
+    finetune(m, tok, probes.tasks[task].train, spec.finetune, seed=spec.seed + 1)
+    m.eval()
+    card = score(m, tok, probes, ev, name=task).to_dict()
+    D = distance(m.state_dict(), theta0)
+    say("ft", task, "D %.4f" % D, "dloss %.3f" % (card["general_loss"] - base_card["general_loss"]),
+        json.dumps(card["tasks"][task]), "prefix", prefix_acc(m, task))
+say("total s", round(time.time() - t0, 1))
