@@ -12,7 +12,7 @@ from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
-from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
 
@@ -43,7 +43,7 @@ with left:
                                index=task_options.index(guess) if guess in task_options else 0,
                                key=f"forgetting_task_{model}")
     task = None if task_choice == task_options[0] else task_choice
-    measure = speciality_measure("forgetting", pool)
+    measures = sweep_measures("forgetting", pool); measure = measures.measure
     kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind")
     extra: dict = {}
     with show_errors():
@@ -71,7 +71,7 @@ with left:
 
 with right:
     device, _dtype = device_settings()
-    settings = dict(task=task, device=device, max_general=max_general, max_task=max_task, **extra)
+    settings = dict(task=task, device=device, max_general=max_general, max_task=max_task, **extra, **measures.settings)
     key = job_key("forgetting", pool.key, str(workspace_home()), model, kind, settings)
     from forgetlab.ui.executor import session_executor
     executor = session_executor()
@@ -123,7 +123,7 @@ with right:
     else:
         for r in results:
             r.task = task if task is not None else r.task
-            r.measure = measure
+        measures.apply(results)
         st.subheader("Speciality vs generality, every series")
         st.plotly_chart(tradeoff_figure(results, task=task, ids=ids), key="forgetting_tradeoff")
         for i, r in enumerate(results):

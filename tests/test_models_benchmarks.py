@@ -188,3 +188,37 @@ def test_sweep_measures_run_the_benchmark_at_every_point_and_fall_back_on_sweeps
     assert at.session_state["applied"][1] == "general_loss"
     assert at.session_state["applied"][0] in ("exact_match", "answer_loss")
     assert any("was not run in every sweep" in c.value for c in at.caption)
+
+
+def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_values(tiny_llama, tmp_path,
+                                                                                  monkeypatch):
+    """Choosing a benchmark metric as the speciality on the Forgetting page runs it at every point of the sweep:
+    the table's speciality is the metric, equal to the same sweep run directly with that benchmark; each point
+    names the worker that computed it (this process, with the local executor)."""
+    import os
+
+    from forgetlab import sweeps
+    from forgetlab.benchmarks import BenchmarkSpec
+    from forgetlab.pool import ModelPool
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    at = open_page("forgetting", pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    at.selectbox(key="forgetting_measure").set_value("tiny_cloze/acc_norm").run()
+    at.text_input(key="forgetting_alphas").set_value("0, 1")
+    at.number_input(key="forgetting_max_general").set_value(2)
+    at.number_input(key="forgetting_max_task").set_value(2)
+    at.button(key="forgetting_run").click().run()
+    finish_jobs(at, "forgetting")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    assert set(table["measure"]) == {"tiny_cloze/acc_norm"}
+    direct = sweeps.alpha_curve(ModelPool.from_yaml(pool_yaml), "ft0", alphas=[0, 1], max_general=2, max_task=2,
+                                benchmarks=BenchmarkSpec(general=["tiny_cloze"], include=str(pool_yaml.parent /
+                                                                                               "lm_tasks"), limit=4))
+    assert list(table["speciality"]) == [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in direct.points]
+    worker = [c for c in table.columns if "worker" in str(c) and "pid" in str(c)]
+    assert worker and set(table[worker[0]]) == {os.getpid()}
