@@ -134,6 +134,13 @@ def _per_model_param(method: str, name: Optional[str]):
                          f"{', '.join(p.name for p in numeric) or 'none (use hma_blocks to search block α)'}.")
 
 
+def searchable_param(method: str) -> Optional[str]:
+    """The per-model numeric parameter `search` tunes for `method` by default (its first one, e.g. `weights`
+    of TIES, `lam` of PCB), or None when the method has none."""
+    spec = _per_model_param(method, None)
+    return spec.name if spec is not None else None
+
+
 class _SearchState:
     """A search worker: base and fine-tuned weights resident (float32), one working copy of the model."""
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import streamlit as st
 
@@ -10,10 +11,13 @@ from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace,
                                       pool_recipe, saved_merges, search_pool_lambdas)
-from forgetlab.plots.merge import scorecard_figure
+from forgetlab.plots.merge import scorecard_figure, search_figure
 from forgetlab.progress import scaled
+from forgetlab.search import OBJECTIVES, SEARCH_MEASURES, save_search, searchable_param
+from forgetlab.search import search as search_weights  # `search` names the PCB λ checkbox below
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
 from forgetlab.ui.tables import show_table
@@ -145,6 +149,81 @@ with right:
         if mk is not None:
             d2.download_button("Download as mergekit YAML", mk, file_name=f"{report['name']}.mergekit.yaml",
                                key="merge_download_mk")
+
+st.divider()
+st.subheader("Search merge weights (CMA-ES)")
+SEARCH_KEY = "merge_search_result"
+param = searchable_param(method)
+st.caption(f"CMA-ES over the per-model {param or 'weights'} of the {method} merge composed above, as mergekit-evolve "
+           "does: every point is a merge evaluated on the probe split (speciality against held-out loss), drawn "
+           "as it arrives; the best one maximises the speciality within the forgetting bound (constrained) or "
+           "minimises −speciality + forgetting (weighted). Runs on the executor chosen in the sidebar.")
+c1, c2, c3 = st.columns(3)
+s_budget = int(c1.number_input("evaluations (budget)", 1, 500, 12, key="merge_search_budget"))
+objective = c2.selectbox("objective", list(OBJECTIVES), key="merge_search_objective")
+bound = c3.number_input("forgetting bound (nats of held-out loss)", 0.0, 10.0, 0.05, 0.01, format="%.3f",
+                        key="merge_search_bound", disabled=objective != "constrained")
+s_go = st.button("Search weights", key="merge_search_run", disabled=param is None or not models,
+                 help=None if param else f"{method} has no per-model weight to search; pick another method.")
+s_measure = measure if measure in SEARCH_MEASURES else "exact_match"
+s_settings = dict(method=method, models=list(models), params=params, budget=s_budget, objective=objective,
+                  bound=float(bound), measure=s_measure, max_general=int(max_general), max_task=int(max_task),
+                  device=device)
+s_start = False
+if s_go:
+    with show_errors():
+        s_recipe = pool_recipe(pool, method, models, params, dtype=out_dtype)
+        s_recipe.validated_params()
+        s_start = True
+
+
+def search_work(progress):
+    """The search, publishing a snapshot after each point, then saved to Runs (kind `search`)."""
+    from forgetlab.ui.executor import session_executor
+
+    res = search_weights(pool_recipe(pool, method, models, params, dtype=out_dtype), pool, budget=s_budget,
+                         objective=objective, max_forgetting=float(bound), measure=s_measure, device=device,
+                         max_general=int(max_general), max_task=int(max_task), executor=session_executor(),
+                         on_point=lambda point, partial: progress.publish(replace(partial,
+                                                                                  points=list(partial.points))),
+                         progress=progress)
+    return res, save_search(res)
+
+
+def show_search_partial(partial) -> None:
+    st.caption(f"{len(partial.points)} of {s_budget} point(s) so far")
+    st.plotly_chart(partial_figure(partial, search_figure), key="merge_search_live")
+
+
+def keep_search(done) -> None:
+    st.session_state[SEARCH_KEY] = done[0]
+    st.toast(f"Saved under {done[1]}")
+
+
+def use_best(result) -> None:
+    """Put the best point's weights into the form above (a callback: it runs before the widgets are drawn)."""
+    best = result.best_point
+    for m, v in zip(result.models, best.values):
+        st.session_state[f"merge_{result.method}_{result.param}_{m}"] = round(float(v), 4)
+
+
+run_once(job_key("merge-search", pool.key, str(workspace_home()), s_settings), search_work, start=s_start,
+         slot="merge-search", on_done=keep_search, show_partial=show_search_partial,
+         label=f"Searching {param} of {len(models)} model(s) for {method}")
+found_search = st.session_state.get(SEARCH_KEY)
+if found_search is not None:
+    best = found_search.best_point
+    st.plotly_chart(search_figure(found_search), key="merge_search_chart")
+    if best is not None:
+        st.caption(f"best: point {best.index} — {found_search.param} "
+                   + ", ".join(f"{m} {v:.3f}" for m, v in zip(found_search.models, best.values))
+                   + f"; speciality {best.speciality:.4f}, forgetting {best.forgetting:+.4f} "
+                   f"({len(found_search.points)} points in {found_search.seconds:.1f} s, "
+                   f"{found_search.executor.get('name', 'local')} executor)")
+        st.button("Use the best weights in the form above", key="merge_search_use", on_click=use_best,
+                  args=(found_search,), disabled=found_search.method != method,
+                  help="Then press 'Merge and evaluate' to write, score and keep that merge.")
+    show_table(found_search.to_frame(), key="merge_search_points")
 
 st.divider()
 st.subheader("Earlier merges")

@@ -90,3 +90,64 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     import yaml
     recipe = yaml.safe_load((tmp_path / "merges" / "pcb-searched" / "recipe.yaml").read_text())
     assert all("lam" in m for m in recipe["models"])  # the λ found, per model
+
+
+def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_uses_the_best(tiny_llama, tmp_path,
+                                                                                     monkeypatch):
+    """The CMA-ES weight search on the page gives the points `forgetlab.search.search` gives for the same recipe
+    and seed, each with the worker (this process) that computed it; it is saved to Runs; 'use the best' puts the
+    best weights into the form, and the merge made from them is written and scored."""
+    import os
+
+    from forgetlab.merge.workflow import pool_recipe
+    from forgetlab.pool import ModelPool
+    from forgetlab.search import search
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("merge", tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    at.number_input(key="merge_max_general").set_value(2)
+    at.number_input(key="merge_max_task").set_value(3)
+    at.number_input(key="merge_search_budget").set_value(4)
+    at.button(key="merge_search_run").click().run()
+    finish_jobs(at, "merge-search")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    recipe = pool_recipe(pool, "ties", ["ft0", "ft1"], {"keep": 0.2, "scope": "tensor", "lam": 1.0,
+                                                        "weights": [1.0, 1.0]})
+    direct = search(recipe, pool, budget=4, max_general=2, max_task=3, measure=at.session_state["app_measure"])
+    assert len(table) == 4
+    assert list(table["speciality"]) == [p.speciality for p in direct.points]
+    assert list(table["general loss ↓"] if "general loss ↓" in table else table["general_loss"]) == \
+        [p.general_loss for p in direct.points]
+    pid_column = [c for c in table.columns if "pid" in str(c)]
+    assert pid_column and set(table[pid_column[0]]) == {os.getpid()}
+    assert any(p.name.endswith(tuple("0123456789abcdef")) and "search" in p.name
+               for p in (tmp_path / "runs").iterdir())
+    assert len(at.get("plotly_chart")) == 1                               # the search's trade-off chart
+    best = direct.best_point
+    at.button(key="merge_search_use").click().run()
+    assert not at.exception, at.exception
+    assert at.number_input(key="merge_ties_weights_ft0").value == round(best.values[0], 4)
+    assert at.number_input(key="merge_ties_weights_ft1").value == round(best.values[1], 4)
+    at.text_input(key="merge_name_ties").set_value("best")
+    at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
+    assert not at.exception, at.exception
+    assert (tmp_path / "merges" / "best" / "scorecards.json").exists()
+    assert f"{round(best.values[0], 4)}" in (tmp_path / "merges" / "best" / "recipe.yaml").read_text()
+
+
+def test_merge_page_search_needs_a_method_with_per_model_weights(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("merge", tiny_llama.pool_yaml)
+    at.run()
+    assert not at.button(key="merge_search_run").disabled                 # TIES: per-model weights
+    at.selectbox(key="merge_method").set_value("wise_ft").run()
+    assert not at.exception, at.exception
+    assert at.button(key="merge_search_run").disabled                     # WiSE-FT: one α, nothing per model
+    assert any("wise_ft has no per-model weight" in (b.help or "") for b in at.button
+               if b.key == "merge_search_run")

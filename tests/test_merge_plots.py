@@ -36,3 +36,23 @@ def test_colour_map_resolves_collisions():
     names = [f"model-{i}" for i in range(12)]
     colors = color_map(names)
     assert len(set(colors.values())) == 12
+
+
+def test_search_figure_draws_every_point_the_base_the_front_the_best_and_the_bound():
+    from forgetlab.plots.merge import search_figure
+    from forgetlab.search import SearchPoint, SearchResult, _finish
+
+    res = SearchResult("ties", "weights", ["a", "b"], "constrained", "exact_match", 0.05, 1.0, 4.0, 0.1)
+    for i, (spec, loss) in enumerate([(0.5, 4.02), (0.7, 4.04), (0.6, 4.10), (0.2, 4.01)]):
+        res.points.append(SearchPoint(i, [1.0, 0.5 + i], speciality=spec, general_loss=loss, forgetting=loss - 4.0,
+                                      worker={"host": "h", "pid": 7}))
+    res.points.append(SearchPoint(4, [0.0, 0.0], error="worker died"))
+    _finish(res)
+    fig = search_figure(res)
+    by_name = {t.name: t for t in fig.data}
+    assert list(by_name["evaluated merges"].x) == [4.02, 4.04, 4.10, 4.01]          # the failed point is left out
+    assert list(by_name["base"].y) == [0.1]
+    assert list(by_name["Pareto front"].x) == [4.01, 4.02, 4.04]                     # 4.10 is dominated by 4.04
+    assert (list(by_name["best"].x), list(by_name["best"].y)) == ([4.04], [0.7])     # best within the bound
+    assert fig.layout.shapes[0].x0 == 4.05                                            # the forgetting bound
+    assert "h:7" in by_name["evaluated merges"].hovertext[0]
