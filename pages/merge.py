@@ -18,7 +18,7 @@ from forgetlab.search import search as search_weights  # `search` names the PCB 
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
-from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.navigation import require_app
 from forgetlab.ui.tables import show_table
 
@@ -90,7 +90,9 @@ with left:
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
 
 with right:
-    measure = speciality_measure("merge", pool)
+    measure = speciality_measure("merge", pool, benchmarks=True)
+    # a benchmark measure (TASK/METRIC of the pool's lm-eval tasks) is run on base, parents and the merge
+    bench_settings = SweepMeasures(pool, measure, "general_loss").settings
     device, _dtype = device_settings()
     out_dtype = None if dtype.startswith("(") else dtype
     start = False
@@ -114,7 +116,8 @@ with right:
         result = merge_into_workspace(recipe, name, device=device, pool=pool,
                                       progress=scaled(progress, 0.4 if search else 0.0, 0.7))
         cards = evaluate_merge(pool, result.out_dir, models, device=device, max_general=int(max_general),
-                               max_task=int(max_task), cache=cache, progress=scaled(progress, 0.7, 1.0))
+                               max_task=int(max_task), cache=cache, benchmarks=bench_settings.get("benchmarks"),
+                               progress=scaled(progress, 0.7, 1.0))
         return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
                 "seconds": result.seconds, "search": found}
 

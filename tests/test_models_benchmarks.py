@@ -222,3 +222,36 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     assert list(table["speciality"]) == [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in direct.points]
     worker = [c for c in table.columns if "worker" in str(c) and "pid" in str(c)]
     assert worker and set(table[worker[0]]) == {os.getpid()}
+
+
+def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny_llama, tmp_path, monkeypatch):
+    """A benchmark metric chosen as the speciality on the Merge page is run on the base, the parents and the
+    merge: the table's lm-eval column for the merge equals lm-eval run on the saved merged folder, and the
+    chart's speciality bars are that metric."""
+    from forgetlab.benchmarks import evaluate_benchmarks
+    from forgetlab.checkpoints import load_model, load_tokenizer
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    at = open_page("merge", pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    at.selectbox(key="merge_measure").set_value("tiny_cloze/acc_norm").run()
+    at.text_input(key="merge_name_ties").set_value("benchmarked")
+    at.number_input(key="merge_max_general").set_value(2)
+    at.number_input(key="merge_max_task").set_value(2)
+    at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    table = at.dataframe[0].value
+    column = [c for c in table.columns if "tiny_cloze" in str(c) and "acc_norm" in str(c)]
+    assert column, " | ".join(map(str, table.columns))
+    folder = home / "merges" / "benchmarked"
+    direct = evaluate_benchmarks(load_model(folder, device="cpu"), load_tokenizer(folder), ["tiny_cloze"],
+                                 include=pool_yaml.parent / "lm_tasks", limit=4)["tiny_cloze"]
+    assert table[table["model"] == "benchmarked"].iloc[0][column[0]] == direct["acc_norm"]
+    chart = at.get("plotly_chart")[0].proto.spec
+    bars = [t for t in json.loads(chart)["data"] if t.get("x") == ["tiny_cloze/acc_norm"]]
+    assert len(bars) == 4 and bars[-1]["y"] == [direct["acc_norm"]]

@@ -89,10 +89,12 @@ _HEADERS = {"general_loss": "general loss ↓", "perplexity": "perplexity ↓", 
 
 def friendly_header(column: str) -> str:
     """A column name as a person would write it: "general_loss" → "general loss ↓", "math/exact_match" →
-    "math exact match ↑", other snake_case → words."""
+    "math exact match ↑", lm-eval columns ("lm-eval:zoo_math/acc") as written, other snake_case → words."""
     column = str(column)
     if column in _HEADERS:
         return _HEADERS[column]
+    if column.startswith("lm-eval:"):       # an lm-eval task/metric keeps the name the user types (zoo_math/acc)
+        return column
     head, sep, tail = column.rpartition("/")
     if sep and tail in _HEADERS:
         return f"{head} {_HEADERS[tail]}"

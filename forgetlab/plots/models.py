@@ -16,15 +16,24 @@ from forgetlab.taskvec import CosineMatrix
 MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
 
 
+def _benchmark_value(card: Scorecard, measure: str) -> float | None:
+    """`TASK/METRIC` of the card's lm-eval results, None (no bar) when it was not evaluated."""
+    task, _, metric = measure.partition("/")
+    value = card.benchmarks.get(task, {}).get(metric)
+    return float(value) if value is not None else None
+
+
 def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *, title: str = "",
                       merged: Sequence[str] = ()) -> go.Figure:
     """Two panels with their own y axes, a bar per model (one colour per model on every chart, named in a
     legend below the chart rather than under each bar, so long names never crowd the axis):
     held-out general loss (↓, left) and speciality per task in `measure` (exact match ↑ or answer loss ↓,
-    right). Models named in `merged` are marked "(merge)" and drawn hatched."""
+    right; or an lm-eval `TASK/METRIC` from the cards' benchmarks). Models named in `merged` are marked
+    "(merge)" and drawn hatched."""
     names = [c.model for c in cards]
     colors = color_map(names)
-    tasks = list(dict.fromkeys(t for c in cards for t in c.tasks))
+    benchmark = "/" in str(measure)     # an lm-eval TASK/METRIC: one group of bars, from each card's benchmarks
+    tasks = [measure] if benchmark else list(dict.fromkeys(t for c in cards for t in c.tasks))
     label = MEASURE_TITLES.get(measure, measure)
     fig = make_subplots(rows=1, cols=2, column_widths=[0.28, 0.72], horizontal_spacing=0.1)
     for card in cards:
@@ -33,7 +42,8 @@ def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", 
         fig.add_trace(go.Bar(x=["held-out text"], y=[card.general_loss], name=name, legendgroup=name,
                              marker=dict(color=colors[card.model], pattern=pattern), showlegend=False,
                              hovertemplate=f"{name}<br>general loss %{{y:.4f}}<extra></extra>"), row=1, col=1)
-        ys = [getattr(card.tasks[t], measure) if t in card.tasks else None for t in tasks]
+        ys = ([_benchmark_value(card, measure)] if benchmark else
+              [getattr(card.tasks[t], measure) if t in card.tasks else None for t in tasks])
         fig.add_trace(go.Bar(x=tasks, y=ys, name=name, legendgroup=name,
                              marker=dict(color=colors[card.model], pattern=pattern),
                              hovertemplate=f"{name}<br>%{{x}}: {label} %{{y:.4f}}<extra></extra>"), row=1, col=2)
