@@ -10,7 +10,7 @@ from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, f
 from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
                           show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
-from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
 
@@ -55,10 +55,11 @@ with left:
     go = st.button("Fine-tune", type="primary", key="finetune_run")
 
 with right:
-    measure = speciality_measure("finetune", pool)
+    measure = speciality_measure("finetune", pool, benchmarks=True)
     device, _dtype = device_settings()
+    # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  device=device)
+                  device=device, **SweepMeasures(pool, measure, "general_loss").settings)
     if mode == "one run":
         label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
         label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
@@ -87,9 +88,9 @@ with right:
                                   on_record=on_record, **common)
             result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
                                                              "configs": [configs[0].to_dict()]})
-            result.mark_pareto()
+            result.mark_pareto(measure)
         else:
-            result = compare(pool, task, configs, progress=progress, **common,
+            result = compare(pool, task, configs, progress=progress, measure=measure, **common,
                              on_run=lambda run, partial: progress.publish(FinetuneComparison(
                                  partial.task, partial.start, list(partial.runs), partial.recipe)))
         return {"result": result, "model": model, "path": save_finetune_run(result)}

@@ -255,3 +255,55 @@ def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny
     chart = at.get("plotly_chart")[0].proto.spec
     bars = [t for t in json.loads(chart)["data"] if t.get("x") == ["tiny_cloze/acc_norm"]]
     assert len(bars) == 4 and bars[-1]["y"] == [direct["acc_norm"]]
+
+
+def test_fine_tunes_measured_by_a_benchmark_cli_api_and_page(tiny_llama, tmp_path, monkeypatch, capsys):
+    """`finetune --measure TASK/METRIC` runs the lm-eval task at every record: the final value equals lm-eval
+    on the trained model, the CLI prints it, a task the include folder lacks is exit 2 before training, and the
+    Fine-tune page's final trade-off plots the metric."""
+    from forgetlab.benchmarks import BenchmarkSpec, evaluate_benchmarks
+    from forgetlab.cli import main
+    from forgetlab.pool import ModelPool
+    from forgetlab.train.runs import FinetuneConfig, compare, finetune
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    pool = ModelPool.from_yaml(pool_yaml)
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(pool_yaml.parent / "lm_tasks"), limit=4)
+    cfg = FinetuneConfig(label="adamw", steps=2, batch_size=4, lr=1e-2)
+    run, model = finetune(pool, "copy", cfg, max_general=2, max_task=2, benchmarks=spec, return_model=True)
+    direct = evaluate_benchmarks(model, pool.tokenizer, ["tiny_cloze"], include=spec.include, limit=4)["tiny_cloze"]
+    assert run.value("tiny_cloze/acc_norm") == direct["acc_norm"]
+    assert run.trajectory()["tiny_cloze/acc_norm"].iloc[-1] == direct["acc_norm"]
+    comp = compare(pool, "copy", [cfg, FinetuneConfig(label="mofo", optimizer="mofo", steps=2, batch_size=4, lr=1e-2)],
+                   max_general=2, max_task=2, benchmarks=spec, measure="tiny_cloze/acc_norm")
+    assert comp.runs[0].value("tiny_cloze/acc_norm") == direct["acc_norm"]          # same seed, same batches
+    assert comp.recipe["measure"] == "tiny_cloze/acc_norm"
+
+    assert main(["finetune", str(pool_yaml), "--task", "copy", "--steps", "2", "--batch-size", "4", "--lr", "1e-2",
+                 "--max-general", "2", "--max-task", "2", "--measure", "tiny_cloze/acc_norm", "--limit", "4",
+                 "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "speciality: tiny_cloze/acc_norm" in out and f"{direct['acc_norm']:.4f}" in out
+    assert main(["finetune", str(pool_yaml), "--task", "copy", "--steps", "2", "--measure", "nosuch_task/acc",
+                 "--no-save"]) == 2
+    assert "nosuch_task" in capsys.readouterr().err
+
+    at = open_page("finetune", pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    at.selectbox(key="finetune_measure").set_value("tiny_cloze/acc_norm").run()
+    at.radio(key="finetune_mode").set_value("one run").run()
+    at.number_input(key="finetune_steps").set_value(2)
+    at.number_input(key="finetune_batch").set_value(4)
+    at.number_input(key="finetune_lr").set_value(1e-2)
+    at.number_input(key="finetune_max_general").set_value(2)
+    at.number_input(key="finetune_max_task").set_value(2)
+    at.button(key="finetune_run").click().run()
+    finish_jobs(at, "finetune")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    final = json.loads(at.get("plotly_chart")[1].proto.spec)
+    assert "tiny_cloze/acc_norm" in json.dumps(final["layout"]["yaxis"]["title"])
+    runs = [t for t in final["data"] if t.get("mode") == "markers" and not t["name"].startswith("start")]
+    assert runs and runs[0]["y"] == [direct["acc_norm"]]

@@ -41,6 +41,12 @@ def register(sub) -> None:
     p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
     p.add_argument("--out", help="also write the trajectories to this CSV or JSON file")
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+    p.add_argument("--measure", default="exact_match",
+                   help="speciality of the final table and the Pareto front: exact_match (default), answer_loss, or "
+                        "an lm-eval metric TASK/METRIC (e.g. zoo_math/acc), then run at every record")
+    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
+                   "(default: the pool's probes.benchmarks.include)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
     add_executor_arguments(p)
     p.set_defaults(func=cmd_finetune)
 
@@ -55,11 +61,16 @@ def cmd_finetune(args) -> int:
     if args.executor != "local" and not args.compare:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
+    from forgetlab.commands.sweep import measure_benchmarks
+    from forgetlab.sweeps import check_measure
+
     pool = ModelPool.from_yaml(args.pool)
     if args.save_as is not None and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
+    measure = check_measure(args.measure)
     opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
-                max_task=args.max_task, max_train=args.max_train, device=args.device)
+                max_task=args.max_task, max_train=args.max_train, device=args.device,
+                benchmarks=measure_benchmarks(pool, [measure], args.lm_eval_include, args.limit))
     update, close = tqdm_progress(f"finetune {args.task}")
     try:
         if args.compare:
@@ -68,7 +79,8 @@ def cmd_finetune(args) -> int:
             configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
                                        fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
                                        l2=args.l2 or 1.0)
-            comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args), **opts)
+            comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args),
+                           measure=measure, **opts)
             model = None
         else:
             label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"
@@ -84,15 +96,16 @@ def cmd_finetune(args) -> int:
                                  sfa_p=args.sfa_p, sfa_beta=args.sfa_beta, l1=args.l1, l2=args.l2)
             run, model = finetune(pool, args.task, cfg, progress=update, return_model=True, **opts)
             comp = FinetuneComparison(args.task, args.start, [run], {"task": args.task, "start": args.start,
-                                                                     "configs": [cfg.to_dict()]})
-            comp.mark_pareto()
+                                                                     "configs": [cfg.to_dict()], "measure": measure})
+            comp.mark_pareto(measure)
     finally:
         close()
     traj = comp.trajectories()
     emit(f"fine-tuning {args.start} on {args.task}: trajectories")
-    emit_frame(traj[[c for c in TRAJ if c in traj.columns]])
-    emit("final")
-    emit_frame(comp.to_frame()[FINAL])
+    emit_frame(traj[[c for c in TRAJ + ([measure] if "/" in measure else []) if c in traj.columns]])
+    emit("final" + (f" (speciality: {measure})" if measure != "exact_match" else ""))
+    final = comp.to_frame()
+    emit_frame(final[FINAL + ([measure] if "/" in measure and measure in final.columns else [])])
     if args.out is not None:
         emit_frame(traj, args.out)
     if not args.no_save:

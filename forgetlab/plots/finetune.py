@@ -9,7 +9,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forgetlab.plots import color_for, series_name
-from forgetlab.sweeps import pareto_mask
+from forgetlab.errors import ForgetlabError
+from forgetlab.sweeps import higher_is_better, pareto_mask
 from forgetlab.train.runs import FinetuneComparison, FinetuneRun
 
 
@@ -41,11 +42,23 @@ def runs_of(comparisons: Sequence[FinetuneComparison], ids: Sequence[str]) -> li
 MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
 
 
-def _final(run: FinetuneRun, measure: str) -> float:
-    """The run's final speciality on its task in `measure` (exact match or answer loss)."""
-    if run.final is None or run.task not in run.final.tasks:
+def _final(run: FinetuneRun, measure: str, card=None) -> float:
+    """The run's final speciality (or that of `card`, e.g. its start) in `measure`: exact match or answer loss
+    on its task, or an lm-eval TASK/METRIC; NaN when it was not measured."""
+    card = card if card is not None else run.final
+    if card is None or ("/" not in measure and run.task not in card.tasks):
         return float("nan")
-    return float(getattr(run.final.tasks[run.task], measure))
+    try:
+        return run.value(measure, card)
+    except ForgetlabError:          # a benchmark the run did not evaluate
+        return float("nan")
+
+
+def _title(task: str, measure: str) -> str:
+    """The speciality's axis text: "math exact match ↑", or an lm-eval metric with its direction."""
+    if "/" in measure:
+        return f"{measure} {'↑' if higher_is_better(measure) else '↓'}"
+    return f"{task} {MEASURE_TITLES.get(measure, measure)}"
 
 
 def _legend_below(fig: go.Figure, y: float = -0.2) -> None:
@@ -60,7 +73,7 @@ def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[Finetu
     runs = _runs(data)
     task = runs[0].task if runs else ""
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        "general loss ↓", f"{task} {MEASURE_TITLES.get(measure, measure)}", "D(θ, θ0)"))
+        "general loss ↓", _title(task, measure), "D(θ, θ0)"))
     for run in runs:
         df = run.trajectory()
         if df.empty:
@@ -98,12 +111,12 @@ def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]
     run, the starting model as a grey diamond, and the Pareto front of the runs as a dashed step line. Runs
     are told apart by colour and the legend (labels on the points collided when runs end close together)."""
     runs = _runs(data)
-    higher = measure != "answer_loss"
+    higher = higher_is_better(measure)
     label = MEASURE_TITLES.get(measure, measure)
     fig = go.Figure()
     if runs and runs[0].start_card is not None and runs[0].task in runs[0].start_card.tasks:
         start = runs[0].start_card
-        fig.add_trace(go.Scatter(x=[start.general_loss], y=[getattr(start.tasks[runs[0].task], measure)],
+        fig.add_trace(go.Scatter(x=[start.general_loss], y=[_final(runs[0], measure, start)],
                                  mode="markers", name=f"start ({runs[0].start})",
                                  marker=dict(symbol="diamond", size=13, color=color_for("base")),
                                  hovertemplate=f"start ({runs[0].start})<br>general loss %{{x:.4f}}<br>"
@@ -122,7 +135,7 @@ def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]
                                  mode="lines", name="Pareto front",
                                  line=dict(color="black", dash="dash", shape="hv"), hoverinfo="skip"))
     task = runs[0].task if runs else ""
-    fig.update_layout(xaxis_title="general loss on held-out text ↓", yaxis_title=f"{task} {label}",
+    fig.update_layout(xaxis_title="general loss on held-out text ↓", yaxis_title=_title(task, measure),
                       margin=dict(t=20, b=10, l=60, r=10), height=420)
     _legend_below(fig, -0.2)
     return fig

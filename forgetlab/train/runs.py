@@ -111,6 +111,18 @@ class FinetuneRun:
         """Final exact match on the task."""
         return self.final.tasks[self.task].exact_match if self.final else float("nan")
 
+    def value(self, measure: str = "exact_match", card: Optional[Scorecard] = None) -> float:
+        """The run's score on its task in `measure` — exact match, answer loss or an lm-eval `TASK/METRIC`
+        (run at every record with `benchmarks=`) — of its final scorecard, or of `card` (e.g. `start_card`)."""
+        card = card if card is not None else self.final
+        if card is None:
+            return float("nan")
+        if "/" in str(measure):
+            from forgetlab.benchmarks import pick
+
+            return pick(card.benchmarks, measure)
+        return float(getattr(card.tasks[self.task], measure))
+
     @property
     def general_loss(self) -> float:
         """Final held-out general loss."""
@@ -140,6 +152,8 @@ class FinetuneRun:
                "distance": self.distance, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
                "seconds": self.train.seconds, "stopped": self.train.stopped, "executor": self.executor,
                "worker_host": self.worker.get("host"), "worker_pid": self.worker.get("pid")}
+        for btask, metrics in (self.final.benchmarks if self.final else {}).items():
+            row.update({f"{btask}/{metric}": v for metric, v in metrics.items()})
         return pd.DataFrame([row])
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,11 +183,12 @@ class FinetuneComparison:
     runs: list[FinetuneRun] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
 
-    def mark_pareto(self) -> list[bool]:
-        """Flag the runs whose final (speciality, general loss) no other run beats on both."""
-        from forgetlab.sweeps import pareto_mask
+    def mark_pareto(self, measure: str = "exact_match") -> list[bool]:
+        """Flag the runs whose final (speciality in `measure`, general loss) no other run beats on both."""
+        from forgetlab.sweeps import higher_is_better, pareto_mask
 
-        flags = pareto_mask([r.speciality for r in self.runs], [r.general_loss for r in self.runs])
+        sign = 1.0 if higher_is_better(measure) else -1.0
+        flags = pareto_mask([sign * r.value(measure) for r in self.runs], [r.general_loss for r in self.runs])
         for r, f in zip(self.runs, flags):
             r.pareto = f
         return flags
@@ -218,18 +233,32 @@ def training_examples(pool, task: str, *, max_length: int = 256, max_train: Opti
 
 
 def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_general: Optional[int],
-             max_task: Optional[int]):
+             max_task: Optional[int], benchmarks=None, manager=None):
     def fn(model, step: int) -> dict[str, Any]:
         card = evaluate(model, pool.tokenizer, pool.probes, name=f"step {step}", batch_size=batch_size,
-                        max_general=max_general, max_task=max_task, tasks=eval_tasks)
+                        max_general=max_general, max_task=max_task, tasks=eval_tasks, benchmarks=benchmarks,
+                        benchmark_manager=manager)
         rec: dict[str, Any] = {"general_loss": card.general_loss, "perplexity": card.perplexity,
                                "exact_match": card.tasks[task].exact_match,
                                "answer_loss": card.tasks[task].answer_loss, "scorecard": card.to_dict()}
         for t, s in card.tasks.items():
             if t != task:
                 rec[f"{t}/exact_match"] = s.exact_match
+        for btask, metrics in card.benchmarks.items():       # lm-eval metrics as TASK/METRIC (a measure's name)
+            rec.update({f"{btask}/{metric}": v for metric, v in metrics.items()})
         return rec
     return fn
+
+
+def _benchmark_manager(benchmarks):
+    """The lm-eval task manager of a BenchmarkSpec (its tasks checked), or None without benchmarks."""
+    if benchmarks is None or not benchmarks.all_tasks:
+        return None
+    from forgetlab.benchmarks import check_tasks, task_manager
+
+    manager = task_manager(benchmarks.include, benchmarks.all_tasks)
+    check_tasks(benchmarks.all_tasks, manager)
+    return manager
 
 
 def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
@@ -240,7 +269,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
              eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
              max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
              max_length: int = 256, batch_size_eval: int = 16, device: Optional[str] = None,
-             progress: Progress = None, return_model: bool = False, on_record=None):
+             progress: Progress = None, return_model: bool = False, on_record=None, benchmarks=None):
     """Fine-tune a fresh copy of pool member `start` on `task` with `config`; return a `FinetuneRun`
     (and the trained model when `return_model`).
 
@@ -248,7 +277,8 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     loss, perplexity), speciality on `task` (exact match, answer loss; other tasks' exact match too) and
     D(θ, θ0) from the starting weights. The pool's cached models are never modified. A NaN loss raises
     `TrainingError` after restoring the last good weights (see `trainer.train`). `on_record(step, record)`
-    is called with each record as soon as it is made (for live charts).
+    is called with each record as soon as it is made (for live charts). `benchmarks` (a BenchmarkSpec) also
+    runs those lm-eval tasks at every record (`TASK/METRIC` keys, usable as the measure).
     """
     from forgetlab.checkpoints import load_model
 
@@ -260,6 +290,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         raise ProbeDataError("Fine-tuning records generality on held-out general text; add `probes: general:` "
                              "to the pool file.")
     examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
+    manager = _benchmark_manager(benchmarks)
     tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
     if task not in tasks:
         tasks.append(task)
@@ -268,7 +299,8 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     model = load_model(pool.checkpoint(start), device=device, dtype=torch.float32)
     tok = pool.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    fn = _eval_fn(pool, task, tasks, batch_size_eval, max_general, max_task)
+    fn = _eval_fn(pool, task, tasks, batch_size_eval, max_general, max_task, benchmarks if manager else None,
+                  manager)
     if on_record is not None:
         inner = fn
 
@@ -298,13 +330,14 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
             device: Optional[str] = None, on_run=None, progress: Progress = None,
-            executor=None) -> FinetuneComparison:
+            executor=None, benchmarks=None, measure: str = "exact_match") -> FinetuneComparison:
     """Run each config from the same start on the same task data and mark the Pareto front of the finals.
 
     Configs should share `steps`, `batch_size` and `seed` for a fair comparison (same batches in the same
     order); `on_run(run, comparison)` is called after each run. Labels must be distinct. `executor` ("ray" or a
     `forgetlab.executors.Executor`) runs one fine-tune per worker; runs come back in the configs' order and
-    record the worker that trained them.
+    record the worker that trained them. `benchmarks` runs lm-eval tasks at every record (see `finetune`);
+    `measure` (exact_match, answer_loss or a `TASK/METRIC` of them) decides the Pareto front.
     """
     configs = list(configs)
     if not configs:
@@ -312,13 +345,21 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise ParameterError(f"Config labels must be distinct; got {labels}.")
+    from forgetlab.sweeps import check_measure
+
+    check_measure(measure)
+    if "/" in measure and (benchmarks is None or measure.partition("/")[0] not in benchmarks.all_tasks):
+        raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= with its task "
+                             f"{measure.partition('/')[0]!r} (CLI: the measure itself adds it).")
+    _benchmark_manager(benchmarks)            # an unknown task or a bad include folder fails before training
     comp = FinetuneComparison(task=task, start=start, recipe={
         "task": task, "start": start, "configs": [c.to_dict() for c in configs], "eval_every": eval_every,
-        "max_general": max_general, "max_task": max_task, "max_train": max_train,
+        "max_general": max_general, "max_task": max_task, "max_train": max_train, "measure": measure,
+        "benchmarks": benchmarks.to_dict() if benchmarks is not None else None,
         "pool": str(pool.source) if getattr(pool, "source", None) else None})
     n = len(configs)
     kw = dict(start=start, eval_every=eval_every, eval_tasks=eval_tasks, max_general=max_general,
-              max_task=max_task, max_train=max_train, device=device)
+              max_task=max_task, max_train=max_train, device=device, benchmarks=benchmarks)
     from forgetlab.executors import worker_id
 
     if executor is not None and executor != "local":
@@ -335,7 +376,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
             run.executor, run.worker = executor.name, dict(out.worker or {})
             slots[out.index] = run
             comp.runs = [r for r in slots if r is not None]
-            comp.mark_pareto()
+            comp.mark_pareto(measure)
             if on_run is not None:
                 on_run(run, comp)
 
@@ -346,7 +387,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
         run = finetune(pool, task, cfg, progress=scaled(progress, i / n, (i + 1) / n), **kw)
         run.worker = worker_id()
         comp.runs.append(run)
-        comp.mark_pareto()
+        comp.mark_pareto(measure)
         if on_run is not None:
             on_run(run, comp)
     return comp
