@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from forgetlab.commands._executor import add_executor_arguments, executor_from_args
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.sweep import add_lm_eval_arguments
 
 FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",
          "pareto"]
@@ -44,9 +45,7 @@ def register(sub) -> None:
     p.add_argument("--measure", default="exact_match",
                    help="speciality of the final table and the Pareto front: exact_match (default), answer_loss, or "
                         "an lm-eval metric TASK/METRIC (e.g. zoo_math/acc), then run at every record")
-    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
-                   "(default: the pool's probes.benchmarks.include)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
+    add_lm_eval_arguments(p)
     add_executor_arguments(p)
     p.set_defaults(func=cmd_finetune)
 

@@ -24,9 +24,7 @@ def _common(p) -> None:
     p.add_argument("--general-measure", default="general_loss",
                    help="generality measure: general_loss (held-out loss, default) or an lm-eval metric "
                         "TASK/METRIC (e.g. hellaswag/acc_norm), run at every point")
-    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
-                   "(default: the pool's probes.benchmarks.include)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
+    add_lm_eval_arguments(p)
     p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="also write the table to this CSV or JSON file")
@@ -71,6 +69,14 @@ def register(sub) -> None:
     k.add_argument("--grid", nargs="+", default=None,
                    help="α tuples like 0.1,0.2,0.3 (default: the MoFO rebuttal's 15 triples)")
     k.set_defaults(func=cmd_sweep)
+
+
+def add_lm_eval_arguments(p) -> None:
+    """--lm-eval-include DIR and --limit N: where a benchmark measure's lm-eval tasks are, and how many
+    examples each runs (read by `measure_benchmarks`)."""
+    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
+                   "(default: the pool's probes.benchmarks.include)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
 
 
 def measure_benchmarks(pool, measures, include, limit):
