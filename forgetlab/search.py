@@ -31,6 +31,7 @@ import torch
 
 from forgetlab.errors import MissingDependencyError, ParameterError, ProbeDataError
 from forgetlab.progress import Progress, report, scaled
+from forgetlab.sweeps import higher_is_better
 
 OBJECTIVES = ("constrained", "weighted")
 SEARCH_MEASURES = ("exact_match", "answer_loss")
@@ -145,7 +146,7 @@ class _SearchState:
     """A search worker: base and fine-tuned weights resident (float32), one working copy of the model."""
 
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
-                 model_refs: Sequence[str], device: Optional[str], eval_kw: dict):
+                 model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None):
         from forgetlab.checkpoints import load_model, open_checkpoint
         from forgetlab.merge.interpolation import layer_of, num_layers_of
 
@@ -160,7 +161,12 @@ class _SearchState:
         names = list(self.base)
         self.n_layers = num_layers_of(self.config, names)
         self.layers = {n: layer_of(n, self.config) for n in names}
-        self.eval_kw = eval_kw
+        self.eval_kw = dict(eval_kw)
+        if benchmarks is not None and benchmarks.all_tasks:     # lm-eval tasks run on every candidate
+            from forgetlab.benchmarks import task_manager
+
+            self.eval_kw.update(benchmarks=benchmarks,
+                                benchmark_manager=task_manager(benchmarks.include, benchmarks.all_tasks))
 
     def _write(self, state: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -235,6 +241,12 @@ def _label(pool, ref: str) -> str:
 
 
 def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
+    """(speciality in `measure`, answer loss) of a candidate's scorecard: on `task`, else the mean over tasks;
+    an lm-eval `TASK/METRIC` measure is read from the card's benchmarks."""
+    if "/" in measure:
+        from forgetlab.benchmarks import pick
+
+        return pick(card.benchmarks, measure), _scores(card, task, "answer_loss")[1]
     if task is not None and task in card.tasks:
         em, al = card.tasks[task].exact_match, card.tasks[task].answer_loss
     else:
@@ -248,10 +260,12 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
            param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
            sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
            batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
-           executor=None, on_point=None, progress: Progress = None) -> SearchResult:
+           executor=None, on_point=None, progress: Progress = None, benchmarks=None) -> SearchResult:
     """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
     its per-model values (or the parameter's default) are the start. `budget` counts candidate evaluations
-    (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point."""
+    (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point.
+    `measure` may be an lm-eval `TASK/METRIC` of the tasks in `benchmarks` (a BenchmarkSpec), run on every
+    candidate as mergekit-evolve scores merges."""
     from forgetlab.executors import make_executor
     from forgetlab.merge.recipes import ModelEntry, load_recipe
 
@@ -264,8 +278,16 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     recipe = load_recipe(recipe)
     if objective not in OBJECTIVES:
         raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
-    if measure not in SEARCH_MEASURES:
-        raise ParameterError(f"Unknown measure {measure!r}; choose one of {', '.join(SEARCH_MEASURES)}.")
+    if "/" in str(measure):
+        if benchmarks is None or measure.partition("/")[0] not in benchmarks.all_tasks:
+            raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= naming its task "
+                                 f"{measure.partition('/')[0]!r} (CLI: the measure itself adds it).")
+        from forgetlab.benchmarks import check_tasks, task_manager
+
+        check_tasks(benchmarks.all_tasks, task_manager(benchmarks.include, benchmarks.all_tasks))
+    elif measure not in SEARCH_MEASURES:
+        raise ParameterError(f"Unknown measure {measure!r}; choose one of {', '.join(SEARCH_MEASURES)} or an "
+                             "lm-eval metric TASK/METRIC.")
     if int(budget) < 1:
         raise ParameterError(f"budget must be at least 1 evaluation; got {budget}.")
     if int(hma_blocks) < 0:
@@ -297,10 +319,12 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     models = [_label(pool, m.model) for m in recipe.models]
     eval_kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task)
     factory = _SearchFactory(pool, recipe.method, base_params, pspec.name if pspec else None,
-                             _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models], device, eval_kw)
+                             _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models], device, eval_kw,
+                             benchmarks)
     executor = make_executor(executor)
     settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi],
-                    hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw)
+                    hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw,
+                    benchmarks=benchmarks.to_dict() if benchmarks is not None else None)
     t_start = time.perf_counter()
     report(progress, 0.0, "starting the workers")
     with executor.workers(factory, progress=scaled(progress, 0.0, 0.1)) as workers:
@@ -313,7 +337,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
         result = SearchResult(recipe.method, pspec.name if pspec else None, models, objective, measure,
                               float(max_forgetting), float(forgetting_weight), base_card.general_loss, base_spec,
                               recipe=recipe.to_dict(), settings=settings, executor={"name": executor.name})
-        sign = 1.0 if measure == "exact_match" else -1.0
+        sign = 1.0 if higher_is_better(measure) else -1.0
 
         def run(xs: list[list[float]]) -> list[float]:
             items = [(x[: len(start)], x[len(start):] or None) for x in xs]
@@ -378,7 +402,7 @@ def _finish(result: SearchResult) -> None:
     from forgetlab.sweeps import pareto_mask
 
     ok = [p for p in result.points if p.error is None]
-    sign = 1.0 if result.measure == "exact_match" else -1.0
+    sign = 1.0 if higher_is_better(result.measure) else -1.0
     flags = pareto_mask([sign * p.speciality for p in ok], [p.general_loss for p in ok])
     for p in result.points:
         p.pareto = False

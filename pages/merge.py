@@ -168,7 +168,7 @@ bound = c3.number_input("forgetting bound (nats of held-out loss)", 0.0, 10.0, 0
                         key="merge_search_bound", disabled=objective != "constrained")
 s_go = st.button("Search weights", key="merge_search_run", disabled=param is None or not models,
                  help=None if param else f"{method} has no per-model weight to search; pick another method.")
-s_measure = measure if measure in SEARCH_MEASURES else "exact_match"
+s_measure = measure if measure in SEARCH_MEASURES or bench_settings else "exact_match"
 s_settings = dict(method=method, models=list(models), params=params, budget=s_budget, objective=objective,
                   bound=float(bound), measure=s_measure, max_general=int(max_general), max_task=int(max_task),
                   device=device)
@@ -189,7 +189,7 @@ def search_work(progress):
                          max_general=int(max_general), max_task=int(max_task), executor=session_executor(),
                          on_point=lambda point, partial: progress.publish(replace(partial,
                                                                                   points=list(partial.points))),
-                         progress=progress)
+                         progress=progress, benchmarks=bench_settings.get("benchmarks"))
     return res, save_search(res)
 
 

@@ -307,3 +307,32 @@ def test_fine_tunes_measured_by_a_benchmark_cli_api_and_page(tiny_llama, tmp_pat
     assert "tiny_cloze/acc_norm" in json.dumps(final["layout"]["yaxis"]["title"])
     runs = [t for t in final["data"] if t.get("mode") == "markers" and not t["name"].startswith("start")]
     assert runs and runs[0]["y"] == [direct["acc_norm"]]
+
+
+def test_merge_search_scored_by_a_benchmark_equals_lm_eval_on_the_merged_folder(tiny_llama, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`forgetlab search --measure TASK/METRIC` runs the lm-eval task on every candidate; its first point (the
+    recipe as written) equals lm-eval on that merge written to disk by `forgetlab merge`."""
+    from forgetlab.benchmarks import evaluate_benchmarks
+    from forgetlab.checkpoints import load_model, load_tokenizer
+    from forgetlab.cli import main
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    recipe = pool_yaml.parent / "ties.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "ties", "base": "base", "models": ["ft0", "ft1"],
+                                      "params": {"keep": 0.5}}))
+    out_json = tmp_path / "points.json"
+    assert main(["search", str(recipe), "--pool", str(pool_yaml), "--budget", "2", "--measure", "tiny_cloze/acc_norm",
+                 "--max-general", "2", "--max-task", "2", "--out", str(out_json), "--no-save"]) == 0
+    points = json.loads(out_json.read_text())
+    assert len(points) == 2
+    assert main(["merge", str(recipe), str(tmp_path / "merged")]) == 0
+    folder = tmp_path / "merged"
+    direct = evaluate_benchmarks(load_model(folder, device="cpu"), load_tokenizer(folder), ["tiny_cloze"],
+                                 include=pool_yaml.parent / "lm_tasks", limit=4)["tiny_cloze"]
+    assert points[0]["speciality"] == direct["acc_norm"]
+    capsys.readouterr()
+    assert main(["search", str(recipe), "--pool", str(pool_yaml), "--budget", "2", "--measure", "nosuch/acc",
+                 "--no-save"]) == 2
+    assert "nosuch" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from forgetlab.commands._executor import add_executor_arguments, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.sweep import add_lm_eval_arguments, measure_benchmarks
 from forgetlab.errors import parse_floats
 
 
@@ -23,8 +24,10 @@ def register(sub) -> None:
     p.add_argument("--max-forgetting", type=float, default=0.05,
                    help="bound on forgetting = general loss − the base's, in nats (default 0.05)")
     p.add_argument("--forgetting-weight", type=float, default=1.0, help="W of the weighted objective (default 1)")
-    p.add_argument("--measure", choices=["exact_match", "answer_loss"], default="exact_match",
-                   help="speciality on the probe split (default exact_match)")
+    p.add_argument("--measure", default="exact_match",
+                   help="speciality: exact_match (default) or answer_loss on the probe split, or an lm-eval metric "
+                        "TASK/METRIC (e.g. zoo_math/acc) run on every candidate")
+    add_lm_eval_arguments(p)
     p.add_argument("--task", default=None, help="task of the speciality (default: the mean over the pool's tasks)")
     p.add_argument("--param", default=None, help="per-model parameter to search (default: the method's first, "
                                                  "e.g. weights, or lam for pcb)")
@@ -59,6 +62,7 @@ def cmd_search(args) -> int:
         raise ParameterError(f"--bounds takes LOW,HIGH; got {args.bounds!r}.")
     executor = executor_from_args(args)
     pool = ModelPool.from_yaml(args.pool)
+    benchmarks = measure_benchmarks(pool, [args.measure], args.lm_eval_include, args.limit)
     update, close = tqdm_progress("search")
     try:
         res = search(args.recipe, pool, budget=args.budget, objective=args.objective,
@@ -66,7 +70,7 @@ def cmd_search(args) -> int:
                      measure=args.measure, task=args.task, param=args.param, bounds=tuple(bounds),
                      hma_blocks=args.hma_blocks, sigma0=args.sigma0, popsize=args.popsize, seed=args.seed,
                      device=args.device, batch_size=args.batch_size, max_general=args.max_general,
-                     max_task=args.max_task, executor=executor, progress=update)
+                     max_task=args.max_task, executor=executor, progress=update, benchmarks=benchmarks)
     finally:
         close()
     emit(f"{res.method} search over {res.param or 'block α'} of {', '.join(res.models)}: {len(res.points)} points in "
