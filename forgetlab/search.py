@@ -487,3 +487,30 @@ class pcb_batch_loss:
 
     def __exit__(self, *exc) -> None:
         self._workers.close()
+
+
+def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task: Optional[int] = 32,
+                      device: Optional[str] = None, executor=None, progress: Progress = None):
+    """PCB's per-task λ search (CMA-ES, `forgetlab.merge.lambda_search.search_pcb_lambdas`) for a pcb `recipe`
+    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split — in this
+    process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
+    Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
+    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.executors import make_executor, worker_id
+    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
+
+    if recipe.method != "pcb":
+        raise ParameterError(f"The λ search is PCB's; this recipe uses {recipe.method}.")
+    p = recipe.validated_params()
+    lam0 = float(p["lam"][0] if isinstance(p["lam"], (list, tuple)) else p["lam"])
+    base = open_checkpoint(_ref(pool, recipe.base))
+    fts = [open_checkpoint(_ref(pool, m.model), base=base).state_dict() for m in recipe.models]
+    kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress)
+    executor = make_executor(executor)
+    if executor.name == "local":
+        loss = probe_loss(pool, max_task=max_task, device=device)
+        return search_pcb_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
+    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device)
+    with on as batch:
+        res = search_pcb_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
+    return res, on.workers_used

@@ -90,7 +90,10 @@ with right:
                                                              "configs": [configs[0].to_dict()]})
             result.mark_pareto(measure)
         else:
-            result = compare(pool, task, configs, progress=progress, measure=measure, **common,
+            from forgetlab.ui.executor import session_executor
+
+            result = compare(pool, task, configs, progress=progress, measure=measure, executor=session_executor(),
+                             **common,
                              on_run=lambda run, partial: progress.publish(FinetuneComparison(
                                  partial.task, partial.start, list(partial.runs), partial.recipe)))
         return {"result": result, "model": model, "path": save_finetune_run(result)}

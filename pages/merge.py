@@ -105,12 +105,14 @@ with right:
 
     def work(progress):
         """(λ search,) merge into merges/<name>, evaluate beside base and parents: the page's report."""
+        from forgetlab.ui.executor import session_executor
+
         found, merge_params = None, dict(params)
         if search:
             lam0 = params["lam"][0] if isinstance(params["lam"], list) else params["lam"]
             found = search_pool_lambdas(pool, models, keep=params["keep"], lam=float(lam0), scope=params["scope"],
                                         budget=int(budget), max_task=int(max_task), device=device,
-                                        progress=scaled(progress, 0.0, 0.4))
+                                        executor=session_executor(), progress=scaled(progress, 0.0, 0.4))
             merge_params["lam"] = [round(v, 6) for v in found.lambdas]
         recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
         result = merge_into_workspace(recipe, name, device=device, pool=pool,

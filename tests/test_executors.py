@@ -232,3 +232,30 @@ def test_sweep_keeps_and_saves_points_when_a_point_kills_its_workers(ray_cpus2, 
     assert len(res.failed) == 1 and res.failed[0]["x"] == 0.5 and res.failed[0]["attempts"] == 2
     saved = load_sweep(save_sweep(res, home_path=tmp_path))
     assert [p.x for p in saved.points] == [0.0, 1.0] and saved.failed[0]["settings"] == {"alpha": 0.5}
+
+
+def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(ray_cpus2, pool, tiny_llama,
+                                                                              tmp_path, capsys):
+    """PCB's λ search (the Merge page's and `forgetlab pcb-search`'s) gives the same λ and losses in this process
+    and on a Ray worker, and the CLI names the worker processes."""
+    import yaml
+
+    from forgetlab.cli import main
+    from forgetlab.merge.workflow import pool_recipe
+    from forgetlab.search import pcb_lambda_search
+
+    recipe = pool_recipe(pool, "pcb", ["ft0", "ft1"], {"keep": 0.5, "lam": 1.0, "scope": "tensor"})
+    local, where = pcb_lambda_search(pool, recipe, budget=4, max_task=32)
+    remote, workers = pcb_lambda_search(pool, recipe, budget=4, max_task=32, executor=RayExecutor(workers=1))
+    assert where == [{"host": socket.gethostname(), "pid": os.getpid()}]
+    assert remote.lambdas == pytest.approx(local.lambdas, abs=1e-6)
+    assert remote.loss == pytest.approx(local.loss, abs=1e-5) and remote.n_evals == local.n_evals
+    assert workers and {w["pid"] for w in workers} != {os.getpid()}
+    path = tmp_path / "pcb.yaml"
+    path.write_text(recipe.to_yaml())
+    assert main(["pcb-search", str(path), "--pool", str(tiny_llama.pool_yaml), "--budget", "4", "--executor", "ray",
+                 "--workers", "1", "--out", str(tmp_path / "found.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "executor ray: 1 worker process(es)" in out
+    found = yaml.safe_load((tmp_path / "found.yaml").read_text())
+    assert [m["lam"] for m in found["models"]] == pytest.approx(local.lambdas, abs=1e-5)

@@ -89,38 +89,26 @@ def _export(args) -> int:
 
 
 def _pcb_search(args) -> int:
-    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.commands._executor import executor_from_args
     from forgetlab.errors import ParameterError
-    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
     from forgetlab.merge.recipes import ModelEntry, load_recipe
     from forgetlab.pool import ModelPool
+    from forgetlab.search import pcb_lambda_search
 
     recipe = load_recipe(args.recipe)
     if recipe.method != "pcb":
         raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
-    p = recipe.validated_params()
     pool = ModelPool.from_yaml(args.pool)
-    base = open_checkpoint(recipe.base)
-    fts = [open_checkpoint(m.model, base=base).state_dict() for m in recipe.models]
-    from forgetlab.commands._executor import executor_from_args
     executor = executor_from_args(args)
     update, close = tqdm_progress("λ search")
     try:
-        if executor.name == "local":
-            res = search_pcb_lambdas(base.state_dict(), fts, probe_loss(pool), keep=p["keep"],
-                                     lam=float(p["lam"][0]), scope=p["scope"], budget=args.budget, seed=args.seed,
-                                     progress=update)
-        else:                      # each CMA-ES generation evaluated at once on the workers
-            from forgetlab.search import pcb_batch_loss
-            on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=None)
-            with on as batch:
-                res = search_pcb_lambdas(base.state_dict(), fts, None, keep=p["keep"], lam=float(p["lam"][0]),
-                                         scope=p["scope"], budget=args.budget, seed=args.seed, progress=update,
-                                         batch_loss=batch)
-            pids = sorted({f"{w.get('host')}:{w.get('pid')}" for w in on.workers_used})
-            emit(f"executor {executor.name}: {len(pids)} worker process(es) ({', '.join(pids)})")
+        res, workers = pcb_lambda_search(pool, recipe, budget=args.budget, seed=args.seed, executor=executor,
+                                         progress=update)
     finally:
         close()
+    if executor.name != "local":
+        pids = sorted({f"{w.get('host')}:{w.get('pid')}" for w in workers})
+        emit(f"executor {executor.name}: {len(pids)} worker process(es) ({', '.join(pids)})")
     emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")
     emit("λ = " + ", ".join(f"{v:.4f}" for v in res.lambdas))
     if args.out is not None:

@@ -176,13 +176,12 @@ def saved_merges(home: str | Path | None = None) -> list[SavedMerge]:
 
 def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
                         budget: int = 20, max_task: int | None = 32, seed: int = 0, device: str | None = None,
-                        progress: Progress = None):
+                        executor=None, progress: Progress = None):
     """PCB per-task λ search (CMA-ES) for pool models, minimising the mean answer loss on the pool tasks'
-    probe split (`lambda_search.probe_loss`). Returns a LambdaSearchResult (λ in the order of `models`)."""
-    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
+    probe split (`forgetlab.search.pcb_lambda_search`, on `executor`'s workers when given). Returns a
+    LambdaSearchResult (λ in the order of `models`)."""
+    from forgetlab.search import pcb_lambda_search
 
-    base = pool.checkpoint("base").state_dict()
-    fts = [pool.checkpoint(m).state_dict() for m in models]
-    loss = probe_loss(pool, max_task=max_task, device=device)
-    return search_pcb_lambdas(base, fts, loss, keep=keep, lam=lam, scope=scope, budget=budget, seed=seed,
-                              progress=progress)
+    recipe = pool_recipe(pool, "pcb", models, {"keep": keep, "lam": lam, "scope": scope})
+    return pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
+                             executor=executor, progress=progress)[0]
