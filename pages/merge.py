@@ -223,7 +223,10 @@ if found_search is not None:
         st.caption(f"best: point {best.index} — {found_search.param} "
                    + ", ".join(f"{m} {v:.3f}" for m, v in zip(found_search.models, best.values))
                    + f"; speciality {best.speciality:.4f}, forgetting {best.forgetting:+.4f} "
-                   f"({len(found_search.points)} points in {found_search.seconds:.1f} s, "
+                   + ("(no point met the forgetting bound: this is the one that forgot least) "
+                      if found_search.objective == "constrained" and best.forgetting > found_search.max_forgetting
+                      else "")
+                   + f"({len(found_search.points)} points in {found_search.seconds:.1f} s, "
                    f"{found_search.executor.get('name', 'local')} executor)")
         st.button("Use the best weights in the form above", key="merge_search_use", on_click=use_best,
                   args=(found_search,), disabled=found_search.method != method,
