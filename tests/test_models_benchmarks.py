@@ -40,6 +40,24 @@ def _bench_pool(tiny_llama, tmp_path, general=("tiny_cloze",), limit=6):
     return root / "pool.yaml"
 
 
+def _open_with_measure(page: str, pool_yaml, measure: str = "tiny_cloze/acc_norm"):
+    """`page` opened on the pool, its "Speciality measured by" set to the benchmark `measure`."""
+    at = open_page(page, pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    at.selectbox(key=f"{page}_measure").set_value(measure).run()
+    return at
+
+
+def _click_and_finish(at, button: str, prefix: str):
+    """Click `button`, wait for the page's job, and check that no exception or error box came of it."""
+    at.button(key=button).click().run()
+    finish_jobs(at, prefix)
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
 def _bench_frames(at):
     return [d.value for d in at.dataframe if "model" in d.value.columns
             and any("/" in str(c) for c in d.value.columns)]
@@ -203,17 +221,11 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
-    at = open_page("forgetting", pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
-    at.selectbox(key="forgetting_measure").set_value("tiny_cloze/acc_norm").run()
+    at = _open_with_measure("forgetting", pool_yaml)
     at.text_input(key="forgetting_alphas").set_value("0, 1")
     at.number_input(key="forgetting_max_general").set_value(2)
     at.number_input(key="forgetting_max_task").set_value(2)
-    at.button(key="forgetting_run").click().run()
-    finish_jobs(at, "forgetting")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    _click_and_finish(at, "forgetting_run", "forgetting")
     table = at.dataframe[0].value
     assert set(table["measure"]) == {"tiny_cloze/acc_norm"}
     direct = sweeps.alpha_curve(ModelPool.from_yaml(pool_yaml), "ft0", alphas=[0, 1], max_general=2, max_task=2,
@@ -234,17 +246,11 @@ def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny
     home = tmp_path / "home"
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
-    at = open_page("merge", pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
-    at.selectbox(key="merge_measure").set_value("tiny_cloze/acc_norm").run()
+    at = _open_with_measure("merge", pool_yaml)
     at.text_input(key="merge_name_ties").set_value("benchmarked")
     at.number_input(key="merge_max_general").set_value(2)
     at.number_input(key="merge_max_task").set_value(2)
-    at.button(key="merge_run").click().run()
-    finish_jobs(at, "merge")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    _click_and_finish(at, "merge_run", "merge")
     table = at.dataframe[0].value
     column = [c for c in table.columns if "tiny_cloze" in str(c) and "acc_norm" in str(c)]
     assert column, " | ".join(map(str, table.columns))
@@ -289,20 +295,14 @@ def test_fine_tunes_measured_by_a_benchmark_cli_api_and_page(tiny_llama, tmp_pat
                  "--no-save"]) == 2
     assert "nosuch_task" in capsys.readouterr().err
 
-    at = open_page("finetune", pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
-    at.selectbox(key="finetune_measure").set_value("tiny_cloze/acc_norm").run()
+    at = _open_with_measure("finetune", pool_yaml)
     at.radio(key="finetune_mode").set_value("one run").run()
     at.number_input(key="finetune_steps").set_value(2)
     at.number_input(key="finetune_batch").set_value(4)
     at.number_input(key="finetune_lr").set_value(1e-2)
     at.number_input(key="finetune_max_general").set_value(2)
     at.number_input(key="finetune_max_task").set_value(2)
-    at.button(key="finetune_run").click().run()
-    finish_jobs(at, "finetune")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    _click_and_finish(at, "finetune_run", "finetune")
     final = json.loads(at.get("plotly_chart")[1].proto.spec)
     assert "tiny_cloze/acc_norm" in json.dumps(final["layout"]["yaxis"]["title"])
     runs = [t for t in final["data"] if t.get("mode") == "markers" and not t["name"].startswith("start")]
