@@ -357,9 +357,12 @@ class _Builder:
 
         _, probes = self.data()
         base, tokenizer = self.base()
-        model = add_lora(copy.deepcopy(base), self.spec.lora)
+        seed = self.spec.seed + 101 + index
+        with torch.random.fork_rng(devices=[]):   # PEFT draws lora_A from the global generator: seed it here
+            torch.manual_seed(seed)
+            model = add_lora(copy.deepcopy(base), self.spec.lora)
         result = finetune(model, tokenizer, probes.task(task).train, self.spec.lora.train,
-                          seed=self.spec.seed + 101 + index, template=self.spec.template,
+                          seed=seed, template=self.spec.template,
                           progress=scaled(progress, 0.0, 0.9))
         model.eval()
         name = f"lora-{task}"
