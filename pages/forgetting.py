@@ -90,7 +90,8 @@ with right:
 
     def show_partial(partial) -> None:
         st.caption(f"{len(partial.points)} point(s) so far")
-        st.plotly_chart(partial_figure(partial, tradeoff_figure, task=partial.task, measure=measure),
+        st.plotly_chart(partial_figure(partial, tradeoff_figure, task=partial.task, measure=measure,
+                                       general_measure=measures.general_measure),
                         key="forgetting_live")
 
     def keep(done) -> None:

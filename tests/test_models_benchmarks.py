@@ -231,7 +231,12 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     direct = sweeps.alpha_curve(ModelPool.from_yaml(pool_yaml), "ft0", alphas=[0, 1], max_general=2, max_task=2,
                                 benchmarks=BenchmarkSpec(general=["tiny_cloze"], include=str(pool_yaml.parent /
                                                                                                "lm_tasks"), limit=4))
-    assert list(table["speciality"]) == [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in direct.points]
+    expected = [p.scorecard.benchmarks["tiny_cloze"]["acc_norm"] for p in direct.points]
+    assert list(table["speciality"]) == expected
+    charts = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+    tradeoff = [c for c in charts if "tiny_cloze/acc_norm" in json.dumps(c["layout"].get("yaxis", {}))]
+    assert tradeoff, [c["layout"].get("yaxis") for c in charts]                    # the chart's axis is the metric
+    assert tradeoff[0]["data"][0]["y"] == expected                                  # and its points its values
     worker = [c for c in table.columns if "worker" in str(c) and "pid" in str(c)]
     assert worker and set(table[worker[0]]) == {os.getpid()}
 
