@@ -160,6 +160,16 @@ def check_tasks(names: Sequence[str], manager) -> list[str]:
     return list(names)
 
 
+def checked_manager(spec: "BenchmarkSpec | None"):
+    """The lm-eval TaskManager for a BenchmarkSpec's tasks, each checked (BenchmarkError naming close matches
+    otherwise), or None when `spec` names no task. Call it before any work so that a bad task fails first."""
+    if spec is None or not spec.all_tasks:
+        return None
+    manager = task_manager(spec.include, spec.all_tasks)
+    check_tasks(spec.all_tasks, manager)
+    return manager
+
+
 def _offline() -> bool:
     return any(os.environ.get(v, "0") not in ("0", "", "false", "False")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))

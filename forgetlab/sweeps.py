@@ -444,12 +444,10 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
     eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)
     if task is not None and task not in eval_tasks:
         eval_tasks.append(task)
-    manager = None
-    if benchmarks is not None and benchmarks.all_tasks:
-        from forgetlab.benchmarks import check_tasks, task_manager
+    from forgetlab.benchmarks import checked_manager
 
-        manager = task_manager(benchmarks.include, benchmarks.all_tasks)
-        check_tasks(benchmarks.all_tasks, manager)
+    manager = checked_manager(benchmarks)
+    if manager is not None:
         recipe = {**recipe, "benchmarks": benchmarks.to_dict()}
     from forgetlab.executors import make_executor
 

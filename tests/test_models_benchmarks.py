@@ -341,3 +341,48 @@ def test_merge_search_scored_by_a_benchmark_equals_lm_eval_on_the_merged_folder(
     assert main(["search", str(recipe), "--pool", str(pool_yaml), "--budget", "2", "--measure", "nosuch/acc",
                  "--no-save"]) == 2
     assert "nosuch" in capsys.readouterr().err
+
+
+def test_cli_merge_scores_the_merge_with_lm_eval_equal_to_lm_eval_on_the_saved_folder(tiny_llama, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """`forgetlab merge RECIPE OUT --pool P --lm-eval TASK --limit N` scores the merge beside the pool's base and
+    the recipe's parents: the merge's benchmark numbers (printed, and in OUT/scorecards.json) equal lm-eval on
+    the saved folder; `--eval` alone runs the pool's benchmarks. An unknown task, or evaluating without a pool,
+    is exit 2 before the merge, with nothing written."""
+    from forgetlab.benchmarks import evaluate_benchmarks
+    from forgetlab.checkpoints import load_model, load_tokenizer
+    from forgetlab.cli import main
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    recipe = pool_yaml.parent / "ties.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "ties", "base": "base", "models": ["ft0", "ft1"],
+                                      "params": {"keep": 0.5}}))
+    small = ["--max-general", "2", "--max-task", "2"]
+    out = tmp_path / "merged"
+    assert main(["merge", str(recipe), str(out), "--pool", str(pool_yaml), "--lm-eval", "tiny_cloze", "--limit", "3",
+                 *small]) == 0
+    printed = capsys.readouterr().out
+    saved = json.loads((out / "scorecards.json").read_text())["cards"]
+    assert [c["model"] for c in saved] == ["base", "ft0", "ft1", "merged"]
+    direct = evaluate_benchmarks(load_model(out, device="cpu"), load_tokenizer(out), ["tiny_cloze"],
+                                 include=pool_yaml.parent / "lm_tasks", limit=3)
+    assert saved[-1]["benchmarks"] == direct
+    assert f"merged benchmarks: {json.dumps(direct)}" in printed
+    assert (out / "recipe.yaml").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".merged")]
+
+    assert main(["merge", str(recipe), str(tmp_path / "pooled"), "--pool", str(pool_yaml), "--eval", *small]) == 0
+    pooled = json.loads((tmp_path / "pooled" / "scorecards.json").read_text())["cards"]
+    assert set(pooled[-1]["benchmarks"]["tiny_cloze"]) == {"acc", "acc_norm"}       # the pool's tasks, limit 4
+    capsys.readouterr()
+
+    bad = tmp_path / "bad"
+    assert main(["merge", str(recipe), str(bad), "--pool", str(pool_yaml), "--lm-eval", "tiny_clozee"]) == 2
+    assert "tiny_clozee" in capsys.readouterr().err
+    assert main(["merge", str(recipe), str(bad), "--lm-eval", "tiny_cloze"]) == 2
+    assert "--pool" in capsys.readouterr().err
+    assert not bad.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
+    (pool_yaml.parent / "lm_tasks" / "tiny_cloze.jsonl").unlink()     # fails only once lm-eval runs: after merging
+    assert main(["merge", str(recipe), str(bad), "--pool", str(pool_yaml), "--eval", *small]) == 2
+    assert "data of the local lm-eval task 'tiny_cloze' is missing" in capsys.readouterr().err
+    assert not bad.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]

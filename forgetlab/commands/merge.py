@@ -18,7 +18,15 @@ def register(subparsers) -> None:
     p.add_argument("out_dir", help="Output folder (refused if it exists, unless --overwrite).")
     p.add_argument("--overwrite", action="store_true", help="Replace OUT_DIR if it exists (only once complete).")
     p.add_argument("--device", default="cpu", help="Where the arithmetic runs: cpu (default) or cuda.")
-    p.add_argument("--pool", help="pool.yaml with probe data, for methods that need one (e.g. slwm).")
+    p.add_argument("--pool", help="pool.yaml with probe data, for methods that need one (e.g. slwm), and to "
+                   "evaluate the merge (--eval)")
+    p.add_argument("--eval", action="store_true", help="score the merge beside the pool's base and the recipe's "
+                   "parents (general loss, exact match and answer loss per task, and the pool's lm-eval benchmarks) "
+                   "and save the scorecards as OUT_DIR/scorecards.json; needs --pool")
+    from forgetlab.commands.models import add_benchmark_arguments
+    add_benchmark_arguments(p, "the base, the parents and the merge (implies --eval)")
+    p.add_argument("--max-general", type=int, default=None, help="--eval: at most this many general-text blocks")
+    p.add_argument("--max-task", type=int, default=None, help="--eval: at most this many pairs per task")
     p.set_defaults(func=_merge)
 
     m = subparsers.add_parser("methods", help="List the merge methods with their parameters and defaults.")
@@ -43,19 +51,47 @@ def register(subparsers) -> None:
 
 
 def _merge(args) -> int:
+    from forgetlab.errors import ParameterError
     from forgetlab.merge import run
 
+    evaluate = args.eval or bool(args.lm_eval)
+    if not evaluate and (args.lm_eval_include or args.limit is not None or args.no_lm_eval or args.max_general
+                         is not None or args.max_task is not None):
+        raise ParameterError("--lm-eval-include, --limit, --no-lm-eval, --max-general and --max-task set how the "
+                             "merge is evaluated: add --eval (and --pool).")
+    if evaluate and not args.pool:
+        raise ParameterError("Evaluating the merge (--eval, --lm-eval) needs the pool whose probe data and base "
+                             "judge it: add --pool POOL.yaml.")
     pool = None
     if args.pool:
         from forgetlab.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("merge")
     try:
-        res = run(args.recipe, args.out_dir, progress=update, overwrite=args.overwrite, device=args.device, pool=pool)
+        if evaluate:
+            from forgetlab.commands.models import benchmark_spec
+            from forgetlab.merge.workflow import merge_and_evaluate
+
+            bench, manager = benchmark_spec(args, pool)         # tasks checked before the merge starts
+            res, cards = merge_and_evaluate(args.recipe, args.out_dir, pool, overwrite=args.overwrite,
+                                            device=args.device, max_general=args.max_general,
+                                            max_task=args.max_task, benchmarks=bench, benchmark_manager=manager,
+                                            progress=update)
+        else:
+            res = run(args.recipe, args.out_dir, progress=update, overwrite=args.overwrite, device=args.device,
+                      pool=pool)
     finally:
         close()
     emit(f"merged {res.n_tensors} tensors ({res.n_parameters:,} parameters) with {res.method} in "
          f"{res.seconds:.1f} s into {res.out_dir}")
+    if evaluate:
+        from forgetlab.merge.workflow import SCORECARDS, cards_frame
+
+        emit_frame(cards_frame(cards, merged=[cards[-1].model]))
+        for card in cards:
+            if card.benchmarks:
+                emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")
+        emit(f"scorecards saved in {res.out_dir / SCORECARDS}")
     return 0
 
 

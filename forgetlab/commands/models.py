@@ -38,12 +38,7 @@ def register(sub) -> None:
     p.add_argument("--max-task", type=int, default=None, help="at most this many pairs per task")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--out", help="CSV or JSON file")
-    p.add_argument("--lm-eval", metavar="TASK[,TASK…]", help="also run these lm-evaluation-harness tasks on each "
-                   "model (standard names such as arc_easy need their dataset online or cached; local tasks "
-                   "work offline); default: the pool's probes.benchmarks, if any")
-    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
-    p.add_argument("--no-lm-eval", action="store_true", help="skip the pool's lm-eval benchmarks")
+    add_benchmark_arguments(p)
     p.add_argument("--general-loss", choices=GENERAL_LOSS_MODES, default="blocks",
                    help="blocks: packed 128-token blocks, EOS between documents (default); documents: one "
                         "sequence per document")
@@ -165,13 +160,24 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def add_benchmark_arguments(p, what: str = "each model") -> None:
+    """--lm-eval TASK[,TASK…], --lm-eval-include DIR, --limit N and --no-lm-eval (read by `benchmark_spec`)."""
+    from forgetlab.commands.sweep import add_lm_eval_arguments
+
+    p.add_argument("--lm-eval", metavar="TASK[,TASK…]", help=f"also run these lm-evaluation-harness tasks on {what} "
+                   "(standard names such as arc_easy need their dataset online or cached; local tasks "
+                   "work offline); default: the pool's probes.benchmarks, if any")
+    add_lm_eval_arguments(p)
+    p.add_argument("--no-lm-eval", action="store_true", help="skip the pool's lm-eval benchmarks")
+
+
 def benchmark_spec(args, pool):
     """(BenchmarkSpec, lm-eval TaskManager) from --lm-eval/--lm-eval-include/--limit, else the pool's
     probes.benchmarks; (None, None) when no benchmark is asked for. Every task is checked before any model
     is loaded."""
     from dataclasses import replace
 
-    from forgetlab.benchmarks import BenchmarkSpec, check_limit, check_tasks, parse_tasks, task_manager
+    from forgetlab.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
 
     spec = None if args.no_lm_eval else pool.probes.benchmarks if pool.probes is not None else None
     if args.lm_eval:
@@ -184,6 +190,4 @@ def benchmark_spec(args, pool):
         return None, None
     if args.limit is not None:
         spec = replace(spec, limit=check_limit(args.limit))
-    manager = task_manager(spec.include, spec.all_tasks)
-    check_tasks(spec.all_tasks, manager)
-    return spec, manager
+    return spec, checked_manager(spec)

@@ -75,6 +75,12 @@ def open_sources(recipe: Recipe):
     return base_ck, base, models
 
 
+def recipe_inputs(recipe: Recipe) -> list[Path]:
+    """`merge_inputs` of a recipe, its checkpoints opened lazily (headers only)."""
+    base_ck = ck.open_checkpoint(recipe.base)
+    return merge_inputs(base_ck, [ck.open_checkpoint(m.model, base=base_ck) for m in recipe.models], recipe)
+
+
 def merge_inputs(base_ck, model_cks, recipe: Recipe) -> list[Path]:
     """Every file or folder a merge reads (base, models, adapters' bases, the pool file): an output folder
     that holds one of them is never replaced."""

@@ -70,11 +70,13 @@ def merge_into_workspace(recipe: Recipe, name: str, *, home: str | Path | None =
 
 def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, device: str | None = None,
                    max_general: int | None = 32, max_task: int | None = 50, cache: dict | None = None,
-                   benchmarks=None, progress: Progress = None) -> list[Scorecard]:
+                   benchmarks=None, benchmark_manager=None, name: str | None = None,
+                   progress: Progress = None) -> list[Scorecard]:
     """Scorecards of the base, the parents and the merged model (in that order) on the pool's probe data
     (eval split); saves them as scorecards.json in the merged folder. `cache` (a dict) reuses the scorecards
     of the base and parents between calls with the same settings. `benchmarks` (a BenchmarkSpec, e.g. the
-    pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard."""
+    pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
+    TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
     from forgetlab.checkpoints import load_model
 
     if pool.probes is None:
@@ -83,12 +85,9 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1
-    manager = None
-    if benchmarks is not None and benchmarks.all_tasks:
-        from forgetlab.benchmarks import check_tasks, task_manager
+    from forgetlab.benchmarks import checked_manager
 
-        manager = task_manager(benchmarks.include, benchmarks.all_tasks)
-        check_tasks(benchmarks.all_tasks, manager)
+    manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
     bench_key = json.dumps(benchmarks.to_dict(), sort_keys=True) if manager is not None else None
     for i, n in enumerate(names):
@@ -103,7 +102,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
             cache[key] = card
         cards.append(card)
     model = load_model(merged_dir, device=device)
-    cards.append(evaluate(model, pool.tokenizer, pool.probes, name=merged_dir.name, max_general=max_general,
+    cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name or merged_dir.name, max_general=max_general,
                           max_task=max_task, progress=scaled(progress, (steps - 1) / steps, 1.0), **bench))
     del model
     payload = {"parents": list(parents), "max_general": max_general, "max_task": max_task,
@@ -113,6 +112,63 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     except OSError as exc:
         raise WorkspaceError(f"Cannot save the scorecards into {merged_dir} ({exc}).") from None
     return cards
+
+
+def _ref_key(ref: Any) -> str:
+    """A model reference compared by what it points at: an existing path resolved, anything else as written."""
+    path = Path(str(ref)).expanduser()
+    return str(path.resolve()) if path.exists() else str(ref)
+
+
+def recipe_parents(pool, recipe: Recipe) -> list[str]:
+    """Pool names of the recipe's fine-tuned models (matched by the folder they point at), in recipe order;
+    ParameterError when the recipe merges into another base than the pool's or names a model the pool lacks
+    (its scorecards would not be comparable)."""
+    if _ref_key(recipe.base) != _ref_key(pool.base_ref):
+        raise ParameterError(f"The recipe merges into {recipe.base}, but the pool's base is {pool.base_ref}; "
+                             "evaluate the merge with a pool of the same base.")
+    by_ref = {_ref_key(e.ref): n for n, e in pool.entries.items()}
+    missing = [m.model for m in recipe.models if _ref_key(m.model) not in by_ref]
+    if missing:
+        raise ParameterError(f"The recipe merges {', '.join(map(str, missing))}, which the pool does not hold "
+                             f"(its models: {', '.join(pool.model_names)}); add them to the pool file to compare "
+                             "the merge with its parents.")
+    return [by_ref[_ref_key(m.model)] for m in recipe.models]
+
+
+def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
+                       device: str = "cpu", max_general: int | None = 32, max_task: int | None = 50,
+                       benchmarks=None, benchmark_manager=None,
+                       progress: Progress = None) -> tuple[MergeResult, list[Scorecard]]:
+    """Merge `recipe` into `out_dir` and score it beside the pool's base and the recipe's parents
+    (`evaluate_merge`, with `benchmarks`' lm-eval metrics in every card), as one output: the folder appears
+    complete with its scorecards.json, or not at all. Parents, tasks, include folder and limit are checked
+    before the merge starts; a failed evaluation leaves nothing (an existing `out_dir`, replaced only with
+    `overwrite`, stays as it was). `benchmark_manager`: the lm-eval TaskManager of `benchmarks`, if already
+    made. Returns the MergeResult (its out_dir the final folder) and the cards."""
+    from dataclasses import replace
+
+    from forgetlab.benchmarks import checked_manager
+    from forgetlab.merge.engine import recipe_inputs
+    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.outputs import atomic_output_dir, check_output_dir
+
+    recipe = load_recipe(recipe)
+    if pool.probes is None:
+        raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
+    parents = recipe_parents(pool, recipe)
+    manager = benchmark_manager or checked_manager(benchmarks)
+    out = check_output_dir(out_dir, overwrite)
+    with atomic_output_dir(out, overwrite, inputs=recipe_inputs(recipe), kind="merge") as tmp:
+        inner = tmp / out.name
+        result = run(recipe, inner, progress=scaled(progress, 0.0, 0.4), device=device, pool=pool)
+        for f in inner.iterdir():               # the merged folder's files become the output's own
+            f.replace(tmp / f.name)
+        inner.rmdir()
+        cards = evaluate_merge(pool, tmp, parents, device=device, max_general=max_general, max_task=max_task,
+                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name,
+                               progress=scaled(progress, 0.4, 1.0))
+    return replace(result, out_dir=out), cards
 
 
 def cards_frame(cards: Sequence[Scorecard], merged: Sequence[str] = ()) -> pd.DataFrame:

@@ -250,17 +250,6 @@ def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_ge
     return fn
 
 
-def _benchmark_manager(benchmarks):
-    """The lm-eval task manager of a BenchmarkSpec (its tasks checked), or None without benchmarks."""
-    if benchmarks is None or not benchmarks.all_tasks:
-        return None
-    from forgetlab.benchmarks import check_tasks, task_manager
-
-    manager = task_manager(benchmarks.include, benchmarks.all_tasks)
-    check_tasks(benchmarks.all_tasks, manager)
-    return manager
-
-
 def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
     return Scorecard.from_dict(rec["scorecard"])
 
@@ -290,7 +279,9 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         raise ProbeDataError("Fine-tuning records generality on held-out general text; add `probes: general:` "
                              "to the pool file.")
     examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
-    manager = _benchmark_manager(benchmarks)
+    from forgetlab.benchmarks import checked_manager
+
+    manager = checked_manager(benchmarks)
     tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
     if task not in tasks:
         tasks.append(task)
@@ -351,7 +342,9 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     if "/" in measure and (benchmarks is None or measure.partition("/")[0] not in benchmarks.all_tasks):
         raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= with its task "
                              f"{measure.partition('/')[0]!r} (CLI: the measure itself adds it).")
-    _benchmark_manager(benchmarks)            # an unknown task or a bad include folder fails before training
+    from forgetlab.benchmarks import checked_manager
+
+    checked_manager(benchmarks)               # an unknown task or a bad include folder fails before training
     comp = FinetuneComparison(task=task, start=start, recipe={
         "task": task, "start": start, "configs": [c.to_dict() for c in configs], "eval_every": eval_every,
         "max_general": max_general, "max_task": max_task, "max_train": max_train, "measure": measure,
