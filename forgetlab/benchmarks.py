@@ -170,6 +170,46 @@ def checked_manager(spec: "BenchmarkSpec | None"):
     return manager
 
 
+def reported_metrics(task: str, manager, include: str | None = None) -> list[str] | None:
+    """The metric names lm-eval will report for `task` (as `evaluate_benchmarks` names them: `acc`,
+    `exact_match,strict-match`), read from the task as lm-eval builds it (its metric list and filters), before
+    any model runs; None for a group of tasks (its metrics are aggregates that only a run reveals)."""
+    try:
+        if hasattr(manager, "load"):                 # lm-eval ≥ 0.4.10: {"tasks": {leaf name: Task}, "groups": …}
+            built = manager.load([task]).get("tasks", {})
+        else:
+            built = manager.load_task_or_group([task])
+    except ForgetlabError:
+        raise
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as exc:  # the task's dataset is loaded here: missing files, no network, bad YAML
+        raise _explain(task, exc, _is_local(task, manager, include)) from None
+    obj = built.get(task) if isinstance(built, Mapping) else None
+    if obj is None or not hasattr(obj, "aggregation"):
+        return None
+    filters = [getattr(f, "name", "none") for f in getattr(obj, "_filters", [])] or ["none"]
+    return [m if f in ("", "none") else f"{m},{f}" for m in obj.aggregation() for f in filters]
+
+
+def check_metrics(measures: Sequence[str], spec: BenchmarkSpec, manager=None) -> None:
+    """Check every benchmark measure `TASK/METRIC` among `measures` before any work: TASK is one of `spec`'s
+    tasks and known to lm-eval, and METRIC is one that the task reports (BenchmarkError listing them
+    otherwise). Built-in measures (no '/') are skipped."""
+    wanted = [m for m in measures if "/" in str(m)]
+    if not wanted:
+        return
+    manager = manager or checked_manager(spec)
+    for measure in wanted:
+        task, metric = check_measure(measure, spec.all_tasks if spec is not None else [])
+        metrics = reported_metrics(task, manager, spec.include)
+        if metrics is not None and metric not in metrics:
+            close = difflib.get_close_matches(metric, metrics, n=1, cutoff=0.5)
+            hint = f" (did you mean {task}/{close[0]}?)" if close else ""
+            raise BenchmarkError(f"lm-eval task {task!r} does not report a metric {metric!r}{hint}; it reports "
+                                 f"{', '.join(metrics)}. Write the measure as {task}/<one of those>.")
+
+
 def _offline() -> bool:
     return any(os.environ.get(v, "0") not in ("0", "", "false", "False")
                for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"))

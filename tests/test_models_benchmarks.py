@@ -386,3 +386,26 @@ def test_cli_merge_scores_the_merge_with_lm_eval_equal_to_lm_eval_on_the_saved_f
     assert main(["merge", str(recipe), str(bad), "--pool", str(pool_yaml), "--eval", *small]) == 2
     assert "data of the local lm-eval task 'tiny_cloze' is missing" in capsys.readouterr().err
     assert not bad.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
+
+
+def test_a_metric_the_task_does_not_report_is_refused_before_any_work(tiny_llama, tmp_path, monkeypatch, capsys):
+    """sweep and search check a benchmark measure's metric against the metrics the lm-eval task reports before
+    the first point: exit 2 naming the task's metrics, nothing saved."""
+    from forgetlab.benchmarks import BenchmarkError, BenchmarkSpec, check_metrics
+    from forgetlab.cli import main
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    recipe = pool_yaml.parent / "ties.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "ties", "base": "base", "models": ["ft0", "ft1"]}))
+    for argv in (["sweep", "alpha", str(pool_yaml), "--model", "ft0", "--general-measure", "tiny_cloze/f1"],
+                 ["search", str(recipe), "--pool", str(pool_yaml), "--budget", "2", "--measure", "tiny_cloze/f1"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "does not report a metric 'f1'" in err and "acc, acc_norm" in err, err
+    assert not home.exists() or not any((home / "runs").glob("*"))
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(pool_yaml.parent / "lm_tasks"))
+    check_metrics(["exact_match", "tiny_cloze/acc", "tiny_cloze/acc_norm"], spec)        # the real ones pass
+    with pytest.raises(BenchmarkError, match="did you mean tiny_cloze/acc_norm"):
+        check_metrics(["tiny_cloze/acc_nrm"], spec)

@@ -81,16 +81,19 @@ def add_lm_eval_arguments(p) -> None:
 
 def measure_benchmarks(pool, measures, include, limit):
     """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
-    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in."""
-    from forgetlab.benchmarks import BenchmarkSpec, check_limit
+    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
+    Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
+    from forgetlab.benchmarks import BenchmarkSpec, check_limit, check_metrics
     from forgetlab.sweeps import is_benchmark
 
     tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
     if not tasks:
         return None
     pool_spec = pool.probes.benchmarks if pool.probes is not None else None
-    return BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
+    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
                          limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
+    check_metrics(measures, spec)
+    return spec
 
 
 def cmd_sweep(args) -> int:
