@@ -170,6 +170,15 @@ def checked_manager(spec: "BenchmarkSpec | None"):
     return manager
 
 
+def require_task(measure: str, spec: "BenchmarkSpec | None") -> None:
+    """ParameterError when `measure` is a benchmark `TASK/METRIC` whose task `spec` does not run (a core
+    function was given the measure without the benchmarks that produce it); built-in measures pass."""
+    task = str(measure).partition("/")[0]
+    if "/" in str(measure) and (spec is None or task not in spec.all_tasks):
+        raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= naming its task "
+                             f"{task!r} (CLI: the measure itself adds it).")
+
+
 def reported_metrics(task: str, manager, include: str | None = None) -> list[str] | None:
     """The metric names lm-eval will report for `task` (as `evaluate_benchmarks` names them: `acc`,
     `exact_match,strict-match`), read from the task as lm-eval builds it (its metric list and filters), before

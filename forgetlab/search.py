@@ -279,11 +279,9 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     if objective not in OBJECTIVES:
         raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
     if "/" in str(measure):
-        if benchmarks is None or measure.partition("/")[0] not in benchmarks.all_tasks:
-            raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= naming its task "
-                                 f"{measure.partition('/')[0]!r} (CLI: the measure itself adds it).")
-        from forgetlab.benchmarks import checked_manager
+        from forgetlab.benchmarks import checked_manager, require_task
 
+        require_task(measure, benchmarks)
         checked_manager(benchmarks)
     elif measure not in SEARCH_MEASURES:
         raise ParameterError(f"Unknown measure {measure!r}; choose one of {', '.join(SEARCH_MEASURES)} or an "

@@ -10,7 +10,7 @@ from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, f
 from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
                           show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
-from forgetlab.ui.measure import SweepMeasures, speciality_measure
+from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
 
@@ -55,11 +55,12 @@ with left:
     go = st.button("Fine-tune", type="primary", key="finetune_run")
 
 with right:
-    measure = speciality_measure("finetune", pool, benchmarks=True)
+    measures = sweep_measures("finetune", pool)
+    measure, general = measures.measure, measures.general_measure
     device, _dtype = device_settings()
     # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  device=device, **SweepMeasures(pool, measure, "general_loss").settings)
+                  device=device, **measures.settings)
     if mode == "one run":
         label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
         label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
@@ -88,12 +89,12 @@ with right:
                                   on_record=on_record, **common)
             result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
                                                              "configs": [configs[0].to_dict()]})
-            result.mark_pareto(measure)
+            result.mark_pareto(measure, general)
         else:
             from forgetlab.ui.executor import session_executor
 
-            result = compare(pool, task, configs, progress=progress, measure=measure, executor=session_executor(),
-                             **common,
+            result = compare(pool, task, configs, progress=progress, measure=measure, general_measure=general,
+                             executor=session_executor(), **common,
                              on_run=lambda run, partial: progress.publish(FinetuneComparison(
                                  partial.task, partial.start, list(partial.runs), partial.recipe)))
         return {"result": result, "model": model, "path": save_finetune_run(result)}
@@ -104,7 +105,7 @@ with right:
             st.line_chart(partial, height=220)
         else:
             st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
-            st.plotly_chart(partial_figure(partial, trajectories_figure, measure), key="finetune_live")
+            st.plotly_chart(partial_figure(partial, trajectories_figure, measure, general), key="finetune_live")
 
     def keep(done: dict) -> None:
         # the model moves into this session: the finished job (kept for other tabs) must not hold a model copy
@@ -120,10 +121,10 @@ with right:
         st.info("Configure a run (left) and press Fine-tune.")
     else:
         st.subheader(f"{result.start} fine-tuned on {result.task}")
-        st.plotly_chart(trajectories_figure(result, measure), key="finetune_trajectories")
+        st.plotly_chart(trajectories_figure(result, measure, general), key="finetune_trajectories")
         # stacked, each at the column's full width (side by side they were ~170 px wide at a 1000 px window)
         st.markdown("**Final trade-off**")
-        st.plotly_chart(final_scatter(result, measure), key="finetune_final")
+        st.plotly_chart(final_scatter(result, measure, general), key="finetune_final")
         st.markdown("**Training loss**")
         st.plotly_chart(loss_figure(result), key="finetune_loss")
         frame = result.to_frame()

@@ -388,6 +388,62 @@ def test_cli_merge_scores_the_merge_with_lm_eval_equal_to_lm_eval_on_the_saved_f
     assert not bad.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".bad")]
 
 
+def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(tiny_llama, tmp_path, monkeypatch,
+                                                                                capsys):
+    """`finetune --compare --measure TASK/METRIC --general-measure TASK/METRIC` runs the lm-eval task at every
+    record of every run: the AdamW run's final values equal lm-eval on the same fine-tune's model, the Pareto
+    front is taken on both benchmark axes and the run is saved with them; a metric the task does not report is
+    exit 2 before training. The Fine-tune page's final trade-off plots the benchmark generality on x."""
+    from forgetlab.benchmarks import BenchmarkSpec, evaluate_benchmarks
+    from forgetlab.cli import main
+    from forgetlab.pool import ModelPool
+    from forgetlab.sweeps import pareto_mask
+    from forgetlab.train.runs import finetune, load_finetune_run, standard_configs
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
+    pool = ModelPool.from_yaml(pool_yaml)
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(pool_yaml.parent / "lm_tasks"), limit=4)
+    _, model = finetune(pool, "copy", standard_configs(2, 1e-2, batch_size=4)[0], max_general=2, max_task=2,
+                        benchmarks=spec, return_model=True)
+    direct = evaluate_benchmarks(model, pool.tokenizer, ["tiny_cloze"], include=spec.include, limit=4)["tiny_cloze"]
+
+    args = ["finetune", str(pool_yaml), "--task", "copy", "--steps", "2", "--batch-size", "4", "--lr", "1e-2",
+            "--max-general", "2", "--max-task", "2", "--limit", "4"]
+    assert main([*args, "--compare", "--measure", "tiny_cloze/acc_norm", "--general-measure", "tiny_cloze/acc"]) == 0
+    out = capsys.readouterr().out
+    assert "speciality: tiny_cloze/acc_norm; generality: tiny_cloze/acc" in out
+    saved = [p for p in (home / "runs").iterdir() if "finetune" in p.name]
+    assert len(saved) == 1
+    comp = load_finetune_run(saved[0])
+    assert comp.recipe["measure"] == "tiny_cloze/acc_norm" and comp.recipe["general_measure"] == "tiny_cloze/acc"
+    assert [r.label for r in comp.runs][0] == "adamw" and len(comp.runs) == 5
+    assert comp.runs[0].final.benchmarks["tiny_cloze"] == direct                     # same seed, same batches
+    assert comp.runs[0].trajectory()["tiny_cloze/acc"].iloc[-1] == direct["acc"]     # recorded at every record
+    expected = pareto_mask([r.value("tiny_cloze/acc_norm") for r in comp.runs],
+                           [-r.generality("tiny_cloze/acc") for r in comp.runs])
+    assert [r.pareto for r in comp.runs] == expected
+    assert main([*args, "--measure", "tiny_cloze/accnorm", "--no-save"]) == 2        # not a metric it reports
+    err = capsys.readouterr().err
+    assert "does not report a metric 'accnorm'" in err and "tiny_cloze/acc_norm" in err
+    assert main([*args, "--general-measure", "tiny_clozee/acc", "--no-save"]) == 2
+    assert "tiny_clozee" in capsys.readouterr().err
+    assert len([p for p in (home / "runs").iterdir() if "finetune" in p.name]) == 1   # nothing more saved
+
+    at = _open_with_measure("finetune", pool_yaml)
+    at.selectbox(key="finetune_general_measure").set_value("tiny_cloze/acc").run()
+    at.radio(key="finetune_mode").set_value("one run").run()
+    for key, value in (("finetune_steps", 2), ("finetune_batch", 4), ("finetune_lr", 1e-2),
+                       ("finetune_max_general", 2), ("finetune_max_task", 2)):
+        at.number_input(key=key).set_value(value)
+    _click_and_finish(at, "finetune_run", "finetune")
+    final = json.loads(at.get("plotly_chart")[1].proto.spec)
+    assert "tiny_cloze/acc" in json.dumps(final["layout"]["xaxis"]["title"])
+    runs = [t for t in final["data"] if t.get("mode") == "markers" and not t["name"].startswith("start")]
+    assert runs and runs[0]["x"] == [direct["acc"]] and runs[0]["y"] == [direct["acc_norm"]]
+
+
 def test_a_metric_the_task_does_not_report_is_refused_before_any_work(tiny_llama, tmp_path, monkeypatch, capsys):
     """sweep and search check a benchmark measure's metric against the metrics the lm-eval task reports before
     the first point: exit 2 naming the task's metrics, nothing saved."""

@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--measure", default="exact_match",
                    help="speciality of the final table and the Pareto front: exact_match (default), answer_loss, or "
                         "an lm-eval metric TASK/METRIC (e.g. zoo_math/acc), then run at every record")
+    p.add_argument("--general-measure", default="general_loss",
+                   help="generality of the final table and the Pareto front: general_loss (held-out loss, default) "
+                        "or an lm-eval metric TASK/METRIC (e.g. zoo_wiki_cloze/acc), then run at every record")
     add_lm_eval_arguments(p)
     add_executor_arguments(p)
     p.set_defaults(func=cmd_finetune)
@@ -61,15 +64,15 @@ def cmd_finetune(args) -> int:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
     from forgetlab.commands.sweep import measure_benchmarks
-    from forgetlab.sweeps import check_measure
+    from forgetlab.sweeps import check_general_measure, check_measure
 
     pool = ModelPool.from_yaml(args.pool)
     if args.save_as is not None and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
-    measure = check_measure(args.measure)
+    measure, general = check_measure(args.measure), check_general_measure(args.general_measure)
     opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
                 max_task=args.max_task, max_train=args.max_train, device=args.device,
-                benchmarks=measure_benchmarks(pool, [measure], args.lm_eval_include, args.limit))
+                benchmarks=measure_benchmarks(pool, [measure, general], args.lm_eval_include, args.limit))
     update, close = tqdm_progress(f"finetune {args.task}")
     try:
         if args.compare:
@@ -79,7 +82,7 @@ def cmd_finetune(args) -> int:
                                        fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
                                        l2=args.l2 or 1.0)
             comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args),
-                           measure=measure, **opts)
+                           measure=measure, general_measure=general, **opts)
             model = None
         else:
             label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"
@@ -95,16 +98,20 @@ def cmd_finetune(args) -> int:
                                  sfa_p=args.sfa_p, sfa_beta=args.sfa_beta, l1=args.l1, l2=args.l2)
             run, model = finetune(pool, args.task, cfg, progress=update, return_model=True, **opts)
             comp = FinetuneComparison(args.task, args.start, [run], {"task": args.task, "start": args.start,
-                                                                     "configs": [cfg.to_dict()], "measure": measure})
-            comp.mark_pareto(measure)
+                                                                     "configs": [cfg.to_dict()], "measure": measure,
+                                                                     "general_measure": general})
+            comp.mark_pareto(measure, general)
     finally:
         close()
     traj = comp.trajectories()
+    shown = list(dict.fromkeys(m for m in (measure, general) if "/" in m))       # the benchmark measures
     emit(f"fine-tuning {args.start} on {args.task}: trajectories")
-    emit_frame(traj[[c for c in TRAJ + ([measure] if "/" in measure else []) if c in traj.columns]])
-    emit("final" + (f" (speciality: {measure})" if measure != "exact_match" else ""))
+    emit_frame(traj[[c for c in TRAJ + shown if c in traj.columns]])
+    named = [f"speciality: {measure}"] if measure != "exact_match" else []
+    named += [f"generality: {general}"] if general != "general_loss" else []
+    emit("final" + (f" ({'; '.join(named)})" if named else ""))
     final = comp.to_frame()
-    emit_frame(final[FINAL + ([measure] if "/" in measure and measure in final.columns else [])])
+    emit_frame(final[FINAL + [m for m in shown if m in final.columns]])
     if args.out is not None:
         emit_frame(traj, args.out)
     if not args.no_save:

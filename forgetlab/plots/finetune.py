@@ -54,6 +54,22 @@ def _final(run: FinetuneRun, measure: str, card=None) -> float:
         return float("nan")
 
 
+def _general(run: FinetuneRun, measure: str, card=None) -> float:
+    """The run's final generality (or that of `card`) in `measure`: general loss or an lm-eval TASK/METRIC;
+    NaN when it was not measured."""
+    try:
+        return run.generality(measure, card)
+    except ForgetlabError:          # a benchmark the run did not evaluate
+        return float("nan")
+
+
+def _general_title(measure: str) -> str:
+    """The generality's axis text: the held-out general loss, or an lm-eval metric with its direction."""
+    if measure == "general_loss":
+        return "general loss on held-out text ↓"
+    return f"{measure} {'↑' if higher_is_better(measure) else '↓'}"
+
+
 def _title(task: str, measure: str) -> str:
     """The speciality's axis text: "math exact match ↑", or an lm-eval metric with its direction."""
     if "/" in measure:
@@ -66,20 +82,22 @@ def _legend_below(fig: go.Figure, y: float = -0.2) -> None:
 
 
 def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
-                        measure: str = "exact_match") -> go.Figure:
-    """Three panels over training steps, one line per run (named as a person would: "MoFO 0.2"): held-out
-    general loss (↓), speciality on the task in `measure` (exact match ↑ or answer loss ↓) and D(θ, θ0) from
-    the starting weights. One x-axis title, under the middle panel; the legend below."""
+                        measure: str = "exact_match", general_measure: str = "general_loss") -> go.Figure:
+    """Three panels over training steps, one line per run (named as a person would: "MoFO 0.2"): generality
+    in `general_measure` (held-out general loss ↓ or an lm-eval TASK/METRIC), speciality on the task in
+    `measure` (exact match ↑, answer loss ↓ or an lm-eval TASK/METRIC) and D(θ, θ0) from the starting weights.
+    One x-axis title, under the middle panel; the legend below."""
     runs = _runs(data)
     task = runs[0].task if runs else ""
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        "general loss ↓", _title(task, measure), "D(θ, θ0)"))
+        "general loss ↓" if general_measure == "general_loss" else _general_title(general_measure),
+        _title(task, measure), "D(θ, θ0)"))
     for run in runs:
         df = run.trajectory()
         if df.empty:
             continue
         color, name = color_for(run.label), series_name(run.label)
-        for col, key in enumerate(("general_loss", measure, "distance"), start=1):
+        for col, key in enumerate((general_measure, measure, "distance"), start=1):
             if key not in df.columns:
                 continue
             fig.add_trace(go.Scatter(x=df["step"], y=df[key], mode="lines+markers", name=name,
@@ -106,36 +124,41 @@ def loss_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) 
 
 
 def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
-                  measure: str = "exact_match") -> go.Figure:
-    """Final speciality (y, `measure`: exact match ↑ or answer loss ↓) against final general loss (↓, x) per
-    run, the starting model as a grey diamond, and the Pareto front of the runs as a dashed step line. Runs
-    are told apart by colour and the legend (labels on the points collided when runs end close together)."""
+                  measure: str = "exact_match", general_measure: str = "general_loss") -> go.Figure:
+    """Final speciality (y, `measure`: exact match ↑, answer loss ↓ or an lm-eval TASK/METRIC) against final
+    generality (x, `general_measure`: held-out general loss ↓ or an lm-eval TASK/METRIC) per run, the starting
+    model as a grey diamond, and the Pareto front of the runs as a dashed step line. Runs are told apart by
+    colour and the legend (labels on the points collided when runs end close together)."""
     runs = _runs(data)
     higher = higher_is_better(measure)
     label = MEASURE_TITLES.get(measure, measure)
+    glabel = "general loss" if general_measure == "general_loss" else general_measure
     fig = go.Figure()
     if runs and runs[0].start_card is not None and runs[0].task in runs[0].start_card.tasks:
         start = runs[0].start_card
-        fig.add_trace(go.Scatter(x=[start.general_loss], y=[_final(runs[0], measure, start)],
+        fig.add_trace(go.Scatter(x=[_general(runs[0], general_measure, start)], y=[_final(runs[0], measure, start)],
                                  mode="markers", name=f"start ({runs[0].start})",
                                  marker=dict(symbol="diamond", size=13, color=color_for("base")),
-                                 hovertemplate=f"start ({runs[0].start})<br>general loss %{{x:.4f}}<br>"
+                                 hovertemplate=f"start ({runs[0].start})<br>{glabel} %{{x:.4f}}<br>"
                                                f"{label} %{{y:.4f}}<extra></extra>"))
     for run in runs:
         name = series_name(run.label)
-        fig.add_trace(go.Scatter(x=[run.general_loss], y=[_final(run, measure)], mode="markers", name=name,
+        fig.add_trace(go.Scatter(x=[_general(run, general_measure)], y=[_final(run, measure)], mode="markers",
+                                 name=name,
                                  marker=dict(size=13, color=color_for(run.label), line=dict(width=1, color="white")),
-                                 hovertemplate=f"{name}<br>general loss %{{x:.4f}}<br>{label} %{{y:.4f}}"
+                                 hovertemplate=f"{name}<br>{glabel} %{{x:.4f}}<br>{label} %{{y:.4f}}"
                                                "<extra></extra>"))
     if runs:
         sign = 1.0 if higher else -1.0
-        flags = pareto_mask([sign * _final(r, measure) for r in runs], [r.general_loss for r in runs])
-        front = sorted((r for r, f in zip(runs, flags) if f), key=lambda r: r.general_loss)
-        fig.add_trace(go.Scatter(x=[r.general_loss for r in front], y=[_final(r, measure) for r in front],
-                                 mode="lines", name="Pareto front",
+        gsign = -1.0 if higher_is_better(general_measure) else 1.0     # the mask wants a loss
+        flags = pareto_mask([sign * _final(r, measure) for r in runs],
+                            [gsign * _general(r, general_measure) for r in runs])
+        front = sorted((r for r, f in zip(runs, flags) if f), key=lambda r: gsign * _general(r, general_measure))
+        fig.add_trace(go.Scatter(x=[_general(r, general_measure) for r in front],
+                                 y=[_final(r, measure) for r in front], mode="lines", name="Pareto front",
                                  line=dict(color="black", dash="dash", shape="hv"), hoverinfo="skip"))
     task = runs[0].task if runs else ""
-    fig.update_layout(xaxis_title="general loss on held-out text ↓", yaxis_title=_title(task, measure),
+    fig.update_layout(xaxis_title=_general_title(general_measure), yaxis_title=_title(task, measure),
                       margin=dict(t=20, b=10, l=60, r=10), height=420)
     _legend_below(fig, -0.2)
     return fig

@@ -123,6 +123,18 @@ class FinetuneRun:
             return pick(card.benchmarks, measure)
         return float(getattr(card.tasks[self.task], measure))
 
+    def generality(self, measure: str = "general_loss", card: Optional[Scorecard] = None) -> float:
+        """The run's generality in `measure` — held-out general loss (↓) or an lm-eval `TASK/METRIC` (run at
+        every record with `benchmarks=`) — of its final scorecard, or of `card` (e.g. `start_card`)."""
+        card = card if card is not None else self.final
+        if card is None:
+            return float("nan")
+        if measure == "general_loss":
+            return float(card.general_loss)
+        from forgetlab.benchmarks import pick
+
+        return pick(card.benchmarks, measure)
+
     @property
     def general_loss(self) -> float:
         """Final held-out general loss."""
@@ -183,12 +195,15 @@ class FinetuneComparison:
     runs: list[FinetuneRun] = field(default_factory=list)
     recipe: dict[str, Any] = field(default_factory=dict)
 
-    def mark_pareto(self, measure: str = "exact_match") -> list[bool]:
-        """Flag the runs whose final (speciality in `measure`, general loss) no other run beats on both."""
+    def mark_pareto(self, measure: str = "exact_match", general_measure: str = "general_loss") -> list[bool]:
+        """Flag the runs whose final (speciality in `measure`, generality in `general_measure`) no other run
+        beats on both."""
         from forgetlab.sweeps import higher_is_better, pareto_mask
 
         sign = 1.0 if higher_is_better(measure) else -1.0
-        flags = pareto_mask([sign * r.value(measure) for r in self.runs], [r.general_loss for r in self.runs])
+        gsign = -1.0 if higher_is_better(general_measure) else 1.0       # the mask wants a loss
+        flags = pareto_mask([sign * r.value(measure) for r in self.runs],
+                            [gsign * r.generality(general_measure) for r in self.runs])
         for r, f in zip(self.runs, flags):
             r.pareto = f
         return flags
@@ -321,14 +336,16 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
             device: Optional[str] = None, on_run=None, progress: Progress = None,
-            executor=None, benchmarks=None, measure: str = "exact_match") -> FinetuneComparison:
+            executor=None, benchmarks=None, measure: str = "exact_match",
+            general_measure: str = "general_loss") -> FinetuneComparison:
     """Run each config from the same start on the same task data and mark the Pareto front of the finals.
 
     Configs should share `steps`, `batch_size` and `seed` for a fair comparison (same batches in the same
     order); `on_run(run, comparison)` is called after each run. Labels must be distinct. `executor` ("ray" or a
     `forgetlab.executors.Executor`) runs one fine-tune per worker; runs come back in the configs' order and
     record the worker that trained them. `benchmarks` runs lm-eval tasks at every record (see `finetune`);
-    `measure` (exact_match, answer_loss or a `TASK/METRIC` of them) decides the Pareto front.
+    `measure` (exact_match, answer_loss or a `TASK/METRIC` of them) and `general_measure` (general_loss or a
+    `TASK/METRIC` of them) decide the Pareto front.
     """
     configs = list(configs)
     if not configs:
@@ -336,18 +353,16 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise ParameterError(f"Config labels must be distinct; got {labels}.")
-    from forgetlab.sweeps import check_measure
+    from forgetlab.benchmarks import checked_manager, require_task
+    from forgetlab.sweeps import check_general_measure, check_measure
 
-    check_measure(measure)
-    if "/" in measure and (benchmarks is None or measure.partition("/")[0] not in benchmarks.all_tasks):
-        raise ParameterError(f"The measure {measure} is an lm-eval metric: pass benchmarks= with its task "
-                             f"{measure.partition('/')[0]!r} (CLI: the measure itself adds it).")
-    from forgetlab.benchmarks import checked_manager
-
+    for m in (check_measure(measure), check_general_measure(general_measure)):
+        require_task(m, benchmarks)
     checked_manager(benchmarks)               # an unknown task or a bad include folder fails before training
     comp = FinetuneComparison(task=task, start=start, recipe={
         "task": task, "start": start, "configs": [c.to_dict() for c in configs], "eval_every": eval_every,
         "max_general": max_general, "max_task": max_task, "max_train": max_train, "measure": measure,
+        "general_measure": general_measure,
         "benchmarks": benchmarks.to_dict() if benchmarks is not None else None,
         "pool": str(pool.source) if getattr(pool, "source", None) else None})
     n = len(configs)
@@ -369,7 +384,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
             run.executor, run.worker = executor.name, dict(out.worker or {})
             slots[out.index] = run
             comp.runs = [r for r in slots if r is not None]
-            comp.mark_pareto(measure)
+            comp.mark_pareto(measure, general_measure)
             if on_run is not None:
                 on_run(run, comp)
 
@@ -380,7 +395,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
         run = finetune(pool, task, cfg, progress=scaled(progress, i / n, (i + 1) / n), **kw)
         run.worker = worker_id()
         comp.runs.append(run)
-        comp.mark_pareto(measure)
+        comp.mark_pareto(measure, general_measure)
         if on_run is not None:
             on_run(run, comp)
     return comp

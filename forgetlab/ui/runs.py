@@ -82,7 +82,8 @@ def _finetune(run, measure="exact_match"):
     from forgetlab.train.runs import load_finetune_run
 
     comp = load_finetune_run(run.path)
-    return [trajectories_figure(comp, measure), loss_figure(comp), final_scatter(comp, measure)]
+    general = comp.recipe.get("general_measure") or "general_loss"       # the generality it was run with
+    return [trajectories_figure(comp, measure, general), loss_figure(comp), final_scatter(comp, measure, general)]
 
 
 def _finetunes(runs, measure="exact_match"):
