@@ -165,3 +165,20 @@ def test_cma_search_with_a_state_dict_loss_and_probe_data(tiny_llama):
     assert res.n_evals == 5 and math.isfinite(res.loss) and res.loss <= res.initial_loss
     # the loss really depends on the weights: the base and the start merge (λ = 1) score differently
     assert loss(base) != pytest.approx(res.history[0][1])
+
+
+def test_recipe_parents_maps_a_recipes_models_to_the_pool_and_refuses_what_it_cannot_compare(tiny_llama, tmp_path):
+    """`merge --eval` scores a recipe's parents by their pool names: matched by folder, the base among the
+    models (mergekit's linear) left out; a recipe into another base, or a model outside the pool, is refused."""
+    from forgetlab.merge.workflow import recipe_parents
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    ft = tiny_llama.finetuned
+    linear = load_recipe({"method": "linear", "base": str(tiny_llama.base),
+                          "models": [str(tiny_llama.base), str(ft["ft1"]), str(ft["ft0"])]})
+    assert recipe_parents(pool, linear) == ["ft1", "ft0"]
+    with pytest.raises(ParameterError, match="pool's base"):
+        recipe_parents(pool, load_recipe({"method": "ties", "base": str(ft["ft0"]), "models": [str(ft["ft1"])]}))
+    with pytest.raises(ParameterError, match="does not hold"):
+        recipe_parents(pool, load_recipe({"method": "ties", "base": str(tiny_llama.base), "models": [str(tmp_path)]}))

@@ -122,18 +122,21 @@ def _ref_key(ref: Any) -> str:
 
 def recipe_parents(pool, recipe: Recipe) -> list[str]:
     """Pool names of the recipe's fine-tuned models (matched by the folder they point at), in recipe order;
+    the base among them (mergekit's linear merges may list it) is left out, as it is scored as "base".
     ParameterError when the recipe merges into another base than the pool's or names a model the pool lacks
     (its scorecards would not be comparable)."""
-    if _ref_key(recipe.base) != _ref_key(pool.base_ref):
+    base = _ref_key(pool.base_ref)
+    if _ref_key(recipe.base) != base:
         raise ParameterError(f"The recipe merges into {recipe.base}, but the pool's base is {pool.base_ref}; "
                              "evaluate the merge with a pool of the same base.")
     by_ref = {_ref_key(e.ref): n for n, e in pool.entries.items()}
-    missing = [m.model for m in recipe.models if _ref_key(m.model) not in by_ref]
+    models = [m for m in recipe.models if _ref_key(m.model) != base]
+    missing = [m.model for m in models if _ref_key(m.model) not in by_ref]
     if missing:
         raise ParameterError(f"The recipe merges {', '.join(map(str, missing))}, which the pool does not hold "
                              f"(its models: {', '.join(pool.model_names)}); add them to the pool file to compare "
                              "the merge with its parents.")
-    return [by_ref[_ref_key(m.model)] for m in recipe.models]
+    return [by_ref[_ref_key(m.model)] for m in models]
 
 
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
