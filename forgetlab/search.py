@@ -255,26 +255,12 @@ def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
     return (em if measure == "exact_match" else al), al
 
 
-def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", max_forgetting: float = 0.05,
-           forgetting_weight: float = 1.0, measure: str = "exact_match", task: Optional[str] = None,
-           param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
-           sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
-           batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
-           executor=None, on_point=None, progress: Progress = None, benchmarks=None) -> SearchResult:
-    """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
-    its per-model values (or the parameter's default) are the start. `budget` counts candidate evaluations
-    (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point.
-    `measure` may be an lm-eval `TASK/METRIC` of the tasks in `benchmarks` (a BenchmarkSpec), run on every
-    candidate as mergekit-evolve scores merges."""
-    from forgetlab.executors import make_executor
-    from forgetlab.merge.recipes import ModelEntry, load_recipe
+def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: Optional[str], param: Optional[str],
+             bounds: tuple[float, float], hma_blocks: int, benchmarks):
+    """The search's checks of its settings (see `check_search`); returns (recipe, the searched parameter's spec
+    or None, (low, high))."""
+    from forgetlab.merge.recipes import load_recipe
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")           # cma warns that matplotlib is missing (no plots needed)
-            import cma
-    except ImportError:  # pragma: no cover - cma is a dependency
-        raise MissingDependencyError("The merge search needs the cma package: pip install cma") from None
     recipe = load_recipe(recipe)
     if objective not in OBJECTIVES:
         raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
@@ -304,6 +290,43 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
                              "per-block α with hma_blocks.")
     if pspec is not None and pspec.range and (lo < pspec.range[0] or hi > pspec.range[1]):
         raise ParameterError(f"bounds {bounds} leave {pspec.name}'s range {pspec.range}.")
+    recipe.validated_params()
+    return recipe, pspec, (lo, hi)
+
+
+def check_search(recipe, pool, *, budget: int = 30, objective: str = "constrained", measure: str = "exact_match",
+                 task: Optional[str] = None, param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0),
+                 hma_blocks: int = 0, benchmarks=None, **_ignored) -> None:
+    """Raise the ForgetlabError that `search(recipe, pool, ...)` would raise for these settings (recipe, budget,
+    objective, measure, task, parameter, bounds, probe data), without loading a model: the app checks a search
+    before starting it in the background. Other `search` keyword arguments are accepted and ignored."""
+    _checked(recipe, pool, budget=budget, objective=objective, measure=measure, task=task, param=param,
+             bounds=bounds, hma_blocks=hma_blocks, benchmarks=benchmarks)
+
+
+def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", max_forgetting: float = 0.05,
+           forgetting_weight: float = 1.0, measure: str = "exact_match", task: Optional[str] = None,
+           param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
+           sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
+           batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
+           executor=None, on_point=None, progress: Progress = None, benchmarks=None) -> SearchResult:
+    """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
+    its per-model values (or the parameter's default) are the start. `budget` counts candidate evaluations
+    (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point.
+    `measure` may be an lm-eval `TASK/METRIC` of the tasks in `benchmarks` (a BenchmarkSpec), run on every
+    candidate as mergekit-evolve scores merges."""
+    from forgetlab.executors import make_executor
+    from forgetlab.merge.recipes import ModelEntry
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")           # cma warns that matplotlib is missing (no plots needed)
+            import cma
+    except ImportError:  # pragma: no cover - cma is a dependency
+        raise MissingDependencyError("The merge search needs the cma package: pip install cma") from None
+    recipe, pspec, (lo, hi) = _checked(recipe, pool, budget=budget, objective=objective, measure=measure,
+                                       task=task, param=param, bounds=bounds, hma_blocks=hma_blocks,
+                                       benchmarks=benchmarks)
     base_params = recipe.validated_params()
     n = len(recipe.models)
     start: list[float] = []
@@ -428,6 +451,7 @@ def save_search(result: SearchResult, home_path=None):
               "measure": result.measure, "max_forgetting": result.max_forgetting,
               "forgetting_weight": result.forgetting_weight}
     return save_run("search", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
+
 
 
 # ------------------------------------------------------------------------------------ PCB λ search on workers

@@ -49,3 +49,27 @@ def test_search_cli_bad_input(tiny_llama, tmp_path, capsys):
     recipe = _write_recipe(tiny_llama, tmp_path / "ta.yaml")
     code = main(["search", str(recipe), "--pool", str(tiny_llama.pool_yaml), "--workers", "2", "--no-save"])
     assert code == 2 and "need --executor ray" in capsys.readouterr().err
+
+
+def test_check_search_refuses_what_search_refuses_without_loading_a_model(tiny_llama, tmp_path, monkeypatch):
+    """`check_search` (the app's check before it starts a search) raises the message `search` raises, and
+    opens no checkpoint for good settings."""
+    import pytest
+
+    from forgetlab import checkpoints
+    from forgetlab.errors import ParameterError
+    from forgetlab.pool import ModelPool
+    from forgetlab.search import check_search, search
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    recipe = _write_recipe(tiny_llama, tmp_path / "recipe.yaml")
+    for bad in (dict(budget=0), dict(objective="pareto"), dict(measure="bleu"), dict(bounds=(1.0, 1.0))):
+        with pytest.raises(ParameterError) as checked:
+            check_search(recipe, pool, **bad)
+        with pytest.raises(ParameterError) as ran:
+            search(recipe, pool, **bad)
+        assert str(checked.value) == str(ran.value)
+    with pytest.raises(ParameterError, match="no per-model weight"):
+        check_search(_write_recipe(tiny_llama, tmp_path / "wise.yaml", "wise_ft"), pool)
+    monkeypatch.setattr(checkpoints, "open_checkpoint", lambda *a, **k: pytest.fail("a checkpoint was opened"))
+    check_search(recipe, pool, budget=3, max_forgetting=0.1, device="cpu")   # search's other arguments: ignored
