@@ -63,6 +63,13 @@ def worker_id() -> dict[str, Any]:
     return {"host": socket.gethostname(), "pid": os.getpid()}
 
 
+def worker_label(worker: Optional[dict[str, Any]]) -> str:
+    """A worker as people write it: ``"host:pid"`` (``""`` when unknown), e.g. ``worker_label(worker_id())``."""
+    if not worker:
+        return ""
+    return f"{worker.get('host')}:{worker.get('pid')}"
+
+
 @dataclass
 class Outcome:
     """The result of one item: its value (None when it failed), the worker, time and attempts it took."""

@@ -259,3 +259,21 @@ def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(r
     assert "executor ray: 1 worker process(es)" in out
     found = yaml.safe_load((tmp_path / "found.yaml").read_text())
     assert [m["lam"] for m in found["models"]] == pytest.approx(local.lambdas, abs=1e-5)
+
+
+def test_worker_label_and_the_tables_worker_column():
+    """A worker is written host:pid, in the CLI's lines and in the app's tables (one `worker` column in the
+    place of the saved `worker_host` and `worker_pid`; a row without a worker shows an empty cell)."""
+    import pandas as pd
+
+    from forgetlab.executors import worker_id, worker_label
+    from forgetlab.plots import worker_column
+
+    assert worker_label(worker_id()) == f"{socket.gethostname()}:{os.getpid()}"
+    assert worker_label({}) == worker_label(None) == ""
+    saved = pd.DataFrame({"x": [0.0, 1.0], "worker_host": ["a", None], "worker_pid": [12.0, None], "y": [1, 2]})
+    shown = worker_column(saved)
+    assert list(shown.columns) == ["x", "worker", "y"] and list(shown["worker"]) == ["a:12", ""]
+    assert list(saved.columns) == ["x", "worker_host", "worker_pid", "y"]             # the input is untouched
+    plain = pd.DataFrame({"x": [1]})
+    assert worker_column(plain) is plain

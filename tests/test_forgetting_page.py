@@ -23,6 +23,10 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     table = at.dataframe[0].value
     assert list(table["α"]) == [0.0, 0.5, 1.0]                       # friendly headers
     assert table["on the Pareto front"].any()
+    import os
+    import socket
+    assert list(table["worker"]) == [f"{socket.gethostname()}:{os.getpid()}"] * 3   # who ran each point
+    assert not {"worker host", "worker pid"} & set(table.columns)
     assert len(at.get("plotly_chart")) == 2           # trade-off scatter + curves
     assert len(list((tmp_path / "runs").iterdir())) == 1
     # speciality measured by answer loss: the charts and table change, nothing is recomputed

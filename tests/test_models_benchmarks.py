@@ -214,6 +214,7 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     the table's speciality is the metric, equal to the same sweep run directly with that benchmark; each point
     names the worker that computed it (this process, with the local executor)."""
     import os
+    import socket
 
     from forgetlab import sweeps
     from forgetlab.benchmarks import BenchmarkSpec
@@ -237,8 +238,7 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     tradeoff = [c for c in charts if "tiny_cloze/acc_norm" in json.dumps(c["layout"].get("yaxis", {}))]
     assert tradeoff, [c["layout"].get("yaxis") for c in charts]                    # the chart's axis is the metric
     assert tradeoff[0]["data"][0]["y"] == expected                                  # and its points its values
-    worker = [c for c in table.columns if "worker" in str(c) and "pid" in str(c)]
-    assert worker and set(table[worker[0]]) == {os.getpid()}
+    assert set(table["worker"]) == {f"{socket.gethostname()}:{os.getpid()}"}
 
 
 def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny_llama, tmp_path, monkeypatch):

@@ -30,10 +30,12 @@ def executor_lines(result_executor: dict, points) -> list[str]:
     """Lines telling where the points ran: executor, workers (host:pid) and notes such as fewer workers."""
     if not result_executor:
         return []
-    who = sorted({f"{p.worker.get('host')}:{p.worker.get('pid')}" for p in points if p.worker})
-    driver = result_executor.get("driver") or {}
+    from forgetlab.executors import worker_label
+
+    who = sorted({worker_label(p.worker) for p in points if p.worker})
     lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
-             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); driver {driver.get('host')}:{driver.get('pid')}"]
+             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); "
+             f"driver {worker_label(result_executor.get('driver') or {})}"]
     lines += [f"note: {n}" for n in result_executor.get("notes") or []]
     return lines
 

@@ -106,6 +106,29 @@ def friendly_columns(frame):
     return frame.rename(columns={c: friendly_header(c) for c in frame.columns})
 
 
+def worker_column(frame):
+    """`frame` with its `worker_host` and `worker_pid` columns (as sweeps, searches and fine-tunes save them, one
+    row per point or run) shown as one `worker` column "host:pid" in the place of `worker_host`
+    (`forgetlab.executors.worker_label`; empty where a row has no worker). Other frames are returned as they are."""
+    if "worker_host" not in frame.columns or "worker_pid" not in frame.columns:
+        return frame
+    import pandas as pd
+
+    from forgetlab.executors import worker_label
+
+    def label(host, pid) -> str:
+        if pd.isna(host) or pd.isna(pid):
+            return ""
+        return worker_label({"host": host, "pid": int(pid) if float(pid).is_integer() else pid})
+
+    frame = frame.copy()
+    at = list(frame.columns).index("worker_host")
+    workers = [label(h, p) for h, p in zip(frame["worker_host"], frame["worker_pid"])]
+    frame = frame.drop(columns=["worker_host", "worker_pid"])
+    frame.insert(at, "worker", workers)
+    return frame
+
+
 # how the methods and series of the sweeps and fine-tunes are named in legends
 SERIES_NAMES = {"fapm": "FAPM", "magnitude": "magnitude", "relative": "relative (|τ|/|W0|)", "dare": "DARE",
                 "ties": "TIES", "alpha": "WiSE-FT", "wise-ft": "WiSE-FT", "hma": "HMA", "adamw": "AdamW", "mofo": "MoFO", "sfa": "SFA",

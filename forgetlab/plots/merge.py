@@ -20,6 +20,7 @@ def search_figure(result) -> go.Figure:
     """A merge search (`forgetlab.search.SearchResult`) on the speciality-vs-generality plane: every evaluated
     point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best point
     (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
+    from forgetlab.executors import worker_label
     from forgetlab.plots.forgetting import speciality_label
 
     ok = [p for p in result.points if p.error is None]
@@ -31,7 +32,7 @@ def search_figure(result) -> go.Figure:
         hovertext=[f"point {p.index}: {', '.join(f'{v:.3f}' for v in p.values)}"
                    + (f"; α {', '.join(f'{a:.2f}' for a in p.alphas)}" if p.alphas else "")
                    + f"<br>speciality {p.speciality:.4f}, forgetting {p.forgetting:+.4f}"
-                   + (f"<br>worker {p.worker.get('host')}:{p.worker.get('pid')}" if p.worker else "") for p in ok],
+                   + (f"<br>worker {worker_label(p.worker)}" if p.worker else "") for p in ok],
         hoverinfo="text"))
     fig.add_trace(go.Scatter(x=[result.base_general_loss], y=[result.base_speciality], mode="markers", name="base",
                              marker=dict(size=13, symbol="diamond", color="#444444")))

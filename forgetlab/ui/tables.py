@@ -4,13 +4,14 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from forgetlab.plots import friendly_columns
+from forgetlab.plots import friendly_columns, worker_column
 
 
 def styled(frame: pd.DataFrame, precision: int = 4):
-    """A pandas Styler of `frame` with friendly headers, missing values drawn empty and floats at
-    `precision` decimals (st.dataframe shows the Styler's text; the numbers stay numbers for sorting)."""
-    frame = friendly_columns(frame)
+    """A pandas Styler of `frame` with friendly headers, one `worker` column (host:pid) for a point's or run's
+    worker host and pid, missing values drawn empty and floats at `precision` decimals (st.dataframe shows the
+    Styler's text; the numbers stay numbers for sorting)."""
+    frame = friendly_columns(worker_column(frame))
     return frame.style.format(precision=precision, na_rep="", thousands=None)
 
 
