@@ -453,6 +453,19 @@ def save_search(result: SearchResult, home_path=None):
     return save_run("search", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
 
 
+def load_search(path) -> SearchResult:
+    """Reopen a search saved by `save_search` (a `runs/<id>/` folder of kind `search`)."""
+    from forgetlab.errors import WorkspaceError
+    from forgetlab.workspace import load_run
+
+    run = load_run(path)
+    if run.kind != "search":
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not a merge search.")
+    try:
+        return SearchResult.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The search in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+
 
 # ------------------------------------------------------------------------------------ PCB λ search on workers
 

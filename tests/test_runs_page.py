@@ -147,6 +147,32 @@ def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(t
     assert len(names) == 2                                     # and one line per run on the generic charts
 
 
+def test_a_saved_merge_search_reopens_with_its_chart_and_a_worker_column(tiny_llama, tmp_path, monkeypatch):
+    """A search saved by `save_search` (the Merge page's, or `forgetlab search`'s) reopens with the Merge page's
+    search chart (evaluated points, base, Pareto front, best) and its points with their worker (host:pid)."""
+    import os
+    import socket
+
+    from forgetlab.merge.workflow import pool_recipe
+    from forgetlab.pool import ModelPool
+    from forgetlab.search import save_search, search
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    result = search(pool_recipe(pool, "ties", ["ft0", "ft1"]), pool, budget=3, max_general=1, max_task=2)
+    save_search(result)
+    at = AppTest.from_file(PAGE).run(timeout=60)
+    assert not at.exception and not at.error
+    spec = json.loads(at.get("plotly_chart")[0].proto.spec)
+    names = {t["name"] for t in spec["data"]}
+    assert {"evaluated merges", "base", "best"} <= names
+    points = next(t for t in spec["data"] if t["name"] == "evaluated merges")
+    assert points["y"] == [p.speciality for p in result.points]
+    table = at.dataframe[1].value                               # below the list of runs
+    assert list(table["worker"]) == [f"{socket.gethostname()}:{os.getpid()}"] * 3
+    assert list(table["speciality"]) == [p.speciality for p in result.points]
+
+
 def test_scorecards_reopen_in_the_session_measure_and_merges_show_their_scorecard(tmp_path, monkeypatch):
     """What the Models page saves (kind "scorecards") reopens with its chart; the Merged-models tab draws a
     merge's scorecards.json; both follow the session-wide speciality measure."""
