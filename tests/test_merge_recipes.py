@@ -182,3 +182,24 @@ def test_recipe_parents_maps_a_recipes_models_to_the_pool_and_refuses_what_it_ca
         recipe_parents(pool, load_recipe({"method": "ties", "base": str(ft["ft0"]), "models": [str(ft["ft1"])]}))
     with pytest.raises(ParameterError, match="does not hold"):
         recipe_parents(pool, load_recipe({"method": "ties", "base": str(tiny_llama.base), "models": [str(tmp_path)]}))
+
+
+def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
+    """`recipe_form` gives back what `pool_recipe` was given (pool names, per-model lists, defaults filled in),
+    so that the Merge page can put a recipe found by the search into its form; the base among the models is
+    refused (the form merges fine-tuned models only)."""
+    from forgetlab.merge.workflow import pool_recipe, recipe_form
+    from forgetlab.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    recipe = pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "weights": [0.25, 1.5]})
+    method, models, params = recipe_form(pool, recipe.to_dict())
+    assert (method, models) == ("ties", ["ft1", "ft0"])
+    assert params == {"keep": 0.3, "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5]}
+    assert pool_recipe(pool, method, models, params).to_dict() == \
+        pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "lam": 1.0, "scope": "tensor",
+                                                   "weights": [0.25, 1.5]}).to_dict()
+    linear = load_recipe({"method": "linear", "base": str(tiny_llama.base),
+                          "models": [str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])]})
+    with pytest.raises(ParameterError, match="lists the base among the models"):
+        recipe_form(pool, linear)

@@ -21,7 +21,7 @@ from forgetlab import workspace
 from forgetlab.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.evaluate import Scorecard, evaluate, scorecards_frame
 from forgetlab.merge.engine import MergeResult, run
-from forgetlab.merge.recipes import ModelEntry, Recipe
+from forgetlab.merge.recipes import ModelEntry, Recipe, load_recipe
 from forgetlab.merge.registry import get_method
 from forgetlab.progress import Progress, scaled
 from forgetlab.yamlio import load_file
@@ -50,6 +50,19 @@ def pool_recipe(pool, method: str, models: Sequence[str], params: Mapping[str, A
             for e, v in zip(entries, values):
                 e.params[p.model_key or p.name] = v
     return Recipe(method, str(pool.base_ref), entries, params, dtype, seed, name)
+
+
+def recipe_form(pool, recipe) -> tuple[str, list[str], dict[str, Any]]:
+    """What `pool_recipe` takes to make `recipe` again (its inverse, for a form that composes merges): the method,
+    the pool names of the recipe's models and every parameter of the method (defaults filled in, per-model ones
+    as lists in model order). `recipe`: a Recipe or its dict / YAML / file. ParameterError (as `recipe_parents`)
+    for a recipe into another base or of models the pool does not hold, or one that lists the base among them."""
+    recipe = load_recipe(recipe)
+    models = recipe_parents(pool, recipe)
+    if len(models) != len(recipe.models):
+        raise ParameterError("The recipe lists the base among the models it merges; the form merges fine-tuned "
+                             "models only: remove the base from the recipe's models.")
+    return recipe.method, models, recipe.validated_params()
 
 
 def check_merge_name(name: str) -> str:
