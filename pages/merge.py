@@ -10,10 +10,10 @@ from forgetlab.errors import ParameterError, parse_floats
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace,
-                                      pool_recipe, saved_merges, search_pool_lambdas)
+                                      pool_recipe, recipe_form, saved_merges, search_pool_lambdas)
 from forgetlab.plots.merge import scorecard_figure, search_figure
 from forgetlab.progress import scaled
-from forgetlab.search import OBJECTIVES, SEARCH_MEASURES, save_search, searchable_param
+from forgetlab.search import OBJECTIVES, SEARCH_MEASURES, check_search, save_search, searchable_param
 from forgetlab.search import search as search_weights  # `search` names the PCB λ checkbox below
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
                           show_errors, workspace_home)
@@ -34,10 +34,29 @@ require_finetuned(pool, "merge")
 load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 CACHE_KEY = "merge_card_cache"
+MERGE_BEST_KEY = "merge_search_merge_best"    # set by 'Merge the best': the form, preset, is merged on this run
+
+
+def _preset_form(method: str, models: list[str], params: dict) -> None:
+    """Set the form's widgets to a merge (`recipe_form`'s method, pool models, parameters); call it before they
+    are drawn (at the top of the script, or in a button's callback)."""
+    st.session_state.update({"merge_models": list(models), "merge_method": method})
+    for p in METHODS[method].params:
+        if p.name not in params:
+            continue
+        key, value = f"merge_{method}_{p.name}", params[p.name]
+        if p.per_model:
+            values = value if isinstance(value, (list, tuple)) else [value] * len(models)
+            st.session_state.update({f"{key}_{m}": float(v) for m, v in zip(models, values)})
+        elif p.type == "floats":       # a text input of comma-separated numbers
+            st.session_state[key] = ", ".join(f"{v:g}" for v in value)
+        else:
+            st.session_state[key] = int(value) if p.type == "int" else float(value) if p.type == "float" else value
+
+
 incoming = st.session_state.pop("attribution_recipe", None)   # a recipe made on the Attribution page
 if incoming:   # preset the form's widgets with it (before they are drawn)
-    st.session_state.update({"merge_models": incoming["models"], "merge_method": incoming["method"],
-                             **{f"merge_{incoming['method']}_{k}": v for k, v in incoming["params"].items()}})
+    _preset_form(incoming["method"], incoming["models"], incoming["params"])
 
 
 def _param_widget(method: str, p, models: list[str]):
@@ -88,6 +107,7 @@ with left:
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
     max_general, max_task = eval_limits("merge")
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
+    go = st.session_state.pop(MERGE_BEST_KEY, False) or go
 
 with right:
     measure = speciality_measure("merge", pool, benchmarks=True)
@@ -164,21 +184,22 @@ st.caption(f"CMA-ES over the per-model {param or 'weights'} of the {method} merg
            "as it arrives; the best one maximises the speciality within the forgetting bound (constrained) or "
            "minimises −speciality + forgetting (weighted). Runs on the executor chosen in the sidebar.")
 c1, c2, c3 = st.columns(3)
-s_budget = int(c1.number_input("evaluations (budget)", 1, 500, 12, key="merge_search_budget"))
+s_budget = int(c1.number_input("evaluations (budget)", 0, 500, 30, key="merge_search_budget",
+                                help="merges evaluated, the start included (about 0.5 s each on the pico zoo)"))
 objective = c2.selectbox("objective", list(OBJECTIVES), key="merge_search_objective")
 bound = c3.number_input("forgetting bound (nats of held-out loss)", 0.0, 10.0, 0.05, 0.01, format="%.3f",
                         key="merge_search_bound", disabled=objective != "constrained")
 s_go = st.button("Search weights", key="merge_search_run", disabled=param is None or not models,
                  help=None if param else f"{method} has no per-model weight to search; pick another method.")
 s_measure = measure if measure in SEARCH_MEASURES or bench_settings else "exact_match"
-s_settings = dict(method=method, models=list(models), params=params, budget=s_budget, objective=objective,
-                  bound=float(bound), measure=s_measure, max_general=int(max_general), max_task=int(max_task),
-                  device=device)
+search_kw = dict(budget=s_budget, objective=objective, max_forgetting=float(bound), measure=s_measure,
+                 device=device, max_general=int(max_general), max_task=int(max_task),
+                 benchmarks=bench_settings.get("benchmarks"))
+s_settings = dict(method=method, models=list(models), params=params, **search_kw)
 s_start = False
 if s_go:
-    with show_errors():
-        s_recipe = pool_recipe(pool, method, models, params, dtype=out_dtype)
-        s_recipe.validated_params()
+    with show_errors():     # bad settings (e.g. a budget of 0) are said here, before any job starts
+        check_search(pool_recipe(pool, method, models, params, dtype=out_dtype), pool, **search_kw)
         s_start = True
 
 
@@ -186,18 +207,17 @@ def search_work(progress):
     """The search, publishing a snapshot after each point, then saved to Runs (kind `search`)."""
     from forgetlab.ui.executor import session_executor
 
-    res = search_weights(pool_recipe(pool, method, models, params, dtype=out_dtype), pool, budget=s_budget,
-                         objective=objective, max_forgetting=float(bound), measure=s_measure, device=device,
-                         max_general=int(max_general), max_task=int(max_task), executor=session_executor(),
+    res = search_weights(pool_recipe(pool, method, models, params, dtype=out_dtype), pool, **search_kw,
+                         executor=session_executor(), progress=progress,
                          on_point=lambda point, partial: progress.publish(replace(partial,
-                                                                                  points=list(partial.points))),
-                         progress=progress, benchmarks=bench_settings.get("benchmarks"))
+                                                                                  points=list(partial.points))))
     return res, save_search(res)
 
 
 def show_search_partial(partial) -> None:
     st.caption(f"{len(partial.points)} of {s_budget} point(s) so far")
     st.plotly_chart(partial_figure(partial, search_figure), key="merge_search_live")
+    show_table(partial.to_frame(), key="merge_search_live_points")     # with the worker of each point
 
 
 def keep_search(done) -> None:
@@ -205,11 +225,13 @@ def keep_search(done) -> None:
     st.toast(f"Saved under {done[1]}")
 
 
-def use_best(result) -> None:
-    """Put the best point's weights into the form above (a callback: it runs before the widgets are drawn)."""
-    best = result.best_point
-    for m, v in zip(result.models, best.values):
-        st.session_state[f"merge_{result.method}_{result.param}_{m}"] = round(float(v), 4)
+def use_best(form, merge: bool = False) -> None:
+    """Put the best recipe (`recipe_form`) into the form above and, with `merge`, merge it at once under a new
+    name (a callback: it runs before the widgets are drawn)."""
+    _preset_form(*form)
+    if merge:
+        st.session_state[f"merge_name_{form[0]}"] = f"{form[0]}-search-best-{time.strftime('%m%d-%H%M%S')}"
+        st.session_state[MERGE_BEST_KEY] = True
 
 
 run_once(job_key("merge-search", pool.key, str(workspace_home()), s_settings), search_work, start=s_start,
@@ -228,9 +250,15 @@ if found_search is not None:
                       else "")
                    + f"({len(found_search.points)} points in {found_search.seconds:.1f} s, "
                    f"{found_search.executor.get('name', 'local')} executor)")
-        st.button("Use the best weights in the form above", key="merge_search_use", on_click=use_best,
-                  args=(found_search,), disabled=found_search.method != method,
-                  help="Then press 'Merge and evaluate' to write, score and keep that merge.")
+        with show_errors():
+            best_form = recipe_form(pool, found_search.best_recipe)
+            b1, b2 = st.columns(2)
+            b1.button("Merge the best and evaluate", type="primary", key="merge_search_merge_best",
+                      on_click=use_best, args=(best_form, True),
+                      help="Writes the best recipe into merges/ (as 'Merge and evaluate' does) and scores it beside "
+                           "the base and its parents; its scorecard appears above.")
+            b2.button("Use the best weights in the form above", key="merge_search_use", on_click=use_best,
+                      args=(best_form,), help="Then change what you like and press 'Merge and evaluate'.")
     show_table(found_search.to_frame(), key="merge_search_points")
 
 st.divider()

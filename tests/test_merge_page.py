@@ -92,12 +92,16 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     assert all("lam" in m for m in recipe["models"])  # the λ found, per model
 
 
-def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_uses_the_best(tiny_llama, tmp_path,
-                                                                                     monkeypatch):
+def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges_the_best(tiny_llama, tmp_path,
+                                                                                       monkeypatch):
     """The CMA-ES weight search on the page gives the points `forgetlab.search.search` gives for the same recipe
-    and seed, each with the worker (this process) that computed it; it is saved to Runs; 'use the best' puts the
-    best weights into the form, and the merge made from them is written and scored."""
+    and seed, each with the worker (this process, host:pid) that computed it; it is saved to Runs; 'merge the
+    best' writes the best recipe into merges/ and scores it; 'use the best' puts it into the form."""
+    import json
     import os
+    import socket
+
+    import yaml
 
     from forgetlab.merge.workflow import pool_recipe
     from forgetlab.pool import ModelPool
@@ -107,6 +111,7 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_uses_t
     at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     assert not at.exception, at.exception
+    assert at.number_input(key="merge_search_budget").value == 30        # the CLI's default (~15 s on pico)
     at.number_input(key="merge_max_general").set_value(2)
     at.number_input(key="merge_max_task").set_value(3)
     at.number_input(key="merge_search_budget").set_value(4)
@@ -121,24 +126,52 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_uses_t
     direct = search(recipe, pool, budget=4, max_general=2, max_task=3, measure=at.session_state["app_measure"])
     assert len(table) == 4
     assert list(table["speciality"]) == [p.speciality for p in direct.points]
-    assert list(table["general loss ↓"] if "general loss ↓" in table else table["general_loss"]) == \
-        [p.general_loss for p in direct.points]
-    pid_column = [c for c in table.columns if "pid" in str(c)]
-    assert pid_column and set(table[pid_column[0]]) == {os.getpid()}
-    assert any(p.name.endswith(tuple("0123456789abcdef")) and "search" in p.name
-               for p in (tmp_path / "runs").iterdir())
+    assert list(table["general loss ↓"]) == [p.general_loss for p in direct.points]
+    assert list(table["weights:ft0"]) == [p.values[0] for p in direct.points]
+    assert list(table["worker"]) == [f"{socket.gethostname()}:{os.getpid()}"] * 4
+    assert not {"worker host", "worker pid"} & set(table.columns)        # one column, host:pid
+    runs = [p for p in (tmp_path / "runs").iterdir() if p.name.endswith(tuple("0123456789abcdef")) and
+            "search" in p.name]
+    assert len(runs) == 1 and json.loads((runs[0] / "recipe.json").read_text())["kind"] == "search"
     assert len(at.get("plotly_chart")) == 1                               # the search's trade-off chart
-    best = direct.best_point
-    at.button(key="merge_search_use").click().run()
-    assert not at.exception, at.exception
-    assert at.number_input(key="merge_ties_weights_ft0").value == round(best.values[0], 4)
-    assert at.number_input(key="merge_ties_weights_ft1").value == round(best.values[1], 4)
-    at.text_input(key="merge_name_ties").set_value("best")
-    at.button(key="merge_run").click().run()
+    best = direct.best_recipe
+    at.button(key="merge_search_merge_best").click().run()
     finish_jobs(at, "merge")
     assert not at.exception, at.exception
-    assert (tmp_path / "merges" / "best" / "scorecards.json").exists()
-    assert f"{round(best.values[0], 4)}" in (tmp_path / "merges" / "best" / "recipe.yaml").read_text()
+    assert not at.error, [e.value for e in at.error]
+    assert not at.warning, [w.value for w in at.warning]
+    merged = [p for p in (tmp_path / "merges").iterdir() if p.name.startswith("ties-search-best-")]
+    assert len(merged) == 1
+    assert (merged[0] / "scorecards.json").exists() and list(merged[0].glob("*.safetensors"))
+    written = yaml.safe_load((merged[0] / "recipe.yaml").read_text())
+    assert [m["weight"] for m in written["models"]] == [m["weight"] for m in best["models"]]
+    assert written["params"] == best["params"]
+    assert at.dataframe[0].value["model"].iloc[-1] == merged[0].name        # its scorecard, above the search
+    at.number_input(key="merge_ties_keep").set_value(0.5).run()
+    at.button(key="merge_search_use").click().run()
+    assert not at.exception, at.exception
+    assert at.number_input(key="merge_ties_keep").value == 0.2             # the searched recipe's, again
+    assert at.number_input(key="merge_ties_weights_ft1").value == best["models"][1]["weight"]
+
+
+def test_merge_page_search_refuses_a_budget_of_zero_and_keeps_working(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("merge", tiny_llama.pool_yaml)
+    at.run()
+    at.number_input(key="merge_search_budget").set_value(0)
+    at.button(key="merge_search_run").click().run()
+    assert not at.exception, at.exception
+    assert [e.value for e in at.error] == ["budget must be at least 1 evaluation; got 0."]
+    assert not running_jobs("merge-search")                               # checked before any job started
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    at.number_input(key="merge_max_general").set_value(1)                 # then a good budget runs
+    at.number_input(key="merge_max_task").set_value(2)
+    at.number_input(key="merge_search_budget").set_value(2)
+    at.button(key="merge_search_run").click().run()
+    finish_jobs(at, "merge-search")
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert len(at.dataframe[0].value) == 2
 
 
 def test_merge_page_search_needs_a_method_with_per_model_weights(tiny_llama, tmp_path, monkeypatch):
