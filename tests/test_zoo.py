@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import replace
 
 import pytest
+import torch
 
 from forgetlab.data import TaskPair
 from forgetlab.errors import ParameterError, ProbeDataError
@@ -216,18 +218,42 @@ def test_manifest_is_trusted_only_for_same_format_version_and_settings():
     assert "different settings" in stale_reason(m, replace(spec, seed=5))
 
 
-def test_build_threads_fall_back_to_one_on_a_busy_machine(monkeypatch):
-    import importlib
+def test_threads_follow_what_other_processes_use_now_not_the_load_average(tmp_path, monkeypatch):
+    from forgetlab.zoo import threads as zt
 
-    zb = importlib.import_module("forgetlab.zoo.build")                  # the module, not the function
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 1000 20 3 2 10 0 0\ncpu0 1 2 3 4\n")
+    hz = os.sysconf("SC_CLK_TCK")
+    sample = zt.read_cpu(str(stat))
+    assert sample.busy == pytest.approx((100 + 5 + 50 + 3 + 2 + 10) / hz)      # idle and iowait left out
+    assert zt.read_cpu(str(tmp_path / "missing")) is None
 
-    monkeypatch.setattr(zb.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(zb.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    assert zb.build_threads(2) == 2 and zb.build_threads(1) == 1
-    monkeypatch.setattr(zb.os, "getloadavg", lambda: (1.7, 0.0, 0.0))
-    assert zb.build_threads(2) == 1
-    monkeypatch.setattr(zb.os, "getloadavg", lambda: (9.0, 0.0, 0.0))
-    assert zb.build_threads(0) == 1
+    # other processes used 1.5 of 2 cores over 2 s while this one used 1 CPU second
+    a, b = zt.CpuSample(busy=10.0, own=1.0, wall=0.0), zt.CpuSample(busy=14.0, own=2.0, wall=2.0)
+    assert zt.others_busy(a, b) == pytest.approx(1.5)
+    assert zt.threads_for(2, 1.5, 2) == 1 and zt.threads_for(2, 0.3, 2) == 2 and zt.threads_for(1, 0.0, 2) == 1
+
+    # a machine whose load average says "busy" (just after pip install) but whose cores are idle now
+    monkeypatch.setattr(zt.os, "getloadavg", lambda: (1.9, 1.0, 0.5))
+    readings = iter([zt.CpuSample(0.0, 0.0, 0.0), zt.CpuSample(0.01, 0.0, 0.25),      # start: idle → 2
+                     zt.CpuSample(0.02, 0.0, 6.0),                                      # idle → 2
+                     zt.CpuSample(10.02, 0.5, 12.0),                                    # others 1.6 cores → 1
+                     zt.CpuSample(10.1, 6.0, 18.0)])                                    # idle again → 2
+    previous = torch.get_num_threads()
+    try:
+        gov = zt.ThreadGovernor(2, interval=1.0, window=0.0, sampler=lambda: next(readings), cpus=2, clock=lambda: 99.0)
+        assert gov.start() == 2 and torch.get_num_threads() == 2
+        seen = []
+        for _ in range(3):
+            gov.tick()
+            seen.append(torch.get_num_threads())
+        assert seen == [2, 1, 2]
+        assert [t for _, t in gov.history] == [2, 1, 2]
+        # without /proc/stat the load average decides, once
+        fallback = zt.ThreadGovernor(2, sampler=lambda: None, cpus=2)
+        assert fallback.start() == 1
+    finally:
+        torch.set_num_threads(previous)
 
 
 def test_format_2_zoos_rebuild_older_manifests():

@@ -384,3 +384,66 @@ def test_adapters_do_not_depend_on_the_global_random_state(tmp_path):
     for name in (f"lora-{t}" for t in TASKS):
         a = (first.root / name / "adapter_model.safetensors").read_bytes()
         assert a == (second.root / name / "adapter_model.safetensors").read_bytes(), name
+
+
+def test_pretraining_weights_do_not_depend_on_the_thread_count():
+    """The build switches between 1 and 2 torch threads as the machine's load changes (forgetlab.zoo.threads);
+    that keeps it deterministic only if the weights come out the same, bit for bit, at either count. Checked on
+    the default pico shape and pretraining batch, where two threads really split the matrix products."""
+    from forgetlab.train.trainer import train
+    from forgetlab.data import EncodedExample
+    from forgetlab.zoo.pico import init_model
+
+    spec = get_spec("pico", "default")
+    run = spec.pretrain
+
+    class Tok:
+        bos_token_id, eos_token_id, pad_token_id = 1, 2, 0
+
+        def __len__(self):
+            return spec.shape.vocab_size
+
+    ids = torch.randint(3, spec.shape.vocab_size, (32, run.max_length), generator=torch.Generator().manual_seed(0))
+    examples = [EncodedExample(x.tolist(), x.tolist()) for x in ids]
+    previous = torch.get_num_threads()
+    weights = {}
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            model = init_model(spec.shape, Tok(), seed=0)
+            train(model, examples, steps=3, batch_size=run.batch_size, lr=run.lr, seed=0)
+            weights[threads] = {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        torch.set_num_threads(previous)
+    assert weights[1].keys() == weights[2].keys()
+    for k in weights[1]:
+        assert torch.equal(weights[1][k], weights[2][k]), k
+
+
+def test_a_build_that_switches_threads_midway_writes_the_same_models(tmp_path, monkeypatch):
+    """Other processes come and go during a build: the governor drops to 1 thread and back to 2 between steps
+    and inside training; the models are byte-identical to a build on 1 thread, and the manifest says what ran."""
+    import functools
+    import importlib
+
+    from forgetlab.zoo import threads as zt
+
+    zb = importlib.import_module("forgetlab.zoo.build")
+    clock = {"t": 0.0, "busy": 0.0}
+
+    def sampler():                                  # others use 2 cores in every other 5-second window
+        clock["t"] += 5.0
+        clock["busy"] += 10.0 if int(clock["t"] / 5) % 2 else 0.0
+        return zt.CpuSample(busy=clock["busy"], own=0.0, wall=clock["t"])
+
+    spec = micro_spec(pretrain=TrainSpec(steps=6, batch_size=8, lr=1e-3, max_length=32))
+    one = build_spec(replace(spec, threads=1), tmp_path / "one")
+    monkeypatch.setattr(zb, "ThreadGovernor",
+                        functools.partial(zt.ThreadGovernor, interval=0.0, window=0.0, sampler=sampler, cpus=2,
+                                          clock=lambda: clock["t"]))
+    two = build_spec(replace(spec, threads=2), tmp_path / "two")
+    changes = json.loads((two.root / "manifest.json").read_text())["thread_changes"]
+    assert {t for _, t in changes} == {1, 2} and len(changes) > 3
+    for name in ["base", *(f"ft-{t}" for t in TASKS)]:
+        a = (one.root / name / "model.safetensors").read_bytes()
+        assert a == (two.root / name / "model.safetensors").read_bytes(), name

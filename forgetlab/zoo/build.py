@@ -33,6 +33,7 @@ from forgetlab.progress import Progress, report, scaled
 from forgetlab.workspace import ensure_writable, zoo_dir
 from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
 from forgetlab.zoo.presets import ZooSpec, get_spec
+from forgetlab.zoo.threads import ThreadGovernor
 
 POOL_YAML = "pool.yaml"
 DATA = "data"
@@ -399,20 +400,13 @@ class _Builder:
 
 # ------------------------------------------------------------------------------------------------ build
 
-def build_threads(wanted: int) -> int:
-    """Torch threads for a build: `wanted` when that many cores are idle, else 1.
-
-    On a busy two-core machine two threads were measured up to 10× slower than one (bench/zoo_build.py); on
-    an idle one two threads are faster for the default pico size. Idle cores = CPUs − 1-minute load average.
-    """
-    wanted = max(1, int(wanted))
-    if wanted == 1:
-        return 1
-    try:
-        idle = (os.cpu_count() or 1) - os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return wanted
-    return wanted if idle >= wanted - 0.5 else 1
+def _governed(governor: ThreadGovernor, progress: Progress, name: str) -> Progress:
+    """The step's progress callback (messages prefixed with the step name) that also lets `governor` re-check
+    the thread count: training reports every step, so the check runs even when nobody watches the progress."""
+    def callback(fraction: float, message: str = "") -> None:
+        governor.tick()
+        report(progress, fraction, f"{name}: {message}")
+    return callback
 
 
 def preflight(spec: ZooSpec) -> None:
@@ -495,9 +489,8 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
     total = sum(s.weight for s in steps) + builder.claims_weight()
     start_frac = 0.0
     previous_threads = torch.get_num_threads()
-    threads = build_threads(spec.threads)
-    manifest["threads"] = threads
-    torch.set_num_threads(threads)
+    governor = ThreadGovernor(spec.threads)
+    manifest["threads"] = governor.start()
     run_start = time.perf_counter()
     try:
         for step in steps:
@@ -506,7 +499,7 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
                 start_frac += frac
                 continue
             sub = scaled(progress, start_frac, start_frac + frac)
-            labelled = None if sub is None else (lambda f, m="", s=sub, n=step.name: s(f, f"{n}: {m}"))
+            labelled = _governed(governor, sub, step.name)
             manifest["steps"][step.name] = {"done": False, "started": time.time()}  # its output is the zoo's
             write_manifest(root, manifest)
             t0 = time.perf_counter()
@@ -522,13 +515,14 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
         if spec.claims is not None and not manifest.get("claims"):
             t0 = time.perf_counter()
             sub = scaled(progress, start_frac, 1.0)
-            claims = builder.run_claims(None if sub is None else (lambda f, m="", s=sub: s(f, f"claims: {m}")))
+            claims = builder.run_claims(_governed(governor, sub, "claims"))
             claims["build_seconds"] = round(time.perf_counter() - t0, 3)
             manifest["claims"] = json.loads(json.dumps(claims, default=str))
             manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values())
                                               + claims["build_seconds"], 3)
             write_manifest(root, manifest)
     finally:
+        manifest["thread_changes"] = governor.history
         torch.set_num_threads(previous_threads)
 
     from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, pool_spec
