@@ -54,7 +54,7 @@ else:
     torch.save(model.state_dict(), out / "base.pt")
     say("pretrain s", round(time.time() - t0, 1), "final loss", round(r.final_loss, 3))
 model.eval()
-ev = EvalSpec(max_general=80, max_task=60, block_size=128)
+ev = EvalSpec(max_general=80, max_task=60, block_size=min(128, spec.pretrain.max_length))
 
 def prefix_acc(m, task, n=60):
     pairs = probes.tasks[task].eval[:n]; hit = 0
