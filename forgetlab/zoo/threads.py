@@ -80,6 +80,9 @@ class ThreadGovernor:
     def start(self) -> int:
         """Measure the other processes over `window` seconds, set and return the thread count."""
         self._start = self.clock()
+        if self.wanted <= 1:
+            self._set(1)
+            return 1
         first = self.sampler()
         if first is None:
             try:

@@ -21,7 +21,10 @@ harness.VIEWPORT = {"width": 1400, "height": 1000}
 def models(page):
     from tests.e2e.harness import wait_jobs
     wait_jobs(page, 600)                                # the task vectors, read in the background
-    page.get_by_text("norm", exact=True).last.click(); wait_idle(page)    # absolute ‖τ‖ instead of relative
+    # absolute ‖τ‖ instead of relative (the radio's option, not a chart's "norm" axis title)
+    page.locator('[data-testid="stRadio"] label').filter(has_text="norm").filter(
+        has_not_text="relative").first.click()
+    wait_idle(page)
     return _charts_at_least(page, 3), 0
 
 
@@ -70,7 +73,7 @@ def main(home: str, out: Path, only: list[str] | None = None) -> None:
     """Screenshot every page (or those in `only`) of the app on workspace `home` into `out`/<page>.png."""
     out.mkdir(parents=True, exist_ok=True)
     pages = existing_pages(harness.ROOT / "pages")
-    with streamlit_server(harness.ROOT / "app.py", env={"FORGETLAB_HOME": home}, log=out / "server.log") as url, \
+    with streamlit_server(harness.ROOT / "app.py", env={"FORGETLAB_HOME": home}, log=Path(home) / "server.log") as url, \
             chromium() as page:
         goto(page, url, timeout=300)
         for spec in pages:
