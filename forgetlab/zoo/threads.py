@@ -64,7 +64,7 @@ class ThreadGovernor:
     """Sets torch's thread count for a build and re-checks it every `interval` seconds (`tick`).
 
     `sampler` returns a `CpuSample` (its `wall` read from `clock`) or None (then the 1-minute load average
-    decides once, as a fallback); `history` lists (seconds since start, threads) at every change."""
+    decides once, as a fallback); `history` lists [seconds since start, threads] at every change."""
 
     wanted: int
     interval: float = 5.0
@@ -111,6 +111,6 @@ class ThreadGovernor:
 
     def _set(self, threads: int) -> None:
         if threads != self.threads or not self.history:
-            self.history.append((round(self.clock() - self._start, 1), threads))
+            self.history.append([round(self.clock() - self._start, 1), threads])  # as JSON gives it back
         self.threads = threads
         torch.set_num_threads(threads)
