@@ -5,9 +5,11 @@ Every folder forgetlab writes (merges, saved fine-tunes, zoo steps) goes through
 - it is written into a hidden temporary folder `.<name>.tmp-<pid>-<random>` beside the target, marked as
   partial, and renamed into place only when complete; on any failure (an error, Ctrl-C, SIGTERM) the temporary
   folder is removed;
-- a finished folder carries the marker file `.forgetlab-output.json`; `overwrite=True` replaces only a folder
-  with that marker — never a folder forgetlab did not write, a file, a symbolic link (or what it points to),
-  a folder holding one of the job's inputs, or the current working folder;
+- a finished folder carries the marker file `.forgetlab-output.json`, which lists the files forgetlab wrote
+  there; `overwrite=True` replaces only a folder with that marker, and only while it holds nothing else —
+  never a folder forgetlab did not write, one to which the user has added files of their own (a NOTES.md, a
+  folder of eval results, a model saved inside it: they are named and nothing is changed), a file, a symbolic
+  link (or what it points to), a folder holding one of the job's inputs, or the current working folder;
 - one writer per target at a time (an exclusive lock `.<name>.lock` beside it, removed afterwards): a second
   job writing the same target is refused at once instead of silently replacing the first one's result; a
   user's own file that happens to carry the lock's name is used as it is and kept;
@@ -17,7 +19,8 @@ Every folder forgetlab writes (merges, saved fine-tunes, zoo steps) goes through
 - a full disk gives "no space left" with what was kept, not a raw OSError.
 
 `write_text_file` does the same for single files (`--out` tables, exported recipes): it refuses an existing
-file unless asked, a folder, or a parent folder that does not exist, and writes through a temporary file.
+file unless asked, a folder, a parent folder that does not exist, or one of the job's inputs (the pool file,
+the recipe, a probe file, a file inside a model folder), and writes through a temporary file.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from forgetlab.errors import OutputExistsError, WorkspaceError
+from forgetlab.errors import ForgetlabError, OutputExistsError, WorkspaceError
 
 MARKER = ".forgetlab-output.json"
 PARTIAL = ".forgetlab-partial"
@@ -106,6 +109,70 @@ def check_replaceable(out: str | Path, inputs: Iterable[str | Path] = ()) -> Non
     if _contains(real, Path.cwd().resolve()):
         raise OutputRefusedError(f"{out} is (or contains) the current working folder; choose another output "
                                  "folder.")
+    foreign = foreign_files(out)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputRefusedError(f"{out} holds files forgetlab did not write there: {shown}. --overwrite "
+                                 "replaces only forgetlab's own files, so nothing was changed. Move those out "
+                                 "of the folder (or choose another output folder), then run again.")
+
+
+# What forgetlab wrote into its outputs before the marker listed the files (forgetlab ≤ 0.1.0, before 4 Dec
+# 2026): an output whose marker has no list is judged by these names, so that a user's file is still found.
+_LEGACY_OUTPUT_FILES = re.compile(
+    r"^(config\.json|generation_config\.json|(model|adapter_model|pytorch_model)[-.\w]*\.(safetensors|bin|json)"
+    r"|adapter_config\.json|tokenizer(_config)?\.json|special_tokens_map\.json|chat_template\.(jinja|json)"
+    r"|added_tokens\.json|vocab\.(json|txt)|merges\.txt|tokenizer\.model|recipe\.(yaml|json)"
+    r"|scorecards?\.json|finetune\.json|results\.(csv|json)|[-\w]+\.csv|[-\w]+\.json|README\.md)$")
+
+
+def written_files(folder: Path) -> list[str]:
+    """The files below `folder` as sorted relative POSIX paths (links count as files, never followed)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        rel = Path(root).relative_to(folder)
+        found.extend((rel / f).as_posix() for f in files)
+        found.extend((rel / d).as_posix() for d in dirs if (Path(root) / d).is_symlink())
+    return sorted(found)
+
+
+def foreign_files(out: Path) -> list[str]:
+    """The files in forgetlab's output folder `out` that forgetlab did not write there (the user's own):
+    everything not listed in its marker (for an old marker without a list: not named like forgetlab's files,
+    or in a sub-folder). Empty folders the user made count too."""
+    try:
+        marker = json.loads((out / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        marker = {}
+    listed = marker.get("files") if isinstance(marker, dict) else None
+    ours = {MARKER}
+    if isinstance(listed, list):
+        ours.update(str(f) for f in listed)
+        is_ours = ours.__contains__
+    else:
+        def is_ours(rel: str) -> bool:
+            return rel in ours or ("/" not in rel and bool(_LEGACY_OUTPUT_FILES.match(rel)))
+    foreign = [f for f in written_files(out) if not is_ours(f)]
+    for root, dirs, files in os.walk(out):
+        if not dirs and not files and Path(root) != out:
+            foreign.append(Path(root).relative_to(out).as_posix() + "/")
+    return sorted(foreign)
+
+
+def record_file(folder: str | Path, rel: str) -> None:
+    """Add `rel` to the files that forgetlab's output `folder` lists as its own (for a file forgetlab writes
+    into a finished output, such as a merge's scorecards.json), so that a later overwrite may replace it.
+    Does nothing for a folder without forgetlab's marker or with an old marker without a list."""
+    from forgetlab.yamlio import write_atomic
+
+    marker = absolute(folder) / MARKER
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(data, dict) and isinstance(data.get("files"), list) and rel not in data["files"]:
+        data["files"] = sorted([*data["files"], rel])
+        write_atomic(marker, json.dumps(data) + "\n")
 
 
 def check_output_dir(out: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()) -> Path:
@@ -299,8 +366,10 @@ def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> I
             yield tmp
             import forgetlab
 
+            files = [f for f in written_files(tmp) if f not in (MARKER, PARTIAL)]
             (tmp / MARKER).write_text(json.dumps({"written_by": "forgetlab", "kind": kind,
-                                                  "version": forgetlab.__version__, "time": time.time()}) + "\n")
+                                                  "version": forgetlab.__version__, "time": time.time(),
+                                                  "files": files}) + "\n")
             (tmp / PARTIAL).unlink()
             tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
             if out.exists() or out.is_symlink():
@@ -319,9 +388,47 @@ def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> I
             raise
 
 
-def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
-    """Check that a single output file may be written: not a folder, its folder exists, and an existing file
-    is replaced only with `overwrite`. Returns the absolute path."""
+def named_inputs(values: Iterable[object]) -> list[Path]:
+    """The files and folders a command reads, from its argument values: every value naming an existing path,
+    and for a small YAML/JSON file among them (a pool, a recipe, a mergekit config) every path named inside it
+    (relative to that file: model folders, adapters, probe files)."""
+    found: list[Path] = []
+
+    def walk(node, root: Path) -> None:
+        if isinstance(node, dict):
+            for v in node.values():
+                walk(v, root)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, root)
+        elif isinstance(node, str) and node.strip() and len(node) < 4096:
+            cand = (root / Path(node).expanduser())
+            with contextlib.suppress(OSError, ValueError):
+                if cand.exists():
+                    found.append(cand)
+
+    for value in values:
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if not isinstance(v, (str, Path)) or not str(v).strip():
+                continue
+            p = Path(str(v)).expanduser()
+            try:
+                if not p.exists():
+                    continue
+                found.append(p)
+                if p.is_file() and p.stat().st_size <= 1 << 20 and p.suffix.lower() in (".yaml", ".yml", ".json"):
+                    from forgetlab.yamlio import safe_load
+
+                    walk(safe_load(p.read_text(encoding="utf-8"), str(p)), p.parent)
+            except (OSError, ValueError, ForgetlabError):
+                continue
+    return found
+
+
+def check_output_file(path: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that a single output file may be written: not a folder, its folder exists, an existing file is
+    replaced only with `overwrite`, and never one of the job's `inputs` (the file itself, or an existing file
+    inside an input folder such as a model's config.json). Returns the absolute path."""
     p = absolute(path)
     if p.is_dir():
         raise OutputRefusedError(f"{p} is a folder; give a file name for the output (e.g. {p / 'out.csv'}).")
@@ -331,6 +438,15 @@ def check_output_file(path: str | Path, overwrite: bool = False) -> Path:
     if p.is_symlink():
         raise OutputRefusedError(f"{p} is a symbolic link; forgetlab does not write through links. Choose "
                                  "another output file.")
+    if p.exists():
+        real = p.resolve()
+        for ref in inputs:
+            q = Path(str(ref)).expanduser()
+            with contextlib.suppress(OSError):
+                if q.exists() and _contains(q.resolve(), real):
+                    what = "is" if q.resolve() == real else f"lies in {q}, which is"
+                    raise OutputRefusedError(f"{p} {what} an input of this command; writing the output there "
+                                             "would destroy it, so nothing was done. Choose another output file.")
     if p.exists() and not overwrite:
         raise OutputExistsError(f"{p} exists already; choose another file or pass --overwrite.")
     return p

@@ -178,9 +178,14 @@ def test_existing_output_is_refused_unless_overwrite(tiny_llama, tmp_path):
     assert (out / "keep.txt").read_text() == "mine"
     ours = tmp_path / "ours"
     run(_recipe(tiny_llama, "linear", {}), ours)
-    (ours / "stale.txt").write_text("from the first merge")
+    (ours / "notes.txt").write_text("the user's, added after the first merge")
+    with pytest.raises(OutputExistsError, match="notes.txt"):                # ours, but holding the user's file
+        run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
+    assert (ours / "notes.txt").read_text() == "the user's, added after the first merge"
+    (ours / "notes.txt").unlink()
+    (ours / "recipe.yaml").write_text("stale")
     run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
-    assert not (ours / "stale.txt").exists() and (ours / "recipe.yaml").exists()
+    assert (ours / "recipe.yaml").read_text() != "stale"
 
 
 def test_incompatible_models_are_refused_before_writing(tiny_llama, tiny_gpt2, tmp_path):

@@ -121,10 +121,9 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     spec = get_method(recipe.method)
     params = recipe.validated_params()
     device = _check_device(device)
-    out = check_output_dir(out_dir, overwrite)
-    base_ck, base, models = open_sources(recipe)
+    base_ck, base, models = open_sources(recipe)          # headers only: cheap, and the inputs are then known
     inputs = merge_inputs(base_ck, [m.ckpt for m in models], recipe)
-    check_output_dir(out, overwrite, inputs)
+    out = check_output_dir(out_dir, overwrite, inputs)
     entries = check_compatible(base, models)
     cfg_file = Path(base_ck.config_dir) / "config.json"
     # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions

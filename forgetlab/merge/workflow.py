@@ -91,6 +91,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
     from forgetlab.checkpoints import load_model
+    from forgetlab.outputs import record_file
 
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
@@ -122,6 +123,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
                "cards": [c.to_dict() for c in cards]}
     try:
         (merged_dir / SCORECARDS).write_text(json.dumps(payload, indent=2))
+        record_file(merged_dir, SCORECARDS)
     except OSError as exc:
         raise WorkspaceError(f"Cannot save the scorecards into {merged_dir} ({exc}).") from None
     return cards
