@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 COUNTS = {"batch_size", "max_general", "max_task", "max_train", "samples", "steps", "budget", "eval_every",
           "workers", "max_points", "limit"}
 NON_NEGATIVE = {"warmup"}
-OUTPUT_FILES = ("out", "curves", "distances")
+OUTPUT_FILES = ("out", "curves", "distances", "save_recipe")
 
 
 def _at_least(minimum: int):
@@ -85,17 +85,22 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_output_files(args) -> None:
-    """Refuse, before any work, an output file that exists (without --overwrite), is a folder, or lies in a
-    folder that does not exist."""
+    """Refuse, before any work, an output file that exists (without --overwrite), is a folder, lies in a
+    folder that does not exist, or is one of the command's inputs (the pool, the recipe, a probe file, a file
+    of a model folder: forgetlab.outputs.named_inputs)."""
     from forgetlab.errors import ParameterError
-    from forgetlab.outputs import check_output_file
+    from forgetlab.outputs import check_output_file, named_inputs
 
+    outputs = {dest: getattr(args, dest, None) for dest in OUTPUT_FILES}
+    if not any(isinstance(v, str) and v.strip() for v in outputs.values()):
+        return
+    inputs = named_inputs(v for k, v in vars(args).items() if k not in OUTPUT_FILES and k != "func")
     for dest in OUTPUT_FILES:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
             raise ParameterError(f"--{dest} is empty; give a file name such as results.csv, or leave the option out.")
         if isinstance(value, str):
-            check_output_file(value, getattr(args, "overwrite", False))
+            check_output_file(value, getattr(args, "overwrite", False), inputs)
 
 
 def main(argv: list[str] | None = None) -> int:
