@@ -21,6 +21,7 @@ warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a mod
 """
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -311,9 +312,14 @@ class ModelPool:
         entry = self.entries[name]
         root = p.parent.resolve()
         ref = Path(entry.ref)
+        # Paths in a pool file are read relative to the folder it is opened from; a link elsewhere to a shared
+        # file is read from two folders, so a new entry is written absolute to be right from both.
+        shared = p.is_symlink() and Path(os.path.realpath(p)).parent != root
         try:
-            ref_text = str(ref.resolve().relative_to(root)) if ref.exists() else entry.ref
+            ref_text = str(ref.resolve().relative_to(root)) if ref.exists() and not shared else entry.ref
         except ValueError:
+            ref_text = str(ref.resolve())
+        if shared and ref.exists():
             ref_text = str(ref.resolve())
 
         def change(doc) -> None:

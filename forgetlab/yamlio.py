@@ -111,10 +111,19 @@ def round_trip_dump(doc) -> str:
 
 
 def write_atomic(path: str | Path, text: str) -> None:
-    """Replace `path` with `text` through a temporary file in the same folder (keeps its permission bits)."""
-    p = Path(path)
+    """Replace the file at `path` with `text` through a temporary file in the same folder (keeps its permission
+    bits). A symbolic link is followed: the file it points to is replaced and the link stays a link, so every
+    other user of a shared file sees the change. WorkspaceError when that folder cannot be written."""
+    from forgetlab.errors import WorkspaceError
+
+    p = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        via = f" (the file {path} links to)" if p != Path(path) else ""
+        raise WorkspaceError(f"Cannot write {p}{via}: {exc.strerror or exc}. Nothing was changed; make its folder "
+                             "writable, or copy the file and use the copy.") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
