@@ -486,6 +486,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
     r.api("two --overwrite merges at once", concurrent)
 
     more_cases(r)
+    second_pass_cases(r)
 
 
 def dead_pid() -> int:
@@ -924,6 +925,52 @@ def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads 
           must_say="no space", check=no_temps, timeout=600)
 
 
+def second_pass_cases(r: Replay) -> None:
+    """Issue 30, the second adversarial pass: what it found, case by case (numbered as in the issue)."""
+    merge = ["merge", "ties.yaml"]
+    env_of = lambda w: {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore"}  # noqa: E731
+
+    # 1. --overwrite onto an earlier merge that holds the user's own files: refused, the files named and kept
+    def merge_with_notes(w):
+        subprocess.run(FORGETLAB + merge + ["out"], cwd=w, capture_output=True, check=True, env=env_of(w))
+        (w / "out" / "NOTES.md").write_text("what I saw in this merge\n")
+        (w / "out" / "evals").mkdir()
+        (w / "out" / "evals" / "mmlu.json").write_text("{}\n")
+    r.cli("30.1 merge --overwrite onto a merge holding the user's NOTES.md and evals/", merge + ["out", "--overwrite"],
+          prepare=merge_with_notes, must_say="NOTES.md")
+
+    def merge_with_model(w):
+        subprocess.run(FORGETLAB + merge + ["out"], cwd=w, capture_output=True, check=True, env=env_of(w))
+        shutil.copytree(w / "ft0", w / "out" / "my-finetune")
+    r.cli("30.1 merge --overwrite onto a merge holding a fine-tune saved inside it", merge + ["out", "--overwrite"],
+          prepare=merge_with_model, must_say="my-finetune/")
+
+    # 2. no output may be one of the command's inputs
+    r.cli("30.2 eval pool.yaml --out pool.yaml --overwrite", ["eval", "pool.yaml", "--out", "pool.yaml", "--overwrite"],
+          must_say="input")
+    r.cli("30.2 eval --out a probe file of the pool", ["eval", "pool.yaml", "--out", "data/general.txt", "--overwrite"],
+          must_say="input")
+    r.cli("30.2 eval --out a file inside a model folder", ["eval", "pool.yaml", "--out", "base/config.json",
+                                                          "--overwrite"], must_say="input")
+    r.cli("30.2 merge-export --out the recipe itself", ["merge-export", "ties.yaml", "--out", "ties.yaml",
+                                                       "--overwrite"], must_say="input")
+
+    # 3. finetune --save-as through a pool file that is a symbolic link: the shared target is edited, the link kept
+    def linked_pool(w):
+        (w / "mine.yaml").symlink_to("pool.yaml")
+
+    def target_edited(w, out, err):
+        import yaml
+
+        problems = [] if (w / "mine.yaml").is_symlink() else ["the link was replaced by a file"]
+        models = (yaml.safe_load((w / "pool.yaml").read_text()) or {}).get("models", {})
+        return problems + ([] if "mine-ft" in models else ["the shared pool file lacks mine-ft"])
+    r.cli("30.3 finetune --save-as on a pool file that is a symbolic link",
+          ["finetune", "mine.yaml", "--task", "math", "--steps", "2", "--max-general", "2", "--max-task", "2",
+           "--save-as", "mine-ft"], expect=0, prepare=linked_pool, check=target_edited,
+          allowed=("pool.yaml", "finetuned"))
+
+
 def small_disk_inner(spec: dict) -> None:
     """Inside `unshare -rm`: mount a tmpfs, copy the case there, fill it, run, and print the outcome as JSON."""
     mnt = Path(spec["mnt"])
@@ -994,7 +1041,7 @@ def main() -> int:
     r = Replay(fixture, work, args.only)
     start = time.time()
     cases(r)
-    print(f"hostile inputs of issue 17, replayed {time.strftime('%Y-%m-%d %H:%M')} in {time.time() - start:.0f} s "
+    print(f"hostile inputs of issues 17 and 30, replayed {time.strftime('%Y-%m-%d %H:%M')} in {time.time() - start:.0f} s "
           f"(python bench/hostile_inputs.py)\n")
     print("| case | command | exit | message (first 240 characters; time) | verdict |")
     print("| --- | --- | --- | --- | --- |")
