@@ -91,15 +91,14 @@ def _check_output_files(args) -> None:
     from forgetlab.errors import ParameterError
     from forgetlab.outputs import check_output_file, named_inputs
 
-    outputs = {dest: getattr(args, dest, None) for dest in OUTPUT_FILES}
-    if not any(isinstance(v, str) and v.strip() for v in outputs.values()):
-        return
-    inputs = named_inputs(v for k, v in vars(args).items() if k not in OUTPUT_FILES and k != "func")
+    inputs = None
     for dest in OUTPUT_FILES:
         value = getattr(args, dest, None)
         if isinstance(value, str) and not value.strip():
             raise ParameterError(f"--{dest} is empty; give a file name such as results.csv, or leave the option out.")
         if isinstance(value, str):
+            if inputs is None:
+                inputs = named_inputs(v for k, v in vars(args).items() if k not in OUTPUT_FILES and k != "func")
             check_output_file(value, getattr(args, "overwrite", False), inputs)
 
 
