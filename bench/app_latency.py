@@ -102,7 +102,7 @@ def cli_startup(pool_yaml: Path) -> float:
     import resource
     import subprocess
 
-    code = ("import forgetlab.cli, forgetlab.train.runs, forgetlab.sweeps; from forgetlab.pool import ModelPool; "
+    code = ("import forgetlab.cli, forgetlab.train.runs, forgetlab.analysis.sweeps; from forgetlab.core.pool import ModelPool; "
             f"ModelPool.from_yaml({str(pool_yaml)!r}).load('base')")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
@@ -228,9 +228,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{title:<12}{first:>16.2f}{first / b_first:>9.1f}{again:>14.2f}{again / b_again:>9.1f}")
     if args.jobs:
         import torch
-        from forgetlab.pool import ModelPool
+        from forgetlab.core.pool import ModelPool
+        from forgetlab.core.workspace import use_home
         from forgetlab.ui.settings import zoo_presets
-        from forgetlab.workspace import use_home
 
         use_home(home)
         pool_yaml = next(iter(zoo_presets().values()))

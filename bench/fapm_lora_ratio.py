@@ -32,8 +32,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from forgetlab.pool import ModelPool
-    from forgetlab.sweeps import pruning_curve
+    from forgetlab.analysis.sweeps import pruning_curve
+    from forgetlab.core.pool import ModelPool
     from forgetlab.zoo.presets import PRESETS, LoraSpec
     from forgetlab.zoo.smol import add_lora
     from forgetlab.zoo.training import finetune

@@ -6,7 +6,7 @@
 
 Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
 submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
-device), a MoFO fine-tune, the attribution map when `forgetlab.attribution` exists, and an α sweep on Ray
+device), a MoFO fine-tune, the attribution map when `forgetlab.analysis.attribution` exists, and an α sweep on Ray
 with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
 numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
 computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
@@ -87,8 +87,8 @@ def tiny_pool(root: Path) -> Path:
 
 
 def job_scorecards(pool, models, device, dtype):
-    from forgetlab.checkpoints import load_model
-    from forgetlab.evaluate import evaluate
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.evaluate import evaluate
 
     out = []
     for name in ("base", models[0]):
@@ -100,14 +100,14 @@ def job_scorecards(pool, models, device, dtype):
 
 
 def job_linearity(pool, models, device, dtype):
-    from forgetlab.linearity import nonlinearity_scores
+    from forgetlab.analysis.linearity import nonlinearity_scores
 
     res = nonlinearity_scores(pool, pool.task_names[0], model=models[0], levels=("layer",), samples=4, device=device)
     return [s.nls_mean for s in res.scores]
 
 
 def job_features(pool, models, device, dtype):
-    from forgetlab.features import capture_features
+    from forgetlab.analysis.features import capture_features
 
     fs = capture_features(pool, pool.task_names[:2], ["base", models[0]], level="layer", layer=-1, samples=4,
                           device=device)
@@ -115,7 +115,7 @@ def job_features(pool, models, device, dtype):
 
 
 def job_alpha_sweep(pool, models, device, dtype):
-    from forgetlab.sweeps import alpha_curve
+    from forgetlab.analysis.sweeps import alpha_curve
 
     res = alpha_curve(pool, models[0], alphas=[0.0, 0.5, 1.0], device=device, max_general=8, max_task=16,
                       dtype=dtype)
@@ -123,7 +123,7 @@ def job_alpha_sweep(pool, models, device, dtype):
 
 
 def job_fapm_sweep(pool, models, device, dtype):
-    from forgetlab.sweeps import pruning_curve
+    from forgetlab.analysis.sweeps import pruning_curve
 
     res = pruning_curve(pool, models[0], ratios=[0.5, 0.9], scores=["fapm"], device=device, max_general=8,
                         max_task=16, dtype=dtype)
@@ -160,7 +160,7 @@ def job_attribution(pool, models, device, dtype):
     import importlib
 
     try:
-        attribution = importlib.import_module("forgetlab.attribution")
+        attribution = importlib.import_module("forgetlab.analysis.attribution")
     except ImportError:
         return None                                           # not built yet: reported as skipped
     fn = getattr(attribution, "attribution_map", None)
@@ -172,8 +172,8 @@ def job_attribution(pool, models, device, dtype):
 
 
 def job_ray_sweep(pool, models, device, dtype):
+    from forgetlab.analysis.sweeps import alpha_curve
     from forgetlab.executors import RayExecutor
-    from forgetlab.sweeps import alpha_curve
 
     gpus = torch.cuda.device_count() if device.startswith("cuda") else 0
     ex = RayExecutor(workers=max(1, gpus) if gpus else 1, gpus_per_worker=1 if gpus else 0)
@@ -209,7 +209,7 @@ def max_rel_diff(a, b) -> float:
 def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False) -> int:
     """Run every job on `device` and on CPU float32, print the table; 1 if a job failed or disagreed. `dry`: the
     CPU run only, compared with itself (the plumbing: jobs, timing, table)."""
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(pool_yaml)
     models = pool.model_names

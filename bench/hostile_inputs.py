@@ -421,7 +421,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
     # LoRA variants: the task vector equals PEFT's merged weights minus the base
     def variant(kwargs):
         def fn(w):
-            from forgetlab.checkpoints import open_checkpoint
+            from forgetlab.core.checkpoints import open_checkpoint
             merged = make_adapter(w / "base", w / "adp", **kwargs)
             base = open_checkpoint(w / "base")
             ckpt = open_checkpoint(w / "adp", base=base)
@@ -767,8 +767,8 @@ def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads 
     # adapter variants read right (against PEFT, loaded from disk) or refused with a message
     def variant(family: str, make_config, refuse: str | None = None):
         def fn(w):
-            from forgetlab.checkpoints import open_checkpoint
-            from forgetlab.errors import ForgetlabError
+            from forgetlab.core.checkpoints import open_checkpoint
+            from forgetlab.core.errors import ForgetlabError
             root = w / "gpt2pool" if family == "gpt2" else w
             if family == "gpt2":
                 from tests.conftest import make_tiny_pool
@@ -854,7 +854,7 @@ def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads 
         problems += [] if ADAPTER_RATIO < 0.9 else ["adapters share FAPM's 0.9"]
         said.append(f"forgetlab.train.MoFO exported: {hasattr(ftrain, 'MoFO')}")
         problems += [] if hasattr(ftrain, "MoFO") else ["forgetlab.train.MoFO missing"]
-        from forgetlab.errors import ParameterError
+        from forgetlab.core.errors import ParameterError
         from forgetlab.merge.workflow import check_merge_name
         for name in ("abc\n", "a\x01b", "a\x00b", "x" * 300, "../up"):
             try:
@@ -867,8 +867,8 @@ def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads 
     r.api("API rules: HMA split, MoFO norms, FAPM zero base, adapter ratio, MoFO export, merge names", api_rules)
 
     def save_nul(w):
-        from forgetlab.errors import ForgetlabError
-        from forgetlab.pool import ModelPool
+        from forgetlab.core.errors import ForgetlabError
+        from forgetlab.core.pool import ModelPool
         from forgetlab.train.runs import save_finetuned
         pool = ModelPool.from_yaml(w / "pool.yaml")
         before = snapshot(w)

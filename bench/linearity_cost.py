@@ -19,8 +19,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from forgetlab.data import TaskPair
-from forgetlab.linearity import DEFAULT_LEVELS, direct_scores, nonlinearity_scores
+from forgetlab.analysis.linearity import DEFAULT_LEVELS, direct_scores, nonlinearity_scores
+from forgetlab.core.data import TaskPair
 
 
 def char_tokenizer() -> PreTrainedTokenizerFast:

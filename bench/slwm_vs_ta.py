@@ -37,10 +37,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from forgetlab.evaluate import evaluate
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge import merge_state_dicts
     from forgetlab.merge.slwm import slwm_merge
-    from forgetlab.pool import ModelPool
     from forgetlab.zoo import build
 
     t0 = time.perf_counter()

@@ -107,10 +107,10 @@ def child(mode: str, points: int, pool_path: str, model: str) -> dict:
     import torch
 
     torch.set_num_threads(1)
-    from forgetlab.checkpoints import load_model
-    from forgetlab.evaluate import evaluate
-    from forgetlab.pool import ModelPool
-    from forgetlab.sweeps import alpha_curve
+    from forgetlab.analysis.sweeps import alpha_curve
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(pool_path, scan_nonfinite=False)
     model_bytes = sum(pool.checkpoint("base").info(n).numel for n in pool.checkpoint("base").names()) * 4

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.features import cluster_distances, pca_reduce, tsne_2d
+from forgetlab.analysis.features import cluster_distances, pca_reduce, tsne_2d
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forgetlab.data import EncodedExample  # noqa: E402
+from forgetlab.core.data import EncodedExample  # noqa: E402
 from forgetlab.train.trainer import train  # noqa: E402
 from forgetlab.zoo import build, get_spec  # noqa: E402
 from forgetlab.zoo.pico import init_model  # noqa: E402

@@ -50,8 +50,8 @@ def main() -> int:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from forgetlab.pool import ModelPool
-    from forgetlab.sweeps import alpha_curve, default_task, pruning_curve
+    from forgetlab.analysis.sweeps import alpha_curve, default_task, pruning_curve
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import compare, standard_configs
 
     pool_path = args.pool

@@ -11,11 +11,11 @@ import copy, json, sys, time
 from dataclasses import replace
 from pathlib import Path
 import torch
-from forgetlab.zoo.presets import get_spec, EvalSpec
+from forgetlab.analysis.taskvec import distance
 from forgetlab.zoo.datafiles import read_data
 from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
+from forgetlab.zoo.presets import get_spec, EvalSpec
 from forgetlab.zoo.training import pretrain, finetune, score
-from forgetlab.taskvec import distance
 
 args = [a for a in sys.argv[1:] if not a.startswith("--root=")]
 roots = [a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--root=")]

@@ -5,7 +5,7 @@ linearity, sweeps and fine-tuning. Nothing here imports streamlit except `forget
 """
 import warnings
 
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.errors import ForgetlabError
 
 # PEFT reads transformers' deprecated `is_gradient_checkpointing` on every adapter it wraps, and transformers
 # warns each time (zoo builds, LoRA pools, tests): a message no forgetlab user can act on.

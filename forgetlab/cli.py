@@ -14,7 +14,7 @@ import sys
 
 import forgetlab.commands
 from forgetlab import __version__
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.errors import ForgetlabError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,8 +57,8 @@ def _at_least(minimum: int):
 
 
 def _device(text: str) -> str:
-    from forgetlab.checkpoints import check_device
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.checkpoints import check_device
+    from forgetlab.core.errors import ParameterError
 
     try:
         return check_device(text)
@@ -87,9 +87,9 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
 def _check_output_files(args) -> None:
     """Refuse, before any work, an output file that exists (without --overwrite), is a folder, lies in a
     folder that does not exist, or is one of the command's inputs (the pool, the recipe, a probe file, a file
-    of a model folder: forgetlab.outputs.named_inputs)."""
-    from forgetlab.errors import ParameterError
-    from forgetlab.outputs import check_output_file, named_inputs
+    of a model folder: forgetlab.core.outputs.named_inputs)."""
+    from forgetlab.core.errors import ParameterError
+    from forgetlab.core.outputs import check_output_file, named_inputs
 
     inputs = None
     for dest in OUTPUT_FILES:

@@ -4,7 +4,7 @@ A job with many independent points (the models of a sweep, the candidates of a m
 fine-tune comparison) is given to an executor as two things:
 
 - a *factory*: a picklable callable that builds a worker's resident state once — e.g. a sweep's working copy
-  of the base with θ0 and θ1 opened lazily (`forgetlab.sweeps.WorkingCopy`) — and returns a callable
+  of the base with θ0 and θ1 opened lazily (`forgetlab.analysis.sweeps.WorkingCopy`) — and returns a callable
   ``state(item, progress) -> value``;
 - the *items*: one small picklable description per point (e.g. the point function θ0 + f(τ)).
 
@@ -37,8 +37,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
-from forgetlab.errors import ForgetlabError, MissingDependencyError, ParameterError
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.errors import ForgetlabError, MissingDependencyError, ParameterError
+from forgetlab.core.progress import Progress, report, scaled
 
 EXECUTORS = ("local", "ray")
 
@@ -505,7 +505,7 @@ def pool_spec(pool, models: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 def open_pool(spec: dict[str, Any]):
     """Reopen a pool from `pool_spec` on a worker (no NaN scan: the driver's pool did it)."""
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     return ModelPool(spec["base"], spec["models"], spec["probes"], name=spec.get("name", "pool"),
                      source=spec.get("source"), scan_nonfinite=False)

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab import attribution as A
-from forgetlab.errors import parse_floats
+from forgetlab.analysis import attribution as A
+from forgetlab.analysis.sweeps import default_task, pareto_mask
+from forgetlab.core.errors import parse_floats
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
-from forgetlab.sweeps import default_task, pareto_mask
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
-                          show_errors, workspace_home)
+from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
+                          workspace_home)
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
 from forgetlab.ui.tables import show_table

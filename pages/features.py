@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab import features
+from forgetlab.analysis import features
+from forgetlab.core.errors import ParameterError
 from forgetlab.plots.features import distance_bars, tsne_scatter
-from forgetlab.errors import ParameterError
 from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
 from forgetlab.ui.navigation import require_app
 from forgetlab.ui.tables import show_table
@@ -67,7 +67,7 @@ with right:
 
     def work(progress):
         """The map, kept for this process and saved to the workspace's runs/ (kind "features")."""
-        from forgetlab.workspace import save_run
+        from forgetlab.core.workspace import save_run
 
         result = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
                                       samples=int(samples), perplexity=perplexity, seed=int(seed), device=device,

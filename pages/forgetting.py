@@ -6,15 +6,15 @@ from dataclasses import replace
 import pandas as pd
 import streamlit as st
 
-from forgetlab import sweeps
-from forgetlab.errors import parse_floats
+from forgetlab.analysis import sweeps
+from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
-                          show_errors, workspace_home)
+from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
+                          workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
-from forgetlab.ui.tables import show_table
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.tables import show_table
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Forgetting")

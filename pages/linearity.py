@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab import linearity
-from forgetlab.errors import ParameterError, parse_floats
+from forgetlab.analysis import linearity
+from forgetlab.core.errors import ParameterError, parse_floats
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.navigation import require_app
@@ -31,7 +31,7 @@ def _results() -> dict:
 @st.cache_data(show_spinner=False)
 def _distance(pool_key: str, model: str) -> float:
     """D(θ, θ0) of a pool model, once per pool file version and model."""
-    from forgetlab.taskvec import checkpoint_distance
+    from forgetlab.analysis.taskvec import checkpoint_distance
 
     return checkpoint_distance(pool, model)
 
@@ -75,7 +75,7 @@ with right:
 
     def work(progress):
         """The scores, kept for this process and saved to the workspace's runs/ as the CLI saves them."""
-        from forgetlab.workspace import save_run
+        from forgetlab.core.workspace import save_run
 
         result = linearity.nonlinearity_scores(pool, task, model=model, levels=levels, alphas=alphas,
                                                samples=int(samples), capture=capture, device=device,

@@ -5,15 +5,16 @@ import time
 
 import streamlit as st
 
-from forgetlab.errors import ParameterError
+from forgetlab.analysis.search import search_pool_lambdas
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
-from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace,
-                                      pool_recipe, saved_merges, search_pool_lambdas)
+from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace, pool_recipe,
+                                      saved_merges)
 from forgetlab.plots.merge import scorecard_figure
-from forgetlab.progress import scaled
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once,
-                          show_errors, workspace_home)
+from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
+                          workspace_home)
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search

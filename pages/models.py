@@ -9,9 +9,9 @@ import streamlit as st
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
+from forgetlab.ui.navigation import require_app
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_claims import render_zoo_claims
-from forgetlab.ui.navigation import require_app
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 st.title("Models")
@@ -41,7 +41,7 @@ def _anatomy() -> dict:
 def _anatomy_job(names: list[str]):
     """A job streaming every fine-tuned model's task vector once: norms per layer × module and the cosines.
     Runs in the background on a page's first visit, so the page is usable while it reads the weights."""
-    from forgetlab.taskvec import cosine_matrix, task_vector_norms
+    from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
 
     cache = _anatomy()
 
@@ -78,7 +78,7 @@ measure = speciality_measure("models", pool)
 shown_for, evaluated = st.session_state.get(CARDS_KEY, (None, None))
 cards = evaluated if evaluated and shown_for == pool.key else stored
 if cards:
-    from forgetlab.evaluate import scorecards_frame
+    from forgetlab.core.evaluate import scorecards_frame
     from forgetlab.plots.models import scorecard_bars
 
     st.caption("Evaluated in this session with the limits below." if cards is evaluated else
@@ -103,8 +103,8 @@ limits = (device, int(max_general), int(max_task))
 def work(progress):
     """(pool key, scorecards of the chosen models, saved run); each card is computed once per pool, device
     and limits, and the set is saved to the workspace's runs/ (kind "scorecards")."""
-    from forgetlab.evaluate import evaluate
-    from forgetlab.workspace import save_run
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.core.workspace import save_run
 
     out = []
     for i, name in enumerate(chosen):

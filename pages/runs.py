@@ -5,19 +5,12 @@ import json
 
 import streamlit as st
 
-from forgetlab import workspace as ws
+from forgetlab.core import workspace as ws
 from forgetlab.ui import get_pool, show_errors
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table
 from forgetlab.ui.tables import show_table
-from forgetlab.ui.runs import (
-    compare_figures,
-    compare_frame,
-    figure_html,
-    run_figures,
-    run_label,
-    runs_table,
-)
 
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 

@@ -123,7 +123,7 @@ def tiny_llama(tmp_path_factory) -> TinyPool:
 @pytest.fixture(scope="module")
 def pool(tiny_llama):
     """The tiny Llama pool opened as a `ModelPool` (one per test module: its loaded models are cached)."""
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     return ModelPool.from_yaml(tiny_llama.pool_yaml)
 

@@ -1,4 +1,4 @@
-"""forgetlab.anatomy: roles, module paths and head slices for the Llama family and GPT-2, on tiny random models."""
+"""forgetlab.core.anatomy: roles, module paths and head slices for the Llama family and GPT-2, on tiny random models."""
 from __future__ import annotations
 
 import math
@@ -8,8 +8,8 @@ import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from forgetlab.anatomy import Anatomy, ParamRole, UnsupportedArchitectureError
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.anatomy import Anatomy, ParamRole, UnsupportedArchitectureError
+from forgetlab.core.errors import ForgetlabError
 
 SMALL = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=64, max_position_embeddings=64)

@@ -110,7 +110,7 @@ def test_job_key_is_stable_and_depends_on_every_part():
 def _errors_script():
     import streamlit as st
 
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
     from forgetlab.ui import show_errors
 
     with show_errors():
@@ -535,9 +535,9 @@ def test_two_sessions_merging_into_the_same_output_one_wins_nothing_is_half_writ
     """What the Merge page runs, from two sessions at once: one merge is saved whole, the other is refused."""
     import threading
 
-    from forgetlab.errors import ForgetlabError
+    from forgetlab.core.errors import ForgetlabError
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import merge_into_workspace, pool_recipe
-    from forgetlab.pool import ModelPool
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)

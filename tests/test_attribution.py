@@ -1,4 +1,4 @@
-"""forgetlab.attribution: per-submodule only-this / leave-one-out maps, additivity, bad input, CLI, Runs, and
+"""forgetlab.analysis.attribution: per-submodule only-this / leave-one-out maps, additivity, bad input, CLI, Runs, and
 the submodule_alpha recipe made from a map."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from forgetlab import attribution as A
-from forgetlab.errors import ForgetlabError, ParameterError, ProbeDataError
-from forgetlab.evaluate import Scorecard, TaskScore
+from forgetlab.analysis import attribution as A
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError
+from forgetlab.core.evaluate import Scorecard, TaskScore
 
 LIMITS = dict(max_general=2, max_task=4, batch_size=8, device="cpu")
 
@@ -22,7 +22,7 @@ def edited(tiny_llama, tmp_path_factory):
     lot), `same` (a copy of the base: τ = 0), `two` (layer 0's attention and layer 1's MLP) — plus ft0."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     root = tmp_path_factory.mktemp("attr-pool")
     tok = AutoTokenizer.from_pretrained(str(tiny_llama.base))
@@ -112,8 +112,8 @@ def test_alpha_line_and_head_level(edited):
 
 
 def test_head_writes_touch_only_the_heads_slices(edited):
-    from forgetlab.anatomy import Anatomy
-    from forgetlab.sweeps import WorkingCopy
+    from forgetlab.analysis.sweeps import WorkingCopy
+    from forgetlab.core.anatomy import Anatomy
 
     work = WorkingCopy(edited, "two")
     anat = Anatomy.from_config(edited.config, names=work.names)
@@ -190,7 +190,7 @@ def test_zero_task_vector_and_unknown_keys(edited):
 
 def test_cli_writes_map_saves_run_and_reopens(edited, tmp_path, monkeypatch, capsys):
     from forgetlab.cli import main
-    from forgetlab.workspace import list_runs
+    from forgetlab.core.workspace import list_runs
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     out = tmp_path / "map.csv"
@@ -223,7 +223,7 @@ def test_cli_writes_map_saves_run_and_reopens(edited, tmp_path, monkeypatch, cap
 
 
 def test_recipe_from_map_merges_the_chosen_submodules(edited, tmp_path):
-    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.core.checkpoints import open_checkpoint
     from forgetlab.merge import run
 
     recipe = A.recipe_from_map(edited, "two", ["1.mlp"])

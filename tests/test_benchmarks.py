@@ -9,11 +9,10 @@ import pytest
 
 pytest.importorskip("lm_eval")
 
-from forgetlab.benchmarks import (BenchmarkError, check_measure, evaluate_benchmarks, metrics_of, pick,
-                                  task_manager)
-from forgetlab.checkpoints import load_model, load_tokenizer
 from forgetlab.cli import main
-from forgetlab.errors import ParameterError
+from forgetlab.core.benchmarks import BenchmarkError, check_measure, evaluate_benchmarks, metrics_of, pick, task_manager
+from forgetlab.core.checkpoints import load_model, load_tokenizer
+from forgetlab.core.errors import ParameterError
 
 TASK_YAML = """task: {name}
 dataset_path: json
@@ -85,7 +84,7 @@ def test_pool_yaml_names_benchmarks(tiny_llama, tasks_dir, tmp_path):
 
     import yaml
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     root = tmp_path / "pool"
     shutil.copytree(tiny_llama.root, root)
@@ -164,9 +163,9 @@ def test_metric_names_drop_stderr_alias_and_the_none_filter():
 
 
 def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_direction(tiny_llama, tasks_dir):
-    from forgetlab import sweeps
-    from forgetlab.benchmarks import BenchmarkSpec
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis import sweeps
+    from forgetlab.core.benchmarks import BenchmarkSpec
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     spec = BenchmarkSpec(general=["tiny_cloze"], include=str(tasks_dir), limit=12)
@@ -192,7 +191,7 @@ def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_di
 
 
 def test_zoo_lm_tasks_are_deterministic_and_right():
-    from forgetlab.data import TaskPair
+    from forgetlab.core.data import TaskPair
     from forgetlab.zoo.lmtasks import choice_items, cloze_items
 
     paras = ["The quick brown fox jumps over the lazy sleeping dog. It was a sunny and very warm day in town.",
@@ -226,9 +225,9 @@ def test_the_zoo_pool_names_its_local_benchmarks_and_they_run_offline(pico_zoo, 
 
 
 def test_a_merge_is_judged_by_benchmarks_beside_its_parents(tiny_llama, tasks_dir, tmp_path):
-    from forgetlab.benchmarks import BenchmarkSpec
+    from forgetlab.core.benchmarks import BenchmarkSpec
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import evaluate_merge, merge_into_workspace, pool_recipe
-    from forgetlab.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     res = merge_into_workspace(pool_recipe(pool, "task_arithmetic", ["ft0", "ft1"]), "m", home=tmp_path)

@@ -11,12 +11,12 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from forgetlab.checkpoints import open_checkpoint
 from forgetlab.cli import main
-from forgetlab.errors import ParameterError
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.pool import DtypeMismatchWarning, ModelPool
 from forgetlab.merge import merge_state_dicts
 from forgetlab.merge.recipes import load_recipe
-from forgetlab.pool import DtypeMismatchWarning, ModelPool
 from tests.test_gguf import _gguf_file
 
 
@@ -147,7 +147,7 @@ def test_a_bfloat16_finetune_over_a_float32_base_warns(tied, tmp_path):
 def test_adapter_whose_base_is_an_unreachable_hub_id_points_at_the_fix(tied, tmp_path, monkeypatch):
     import shutil
 
-    from forgetlab.errors import OfflineError
+    from forgetlab.core.errors import OfflineError
 
     root, _, _ = tied
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -181,7 +181,7 @@ def test_gguf_base_lists_without_decoding_and_reports_its_true_size(capsys):
 def test_gguf_base_with_an_adapter_and_a_full_finetune(tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from forgetlab.checkpoints import load_model, load_tokenizer
+    from forgetlab.core.checkpoints import load_model, load_tokenizer
     from forgetlab.merge import run
 
     from transformers import AutoModelForCausalLM
@@ -222,7 +222,7 @@ def test_lora_linearity_says_why_an_untouched_level_is_nan(tiny_llama, tmp_path)
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from forgetlab.linearity import nonlinearity_scores
+    from forgetlab.analysis.linearity import nonlinearity_scores
 
     root = tmp_path / "pool"
     shutil.copytree(tiny_llama.root, root)

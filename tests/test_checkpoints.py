@@ -10,15 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from forgetlab.checkpoints import (
-    LoraCheckpoint,
-    TensorInfo,
-    load_model,
-    load_tokenizer,
-    open_checkpoint,
-    write_hf_folder,
-)
-from forgetlab.errors import CheckpointError, IncompatibleModelsError, OfflineError, OutputExistsError
+from forgetlab.core.checkpoints import (LoraCheckpoint, TensorInfo, load_model, load_tokenizer, open_checkpoint,
+                                        write_hf_folder)
+from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, OfflineError, OutputExistsError
 
 
 def test_listing_matches_the_model_and_reads_one_tensor(tiny_llama):
@@ -383,8 +377,8 @@ def test_nan_in_an_adapter_factor_warns_naming_the_factor_without_a_product_per_
                                                                                         monkeypatch):
     from safetensors.torch import load_file, save_file
 
-    from forgetlab.checkpoints import LoraCheckpoint
-    from forgetlab.pool import ModelPool, NonFiniteWeightsWarning
+    from forgetlab.core.checkpoints import LoraCheckpoint
+    from forgetlab.core.pool import ModelPool, NonFiniteWeightsWarning
 
     _make_lora(tiny_llama.base, tmp_path / "lora")
     clean = ModelPool(tiny_llama.base, {"lora": {"adapter": tmp_path / "lora"}})

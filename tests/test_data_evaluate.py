@@ -7,10 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from forgetlab.data import IGNORE, TaskPair, encode_pairs, encode_text, read_general_text, read_task_pairs
-from forgetlab.errors import ProbeDataError
-from forgetlab.evaluate import evaluate, task_score
-from forgetlab.pool import ModelPool
+from forgetlab.core.data import IGNORE, TaskPair, encode_pairs, encode_text, read_general_text, read_task_pairs
+from forgetlab.core.errors import ProbeDataError
+from forgetlab.core.evaluate import evaluate, task_score
+from forgetlab.core.pool import ModelPool
 
 
 def test_task_files_jsonl_and_csv(tmp_path):
@@ -70,7 +70,7 @@ def _train_copy(pool, steps=150):
     model = pool.load("ft1")
     tok = pool.tokenizer
     examples = encode_pairs(tok, pool.probes.task("copy").train)
-    from forgetlab.data import collate
+    from forgetlab.core.data import collate
 
     batch = collate(examples, tok.pad_token_id)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)

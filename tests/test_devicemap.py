@@ -1,4 +1,4 @@
-"""Device maps (forgetlab.devicemap): a sweep on a working copy that accelerate partly offloads to disk (a small
+"""Device maps (forgetlab.core.devicemap): a sweep on a working copy that accelerate partly offloads to disk (a small
 CPU max_memory) gives the same points as on one device, and never touches the checkpoint."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from forgetlab.devicemap import ParamAccess, Placement, parse_max_memory
-from forgetlab.errors import ParameterError
-from forgetlab.sweeps import WorkingCopy, _wise, alpha_curve
+from forgetlab.analysis.sweeps import WorkingCopy, _wise, alpha_curve
+from forgetlab.core.devicemap import ParamAccess, Placement, parse_max_memory
+from forgetlab.core.errors import ParameterError
 
 
 def test_offloaded_working_copy_sweeps_like_one_device(pool, tiny_llama):

@@ -13,15 +13,9 @@ import warnings
 
 import pytest
 
-from forgetlab.errors import MissingDependencyError
-from forgetlab.executors import (
-    ExecutorError,
-    LocalExecutor,
-    RayExecutor,
-    ResourceShortageWarning,
-    make_executor,
-)
-from forgetlab.sweeps import alpha_curve, load_sweep
+from forgetlab.analysis.sweeps import alpha_curve, load_sweep
+from forgetlab.core.errors import MissingDependencyError
+from forgetlab.executors import ExecutorError, LocalExecutor, RayExecutor, ResourceShortageWarning, make_executor
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.timeout(300)
@@ -142,9 +136,9 @@ def _recipe(tiny_llama):
 
 
 def test_merge_search_points_are_real_merges(pool, tiny_llama):
-    from forgetlab.evaluate import evaluate
+    from forgetlab.analysis.search import search
+    from forgetlab.core.evaluate import evaluate
     from forgetlab.merge import merge_state_dicts
-    from forgetlab.search import search
 
     res = search(_recipe(tiny_llama), pool, budget=4, popsize=3, measure="answer_loss", max_general=2, max_task=4,
                  device="cpu", max_forgetting=1.0)
@@ -170,7 +164,7 @@ def test_merge_search_points_are_real_merges(pool, tiny_llama):
 
 
 def test_merge_search_local_and_ray_agree(ray_cpus2, pool, tiny_llama):
-    from forgetlab.search import search
+    from forgetlab.analysis.search import search
 
     kw = dict(budget=4, popsize=3, max_general=2, max_task=4, device="cpu", hma_blocks=2, seed=3)
     local = search(_recipe(tiny_llama), pool, **kw)
@@ -215,7 +209,7 @@ def test_cancel_stops_the_workers(ray_cpus2):
 
 def test_sweep_keeps_and_saves_points_when_a_point_kills_its_workers(ray_cpus2, pool, tmp_path):
     """A point whose worker dies on every attempt is reported in `failed`; the other points are kept and saved."""
-    from forgetlab.sweeps import _run, _Spec, _wise, save_sweep
+    from forgetlab.analysis.sweeps import _run, _Spec, _wise, save_sweep
 
     driver = os.getpid()
 
@@ -240,9 +234,9 @@ def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(r
     and on a Ray worker, and the CLI names the worker processes."""
     import yaml
 
+    from forgetlab.analysis.search import pcb_lambda_search
     from forgetlab.cli import main
     from forgetlab.merge.workflow import pool_recipe
-    from forgetlab.search import pcb_lambda_search
 
     recipe = pool_recipe(pool, "pcb", ["ft0", "ft1"], {"keep": 0.5, "lam": 1.0, "scope": "tensor"})
     local, where = pcb_lambda_search(pool, recipe, budget=4, max_task=32)

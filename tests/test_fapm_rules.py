@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from forgetlab.checkpoints import open_checkpoint
+from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.merge import METHODS, merge_state_dicts, run
 from forgetlab.merge.fapm import ADAPTER_RATIO, fapm_mask, fapm_prune, fapm_scores
 

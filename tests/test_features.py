@@ -1,4 +1,4 @@
-"""forgetlab.features: submodule feature capture, pooling, PCA + t-SNE, cluster distances."""
+"""forgetlab.analysis.features: submodule feature capture, pooling, PCA + t-SNE, cluster distances."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 import torch
 
-from forgetlab.errors import ForgetlabError
-from forgetlab.features import (FeatureSet, TsneResult, capture_features, cluster_distances, embed_tsne,
-                                feature_map, _pool_rows)
+from forgetlab.analysis.features import (FeatureSet, TsneResult, capture_features, cluster_distances, embed_tsne,
+                                         feature_map, _pool_rows)
+from forgetlab.core.errors import ForgetlabError
 
 
 def test_pooling_hand_computed():
@@ -21,7 +21,7 @@ def test_pooling_hand_computed():
 def test_capture_matches_a_manual_hook(pool):
     fs = capture_features(pool, ["math"], ["base", "ft0"], level="mlp", layer=1, pooling="last", samples=3)
     assert fs.X.shape == (6, 32) and list(fs.labels.model) == ["base"] * 3 + ["ft0"] * 3
-    from forgetlab.linearity import encode_samples
+    from forgetlab.analysis.linearity import encode_samples
 
     model = pool.load("ft0")
     enc = encode_samples(pool.tokenizer, pool.probes.task("math").probe[:3])

@@ -7,7 +7,7 @@ import pytest
 
 from tests.jobs_helper import finish_jobs, open_page
 
-from forgetlab.pool import ModelPool
+from forgetlab.core.pool import ModelPool
 
 
 def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     assert "exact match ↑" in trajectories["layout"]["annotations"][1]["text"]
 
 
-@pytest.mark.filterwarnings("ignore::forgetlab.pool.NonFiniteWeightsWarning")
+@pytest.mark.filterwarnings("ignore::forgetlab.core.pool.NonFiniteWeightsWarning")
 def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
     """A base whose final norm is NaN gives a NaN loss at step 1: the page shows the trainer's message."""
     from safetensors.torch import load_file, save_file

@@ -70,7 +70,7 @@ def test_forgetting_sweep_runs_in_the_background_shows_partial_attaches_and_canc
     again after a setting changed, and Cancel stops it with nothing saved."""
     import threading
 
-    from forgetlab import sweeps
+    from forgetlab.analysis import sweeps
     from tests.jobs_helper import running_jobs
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))

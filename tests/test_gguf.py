@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from forgetlab.checkpoints import GGUFCheckpoint, load_model, load_tokenizer, open_checkpoint
+from forgetlab.core.checkpoints import GGUFCheckpoint, load_model, load_tokenizer, open_checkpoint
 
 
 def _gguf_file() -> Path | None:

@@ -1,4 +1,4 @@
-"""forgetlab.linearity: d(α), NLS and the Property 1 residual; cached-input scores against direct recomputation."""
+"""forgetlab.analysis.linearity: d(α), NLS and the Property 1 residual; cached-input scores against direct recomputation."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from forgetlab.data import TaskPair
-from forgetlab.errors import ForgetlabError, IncompatibleModelsError, ProbeDataError
-from forgetlab.linearity import (DEFAULT_ALPHAS, NonlinearityResult, direct_scores, nonlinearity_scores,
-                                 score_function)
+from forgetlab.analysis.linearity import (DEFAULT_ALPHAS, NonlinearityResult, direct_scores, nonlinearity_scores,
+                                          score_function)
+from forgetlab.core.data import TaskPair
+from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError, ProbeDataError
 
 PAIRS = [TaskPair(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1), (2, 8)]]
 IDEAL = 1.0 - np.asarray(DEFAULT_ALPHAS)
@@ -161,7 +161,7 @@ def test_batch_size_does_not_change_scores(tok):
 
 
 def test_pool_input_and_progress(tiny_llama):
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     seen = []

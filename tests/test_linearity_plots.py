@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from forgetlab.features import TsneResult
-from forgetlab.linearity import NonlinearityResult, SubmoduleScore
+from forgetlab.analysis.features import TsneResult
+from forgetlab.analysis.linearity import NonlinearityResult, SubmoduleScore
 from forgetlab.plots import color_for
 from forgetlab.plots.features import tsne_scatter
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap

@@ -11,8 +11,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from forgetlab.checkpoints import open_checkpoint
-from forgetlab.errors import IncompatibleModelsError, OutputExistsError, ParameterError, WorkspaceError
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.errors import IncompatibleModelsError, OutputExistsError, ParameterError, WorkspaceError
 from forgetlab.merge import METHODS, merge_state_dicts, run
 from forgetlab.merge import pcb as pcbmod
 from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats
@@ -60,7 +60,7 @@ def test_streaming_equals_in_memory(tiny_llama, tmp_path, method, params):
 
 
 def test_merged_folder_loads_as_a_model(tiny_llama, tmp_path):
-    from forgetlab.checkpoints import load_model
+    from forgetlab.core.checkpoints import load_model
     res = run(_recipe(tiny_llama, "task_arithmetic", {"lam": 0.5}), tmp_path / "m")
     model = load_model(res.out_dir)
     ids = torch.tensor([[1, 5, 7]])
@@ -150,7 +150,7 @@ def test_failure_half_way_leaves_no_output_and_inputs_untouched(tiny_llama, tmp_
 
 
 def test_write_error_leaves_no_output(tiny_llama, tmp_path, monkeypatch):
-    import forgetlab.checkpoints as ck
+    import forgetlab.core.checkpoints.writing as ck
     orig = ck._ShardStream.write
     state = {"n": 0}
 

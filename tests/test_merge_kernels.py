@@ -165,7 +165,7 @@ def test_device_path_on_cpu_gives_the_same_merge(monkeypatch, method, params):
 
 def test_tensor_reader_slots_and_prefetch_read_what_plain_reads_read(tiny_llama):
     """Reused slots + a prefetching thread give, entry by entry, the tensors that plain reads give."""
-    from forgetlab import checkpoints as ck
+    from forgetlab.core import checkpoints as ck
     from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible
 
     base_ck = ck.open_checkpoint(tiny_llama.base)

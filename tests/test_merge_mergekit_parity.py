@@ -106,6 +106,6 @@ def test_same_output_as_mergekit(mergekit_outputs, tmp_path, method):
 
 
 def _base_tensor(files, method, name):
-    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.core.checkpoints import open_checkpoint
     rec = yaml.safe_load(files[method].read_text())
     return open_checkpoint(rec.get("base_model") or rec["models"][0]["model"]).read(name)

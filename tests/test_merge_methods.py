@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge import METHODS, merge_state_dicts
 from forgetlab.merge import consensus, interpolation, pcb, sparsify, ties
 from forgetlab.merge.fapm import fapm_mask, fapm_prune, fapm_scores
@@ -285,7 +285,7 @@ def test_no_finetuned_model_and_too_many_for_wise_ft():
 
 
 def test_mismatched_shapes_name_the_tensor_and_both_shapes():
-    from forgetlab.errors import IncompatibleModelsError
+    from forgetlab.core.errors import IncompatibleModelsError
     b = _rand_sd(0)
     f = dict(_rand_sd(1), b=torch.zeros(12))
     with pytest.raises(IncompatibleModelsError, match=r"Tensor b has shape \(11,\).*\(12,\)"):
@@ -345,7 +345,7 @@ def test_hma_split_follows_the_mofo_rebuttal():
 
 
 def test_hma_refuses_more_alphas_than_layers():
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
 
     with pytest.raises(ParameterError, match="HMA got 4 α values but the model has 2 decoder layers"):
         merge_state_dicts("hma", {"model.layers.0.w": torch.zeros(2), "model.layers.1.w": torch.zeros(2)},
@@ -354,7 +354,7 @@ def test_hma_refuses_more_alphas_than_layers():
 
 
 def test_hma_gives_tied_lm_head_the_embedding_alpha(tiny_gpt2, tmp_path):
-    from forgetlab.checkpoints import load_model, open_checkpoint
+    from forgetlab.core.checkpoints import load_model, open_checkpoint
 
     base_model = load_model(tiny_gpt2.base, device="cpu")
     ft_model = load_model(tiny_gpt2.finetuned["ft0"], device="cpu")

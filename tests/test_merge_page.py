@@ -94,7 +94,7 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
 
 def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges_the_best(tiny_llama, tmp_path,
                                                                                        monkeypatch):
-    """The CMA-ES weight search on the page gives the points `forgetlab.search.search` gives for the same recipe
+    """The CMA-ES weight search on the page gives the points `forgetlab.analysis.search.search` gives for the same recipe
     and seed, each with the worker (this process, host:pid) that computed it; it is saved to Runs; 'merge the
     best' writes the best recipe into merges/ and scores it; 'use the best' puts it into the form."""
     import json
@@ -103,9 +103,9 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
 
     import yaml
 
+    from forgetlab.analysis.search import search
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import pool_recipe
-    from forgetlab.pool import ModelPool
-    from forgetlab.search import search
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     at = open_page("merge", tiny_llama.pool_yaml)

@@ -1,7 +1,7 @@
 """Merge page figures: one bar group per model, distinct colours, values from the scorecards."""
 from __future__ import annotations
 
-from forgetlab.evaluate import Scorecard, TaskScore
+from forgetlab.core.evaluate import Scorecard, TaskScore
 from forgetlab.merge.workflow import cards_frame
 from forgetlab.plots import color_map
 from forgetlab.plots.merge import scorecard_figure
@@ -39,8 +39,8 @@ def test_colour_map_resolves_collisions():
 
 
 def test_search_figure_draws_every_point_the_base_the_front_the_best_and_the_bound():
+    from forgetlab.analysis.search import SearchPoint, SearchResult, _finish
     from forgetlab.plots.merge import search_figure
-    from forgetlab.search import SearchPoint, SearchResult, _finish
 
     res = SearchResult("ties", "weights", ["a", "b"], "constrained", "exact_match", 0.05, 1.0, 4.0, 0.1)
     for i, (spec, loss) in enumerate([(0.5, 4.02), (0.7, 4.04), (0.6, 4.10), (0.2, 4.01)]):

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from forgetlab.cli import main
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge import merge_state_dicts
 from forgetlab.merge.lambda_search import compose, pcb_components, probe_loss, search_pcb_lambdas
 from forgetlab.merge.recipes import Recipe, load_recipe
@@ -155,8 +155,8 @@ def test_cma_search_finds_the_minimum_of_a_known_loss_within_budget():
 
 
 def test_cma_search_with_a_state_dict_loss_and_probe_data(tiny_llama):
-    from forgetlab.checkpoints import open_checkpoint
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.checkpoints import open_checkpoint
+    from forgetlab.core.pool import ModelPool
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     base = open_checkpoint(tiny_llama.base).state_dict()
     fts = [open_checkpoint(p).state_dict() for p in tiny_llama.finetuned.values()]
@@ -170,8 +170,8 @@ def test_cma_search_with_a_state_dict_loss_and_probe_data(tiny_llama):
 def test_recipe_parents_maps_a_recipes_models_to_the_pool_and_refuses_what_it_cannot_compare(tiny_llama, tmp_path):
     """`merge --eval` scores a recipe's parents by their pool names: matched by folder, the base among the
     models (mergekit's linear) left out; a recipe into another base, or a model outside the pool, is refused."""
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import recipe_parents
-    from forgetlab.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     ft = tiny_llama.finetuned
@@ -188,8 +188,8 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
     """`recipe_form` gives back what `pool_recipe` was given (pool names, per-model lists, defaults filled in),
     so that the Merge page can put a recipe found by the search into its form; the base among the models is
     refused (the form merges fine-tuned models only)."""
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import pool_recipe, recipe_form
-    from forgetlab.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "weights": [0.25, 1.5]})

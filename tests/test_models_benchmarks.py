@@ -65,8 +65,8 @@ def _bench_frames(at):
 
 def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_numbers(tiny_llama, tmp_path,
                                                                                          monkeypatch):
-    from forgetlab.benchmarks import evaluate_benchmarks
-    from forgetlab.checkpoints import load_model, load_tokenizer
+    from forgetlab.core.benchmarks import evaluate_benchmarks
+    from forgetlab.core.checkpoints import load_model, load_tokenizer
 
     home = tmp_path / "home"
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
@@ -98,8 +98,8 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
     assert recipe["kind"] == "benchmarks" and recipe["limit"] == 5 and recipe["models"] == ["base", "ft0", "ft1"]
     assert json.loads((runs[0] / "results.json").read_text())["results"]["ft1"]["tiny_cloze"] == direct
     assert "limit 5 per task" in " ".join(c.value for c in at.caption)
+    from forgetlab.core.workspace import load_run
     from forgetlab.ui.runs import run_figures
-    from forgetlab.workspace import load_run
 
     fig = run_figures(load_run(runs[0]))[0]                            # reopened on the Runs page: one bar chart
     assert [t.name for t in fig.data] == ["base", "ft0", "ft1"]
@@ -113,7 +113,7 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
     assert len(stored) == 1 and stored[0].equals(table)
 
     # the session-wide speciality measure offers the metrics (the Forgetting page's sweeps can use them)
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
     from forgetlab.ui.measure import benchmark_measures
 
     assert benchmark_measures(ModelPool.from_yaml(pool_yaml)) == ["tiny_cloze/acc", "tiny_cloze/acc_norm"]
@@ -160,9 +160,9 @@ def test_sweep_measures_run_the_benchmark_at_every_point_and_fall_back_on_sweeps
 
         import streamlit as st
 
-        from forgetlab import sweeps
+        from forgetlab.analysis import sweeps
+        from forgetlab.core.pool import ModelPool
         from forgetlab.plots.forgetting import tradeoff_figure
-        from forgetlab.pool import ModelPool
         from forgetlab.ui.measure import sweep_measures
 
         pool = ModelPool.from_yaml(st.session_state["pool_yaml"])
@@ -216,9 +216,9 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     import os
     import socket
 
-    from forgetlab import sweeps
-    from forgetlab.benchmarks import BenchmarkSpec
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis import sweeps
+    from forgetlab.core.benchmarks import BenchmarkSpec
+    from forgetlab.core.pool import ModelPool
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
@@ -245,8 +245,8 @@ def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny
     """A benchmark metric chosen as the speciality on the Merge page is run on the base, the parents and the
     merge: the table's lm-eval column for the merge equals lm-eval run on the saved merged folder, and the
     chart's speciality bars are that metric."""
-    from forgetlab.benchmarks import evaluate_benchmarks
-    from forgetlab.checkpoints import load_model, load_tokenizer
+    from forgetlab.core.benchmarks import evaluate_benchmarks
+    from forgetlab.core.checkpoints import load_model, load_tokenizer
 
     home = tmp_path / "home"
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
@@ -272,9 +272,9 @@ def test_fine_tunes_measured_by_a_benchmark_cli_api_and_page(tiny_llama, tmp_pat
     """`finetune --measure TASK/METRIC` runs the lm-eval task at every record: the final value equals lm-eval
     on the trained model, the CLI prints it, a task the include folder lacks is exit 2 before training, and the
     Fine-tune page's final trade-off plots the metric."""
-    from forgetlab.benchmarks import BenchmarkSpec, evaluate_benchmarks
     from forgetlab.cli import main
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.benchmarks import BenchmarkSpec, evaluate_benchmarks
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import FinetuneConfig, compare, finetune
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
@@ -318,9 +318,9 @@ def test_merge_search_scored_by_a_benchmark_equals_lm_eval_on_the_merged_folder(
                                                                                 capsys):
     """`forgetlab search --measure TASK/METRIC` runs the lm-eval task on every candidate; its first point (the
     recipe as written) equals lm-eval on that merge written to disk by `forgetlab merge`."""
-    from forgetlab.benchmarks import evaluate_benchmarks
-    from forgetlab.checkpoints import load_model, load_tokenizer
     from forgetlab.cli import main
+    from forgetlab.core.benchmarks import evaluate_benchmarks
+    from forgetlab.core.checkpoints import load_model, load_tokenizer
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
@@ -349,9 +349,9 @@ def test_cli_merge_scores_the_merge_with_lm_eval_equal_to_lm_eval_on_the_saved_f
     the recipe's parents: the merge's benchmark numbers (printed, and in OUT/scorecards.json) equal lm-eval on
     the saved folder; `--eval` alone runs the pool's benchmarks. An unknown task, or evaluating without a pool,
     is exit 2 before the merge, with nothing written."""
-    from forgetlab.benchmarks import evaluate_benchmarks
-    from forgetlab.checkpoints import load_model, load_tokenizer
     from forgetlab.cli import main
+    from forgetlab.core.benchmarks import evaluate_benchmarks
+    from forgetlab.core.checkpoints import load_model, load_tokenizer
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
@@ -394,10 +394,10 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
     record of every run: the AdamW run's final values equal lm-eval on the same fine-tune's model, the Pareto
     front is taken on both benchmark axes and the run is saved with them; a metric the task does not report is
     exit 2 before training. The Fine-tune page's final trade-off plots the benchmark generality on x."""
-    from forgetlab.benchmarks import BenchmarkSpec, evaluate_benchmarks
+    from forgetlab.analysis.sweeps import pareto_mask
     from forgetlab.cli import main
-    from forgetlab.pool import ModelPool
-    from forgetlab.sweeps import pareto_mask
+    from forgetlab.core.benchmarks import BenchmarkSpec, evaluate_benchmarks
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import finetune, load_finetune_run, standard_configs
 
     home = tmp_path / "home"
@@ -447,8 +447,8 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
 def test_a_metric_the_task_does_not_report_is_refused_before_any_work(tiny_llama, tmp_path, monkeypatch, capsys):
     """sweep and search check a benchmark measure's metric against the metrics the lm-eval task reports before
     the first point: exit 2 naming the task's metrics, nothing saved."""
-    from forgetlab.benchmarks import BenchmarkError, BenchmarkSpec, check_metrics
     from forgetlab.cli import main
+    from forgetlab.core.benchmarks import BenchmarkError, BenchmarkSpec, check_metrics
 
     home = tmp_path / "home"
     monkeypatch.setenv("FORGETLAB_HOME", str(home))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
-from forgetlab.evaluate import Scorecard, TaskScore
+from forgetlab.core.evaluate import Scorecard, TaskScore
 from tests.jobs_helper import finish_jobs, open_page
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.train.mofo import MoFO, top_fraction_mask, unfiltered_parameters
 
 
@@ -48,7 +48,7 @@ def _tiny_gpt2(seed: int = 0):
 
 
 def test_unfiltered_by_module_type_llama_and_gpt2(tiny_gpt2):
-    from forgetlab.checkpoints import load_model
+    from forgetlab.core.checkpoints import load_model
     from forgetlab.train import MoFO as exported
 
     assert exported is MoFO  # forgetlab.train exports MoFO

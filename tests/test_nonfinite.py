@@ -13,7 +13,7 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from forgetlab.errors import CheckpointError
+from forgetlab.core.errors import CheckpointError
 from forgetlab.merge import merge_state_dicts, run
 
 
@@ -65,8 +65,8 @@ def test_a_merge_that_overflows_the_output_dtype_is_refused():
 
 
 def test_task_vector_norms_show_nan_as_nan(tiny_llama, tmp_path):
-    from forgetlab.pool import ModelPool
-    from forgetlab.taskvec import task_vector_norms
+    from forgetlab.analysis.taskvec import task_vector_norms
+    from forgetlab.core.pool import ModelPool
 
     bad = _poisoned_copy(tiny_llama.finetuned["ft0"], tmp_path / "bad", NAME, float("nan"))
     with pytest.warns(UserWarning, match="NaN/Inf"):
@@ -78,7 +78,7 @@ def test_task_vector_norms_show_nan_as_nan(tiny_llama, tmp_path):
     others = level[~((level["layer"] == 1) & (level["module"] == "mlp"))]
     assert others["norm"].notna().all() and (others["norm"] > 0).all()
     assert math.isnan(norms.total)
-    from forgetlab.taskvec import cosine_matrix
+    from forgetlab.analysis.taskvec import cosine_matrix
     cos = cosine_matrix(pool)
     assert math.isnan(cos.values[0][0]) and math.isnan(cos.norms[0])
 

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from forgetlab.cli import main
-from forgetlab.errors import OutputExistsError, ParameterError, WorkspaceError
+from forgetlab.core.errors import OutputExistsError, ParameterError, WorkspaceError
+from forgetlab.core.outputs import MARKER, PARTIAL, atomic_output_dir, check_name, clean_stale, write_text_file
 from forgetlab.merge import run
-from forgetlab.outputs import MARKER, PARTIAL, atomic_output_dir, check_name, clean_stale, write_text_file
 
 
 def tree(root: Path) -> dict[str, bytes | None]:
@@ -144,7 +144,7 @@ def test_overwrite_keeps_what_the_user_added_inside_an_earlier_merge(recipe, tmp
 
 
 def test_scorecards_written_into_a_finished_merge_count_as_forgetlab_files(tmp_path):
-    from forgetlab.outputs import foreign_files, record_file
+    from forgetlab.core.outputs import foreign_files, record_file
 
     out = tmp_path / "m"
     with atomic_output_dir(out, kind="merge") as tmp:
@@ -156,7 +156,7 @@ def test_scorecards_written_into_a_finished_merge_count_as_forgetlab_files(tmp_p
 
 
 def test_an_output_written_before_markers_listed_their_files_is_judged_by_forgetlab_names(tmp_path):
-    from forgetlab.outputs import foreign_files
+    from forgetlab.core.outputs import foreign_files
 
     out = tmp_path / "old-merge"
     out.mkdir()
@@ -190,7 +190,7 @@ def test_no_output_file_may_be_an_input_of_the_command(out, tmp_path, recipe, ca
 def test_save_as_through_a_linked_pool_file_edits_the_shared_file(tmp_path):
     from tests.conftest import make_tiny_pool
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import save_finetuned
 
     tiny = make_tiny_pool(tmp_path / "p", n_finetuned=1)
@@ -222,7 +222,7 @@ def test_save_as_into_a_linked_pool_file_in_an_unwritable_folder_is_a_message(tm
 
     from tests.conftest import make_tiny_pool
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     tiny = make_tiny_pool(tmp_path / "p", n_finetuned=1)
     link = tmp_path / "p" / "link.yaml"
@@ -269,7 +269,7 @@ def test_sigterm_during_a_merge_leaves_nothing(recipe, tmp_path):
     out = tmp_path / "merged"
     code = (
         "import sys, time\n"
-        "import forgetlab.checkpoints as c\n"
+        "import forgetlab.core.checkpoints.writing as c\n"
         "orig = c._ShardStream.write\n"
         "def slow(self, n, t):\n"
         "    time.sleep(0.3)\n"
@@ -331,7 +331,7 @@ def test_two_overwrite_merges_at_once_one_is_refused(recipe, tmp_path):
     assert _merge_cli(recipe, out) == 0
     code = (
         "import sys, time\n"
-        "import forgetlab.checkpoints as c\n"
+        "import forgetlab.core.checkpoints.writing as c\n"
         "orig = c._ShardStream.write\n"
         "def slow(self, n, t):\n"
         "    time.sleep(0.1)\n"
@@ -349,7 +349,7 @@ def test_two_overwrite_merges_at_once_one_is_refused(recipe, tmp_path):
 
 
 def test_disk_full_is_a_message_and_the_existing_output_is_untouched(recipe, tmp_path, monkeypatch, capsys):
-    import forgetlab.checkpoints as ck
+    import forgetlab.core.checkpoints.writing as ck
 
     out = tmp_path / "merged"
     assert _merge_cli(recipe, out) == 0
@@ -418,7 +418,7 @@ def test_clean_stale_ignores_entries_without_our_marker(tmp_path):
 def test_saving_into_the_pool_keeps_the_users_comments_and_keys(tmp_path):
     from tests.conftest import make_tiny_pool
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import save_finetuned
 
     tiny = make_tiny_pool(tmp_path / "p", n_finetuned=1)
@@ -508,14 +508,14 @@ def test_yaml_alias_bombs_are_refused_at_once(kind, tmp_path, capsys):
 
 
 def test_ordinary_anchors_and_aliases_still_work(tmp_path):
-    from forgetlab.yamlio import safe_load
+    from forgetlab.core.yamlio import safe_load
 
     d = safe_load("p: &p {keep: 0.2}\nx: *p\ny: [*p, *p]\n")
     assert d["x"] == {"keep": 0.2} and d["y"] == [{"keep": 0.2}] * 2
 
 
 def test_a_full_disk_while_saving_a_run_is_a_message_and_leaves_nothing(tmp_path, monkeypatch):
-    from forgetlab import workspace
+    from forgetlab.core import workspace
 
     def full(self, *a, **k):
         raise OSError(28, "No space left on device")
@@ -530,7 +530,7 @@ def test_a_full_disk_while_saving_a_run_is_a_message_and_leaves_nothing(tmp_path
 def test_a_run_saved_onto_a_real_full_disk_is_a_message_and_leaves_no_folder(small_disk):
     """On a full tmpfs the folders still get made (they need no data blocks) and the lock file's first line
     cannot be flushed: the save must still be a WorkspaceError, and the workspace folders it created go again."""
-    from forgetlab import workspace
+    from forgetlab.core import workspace
 
     mnt = small_disk("64k")
     with pytest.raises(OSError):
@@ -552,8 +552,8 @@ def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_p
     cfg = json.loads((bad / "config.json").read_text())
     cfg["intermediate_size"] = cfg["intermediate_size"] * 2
     (bad / "config.json").write_text(json.dumps(cfg))
-    from forgetlab.checkpoints import load_model
-    from forgetlab.errors import IncompatibleModelsError
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.errors import IncompatibleModelsError
 
     import transformers
 
@@ -572,8 +572,8 @@ def test_a_config_that_disagrees_with_its_weights_is_a_message(tiny_llama, tmp_p
 def test_pool_files_with_a_misspelt_key_or_a_bad_template_are_refused(edit, message, tiny_llama, tmp_path):
     import shutil
 
-    from forgetlab.errors import ForgetlabError
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.errors import ForgetlabError
+    from forgetlab.core.pool import ModelPool
 
     root = tmp_path / "p"
     shutil.copytree(tiny_llama.root, root)
@@ -588,7 +588,7 @@ def test_pool_files_with_a_misspelt_key_or_a_bad_template_are_refused(edit, mess
 def test_pool_files_keep_working_with_keys_of_the_users_own(tiny_llama, tmp_path):
     import shutil
 
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     root = tmp_path / "p"
     shutil.copytree(tiny_llama.root, root)

@@ -1,10 +1,10 @@
 """Colours and legend names: one colour per name on every chart, never shared by two names shown together."""
 from __future__ import annotations
 
-from forgetlab.evaluate import Scorecard, TaskScore
+from forgetlab.analysis.sweeps import SweepPoint, SweepResult
+from forgetlab.core.evaluate import Scorecard, TaskScore
 from forgetlab.plots import FIXED, color_for, color_map
 from forgetlab.plots.forgetting import curves_figure, sweep_labels, tradeoff_figure
-from forgetlab.sweeps import SweepPoint, SweepResult
 
 
 def test_color_map_gives_distinct_names_distinct_colours_and_keeps_them_across_calls():

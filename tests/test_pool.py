@@ -7,9 +7,9 @@ import pytest
 import torch
 import yaml
 
-from forgetlab.checkpoints import load_model, open_checkpoint, write_hf_folder
-from forgetlab.errors import ForgetlabError, IncompatibleModelsError, ProbeDataError
-from forgetlab.pool import ModelPool, NonFiniteWeightsWarning
+from forgetlab.core.checkpoints import load_model, open_checkpoint, write_hf_folder
+from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.core.pool import ModelPool, NonFiniteWeightsWarning
 
 
 def test_pool_from_yaml_reads_models_and_probes(tiny_llama):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge.recipes import Recipe, check_seed, load_recipe
 
 BASE = {"method": "dare_linear", "base": "/m/base", "models": ["/m/a"]}

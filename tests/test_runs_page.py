@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from forgetlab import workspace as ws
+from forgetlab.core import workspace as ws
 from forgetlab.plots import color_for
 from forgetlab.ui.runs import compare_frame, figures_from_frame, run_label, runs_table, sweep_column
 
@@ -123,8 +123,8 @@ def test_runs_page_with_empty_workspace_and_unreadable_run(tmp_path, monkeypatch
 
 
 def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(tiny_llama, tmp_path, monkeypatch):
-    from forgetlab import sweeps
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis import sweeps
+    from forgetlab.core.pool import ModelPool
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
@@ -153,9 +153,9 @@ def test_a_saved_merge_search_reopens_with_its_chart_and_a_worker_column(tiny_ll
     import os
     import socket
 
+    from forgetlab.analysis.search import save_search, search
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import pool_recipe
-    from forgetlab.pool import ModelPool
-    from forgetlab.search import save_search, search
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
@@ -176,7 +176,7 @@ def test_a_saved_merge_search_reopens_with_its_chart_and_a_worker_column(tiny_ll
 def test_scorecards_reopen_in_the_session_measure_and_merges_show_their_scorecard(tmp_path, monkeypatch):
     """What the Models page saves (kind "scorecards") reopens with its chart; the Merged-models tab draws a
     merge's scorecards.json; both follow the session-wide speciality measure."""
-    from forgetlab.evaluate import Scorecard, TaskScore
+    from forgetlab.core.evaluate import Scorecard, TaskScore
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     cards = [Scorecard(n, 3.0 + i, 20.0, 100, {"math": TaskScore("math", 0.1 * i, 2.0 - i, 8)})

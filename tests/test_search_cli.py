@@ -17,8 +17,8 @@ def _write_recipe(tiny_llama, path, method="task_arithmetic"):
 
 
 def test_search_cli_saves_points_and_best_recipe(tiny_llama, tmp_path, monkeypatch, capsys):
+    from forgetlab.core.workspace import load_run
     from forgetlab.merge.recipes import load_recipe
-    from forgetlab.workspace import load_run
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     recipe = _write_recipe(tiny_llama, tmp_path / "recipe.yaml")
@@ -56,10 +56,10 @@ def test_check_search_refuses_what_search_refuses_without_loading_a_model(tiny_l
     opens no checkpoint for good settings."""
     import pytest
 
-    from forgetlab import checkpoints
-    from forgetlab.errors import ParameterError
-    from forgetlab.pool import ModelPool
-    from forgetlab.search import check_search, search
+    from forgetlab.analysis.search import check_search, search
+    from forgetlab.core import checkpoints
+    from forgetlab.core.errors import ParameterError
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = _write_recipe(tiny_llama, tmp_path / "recipe.yaml")

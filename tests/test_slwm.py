@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from forgetlab.data import TaskPair
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.data import TaskPair
+from forgetlab.core.errors import ForgetlabError
 from forgetlab.merge.slwm import slwm_merge, slwm_weights, solve_weights
 
 PAIRS = [TaskPair(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
@@ -133,8 +133,8 @@ def test_gqa_head_mlp_coefficient_maps(tok):
 
 
 def test_gpt2_runs_and_registry(tiny_gpt2):
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge import METHODS, validate_params
-    from forgetlab.pool import ModelPool
     import forgetlab.merge.slwm  # noqa: F401  (registers slwm)
 
     assert "slwm" in METHODS and METHODS["slwm"].needs_pool
@@ -147,8 +147,8 @@ def test_gpt2_runs_and_registry(tiny_gpt2):
 
 
 def test_engine_prepare_hook(tiny_llama, tmp_path):
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge import run
-    from forgetlab.pool import ModelPool
     import forgetlab.merge.slwm  # noqa: F401
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
@@ -175,7 +175,7 @@ def test_bad_input(tok):
 
 
 def test_gpt2_head_coefficients_cover_fused_qkv_columns(tiny_gpt2):
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_gpt2.pool_yaml)
     w = slwm_weights(pool, ["math", "copy"], models=["ft0", "ft1"], level="head_mlp", samples=3)

@@ -1,27 +1,15 @@
-"""Forgetting sweeps (forgetlab.sweeps): endpoints, in-place working copy, Pareto front, save/reopen, bad input."""
+"""Forgetting sweeps (forgetlab.analysis.sweeps): endpoints, in-place working copy, Pareto front, save/reopen, bad input."""
 from __future__ import annotations
 
 
 import pytest
 import torch
 
-from forgetlab.errors import ForgetlabError, ParameterError
-from forgetlab.evaluate import evaluate
-from forgetlab.pool import ModelPool
-from forgetlab.sweeps import (
-    SweepResult,
-    WorkingCopy,
-    _hma,
-    _pruned,
-    alpha_curve,
-    density_curve,
-    hma_grid,
-    load_sweep,
-    pareto_front,
-    pareto_mask,
-    pruning_curve,
-    save_sweep,
-)
+from forgetlab.analysis.sweeps import (SweepResult, WorkingCopy, _hma, _pruned, alpha_curve, density_curve, hma_grid,
+                                       load_sweep, pareto_front, pareto_mask, pruning_curve, save_sweep)
+from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.pool import ModelPool
 
 
 def _card(pool, name):
@@ -45,7 +33,7 @@ def test_alpha_curve_endpoints_and_live_points(pool):
     _same(res.points[0].scorecard, _card(pool, "base"))
     _same(res.points[-1].scorecard, _card(pool, "ft0"))
     assert res.points[0].distance == 0.0
-    from forgetlab.taskvec import checkpoint_distance
+    from forgetlab.analysis.taskvec import checkpoint_distance
     assert res.points[-1].distance == pytest.approx(checkpoint_distance(pool, "ft0"), rel=1e-5)
     # D grows linearly in α for WiSE-FT: D(θ(α), θ0) = α·D(θ1, θ0)
     assert res.points[1].distance == pytest.approx(0.5 * res.points[-1].distance, rel=1e-4)

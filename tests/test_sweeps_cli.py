@@ -1,9 +1,9 @@
 """`forgetlab sweep ...`: tables, saved runs, exit status 2 on bad input."""
 from __future__ import annotations
 
+from forgetlab.analysis.sweeps import load_sweep
 from forgetlab.cli import main
-from forgetlab.sweeps import load_sweep
-from forgetlab.workspace import list_runs
+from forgetlab.core.workspace import list_runs
 
 
 def test_sweep_alpha_cli(tiny_llama, tmp_path, monkeypatch, capsys):

@@ -1,10 +1,10 @@
 """Figures of sweeps and fine-tunes: the Pareto-front trace holds exactly the non-dominated points."""
 from __future__ import annotations
 
-from forgetlab.evaluate import Scorecard, TaskScore
+from forgetlab.analysis.sweeps import SweepPoint, SweepResult
+from forgetlab.core.evaluate import Scorecard, TaskScore
 from forgetlab.plots import color_for
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.sweeps import SweepPoint, SweepResult
 
 
 def _point(series, x, spec, loss):
@@ -40,7 +40,7 @@ def test_answer_loss_measure_ranks_lower_loss_as_better():
     loss (lower is better) it is (A, B): D has the worst answer loss, C is beaten by B on both axes."""
     import pytest
 
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
 
     pts = [_scored("wise-ft", 0.0, 0.0, 1.0, 3.0), _scored("wise-ft", 0.3, 0.0, 2.0, 2.0),
            _scored("wise-ft", 0.6, 0.0, 2.5, 2.5), _scored("wise-ft", 1.0, 0.1, 3.0, 3.5)]

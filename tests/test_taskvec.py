@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forgetlab.checkpoints import open_checkpoint
-from forgetlab.pool import ModelPool
-from forgetlab.taskvec import checkpoint_distance, cosine_matrix, distance, task_vector_norms
+from forgetlab.analysis.taskvec import checkpoint_distance, cosine_matrix, distance, task_vector_norms
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.pool import ModelPool
 
 
 def _full_tau(pool, name):

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from forgetlab.data import EncodedExample
-from forgetlab.errors import ParameterError, TrainingError
+from forgetlab.core.data import EncodedExample
+from forgetlab.core.errors import ParameterError, TrainingError
 from forgetlab.train.trainer import add_penalty_grad_, causal_lm_loss, lr_factor, sfa_interval, train
 
 
@@ -49,7 +49,7 @@ def test_deterministic_for_a_seed_and_learns():
 
 def test_loss_is_hf_causal_lm_loss_on_labelled_tokens():
     model = _model()
-    from forgetlab.data import collate
+    from forgetlab.core.data import collate
 
     batch = collate(_examples(4), 0)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

@@ -4,9 +4,9 @@ from __future__ import annotations
 import shutil
 
 from forgetlab.cli import main
-from forgetlab.pool import ModelPool
+from forgetlab.core.pool import ModelPool
+from forgetlab.core.workspace import list_runs
 from forgetlab.train.runs import load_finetune_run
-from forgetlab.workspace import list_runs
 
 
 def test_finetune_cli_one_run_saved_into_pool(tiny_llama, tmp_path, monkeypatch, capsys):

@@ -6,19 +6,12 @@ import shutil
 import pytest
 import torch
 
-from forgetlab.data import Probes, TaskData, TaskPair
-from forgetlab.errors import ForgetlabError, TrainingError
-from forgetlab.evaluate import evaluate
-from forgetlab.pool import ModelPool
-from forgetlab.train.runs import (
-    FinetuneConfig,
-    compare,
-    finetune,
-    load_finetune_run,
-    save_finetune_run,
-    save_finetuned,
-    standard_configs,
-)
+from forgetlab.core.data import Probes, TaskData, TaskPair
+from forgetlab.core.errors import ForgetlabError, TrainingError
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.pool import ModelPool
+from forgetlab.train.runs import (FinetuneConfig, compare, finetune, load_finetune_run, save_finetune_run,
+                                  save_finetuned, standard_configs)
 
 
 def test_finetune_records_generality_speciality_distance(pool):

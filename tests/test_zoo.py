@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from forgetlab.data import TaskPair
-from forgetlab.errors import ParameterError, ProbeDataError
+from forgetlab.core.data import TaskPair
+from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.zoo import PRESETS, get_spec, zoo_root
 from forgetlab.zoo.corpus import RawArticle, clean_paragraphs, load_wiki_split, split_articles
 from forgetlab.zoo.manifest import FORMAT, new_manifest, stale_reason

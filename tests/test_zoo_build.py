@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from forgetlab.errors import MissingDependencyError, WorkspaceError
-from forgetlab.outputs import PARTIAL
+from forgetlab.core.errors import MissingDependencyError, WorkspaceError
+from forgetlab.core.outputs import PARTIAL
 from forgetlab.zoo import build, build_spec, get_spec, zoo_root
 from forgetlab.zoo.manifest import done_steps
 from forgetlab.zoo.presets import ClaimsSpec, DataSpec, EvalSpec, TrainSpec
@@ -57,8 +57,8 @@ def micro_spec(**changes):
 @pytest.fixture(scope="module")
 def fresh_cards(pico_zoo):
     """Scorecards of every model of the tiny zoo, computed now from the files (not read from the manifest)."""
-    from forgetlab.evaluate import evaluate
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(pico_zoo.pool_yaml)
     how = get_spec("pico", "tiny").evaluation
@@ -390,8 +390,8 @@ def test_pretraining_weights_do_not_depend_on_the_thread_count():
     """The build switches between 1 and 2 torch threads as the machine's load changes (forgetlab.zoo.threads);
     that keeps it deterministic only if the weights come out the same, bit for bit, at either count. Checked on
     the default pico shape and pretraining batch, where two threads really split the matrix products."""
+    from forgetlab.core.data import EncodedExample
     from forgetlab.train.trainer import train
-    from forgetlab.data import EncodedExample
     from forgetlab.zoo.pico import init_model
 
     spec = get_spec("pico", "default")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
 
 TASKS = ("math", "code", "translate")
@@ -16,7 +16,7 @@ SMALL = dict(max_general=6, max_task=12, nls_samples=3, slwm_samples=3, measure=
 
 @pytest.fixture(scope="module")
 def zoo_pool(pico_zoo):
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     return ModelPool.from_yaml(pico_zoo.pool_yaml)
 
@@ -50,7 +50,7 @@ def test_the_build_stores_every_claim_in_the_manifest(pico_zoo):
 
 def test_finetune_claims_are_the_models_own_evaluation(zoo_pool, measured):
     """The numbers of claim (a) are what evaluate() gives for the models, with the same limits."""
-    from forgetlab.evaluate import evaluate
+    from forgetlab.core.evaluate import evaluate
 
     for name, task in (("math", "math"), ("lora-code", "code")):
         card = evaluate(zoo_pool.load(name), zoo_pool.tokenizer, zoo_pool.probes, name=name,
@@ -75,7 +75,7 @@ def test_finetune_claims_are_the_models_own_evaluation(zoo_pool, measured):
 def test_changing_a_model_changes_the_table(zoo_pool, measured, tmp_path):
     """Replace the math fine-tune by a copy of the base: its gain and its forgetting become exactly 0, so
     claim (a) fails for it and the WiSE-FT/merge numbers move — nothing is copied from constants."""
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     pool = ModelPool(zoo_pool.base.path, {"math": str(zoo_pool.base.path),
                                           "translate": str(zoo_pool.checkpoint("translate").path),
@@ -134,7 +134,7 @@ def test_models_page_view_draws_the_claims_only_for_a_zoo(pico_zoo, tiny_llama):
     def page(pool_yaml: str):
         import streamlit as st
 
-        from forgetlab.pool import ModelPool
+        from forgetlab.core.pool import ModelPool
         from forgetlab.ui.zoo_claims import render_zoo_claims
 
         drawn = render_zoo_claims(ModelPool.from_yaml(pool_yaml))

@@ -2,9 +2,9 @@
 import json, sys
 import pandas as pd, torch
 torch.set_num_threads(1)
-from forgetlab.pool import ModelPool
-from forgetlab.sweeps import WorkingCopy, _wise, _pruned, pareto_mask
-from forgetlab.evaluate import evaluate
+from forgetlab.analysis.sweeps import WorkingCopy, _wise, _pruned, pareto_mask
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.pool import ModelPool
 from forgetlab.merge.interpolation import layer_locator
 from forgetlab.merge.submodule import alpha_of, submodule_alpha
 

@@ -5,8 +5,8 @@ merge of the three full fine-tunes, held-out loss, and the share of entries chan
     python docs/evidence/pcb_scope_pico.py ~/.forgetlab/zoo/pico/pool.yaml > docs/evidence/pcb_scope_pico.txt
 """
 import copy, sys
-from forgetlab.pool import ModelPool
-from forgetlab.evaluate import evaluate
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.pool import ModelPool
 from forgetlab.merge.api import merge_state_dicts
 pool = ModelPool.from_yaml(sys.argv[1])
 names, tasks = ["math", "code", "translate"], ["math", "code", "translate"]

@@ -50,9 +50,9 @@ def add_device_map_arguments(p) -> None:
 
 
 def device_from_args(args):
-    """`args.device`, or a `forgetlab.devicemap.Placement` when --device-map is given."""
-    from forgetlab.devicemap import Placement, parse_max_memory
-    from forgetlab.errors import ParameterError
+    """`args.device`, or a `forgetlab.core.devicemap.Placement` when --device-map is given."""
+    from forgetlab.core.devicemap import Placement, parse_max_memory
+    from forgetlab.core.errors import ParameterError
 
     if getattr(args, "device_map", None):
         return Placement(args.device_map, parse_max_memory(args.max_memory) if args.max_memory else None)
@@ -68,7 +68,7 @@ def load_placed(ckpt, placement):
     import weakref
     from dataclasses import replace
 
-    from forgetlab.checkpoints import load_model
+    from forgetlab.core.checkpoints import load_model
 
     if placement.offload_folder:
         return load_model(ckpt, device=placement)

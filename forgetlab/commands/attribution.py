@@ -1,9 +1,9 @@
 """CLI: `forgetlab attribution POOL.yaml --model M --task T --level layer|module|head` — where the forgetting is:
-per-submodule only-this and leave-one-out maps of a task vector (forgetlab.attribution)."""
+per-submodule only-this and leave-one-out maps of a task vector (forgetlab.analysis.attribution)."""
 from __future__ import annotations
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import parse_floats
+from forgetlab.core.errors import parse_floats
 
 SHOWN = ["map", "key", "alpha", "d_general_loss", "d_speciality", "d_answer_loss", "tau_share", "zero_tau"]
 
@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 def cmd_attribution(args) -> int:
     """Compute both maps, print them with the additivity table, write --out, save the run (unless --no-save)."""
-    from forgetlab import attribution
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis import attribution
+    from forgetlab.core.pool import ModelPool
 
     attribution.check_level(args.level)
     pool = ModelPool.from_yaml(args.pool)

@@ -5,7 +5,7 @@ from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 
 
 def register(sub) -> None:
-    from forgetlab.features import BACKENDS, FEATURE_LEVELS, POOLINGS
+    from forgetlab.analysis.features import BACKENDS, FEATURE_LEVELS, POOLINGS
 
     p = sub.add_parser("features", help="t-SNE map of a submodule's features across tasks and models",
                        description="Capture a submodule's output on each task's probe samples for each model, "
@@ -31,10 +31,10 @@ def register(sub) -> None:
 
 
 def cmd_features(args) -> int:
+    from forgetlab.analysis.features import capture_features, embed_tsne
     from forgetlab.commands.linearity import write_csv
-    from forgetlab.features import capture_features, embed_tsne
-    from forgetlab.pool import ModelPool
-    from forgetlab.progress import scaled
+    from forgetlab.core.pool import ModelPool
+    from forgetlab.core.progress import scaled
 
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("features")

@@ -55,16 +55,16 @@ def register(sub) -> None:
 
 def cmd_finetune(args) -> int:
     """Run one fine-tune or the comparison; print trajectories and finals; save the run and, with --save-as, the model."""
-    from forgetlab.errors import ParameterError
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.errors import ParameterError
+    from forgetlab.core.pool import ModelPool
     from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, check_save_as, compare, finetune,
                                       save_finetune_run, save_finetuned, standard_configs)
 
     if args.executor != "local" and not args.compare:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
+    from forgetlab.analysis.sweeps import check_general_measure, check_measure
     from forgetlab.commands.sweep import measure_benchmarks
-    from forgetlab.sweeps import check_general_measure, check_measure
 
     pool = ModelPool.from_yaml(args.pool)
     if args.save_as is not None and not args.compare:

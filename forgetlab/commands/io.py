@@ -7,7 +7,7 @@ from typing import Callable
 
 import pandas as pd
 
-from forgetlab.outputs import write_text_file
+from forgetlab.core.outputs import write_text_file
 
 
 def emit(text: str = "") -> None:

@@ -7,13 +7,13 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import parse_floats
-from forgetlab.outputs import write_text_file
+from forgetlab.core.errors import parse_floats
+from forgetlab.core.outputs import write_text_file
 
 
 def register(sub) -> None:
     import forgetlab.merge.slwm  # noqa: F401  (registers the `slwm` merge method for `forgetlab merge`)
-    from forgetlab.linearity import CAPTURES, DEFAULT_ALPHAS, DEFAULT_LEVELS
+    from forgetlab.analysis.linearity import CAPTURES, DEFAULT_ALPHAS, DEFAULT_LEVELS
 
     p = sub.add_parser("linearity", help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
                        description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a "
@@ -53,15 +53,15 @@ def register(sub) -> None:
 
 
 def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
-    """Write a CSV atomically (forgetlab.outputs.write_text_file); an existing file only with `overwrite`."""
+    """Write a CSV atomically (forgetlab.core.outputs.write_text_file); an existing file only with `overwrite`."""
     path = write_text_file(out, df.to_csv(index=False), overwrite=overwrite)
     emit(f"wrote {path}")
     return path
 
 
 def cmd_linearity(args) -> int:
-    from forgetlab.linearity import nonlinearity_scores
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis.linearity import nonlinearity_scores
+    from forgetlab.core.pool import ModelPool
 
     alphas = parse_floats(args.alphas, "--alphas")
     pool = ModelPool.from_yaml(args.pool)
@@ -87,7 +87,7 @@ def cmd_linearity(args) -> int:
     if args.curves:
         write_csv(result.curves_frame(), args.curves, args.overwrite)
     if not args.no_save:
-        from forgetlab.workspace import save_run
+        from forgetlab.core.workspace import save_run
 
         recipe = {"pool": str(Path(args.pool).resolve()), "task": result.task, "model": result.model,
                   "levels": list(result.levels), "alphas": list(result.alphas), "samples": result.samples,
@@ -97,8 +97,8 @@ def cmd_linearity(args) -> int:
 
 
 def cmd_slwm_weights(args) -> int:
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.slwm import slwm_weights
-    from forgetlab.pool import ModelPool
 
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("slwm weights")

@@ -6,7 +6,7 @@ import json
 import yaml
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.outputs import write_text_file
+from forgetlab.core.outputs import write_text_file
 
 
 def register(subparsers) -> None:
@@ -51,7 +51,7 @@ def register(subparsers) -> None:
 
 
 def _merge(args) -> int:
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
     from forgetlab.merge import run
 
     evaluate = args.eval or bool(args.lm_eval)
@@ -64,7 +64,7 @@ def _merge(args) -> int:
                              "judge it: add --pool POOL.yaml.")
     pool = None
     if args.pool:
-        from forgetlab.pool import ModelPool
+        from forgetlab.core.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("merge")
     try:
@@ -125,11 +125,11 @@ def _export(args) -> int:
 
 
 def _pcb_search(args) -> int:
+    from forgetlab.analysis.search import pcb_lambda_search
     from forgetlab.commands._executor import executor_from_args
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
+    from forgetlab.core.pool import ModelPool
     from forgetlab.merge.recipes import ModelEntry, load_recipe
-    from forgetlab.pool import ModelPool
-    from forgetlab.search import pcb_lambda_search
 
     recipe = load_recipe(args.recipe)
     if recipe.method != "pcb":

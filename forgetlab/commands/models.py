@@ -7,8 +7,8 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
-from forgetlab.outputs import check_output_file, write_text_file
+from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
+from forgetlab.core.outputs import check_output_file, write_text_file
 
 
 def register(sub) -> None:
@@ -48,9 +48,9 @@ def register(sub) -> None:
 
 
 def cmd_inspect(args) -> int:
-    from forgetlab.anatomy import Anatomy
-    from forgetlab.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
-    from forgetlab.errors import IncompatibleModelsError
+    from forgetlab.core.anatomy import Anatomy
+    from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
+    from forgetlab.core.errors import IncompatibleModelsError
 
     ckpt = open_checkpoint(args.ref, base=args.base)
     cfg = ckpt.config
@@ -94,8 +94,8 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_taskvec(args) -> int:
-    from forgetlab.pool import ModelPool
-    from forgetlab.taskvec import cosine_matrix, task_vector_norms
+    from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
+    from forgetlab.core.pool import ModelPool
 
     if args.out is not None:
         check_output_file(cosine_path(args.out), args.overwrite)
@@ -128,8 +128,8 @@ def cosine_path(out: str) -> Path:
 
 
 def cmd_eval(args) -> int:
-    from forgetlab.evaluate import evaluate, scorecards_frame
-    from forgetlab.pool import BASE, ModelPool
+    from forgetlab.core.evaluate import evaluate, scorecards_frame
+    from forgetlab.core.pool import BASE, ModelPool
 
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
@@ -177,7 +177,7 @@ def benchmark_spec(args, pool):
     is loaded."""
     from dataclasses import replace
 
-    from forgetlab.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
+    from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
 
     spec = None if args.no_lm_eval else pool.probes.benchmarks if pool.probes is not None else None
     if args.lm_eval:

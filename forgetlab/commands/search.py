@@ -5,7 +5,7 @@ from __future__ import annotations
 from forgetlab.commands._executor import add_executor_arguments, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.commands.sweep import add_lm_eval_arguments, measure_benchmarks
-from forgetlab.errors import parse_floats
+from forgetlab.core.errors import parse_floats
 
 
 def register(sub) -> None:
@@ -52,13 +52,13 @@ def cmd_search(args) -> int:
     """Run the search, print every point and the best recipe, save the run."""
     import yaml
 
-    from forgetlab.outputs import write_text_file
-    from forgetlab.pool import ModelPool
-    from forgetlab.search import save_search, search
+    from forgetlab.analysis.search import save_search, search
+    from forgetlab.core.outputs import write_text_file
+    from forgetlab.core.pool import ModelPool
 
     bounds = parse_floats(args.bounds, "--bounds")
     if len(bounds) != 2:
-        from forgetlab.errors import ParameterError
+        from forgetlab.core.errors import ParameterError
         raise ParameterError(f"--bounds takes LOW,HIGH; got {args.bounds!r}.")
     executor = executor_from_args(args)
     pool = ModelPool.from_yaml(args.pool)

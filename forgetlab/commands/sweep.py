@@ -4,7 +4,7 @@ from __future__ import annotations
 from forgetlab.commands._executor import (add_device_map_arguments, add_executor_arguments, device_from_args,
                                           executor_from_args, executor_lines)
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.errors import parse_floats
+from forgetlab.core.errors import parse_floats
 
 SHOWN = ["series", "x", "speciality", "answer_loss", "general_loss", "distance", "pareto"]
 
@@ -83,8 +83,8 @@ def measure_benchmarks(pool, measures, include, limit):
     """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
     limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
     Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
-    from forgetlab.benchmarks import BenchmarkSpec, check_limit, check_metrics
-    from forgetlab.sweeps import is_benchmark
+    from forgetlab.analysis.sweeps import is_benchmark
+    from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 
     tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
     if not tasks:
@@ -100,8 +100,8 @@ def cmd_sweep(args) -> int:
     """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
     import torch
 
-    from forgetlab import sweeps
-    from forgetlab.pool import ModelPool
+    from forgetlab.analysis import sweeps
+    from forgetlab.core.pool import ModelPool
 
     measure = sweeps.check_measure(args.measure)
     general_measure = sweeps.check_general_measure(args.general_measure)

@@ -55,10 +55,10 @@ def cmd_build(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from forgetlab.errors import WorkspaceError
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.zoo import zoo_root
     from forgetlab.zoo.build import POOL_YAML, ZooBuild
     from forgetlab.zoo.manifest import read_manifest
-    from forgetlab.zoo import zoo_root
 
     root = zoo_root(args.preset, args.size, args.home)
     manifest = read_manifest(root)

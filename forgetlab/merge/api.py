@@ -5,10 +5,10 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import Progress, scaled
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats, merge_tensors
 from forgetlab.merge.registry import get_method, validate_params
-from forgetlab.progress import Progress, scaled
 
 
 def merge_state_dicts(method: str, base: Mapping[str, torch.Tensor],

@@ -13,11 +13,11 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from forgetlab.checkpoints import TensorInfo
-from forgetlab.errors import CheckpointError, IncompatibleModelsError, ParameterError
+from forgetlab.core.checkpoints import TensorInfo
+from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, ParameterError
+from forgetlab.core.progress import Progress, report
 from forgetlab.merge.interpolation import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
-from forgetlab.progress import Progress, report
 
 
 # Name, shape and dtype of one tensor of the base: the checkpoints module's header record.
@@ -102,7 +102,7 @@ class _PreadReader:
             while got < nbytes:
                 n = os.preadv(fd, [view[got:]], offset + got)
                 if n <= 0:
-                    from forgetlab.errors import CheckpointError
+                    from forgetlab.core.errors import CheckpointError
                     raise CheckpointError(f"{file} ended inside tensor {name}: the file is truncated; re-save it.")
                 got += n
         finally:
@@ -126,7 +126,7 @@ class CheckpointSource:
             try:
                 self._pread = _PreadReader(files)
             except (OSError, ValueError, KeyError):
-                self._pread = None  # let forgetlab.checkpoints report what is wrong with the file
+                self._pread = None  # let forgetlab.core.checkpoints report what is wrong with the file
 
     def entries(self) -> dict[str, Entry]:
         return {n: Entry(n, tuple(i.shape), i.dtype) for n, i in self.ckpt.infos().items()}
@@ -236,7 +236,7 @@ def check_finite(name: str, base_label: str, base_t: torch.Tensor, models, fts: 
             raise CheckpointError(
                 f"{label} holds NaN/Inf in tensor {name} ({bad} of {t.numel()} entries): merging it would write "
                 "non-finite weights, so nothing was written. Leave that model out of the merge, or replace it "
-                "with a checkpoint saved before training diverged (forgetlab.checkpoints.open_checkpoint(path)"
+                "with a checkpoint saved before training diverged (forgetlab.core.checkpoints.open_checkpoint(path)"
                 ".nonfinite_tensors() lists every affected tensor).")
 
 

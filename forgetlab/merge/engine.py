@@ -1,6 +1,6 @@
 """The streaming merge engine: checkpoints on disk → merged HF folder, tensor by tensor.
 
-`run(recipe, out_dir)` opens the base and the fine-tuned models lazily (`forgetlab.checkpoints`; LoRA
+`run(recipe, out_dir)` opens the base and the fine-tuned models lazily (`forgetlab.core.checkpoints`; LoRA
 adapters read as base + ΔW), checks names and shapes from the headers, runs the method's global first pass
 when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.stats), then
 merges one tensor at a time into `write_hf_folder` (sharded safetensors + index, config and tokenizer from
@@ -18,13 +18,13 @@ from typing import Any, Mapping
 import torch
 import yaml
 
-from forgetlab import checkpoints as ck
-from forgetlab.errors import ParameterError
+from forgetlab.core import checkpoints as ck
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.outputs import check_output_dir
+from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors
 from forgetlab.merge.recipes import Recipe, load_recipe
 from forgetlab.merge.registry import PrepareContext, get_method
-from forgetlab.outputs import check_output_dir
-from forgetlab.progress import Progress, report, scaled
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
 # on the 2-core machine (task arithmetic 14.5 s vs 17.7 s, TIES 147 s vs 390 s on a 134M-parameter Llama,
@@ -67,7 +67,7 @@ def open_sources(recipe: Recipe):
     base_ck = ck.open_checkpoint(recipe.base)
     base = CheckpointSource(base_ck, str(recipe.base))
     models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
-    from forgetlab.pool import warn_dtype_mismatch
+    from forgetlab.core.pool import warn_dtype_mismatch
 
     for m in models:
         if not m.is_lora:
@@ -131,7 +131,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     config = base_ck.config if (spec.needs_layers or spec.needs_pool or not cfg_file.exists()) else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
-            from forgetlab.pool import ModelPool
+            from forgetlab.core.pool import ModelPool
             pool = ModelPool.from_yaml(recipe.pool)
         if pool is None:
             raise ParameterError(f"{spec.name} computes its coefficients from a model pool with probe data: "

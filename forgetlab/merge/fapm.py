@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge.sparsify import topk_mask
 
 SCORES = ("fapm", "magnitude", "relative")

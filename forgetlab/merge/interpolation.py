@@ -1,7 +1,7 @@
 """Interpolation family (METHODS.md): linear / model soup, WiSE-FT, HMA (one α per block of layers).
 
 Pure tensor functions. HMA needs each parameter's layer index: `layer_of(name, config)` asks
-`forgetlab.anatomy.Anatomy` when it is available and otherwise reads `layers.<i>` / `h.<i>` from the name.
+`forgetlab.core.anatomy.Anatomy` when it is available and otherwise reads `layers.<i>` / `h.<i>` from the name.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 FIRST = "first"
 LAST = "last"
@@ -105,7 +105,7 @@ def _layer_from_name(name: str):
 
 def layer_locator(config=None):
     """A function name → layer position for HMA: an int (decoder layer), FIRST (embeddings, anything before
-    the layers) or LAST (final norm, lm_head). Uses forgetlab.anatomy for the config's architecture when it
+    the layers) or LAST (final norm, lm_head). Uses forgetlab.core.anatomy for the config's architecture when it
     knows it, else the parameter name (`layers.<i>`, `h.<i>`). With tied embeddings
     (config.tie_word_embeddings) lm_head is the embedding matrix and gets its position, FIRST: a state dict
     holds both names, and loading it writes lm_head last, so lm_head's α would otherwise become the
@@ -114,7 +114,7 @@ def layer_locator(config=None):
     anatomy = None
     if config is not None:
         try:
-            from forgetlab.anatomy import Anatomy
+            from forgetlab.core.anatomy import Anatomy
             anatomy = Anatomy.from_config(config)
         except Exception:  # unknown architecture: the name rule below still applies
             anatomy = None

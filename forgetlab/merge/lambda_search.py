@@ -5,7 +5,7 @@ computed once (`pcb_components`) and every evaluation is a cheap weighted sum. C
 starts from λi = λ and minimises a validation loss the caller supplies — a function of the merged state
 dict, or of the λ vector — under a budget of evaluations; the best λ seen (the start included) is returned.
 `probe_loss(pool)` builds the validation loss that the app and the CLI use: the mean answer loss on the
-pool's tasks' probe split (forgetlab.evaluate.task_score), on one working copy of the base model.
+pool's tasks' probe split (forgetlab.core.evaluate.task_score), on one working copy of the base model.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Callable, Mapping, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import MissingDependencyError, ParameterError
+from forgetlab.core.errors import MissingDependencyError, ParameterError
+from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge import pcb as pcbmod
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
 from forgetlab.merge.registry import get_method, validate_params
-from forgetlab.progress import Progress, report, scaled
 
 
 @dataclass
@@ -97,7 +97,7 @@ def search_pcb_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Map
     `validation_loss(state_dict) -> float` (loss_of="state_dict") or `validation_loss(lambdas) -> float`
     (loss_of="lambdas"). At most `budget` evaluations (the start counts as one); λi stay within `bounds`.
     `batch_loss(list of λ vectors) -> list of losses`, when given, evaluates each CMA-ES generation at once
-    (e.g. on Ray workers, `forgetlab.search.pcb_batch_loss`); the points and the result are the same.
+    (e.g. on Ray workers, `forgetlab.analysis.search.pcb_batch_loss`); the points and the result are the same.
     """
     try:
         import cma
@@ -151,8 +151,8 @@ def probe_loss(pool, tasks: Sequence[str] | None = None, split: str = "probe", m
                batch_size: int = 16, device: str | None = None) -> Callable[[Mapping[str, torch.Tensor]], float]:
     """Validation loss for the λ search: the mean answer loss over the pool's tasks (their `split` pairs),
     on one working copy of the base model whose weights are replaced at every call."""
-    from forgetlab.checkpoints import load_model
-    from forgetlab.evaluate import task_score
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.evaluate import task_score
 
     probes = pool.probes
     if probes is None or not probes.tasks:

@@ -6,7 +6,7 @@ import math as _math
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge import consensus as _consensus
 from forgetlab.merge import interpolation as _interp
 from forgetlab.merge import kernels as _k

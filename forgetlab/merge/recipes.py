@@ -25,8 +25,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from forgetlab.errors import ParameterError
-from forgetlab.yamlio import safe_load
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.yamlio import safe_load
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -324,7 +324,7 @@ def resolve_paths(recipe: Recipe, folder: Path, where: str) -> Recipe:
     """Make the recipe's relative model paths relative to `folder` (the recipe file's folder, as a pool file's
     paths are relative to the pool file); hub ids stay as they are; a path that exists nowhere is refused with
     the folder it was resolved against. `base+adapter` references are resolved part by part."""
-    from forgetlab.pool import _looks_like_hub_id
+    from forgetlab.core.checkpoints import looks_like_hub_id
 
     def one(ref: str) -> str:
         p = Path(ref).expanduser()
@@ -333,7 +333,7 @@ def resolve_paths(recipe: Recipe, folder: Path, where: str) -> Recipe:
         cand = folder / p
         if cand.exists():
             return str(cand)
-        if _looks_like_hub_id(ref):
+        if looks_like_hub_id(ref):
             return ref
         raise ParameterError(f"{ref!r} in {where} does not exist (relative paths are resolved against the "
                              f"recipe's folder, {folder}). Fix the path or give an absolute one.")

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge.sparsify import tensor_generator
 
 

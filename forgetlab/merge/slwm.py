@@ -23,11 +23,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.anatomy import Anatomy
-from forgetlab.errors import ParameterError
-from forgetlab.linearity import (CAPTURES, WorkingCopy, attention_bias, capture_inputs, check_head_decomposition,
-                                 check_same_structure, encode_samples, param_dict, run_submodule, select_pairs)
-from forgetlab.progress import Progress, report
+from forgetlab.analysis.linearity import (CAPTURES, WorkingCopy, attention_bias, capture_inputs,
+                                          check_head_decomposition, check_same_structure, encode_samples, param_dict,
+                                          run_submodule, select_pairs)
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import Progress, report
 
 SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
 DEFAULT_LEVEL = "attn_mlp"
@@ -359,8 +360,8 @@ def slwm_merge(pool_or_models, tasks: Optional[Sequence[str]] = None, level: str
                models: Optional[Sequence[str]] = None, capture: str = "finetuned",
                progress: Progress = None) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
     """Submodule-linearity merge in memory: returns (merged state dict, weights table submodule × task)."""
+    from forgetlab.core.progress import scaled
     from forgetlab.merge.api import merge_state_dicts
-    from forgetlab.progress import scaled
 
     weights = slwm_weights(pool_or_models, tasks, models=models, level=level, samples=samples, ridge=ridge,
                            capture=capture, progress=scaled(progress, 0.0, 0.8))

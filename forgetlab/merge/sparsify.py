@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 
 def keep_count(n: int, keep: float) -> int:

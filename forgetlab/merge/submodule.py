@@ -1,5 +1,5 @@
 """`submodule_alpha`: WiSE-FT with one α per submodule (decoder layer, or a layer's attn / mlp / norm), a mask
-when every α is 0 or 1 — the merge recipe that a per-submodule attribution map (`forgetlab.attribution`) turns
+when every α is 0 or 1 — the merge recipe that a per-submodule attribution map (`forgetlab.analysis.attribution`) turns
 into a model.
 
 Formula (METHODS.md, "HMA" generalised from blocks of layers to submodules): for a tensor of submodule k,
@@ -17,7 +17,7 @@ from typing import Mapping
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 _KEY_RE = re.compile(r"^(?:\d+|\d+\.(?:attn|mlp|norm)|embed|norm|lm_head)$")
 _OUTPUT_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
@@ -61,7 +61,7 @@ def format_alphas(alphas: Mapping[str, float]) -> str:
 
 def module_of(name: str) -> str:
     """A decoder-layer parameter's module from its name: ``attn`` (self_attn / attn), ``mlp``, else ``norm``
-    (the same split as `forgetlab.anatomy.Anatomy.role` for the Llama and GPT-2 families)."""
+    (the same split as `forgetlab.core.anatomy.Anatomy.role` for the Llama and GPT-2 families)."""
     if re.search(r"\.(?:self_attn|attn)\.", name):
         return "attn"
     if ".mlp." in name:

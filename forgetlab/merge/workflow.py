@@ -2,7 +2,7 @@
 
 `pool_recipe` turns pool model names into a Recipe; `merge_into_workspace` runs the streaming engine into
 `<workspace>/merges/<name>/`; `evaluate_merge` scores the merge beside the base and its parents with
-forgetlab.evaluate (scorecards saved next to the weights as `scorecards.json`); `saved_merges` lists the
+forgetlab.core.evaluate (scorecards saved next to the weights as `scorecards.json`); `saved_merges` lists the
 earlier merges with their recipes and scorecards so that they can be reopened and compared.
 """
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any, Mapping, Sequence
 import pandas as pd
 import yaml
 
-from forgetlab import workspace
-from forgetlab.errors import ForgetlabError, ParameterError, WorkspaceError
-from forgetlab.evaluate import Scorecard, evaluate, scorecards_frame
+from forgetlab.core import workspace
+from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
+from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
+from forgetlab.core.progress import Progress, scaled
+from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
 from forgetlab.merge.recipes import ModelEntry, Recipe, load_recipe
 from forgetlab.merge.registry import get_method
-from forgetlab.progress import Progress, scaled
-from forgetlab.yamlio import load_file
 
 SCORECARDS = "scorecards.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -90,8 +90,8 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     of the base and parents between calls with the same settings. `benchmarks` (a BenchmarkSpec, e.g. the
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
-    from forgetlab.checkpoints import load_model
-    from forgetlab.outputs import record_file
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.outputs import record_file
 
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
@@ -99,7 +99,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1
-    from forgetlab.benchmarks import checked_manager
+    from forgetlab.core.benchmarks import checked_manager
 
     manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
@@ -166,10 +166,10 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
     made. Returns the MergeResult (its out_dir the final folder) and the cards."""
     from dataclasses import replace
 
-    from forgetlab.benchmarks import checked_manager
+    from forgetlab.core.benchmarks import checked_manager
+    from forgetlab.core.outputs import atomic_output_dir, check_output_dir
     from forgetlab.merge.engine import recipe_inputs
     from forgetlab.merge.recipes import load_recipe
-    from forgetlab.outputs import atomic_output_dir, check_output_dir
 
     recipe = load_recipe(recipe)
     if pool.probes is None:
@@ -246,16 +246,3 @@ def saved_merges(home: str | Path | None = None) -> list[SavedMerge]:
         except WorkspaceError:
             continue
     return sorted(out, key=lambda m: m.created, reverse=True)
-
-
-def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
-                        budget: int = 20, max_task: int | None = 32, seed: int = 0, device: str | None = None,
-                        executor=None, progress: Progress = None):
-    """PCB per-task λ search (CMA-ES) for pool models, minimising the mean answer loss on the pool tasks'
-    probe split (`forgetlab.search.pcb_lambda_search`, on `executor`'s workers when given). Returns a
-    LambdaSearchResult (λ in the order of `models`)."""
-    from forgetlab.search import pcb_lambda_search
-
-    recipe = pool_recipe(pool, "pcb", models, {"keep": keep, "lam": lam, "scope": scope})
-    return pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
-                             executor=executor, progress=progress)[0]

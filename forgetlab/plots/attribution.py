@@ -1,4 +1,4 @@
-"""Figures of an attribution map (`forgetlab.attribution.AttributionResult`): a layer × module heatmap of one
+"""Figures of an attribution map (`forgetlab.analysis.attribution.AttributionResult`): a layer × module heatmap of one
 d column, and the submodules on the speciality-vs-generality plane with their Pareto front."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Mapping, Optional
 import pandas as pd
 import plotly.graph_objects as go
 
+from forgetlab.analysis.sweeps import pareto_mask
 from forgetlab.plots import color_for
-from forgetlab.sweeps import pareto_mask
 
 LABELS = {"d_general_loss": "Δ general loss (↓ better)", "d_speciality": "Δ exact match (↑ better)",
           "d_answer_loss": "Δ answer loss (↓ better)"}
@@ -64,7 +64,7 @@ def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_t
 def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_match",
                     nls: Optional[Mapping[str, float]] = None) -> go.Figure:
     """Every submodule of one map at x = Δ general loss, y = Δ speciality (exact match, or −Δ answer loss so
-    that up is better), the Pareto front (`forgetlab.sweeps.pareto_mask`: up and left) drawn as a line. With
+    that up is better), the Pareto front (`forgetlab.analysis.sweeps.pareto_mask`: up and left) drawn as a line. With
     `nls` (key → non-linearity score from a linearity run) the points are coloured by NLS, else by module."""
     f = _point(result.to_frame(), which).reset_index(drop=True)
     y = f["d_speciality"] if measure == "exact_match" else -f["d_answer_loss"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from forgetlab.features import TsneResult
+from forgetlab.analysis.features import TsneResult
 from forgetlab.plots import color_for
 
 SYMBOLS = ("circle", "diamond", "square", "x", "triangle-up", "star", "cross", "triangle-down", "pentagon",

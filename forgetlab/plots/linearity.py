@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from forgetlab.linearity import NonlinearityResult
+from forgetlab.analysis.linearity import NonlinearityResult
 from forgetlab.plots import color_for
 
 _ROW_ORDER = ("layer", "attn", "mlp")

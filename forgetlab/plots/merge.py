@@ -5,7 +5,7 @@ from typing import Sequence
 
 import plotly.graph_objects as go
 
-from forgetlab.evaluate import Scorecard
+from forgetlab.core.evaluate import Scorecard
 from forgetlab.plots.models import scorecards_figure
 
 
@@ -17,7 +17,7 @@ def scorecard_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *
 
 
 def search_figure(result) -> go.Figure:
-    """A merge search (`forgetlab.search.SearchResult`) on the speciality-vs-generality plane: every evaluated
+    """A merge search (`forgetlab.analysis.search.SearchResult`) on the speciality-vs-generality plane: every evaluated
     point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best point
     (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
     from forgetlab.executors import worker_label

@@ -8,9 +8,9 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.evaluate import Scorecard
+from forgetlab.analysis.taskvec import CosineMatrix
+from forgetlab.core.evaluate import Scorecard
 from forgetlab.plots import color_map
-from forgetlab.taskvec import CosineMatrix
 
 
 MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
@@ -90,7 +90,7 @@ def cosine_heatmap(cos: CosineMatrix) -> go.Figure:
 
 
 def benchmark_bars(table) -> go.Figure:
-    """A `forgetlab.benchmarks.BenchmarkTable` as grouped bars: one group per lm-eval `task/metric`, one bar
+    """A `forgetlab.core.benchmarks.BenchmarkTable` as grouped bars: one group per lm-eval `task/metric`, one bar
     per model (the models' colours)."""
     frame = table.to_frame()
     measures = [c for c in frame.columns if c != "model"]

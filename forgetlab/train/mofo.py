@@ -24,7 +24,7 @@ from typing import Collection, Iterable
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 _NORM_TYPES = tuple(t for t in (torch.nn.LayerNorm, torch.nn.GroupNorm, getattr(torch.nn, "RMSNorm", None),
                                  torch.nn.modules.batchnorm._NormBase, torch.nn.LocalResponseNorm) if t is not None)

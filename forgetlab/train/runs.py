@@ -19,9 +19,9 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
-from forgetlab.evaluate import Scorecard, evaluate
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
+from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.train.trainer import TrainResult, train
 
 
@@ -118,7 +118,7 @@ class FinetuneRun:
         if card is None:
             return float("nan")
         if "/" in str(measure):
-            from forgetlab.benchmarks import pick
+            from forgetlab.core.benchmarks import pick
 
             return pick(card.benchmarks, measure)
         return float(getattr(card.tasks[self.task], measure))
@@ -131,7 +131,7 @@ class FinetuneRun:
             return float("nan")
         if measure == "general_loss":
             return float(card.general_loss)
-        from forgetlab.benchmarks import pick
+        from forgetlab.core.benchmarks import pick
 
         return pick(card.benchmarks, measure)
 
@@ -198,7 +198,7 @@ class FinetuneComparison:
     def mark_pareto(self, measure: str = "exact_match", general_measure: str = "general_loss") -> list[bool]:
         """Flag the runs whose final (speciality in `measure`, generality in `general_measure`) no other run
         beats on both."""
-        from forgetlab.sweeps import higher_is_better, pareto_mask
+        from forgetlab.analysis.sweeps import higher_is_better, pareto_mask
 
         sign = 1.0 if higher_is_better(measure) else -1.0
         gsign = -1.0 if higher_is_better(general_measure) else 1.0       # the mask wants a loss
@@ -234,7 +234,7 @@ class FinetuneComparison:
 
 def training_examples(pool, task: str, *, max_length: int = 256, max_train: Optional[int] = None):
     """The task's `train` pairs encoded for fine-tuning (loss on answer tokens and EOS only)."""
-    from forgetlab.data import encode_pairs
+    from forgetlab.core.data import encode_pairs
 
     if task not in pool.task_names:
         raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
@@ -284,7 +284,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     is called with each record as soon as it is made (for live charts). `benchmarks` (a BenchmarkSpec) also
     runs those lm-eval tasks at every record (`TASK/METRIC` keys, usable as the measure).
     """
-    from forgetlab.checkpoints import load_model
+    from forgetlab.core.checkpoints import load_model
 
     config = config or FinetuneConfig()
     if start != "base" and start not in pool.model_names:
@@ -294,7 +294,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         raise ProbeDataError("Fine-tuning records generality on held-out general text; add `probes: general:` "
                              "to the pool file.")
     examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
-    from forgetlab.benchmarks import checked_manager
+    from forgetlab.core.benchmarks import checked_manager
 
     manager = checked_manager(benchmarks)
     tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
@@ -353,8 +353,8 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise ParameterError(f"Config labels must be distinct; got {labels}.")
-    from forgetlab.benchmarks import checked_manager, require_task
-    from forgetlab.sweeps import check_general_measure, check_measure
+    from forgetlab.analysis.sweeps import check_general_measure, check_measure
+    from forgetlab.core.benchmarks import checked_manager, require_task
 
     for m in (check_measure(measure), check_general_measure(general_measure)):
         require_task(m, benchmarks)
@@ -430,7 +430,7 @@ class _FinetuneFactory:
 
 def save_finetune_run(result: FinetuneRun | FinetuneComparison, home_path=None) -> Path:
     """Save a run or a comparison under the workspace's runs/ (kind `finetune`); reopen with `load_finetune_run`."""
-    from forgetlab.workspace import save_run
+    from forgetlab.core.workspace import save_run
 
     if isinstance(result, FinetuneRun):
         recipe = {"task": result.task, "start": result.start, "configs": [result.config.to_dict()]}
@@ -442,8 +442,8 @@ def save_finetune_run(result: FinetuneRun | FinetuneComparison, home_path=None) 
 
 def load_finetune_run(path) -> FinetuneComparison:
     """Reopen a fine-tune saved by `save_finetune_run` (always as a comparison, possibly of one run)."""
-    from forgetlab.errors import WorkspaceError
-    from forgetlab.workspace import load_run
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
 
     run = load_run(path)
     if run.kind != "finetune":
@@ -453,7 +453,7 @@ def load_finetune_run(path) -> FinetuneComparison:
 
 def default_model_dir(pool, name: str) -> Path:
     """Where `save_finetuned` puts a model: `finetuned/<name>` beside the pool file, else in the workspace."""
-    from forgetlab.workspace import home
+    from forgetlab.core.workspace import home
 
     if getattr(pool, "source", None):
         return Path(pool.source).parent / "finetuned" / name
@@ -462,9 +462,9 @@ def default_model_dir(pool, name: str) -> Path:
 
 def check_save_as(pool, name: str, *, out_dir=None, overwrite: bool = False) -> Path:
     """Check, before any training, that a fine-tune can be saved into the pool as `name`: a plain name
-    (forgetlab.outputs.check_name), not 'base' nor a model the pool has, and a target folder that may be
+    (forgetlab.core.outputs.check_name), not 'base' nor a model the pool has, and a target folder that may be
     written. Returns the target folder."""
-    from forgetlab.outputs import check_name, check_output_dir
+    from forgetlab.core.outputs import check_name, check_output_dir
 
     check_name(name, "model name")
     if name == "base":
@@ -478,13 +478,13 @@ def check_save_as(pool, name: str, *, out_dir=None, overwrite: bool = False) -> 
 
 def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None, out_dir=None,
                    overwrite: bool = False, update_yaml: bool = True) -> Path:
-    """Save a trained model as an HF folder (`forgetlab.checkpoints.save_model`, atomic) with its recipe
+    """Save a trained model as an HF folder (`forgetlab.core.checkpoints.save_model`, atomic) with its recipe
     (`finetune.json`), add it to the pool under `name`, and add it to the pool's YAML file if it has one
     (a round-trip edit: the user's comments and keys stay).
 
     An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
     """
-    from forgetlab.checkpoints import save_model
+    from forgetlab.core.checkpoints import save_model
 
     target = check_save_as(pool, name, out_dir=out_dir, overwrite=overwrite)
     extra = {"finetune.json": json.dumps(run.to_dict(), indent=2, default=str)} if run is not None else None

@@ -1,6 +1,6 @@
 """A deterministic causal-LM training loop for pre-training and supervised fine-tuning.
 
-`train(model, examples, steps=...)` runs `steps` optimizer steps over `forgetlab.data.EncodedExample`s
+`train(model, examples, steps=...)` runs `steps` optimizer steps over `forgetlab.core.data.EncodedExample`s
 (labels −100 where no loss is taken: prompt tokens of task pairs; labels = input_ids for plain text) with
 
 - the causal-LM loss: mean cross-entropy of the token at position i+1 predicted from positions ≤ i, over the
@@ -14,7 +14,7 @@
   `eval_fn(model, step)` returns.
 
 A non-finite loss or gradient stops the run: the weights are put back to the last ones that gave a finite
-loss and `forgetlab.errors.TrainingError` is raised (its `.result` holds the run up to that point).
+loss and `forgetlab.core.errors.TrainingError` is raised (its `.result` holds the run up to that point).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import ParameterError, TrainingError, check_fraction
-from forgetlab.progress import Progress, report
+from forgetlab.core.errors import ParameterError, TrainingError, check_fraction
+from forgetlab.core.progress import Progress, report
 
 OPTIMIZERS = ("adamw", "mofo", "sgd")
 SCHEDULES = ("cosine", "constant")
@@ -199,7 +199,7 @@ def _usable(examples: Sequence[Any]) -> list[Any]:
         if len(labels) != len(ex.input_ids):
             raise ParameterError(
                 f"An example has {len(ex.input_ids)} input ids but {len(labels)} labels; "
-                "encode it with forgetlab.data.encode_pairs or encode_text."
+                "encode it with forgetlab.core.data.encode_pairs or encode_text."
             )
         if any(lab != -100 for lab in labels[1:]):
             out.append(ex)
@@ -225,9 +225,9 @@ class _Batches:
 
 
 def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
-    """D(θ, θo) of METHODS.md via `forgetlab.taskvec.distance` (NaN when every θo tensor has norm 0)."""
-    from forgetlab.errors import ForgetlabError
-    from forgetlab.taskvec import distance
+    """D(θ, θo) of METHODS.md via `forgetlab.analysis.taskvec.distance` (NaN when every θo tensor has norm 0)."""
+    from forgetlab.analysis.taskvec import distance
+    from forgetlab.core.errors import ForgetlabError
 
     try:
         return float(distance(list(zip(names, params)), dict(zip(names, anchors))))
@@ -273,7 +273,7 @@ def train(
     step)`, with the model in eval mode. Batches are drawn from a generator seeded with `seed`; dropout uses
     a forked RNG seeded likewise, so the same call gives the same weights.
     """
-    from forgetlab.data import collate
+    from forgetlab.core.data import collate
 
     steps = int(steps)
     if steps < 1:

@@ -15,9 +15,9 @@ import streamlit as st
 from forgetlab.ui.jobs import job_key, run_once
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.benchmarks import BenchmarkTable
-    from forgetlab.pool import ModelPool
-    from forgetlab.workspace import SavedRun
+    from forgetlab.core.benchmarks import BenchmarkTable
+    from forgetlab.core.pool import ModelPool
+    from forgetlab.core.workspace import SavedRun
 
 KIND = "benchmarks"
 DEFAULT_LIMIT = 20       # examples per task: 4 tasks × 7 models of the pico zoo in well under a minute on CPU
@@ -43,9 +43,9 @@ def _pool_id(pool: "ModelPool") -> str:
 
 def latest_benchmarks(pool: "ModelPool") -> "tuple[BenchmarkTable, SavedRun] | None":
     """The newest saved benchmark run of this pool in the workspace (its table and the run), or None."""
-    from forgetlab.benchmarks import BenchmarkTable
-    from forgetlab.errors import WorkspaceError
-    from forgetlab.workspace import load_run, runs_dir
+    from forgetlab.core.benchmarks import BenchmarkTable
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run, runs_dir
 
     root = runs_dir()
     folders = [p for p in root.iterdir() if p.is_dir() and f"-{KIND}-" in p.name] if root.is_dir() else []
@@ -68,8 +68,8 @@ def latest_benchmarks(pool: "ModelPool") -> "tuple[BenchmarkTable, SavedRun] | N
 def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str):
     """The job: run the pool's benchmarks on `models`, save the table to Runs; returns (table, run folder)."""
     def work(progress):
-        from forgetlab.benchmarks import benchmark_pool
-        from forgetlab.workspace import save_run
+        from forgetlab.core.benchmarks import benchmark_pool
+        from forgetlab.core.workspace import save_run
 
         spec = pool_spec(pool)
         table = benchmark_pool(pool, models, spec, limit=limit, device=device, progress=progress,

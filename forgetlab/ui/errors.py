@@ -11,7 +11,7 @@ from typing import Iterator
 
 import streamlit as st
 
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.errors import ForgetlabError
 
 
 def render_error(exc: BaseException, tb: str | None = None) -> None:

@@ -123,7 +123,7 @@ class JobRegistry:
             if old is not None and (old.running or not restart):
                 return old, False
             job = Job(key=key, label=label or key)
-            # the job sees the starting session's context (its workspace: forgetlab.workspace.session_home)
+            # the job sees the starting session's context (its workspace: forgetlab.core.workspace.session_home)
             context = contextvars.copy_context()
             thread = threading.Thread(target=context.run, args=(self._run, job, fn),
                                       name=f"forgetlab-job-{key[:40]}", daemon=True)

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Sequence
 import streamlit as st
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.evaluate import Scorecard
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.evaluate import Scorecard
+    from forgetlab.core.pool import ModelPool
 
 MEASURE_KEY = "app_measure"
 MEASURE_LABELS = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
@@ -44,7 +44,7 @@ def measure_label(measure: str) -> str:
 def stored_scorecards(pool: "ModelPool") -> list["Scorecard"]:
     """The scorecards that a zoo build stored in the manifest beside the pool file, for the pool's models
     (base first, then the pool's order); [] when the pool has no manifest (a user's own pool) or none match."""
-    from forgetlab.evaluate import Scorecard
+    from forgetlab.core.evaluate import Scorecard
 
     source = getattr(pool, "source", None)
     path = Path(source).parent / MANIFEST if source else None
@@ -203,7 +203,7 @@ class SweepMeasures:
         tasks = list(dict.fromkeys(m.partition("/")[0] for m in (measure, general_measure) if "/" in m))
         self.settings: dict = {}
         if tasks:
-            from forgetlab.benchmarks import BenchmarkSpec
+            from forgetlab.core.benchmarks import BenchmarkSpec
             from forgetlab.ui.benchmarks import DEFAULT_LIMIT, pool_spec
 
             spec = pool_spec(pool)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab.errors import parse_floats
+from forgetlab.core.errors import parse_floats
 from forgetlab.merge import METHODS
 
 

@@ -1,4 +1,4 @@
-"""The Merge page's "Search merge weights (CMA-ES)" section: `forgetlab.search` over the per-model weights of
+"""The Merge page's "Search merge weights (CMA-ES)" section: `forgetlab.analysis.search` over the per-model weights of
 the merge composed in the form, run as a background job on the session's executor, its points drawn as they
 arrive; the best recipe can be put into the form or merged at once."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import streamlit as st
 
+from forgetlab.analysis.search import OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, searchable_param
 from forgetlab.merge.workflow import pool_recipe, recipe_form
 from forgetlab.plots.merge import search_figure
-from forgetlab.search import OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, searchable_param
 from forgetlab.ui import job_key, run_once, show_errors, workspace_home
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.merge_form import preset_form

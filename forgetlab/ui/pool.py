@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from forgetlab.errors import CheckpointError, ForgetlabError, WorkspaceError
+from forgetlab.core.errors import CheckpointError, ForgetlabError, WorkspaceError
 from forgetlab.ui.errors import render_error
 from forgetlab.ui.settings import pool_path
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
 
 @st.cache_resource(max_entries=4, show_spinner="Opening the model pool…")
 def _load_pool(path: str, mtime: float) -> "ModelPool":
     """Build the pool from `path`; `mtime` is part of the cache key only (a changed file reloads)."""
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
     return ModelPool.from_yaml(path)
 

@@ -1,6 +1,6 @@
 """Reopen and compare saved runs: generic figures from a run's results table, labels, downloads.
 
-Every run saved by `forgetlab.workspace.save_run` has a recipe and (for tabular results) a results.csv.
+Every run saved by `forgetlab.core.workspace.save_run` has a recipe and (for tabular results) a results.csv.
 A kind may register its own reopener (`register_reopener(kind, fn)`, fn(SavedRun) -> list[go.Figure]);
 otherwise the figures are drawn from the table by shape:
 
@@ -55,7 +55,7 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 
 
 def _load_sweep(run, measure):
-    from forgetlab.sweeps import load_sweep
+    from forgetlab.analysis.sweeps import load_sweep
 
     result = load_sweep(run.path)
     if measure in ("exact_match", "answer_loss"):
@@ -95,7 +95,7 @@ def _finetunes(runs, measure="exact_match"):
 
 
 def _linearity(run):
-    from forgetlab.linearity import NonlinearityResult
+    from forgetlab.analysis.linearity import NonlinearityResult
     from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 
     result = NonlinearityResult.from_dict(run.results)
@@ -103,7 +103,7 @@ def _linearity(run):
 
 
 def _scorecards(run, measure="exact_match"):
-    from forgetlab.evaluate import Scorecard
+    from forgetlab.core.evaluate import Scorecard
     from forgetlab.plots.models import scorecards_figure
 
     cards = [Scorecard.from_dict(c) for c in run.results["cards"]]
@@ -111,7 +111,7 @@ def _scorecards(run, measure="exact_match"):
 
 
 def _features(run):
-    from forgetlab.features import TsneResult
+    from forgetlab.analysis.features import TsneResult
     from forgetlab.plots.features import distance_bars, tsne_scatter
 
     result = TsneResult.from_dict(run.results)
@@ -119,7 +119,7 @@ def _features(run):
 
 
 def _attribution(run, measure="exact_match"):
-    from forgetlab.attribution import AttributionResult
+    from forgetlab.analysis.attribution import AttributionResult
     from forgetlab.plots.attribution import heatmap_figure, tradeoff_figure
 
     result = AttributionResult.from_dict(run.results)
@@ -129,15 +129,15 @@ def _attribution(run, measure="exact_match"):
 
 
 def _benchmarks(run):
-    from forgetlab.benchmarks import BenchmarkTable
+    from forgetlab.core.benchmarks import BenchmarkTable
     from forgetlab.plots.models import benchmark_bars
 
     return [benchmark_bars(BenchmarkTable.from_dict(run.results))]
 
 
 def _search(run):
+    from forgetlab.analysis.search import load_search
     from forgetlab.plots.merge import search_figure
-    from forgetlab.search import load_search
 
     return [search_figure(load_search(run.path))]
 

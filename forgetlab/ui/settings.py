@@ -50,9 +50,9 @@ def device_settings() -> tuple[str, "torch.dtype"]:
 
 
 def workspace_home() -> Path:
-    """The workspace folder: `forgetlab.workspace.home()` (FORGETLAB_HOME, default ~/.forgetlab)."""
+    """The workspace folder: `forgetlab.core.workspace.home()` (FORGETLAB_HOME, default ~/.forgetlab)."""
     try:
-        from forgetlab.workspace import home
+        from forgetlab.core.workspace import home
         return Path(home())
     except ImportError:  # workspace module not present yet: same rule, read directly
         return Path(os.environ.get("FORGETLAB_HOME", "~/.forgetlab")).expanduser()
@@ -64,7 +64,7 @@ def zoo_presets() -> dict[str, Path]:
     Known presets come first in a fixed order (pico, smol), then the others alphabetically.
     """
     try:
-        from forgetlab.workspace import zoo_dir
+        from forgetlab.core.workspace import zoo_dir
         root = Path(zoo_dir())
     except ImportError:
         root = workspace_home() / "zoo"

@@ -11,14 +11,8 @@ from pathlib import Path
 import streamlit as st
 
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
-from forgetlab.ui.settings import (
-    POOL_KEY,
-    pool_path,
-    render_device_settings,
-    set_pool_path,
-    workspace_home,
-    zoo_presets,
-)
+from forgetlab.ui.settings import (POOL_KEY, pool_path, render_device_settings, set_pool_path, workspace_home,
+                                   zoo_presets)
 
 OWN = "Your own pool.yaml…"
 CHOICE_KEY = "app_pool_choice"
@@ -29,8 +23,8 @@ HOME_APPLIED_KEY = "app_workspace_path"
 
 def render_workspace() -> Path:
     """Show the workspace folder, editable; a change applies to this browser session only (and the jobs it
-    starts): other sessions keep theirs (forgetlab.workspace.use_home)."""
-    from forgetlab.workspace import use_home
+    starts): other sessions keep theirs (forgetlab.core.workspace.use_home)."""
+    from forgetlab.core.workspace import use_home
 
     chosen = st.session_state.get(HOME_APPLIED_KEY)
     use_home(chosen)

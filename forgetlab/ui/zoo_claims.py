@@ -13,7 +13,7 @@ import streamlit as st
 from forgetlab.zoo.claims import stored_claims
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.pool import ModelPool
+    from forgetlab.core.pool import ModelPool
 
 
 def render_zoo_claims(pool: "ModelPool | None") -> bool:

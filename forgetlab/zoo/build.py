@@ -2,7 +2,7 @@
 
 The build is a list of steps (`data`, `base`, `ft-<task>`, `lora-<task>`); each writes one folder atomically
 and is then recorded as done in `manifest.json`, with its time, its training summary and the scorecard of its
-model (`forgetlab.evaluate.evaluate` on held-out Wikipedia and every task's eval split). `pool.yaml` is
+model (`forgetlab.core.evaluate.evaluate` on held-out Wikipedia and every task's eval split). `pool.yaml` is
 written last, so a zoo with a pool file is complete.
 
 - Idempotent: a complete zoo whose manifest matches the version and settings is left alone (`built=False`).
@@ -28,9 +28,9 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
-from forgetlab.errors import WorkspaceError
-from forgetlab.progress import Progress, report, scaled
-from forgetlab.workspace import ensure_writable, zoo_dir
+from forgetlab.core.errors import WorkspaceError
+from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.workspace import ensure_writable, zoo_dir
 from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
 from forgetlab.zoo.presets import ZooSpec, get_spec
 from forgetlab.zoo.threads import ThreadGovernor
@@ -57,7 +57,7 @@ class ZooBuild:
 
     def scorecards(self) -> dict:
         """The manifest's scorecards by pool model name (`base`, each task, each `lora-<task>`)."""
-        from forgetlab.evaluate import Scorecard
+        from forgetlab.core.evaluate import Scorecard
 
         return {k: Scorecard.from_dict(v) for k, v in (self.manifest.get("scorecards") or {}).items()}
 
@@ -71,7 +71,7 @@ class ZooBuild:
 
     def to_frame(self) -> pd.DataFrame:
         """The manifest's scorecards as one table, a row per model."""
-        from forgetlab.evaluate import scorecards_frame
+        from forgetlab.core.evaluate import scorecards_frame
 
         return scorecards_frame(list(self.scorecards().values()))
 
@@ -97,7 +97,7 @@ def build(preset: str = "pico", size: str = "default", home: str | Path | None =
 
 def _build_lock(root: Path):
     """An exclusive lock on `<zoo>/.<name>.lock`, so two builds of one zoo never interleave."""
-    from forgetlab.outputs import exclusive_lock
+    from forgetlab.core.outputs import exclusive_lock
 
     lock_path = root.parent / f".{root.name}.lock"
     return exclusive_lock(
@@ -123,9 +123,9 @@ def _own_entries(root: Path, manifest: dict | None) -> tuple[list[Path], list[Pa
 
 
 def _is_own_temporary(path: Path, names: set[str]) -> bool:
-    """A hidden temporary of a zoo write: a partial output folder (forgetlab.outputs marks it), or the
+    """A hidden temporary of a zoo write: a partial output folder (forgetlab.core.outputs marks it), or the
     temporary file of an atomic manifest/pool write."""
-    from forgetlab.outputs import PARTIAL
+    from forgetlab.core.outputs import PARTIAL
 
     if path.is_symlink():
         return False
@@ -205,8 +205,8 @@ def _pool_text(spec_dict: dict, manifest: dict) -> str:
     had added to the old pool file."""
     import yaml
 
-    from forgetlab.errors import ForgetlabError
-    from forgetlab.yamlio import round_trip_dump, round_trip_load
+    from forgetlab.core.errors import ForgetlabError
+    from forgetlab.core.yamlio import round_trip_dump, round_trip_load
 
     fresh = yaml.safe_dump(spec_dict, sort_keys=False)
     old = manifest.get("previous_pool_yaml")
@@ -265,7 +265,7 @@ class _Builder:
 
     def base(self):
         if self._base is None:
-            from forgetlab.checkpoints import load_model, load_tokenizer
+            from forgetlab.core.checkpoints import load_model, load_tokenizer
 
             self._base = load_model(self.root / "base", device="cpu", dtype=torch.float32)
             self._tokenizer = load_tokenizer(self.root / "base")
@@ -303,7 +303,7 @@ class _Builder:
         return card.to_dict()
 
     def run_base(self, progress: Progress) -> dict:
-        from forgetlab.checkpoints import save_model
+        from forgetlab.core.checkpoints import save_model
 
         general_train, probes = self.data()
         info: dict[str, Any] = {}
@@ -337,7 +337,7 @@ class _Builder:
         return info
 
     def run_finetune(self, task: str, index: int, progress: Progress) -> dict:
-        from forgetlab.checkpoints import save_model
+        from forgetlab.core.checkpoints import save_model
         from forgetlab.zoo.training import finetune, train_summary
 
         _, probes = self.data()
@@ -352,7 +352,7 @@ class _Builder:
         return {"task": task, "pool_name": task, "train": train_summary(result), "scorecard": card}
 
     def run_lora(self, task: str, index: int, progress: Progress) -> dict:
-        from forgetlab.checkpoints import atomic_output_dir
+        from forgetlab.core.outputs import atomic_output_dir
         from forgetlab.zoo.smol import add_lora  # a plain PEFT wrapper, for every preset
         from forgetlab.zoo.training import finetune, train_summary
 
@@ -384,7 +384,7 @@ class _Builder:
 
     def run_claims(self, progress: Progress) -> dict:
         """Measure "what this zoo shows" on the zoo's own models (not the user's) and return it as a dict."""
-        from forgetlab.pool import ModelPool
+        from forgetlab.core.pool import ModelPool
         from forgetlab.zoo.claims import zoo_claims
 
         _, probes = self.data()
@@ -419,7 +419,7 @@ def preflight(spec: ZooSpec) -> None:
 
     wiki_sample_path()
     if spec.preset == "smol":
-        from forgetlab.errors import MissingDependencyError
+        from forgetlab.core.errors import MissingDependencyError
         from forgetlab.zoo.smol import find_smol_gguf
 
         find_smol_gguf()

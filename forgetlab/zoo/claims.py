@@ -33,8 +33,8 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from forgetlab.errors import ParameterError
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import Progress, report, scaled
 
 MERGE_METHODS = ("task_arithmetic", "ties", "pcb", "slwm")
 REFERENCE_MERGE = "linear"
@@ -181,7 +181,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     task; linearity uses `nls_samples` probe pairs per model, slwm `slwm_samples` per task. Full fine-tunes
     (not adapters) are interpolated, pruned and merged.
     """
-    from forgetlab.evaluate import check_limits, evaluate
+    from forgetlab.core.evaluate import check_limits, evaluate
 
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}; got {measure!r}.")
@@ -224,7 +224,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
                     "forgetting": cost}))
 
     # (b) WiSE-FT α = 0.5 and (c) FAPM ratio 0.9, per full fine-tune
-    from forgetlab.sweeps import alpha_curve, pruning_curve
+    from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
 
     wise_vals, fapm_vals, wise_flags, fapm_flags = {}, {}, [], []
     n_full = max(1, len(full))
@@ -269,7 +269,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         values=fapm_vals))
 
     # (d) submodules are more linear than the model
-    from forgetlab.linearity import SUBMODULE_LEVELS, nonlinearity_scores
+    from forgetlab.analysis.linearity import SUBMODULE_LEVELS, nonlinearity_scores
 
     lin_vals, lin_flags = {}, []
     for i, (name, task) in enumerate(full.items()):
@@ -316,7 +316,7 @@ def _ratio_text(gain: float, forgetting: float) -> str:
 
 def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str, merges: Sequence[str],
                   slwm_samples: int, kw: Mapping[str, Any], progress: Progress) -> list[Claim]:
-    from forgetlab.evaluate import evaluate
+    from forgetlab.core.evaluate import evaluate
     from forgetlab.merge.api import merge_state_dicts
 
     names = list(full)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forgetlab.errors import MissingDependencyError, ProbeDataError
+from forgetlab.core.errors import MissingDependencyError, ProbeDataError
 
 WIKI_SAMPLE = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 GENSIM_PIP = "pip install gensim"

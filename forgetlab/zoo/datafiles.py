@@ -1,8 +1,8 @@
 """The zoo's `data/` folder: the Wikipedia parts and the task splits as files that a pool reads.
 
 Layout: `general_train.txt` and `general_heldout.txt` (paragraphs separated by blank lines, the format of
-`forgetlab.data.read_general_text`) and `<task>_{train,probe,eval}.jsonl` (`{"prompt", "answer"}` per line,
-`forgetlab.data.read_task_pairs`), and `lm_tasks/`: local lm-eval tasks made from the held-out text and the eval
+`forgetlab.core.data.read_general_text`) and `<task>_{train,probe,eval}.jsonl` (`{"prompt", "answer"}` per line,
+`forgetlab.core.data.read_task_pairs`), and `lm_tasks/`: local lm-eval tasks made from the held-out text and the eval
 pairs (forgetlab.zoo.lmtasks). The folder is written atomically.
 """
 from __future__ import annotations
@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from forgetlab.checkpoints import atomic_output_dir
-from forgetlab.errors import ParameterError
-from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs, write_task_pairs
-from forgetlab.progress import Progress, report
+from forgetlab.core.data import Probes, TaskData, read_general_text, read_task_pairs, write_task_pairs
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.outputs import atomic_output_dir
+from forgetlab.core.progress import Progress, report
 from forgetlab.zoo.corpus import WikiSplit, load_wiki_split
 from forgetlab.zoo.lmtasks import FOLDER, GENERAL_TASK, task_name, write_lm_tasks
 from forgetlab.zoo.presets import ZooSpec

@@ -1,5 +1,5 @@
 """Local lm-evaluation-harness tasks made from a zoo's own data, so the demo exercises the benchmark bridge
-offline (forgetlab.benchmarks).
+offline (forgetlab.core.benchmarks).
 
 Each task is a multiple-choice task (lm-eval's `output_type: multiple_choice`, metrics `acc` and `acc_norm`)
 written as a task YAML plus a JSONL file under `data/lm_tasks/`:
@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 
 import yaml
 
-from forgetlab.data import TaskPair
+from forgetlab.core.data import TaskPair
 
 FOLDER = "lm_tasks"
 GENERAL_TASK = "zoo_wiki_cloze"

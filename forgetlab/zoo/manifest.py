@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from forgetlab.errors import WorkspaceError
-from forgetlab.workspace import versions
+from forgetlab.core.errors import WorkspaceError
+from forgetlab.core.workspace import versions
 from forgetlab.zoo.presets import ZooSpec
 
 MANIFEST = "manifest.json"

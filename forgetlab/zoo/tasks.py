@@ -24,8 +24,8 @@ from typing import Callable
 
 import pandas as pd
 
-from forgetlab.data import TaskPair
-from forgetlab.errors import ParameterError
+from forgetlab.core.data import TaskPair
+from forgetlab.core.errors import ParameterError
 
 TASKS = ("math", "code", "translate")
 TASK_SEEDS = {"math": 101, "code": 202, "translate": 303}

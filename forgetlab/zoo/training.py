@@ -10,9 +10,9 @@ from typing import Sequence
 
 import torch
 
-from forgetlab.data import Probes, TaskPair, encode_pairs, encode_text
-from forgetlab.evaluate import Scorecard, evaluate
-from forgetlab.progress import Progress
+from forgetlab.core.data import Probes, TaskPair, encode_pairs, encode_text
+from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.progress import Progress
 from forgetlab.train.trainer import TrainResult, train
 from forgetlab.zoo.presets import EvalSpec, TrainSpec
 

@@ -1,7 +1,7 @@
 """Where is the forgetting? Per-submodule maps of what each part of a task vector buys and costs.
 
 For a fine-tuned model θ1 = θ0 + τ (a full fine-tune or a LoRA adapter, τ = its ΔW) and a task, the task vector
-is cut into parts τ = Σk τk at a level (METHODS.md notation; parts from `forgetlab.anatomy.Anatomy`):
+is cut into parts τ = Σk τk at a level (METHODS.md notation; parts from `forgetlab.core.anatomy.Anatomy`):
 
 - ``layer``:  one part per decoder layer, plus ``embed`` (embeddings), ``norm`` (final norm), ``lm_head``;
 - ``module``: per layer ``attn``, ``mlp`` and ``norm`` (its layer norms), plus ``embed``, ``norm``, ``lm_head``;
@@ -11,7 +11,7 @@ is cut into parts τ = Σk τk at a level (METHODS.md notation; parts from `forg
   shared by the heads of a group: the part being studied is written last, so only-this of head h includes its
   group's k/v rows and leave-one-out of head h removes them.
 
-Two maps, each scored by `forgetlab.evaluate.evaluate` (generality: general loss; speciality: exact match and
+Two maps, each scored by `forgetlab.core.evaluate.evaluate` (generality: general loss; speciality: exact match and
 answer loss on the task):
 
 - **only_this**:     θ0 + α·τk (α = 1 by default), d = its value − the base's;
@@ -21,7 +21,7 @@ Passing ``alphas`` evaluates every part along a line of α values instead of the
 (`AttributionResult.additivity`) compares Σk d over the parts with the whole: fine-tune − base for only_this,
 base − fine-tune for leave_one_out (a ratio of 1 means the parts add up exactly).
 
-Memory and cost: ONE working copy (`forgetlab.sweeps.WorkingCopy`) is rewritten in place, and only the tensors
+Memory and cost: ONE working copy (`forgetlab.analysis.sweeps.WorkingCopy`) is rewritten in place, and only the tensors
 whose α changes between two evaluations are rewritten (read lazily from θ0/θ1). A part whose τ is zero is not
 evaluated (its model is the reference bit for bit, so both d are 0); its rows are flagged ``zero_tau``. The
 result reports the seconds and the number of evaluations.
@@ -37,9 +37,9 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
-from forgetlab.evaluate import Scorecard, evaluate
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
+from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.progress import Progress, report, scaled
 
 LEVELS = ("layer", "module", "head")
 MAPS = ("only_this", "leave_one_out")
@@ -221,7 +221,7 @@ class AttributionResult:
 
 def _resolve(pool, model: str, task: Optional[str], level: str, select, alphas) -> tuple[str, Optional[list[str]],
                                                                                          list[float]]:
-    from forgetlab.sweeps import _check_model, default_task
+    from forgetlab.analysis.sweeps import _check_model, default_task
 
     check_level(level)
     _check_model(pool, model)
@@ -354,11 +354,11 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     only_this k:     θ0 + α·τk,             d = scores − base's          (α = 1 unless `alphas` is given);
     leave_one_out k: θ0 + τ − (1 − α)·τk,   d = scores − fine-tune's     (α = 0 unless `alphas` is given).
     `select` restricts the map to some part keys (``"3.mlp"``, ``"2"``, ``"embed"`` …); the others then stay
-    at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.sweeps`.
+    at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.analysis.sweeps`.
     Speciality is teacher-forced exact match on `task` (default: the task named in the model's name).
     """
-    from forgetlab.anatomy import Anatomy
-    from forgetlab.sweeps import WorkingCopy
+    from forgetlab.analysis.sweeps import WorkingCopy
+    from forgetlab.core.anatomy import Anatomy
 
     task, sel, grid = _resolve(pool, model, task, level, select, alphas)
     start = time.perf_counter()
@@ -468,7 +468,7 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
     from forgetlab.merge.recipes import ModelEntry, Recipe
     from forgetlab.merge.submodule import format_alphas, parse_alphas
 
-    from forgetlab.sweeps import _check_model
+    from forgetlab.analysis.sweeps import _check_model
 
     _check_model(pool, model)
     alphas = dict(keep) if isinstance(keep, Mapping) else {str(k): 1.0 for k in keep}
@@ -487,7 +487,7 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
 
 
 def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
-    """Part keys → mean NLS from a linearity table (`forgetlab.linearity.NonlinearityResult.to_frame`): level
+    """Part keys → mean NLS from a linearity table (`forgetlab.analysis.linearity.NonlinearityResult.to_frame`): level
     ``layer`` → ``"3"``, ``attn``/``mlp`` → ``"3.attn"``/``"3.mlp"``, ``head`` → ``"3.attn.h1"``."""
     out: dict[str, float] = {}
     for _, r in frame.iterrows():
@@ -504,8 +504,8 @@ def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
 
 def linearity_nls(model: str, task: Optional[str] = None, home_path: str | Path | None = None) -> dict[str, float]:
     """NLS per part key from the newest saved linearity run of `model` (and `task`), {} when there is none."""
-    from forgetlab.linearity import NonlinearityResult
-    from forgetlab.workspace import list_runs
+    from forgetlab.analysis.linearity import NonlinearityResult
+    from forgetlab.core.workspace import list_runs
 
     for run in list_runs(home_path, kind="linearity"):
         if run.recipe.get("model") != model or (task is not None and run.recipe.get("task") != task):
@@ -522,7 +522,7 @@ def linearity_nls(model: str, task: Optional[str] = None, home_path: str | Path 
 
 def save_attribution(result: AttributionResult, home_path: str | Path | None = None) -> Path:
     """Save under the workspace's runs/ (kind ``attribution``: recipe.json, results.json, results.csv)."""
-    from forgetlab.workspace import save_run
+    from forgetlab.core.workspace import save_run
 
     recipe = dict(result.recipe)
     recipe.setdefault("model", result.model)
@@ -532,7 +532,7 @@ def save_attribution(result: AttributionResult, home_path: str | Path | None = N
 
 def load_attribution(path: str | Path) -> AttributionResult:
     """Reopen a map saved by `save_attribution`."""
-    from forgetlab.workspace import load_run
+    from forgetlab.core.workspace import load_run
 
     run = load_run(path)
     if run.kind != KIND:
@@ -544,8 +544,8 @@ def load_attribution(path: str | Path) -> AttributionResult:
 
 
 def list_attributions(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
-    """Saved attribution maps (`forgetlab.workspace.SavedRun`s, newest first), optionally of one model."""
-    from forgetlab.workspace import list_runs
+    """Saved attribution maps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
+    from forgetlab.core.workspace import list_runs
 
     runs = [r for r in list_runs(home_path) if r.kind == KIND]
     if model is not None:

@@ -15,7 +15,7 @@ from typing import Sequence
 
 import torch
 
-from forgetlab.errors import ProbeDataError
+from forgetlab.core.errors import ProbeDataError
 
 IGNORE = -100
 
@@ -55,7 +55,7 @@ class Probes:
     tasks: dict[str, TaskData] = field(default_factory=dict)
     general_train: list[str] = field(default_factory=list)
     template: str | None = None
-    benchmarks: "BenchmarkSpec | None" = None   # lm-eval tasks for generality/speciality (forgetlab.benchmarks)
+    benchmarks: "BenchmarkSpec | None" = None   # lm-eval tasks for generality/speciality (forgetlab.core.benchmarks)
 
     def task(self, name: str) -> TaskData:
         """A task by name; an unknown name lists the known ones."""

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from forgetlab.errors import ForgetlabError, MissingDependencyError, ParameterError, ProbeDataError
-from forgetlab.progress import Progress, report
+from forgetlab.core.errors import ForgetlabError, MissingDependencyError, ParameterError, ProbeDataError
+from forgetlab.core.progress import Progress, report
 
 PIP = "pip install 'lm-eval[hf]'"
 
@@ -400,7 +400,7 @@ def benchmark_pool(pool, models: Sequence[str], spec: BenchmarkSpec, *, limit: i
 
     import torch
 
-    from forgetlab.progress import scaled
+    from forgetlab.core.progress import scaled
 
     names = list(models)
     if not names:

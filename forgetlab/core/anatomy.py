@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 LEVELS = ("model", "layer", "attn", "mlp", "head")
 """Every level of METHODS.md ("Submodule linearity"), coarsest first."""

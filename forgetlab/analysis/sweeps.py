@@ -12,11 +12,11 @@ models built from θ0 and θ1 (METHODS.md):
 - `hma_grid`      HMA: one α per block of decoder layers, over a list of α tuples (the MoFO rebuttal's 15
                   triples by default).
 
-Every point carries a `forgetlab.evaluate.Scorecard` (generality: held-out general loss; speciality: exact
-match per task), the distance D(θ, θ0) (`forgetlab.taskvec.distance`), and its settings. `pareto_front`
+Every point carries a `forgetlab.core.evaluate.Scorecard` (generality: held-out general loss; speciality: exact
+match per task), the distance D(θ, θ0) (`forgetlab.analysis.taskvec.distance`), and its settings. `pareto_front`
 marks the points that no other point beats on both speciality (up) and general loss (down).
 
-Benchmarks: pass `benchmarks=` (a `forgetlab.benchmarks.BenchmarkSpec`) and every point also runs those
+Benchmarks: pass `benchmarks=` (a `forgetlab.core.benchmarks.BenchmarkSpec`) and every point also runs those
 lm-eval tasks; then `SweepResult.measure` (speciality) and `general_measure` (generality) may name an lm-eval
 metric `TASK/METRIC` (e.g. `arc_easy/acc`, higher is better) instead of exact match / general loss.
 
@@ -44,10 +44,11 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import ForgetlabError, IncompatibleModelsError, ParameterError, ProbeDataError, check_fraction
-from forgetlab.benchmarks import pick
-from forgetlab.evaluate import Scorecard, evaluate
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.benchmarks import pick
+from forgetlab.core.errors import (ForgetlabError, IncompatibleModelsError, ParameterError, ProbeDataError,
+                                   check_fraction)
+from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.progress import Progress, report, scaled
 
 KINDS = ("alpha", "pruning", "density", "hma")
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
@@ -335,7 +336,7 @@ class WorkingCopy:
 
     Loads the base once (a fresh model: the pool's cached models are never modified), then `apply(fn)`
     writes fn(name, θ0, θ1) into every parameter, reading θ0 and θ1 tensor by tensor from the checkpoints.
-    `device` may be a `forgetlab.devicemap.Placement`: the copy is then spread by an accelerate device map
+    `device` may be a `forgetlab.core.devicemap.Placement`: the copy is then spread by an accelerate device map
     (GPUs, CPU, disk) and offloaded weights are written where accelerate keeps them (an offload folder of the
     copy's own, removed with it). `dtype` (default float32) is the copy's precision: f(θ0, θ1) is always
     computed in float32 and rounded once when written (bfloat16 halves the memory of a large model).
@@ -344,8 +345,8 @@ class WorkingCopy:
     def __init__(self, pool, model: str, device=None, dtype=None):
         import tempfile
 
-        from forgetlab.checkpoints import load_model
-        from forgetlab.devicemap import ParamAccess, Placement
+        from forgetlab.core.checkpoints import load_model
+        from forgetlab.core.devicemap import ParamAccess, Placement
 
         if model == "base":
             raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
@@ -382,8 +383,8 @@ class WorkingCopy:
                 del w0, w1, new
 
     def distance(self) -> float:
-        """D(θ, θ0) of the current weights (`forgetlab.taskvec.distance`, θ0 streamed)."""
-        from forgetlab.taskvec import distance
+        """D(θ, θ0) of the current weights (`forgetlab.analysis.taskvec.distance`, θ0 streamed)."""
+        from forgetlab.analysis.taskvec import distance
 
         try:
             return float(distance(self.access, self.theta0))
@@ -444,7 +445,7 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
     eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)
     if task is not None and task not in eval_tasks:
         eval_tasks.append(task)
-    from forgetlab.benchmarks import checked_manager
+    from forgetlab.core.benchmarks import checked_manager
 
     manager = checked_manager(benchmarks)
     if manager is not None:
@@ -509,7 +510,7 @@ class _SweepState:
         self.kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=list(tasks))
         self.benchmarks, self.manager = None, None
         if benchmarks is not None and benchmarks.all_tasks:
-            from forgetlab.benchmarks import task_manager
+            from forgetlab.core.benchmarks import task_manager
 
             self.benchmarks = benchmarks
             self.manager = manager or task_manager(benchmarks.include, benchmarks.all_tasks)
@@ -754,7 +755,7 @@ def check(kind: str, pool, model: str, **settings) -> None:
 
 def save_sweep(result: SweepResult, home_path: str | Path | None = None) -> Path:
     """Save a sweep under the workspace's runs/ (kind `sweep-<kind>`: recipe.json, results.json, results.csv)."""
-    from forgetlab.workspace import save_run
+    from forgetlab.core.workspace import save_run
 
     recipe = dict(result.recipe)
     recipe.setdefault("model", result.model)
@@ -765,8 +766,8 @@ def save_sweep(result: SweepResult, home_path: str | Path | None = None) -> Path
 
 def load_sweep(path: str | Path) -> SweepResult:
     """Reopen a sweep saved by `save_sweep`."""
-    from forgetlab.errors import WorkspaceError
-    from forgetlab.workspace import load_run
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
 
     run = load_run(path)
     if not str(run.kind).startswith("sweep-"):
@@ -778,8 +779,8 @@ def load_sweep(path: str | Path) -> SweepResult:
 
 
 def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
-    """Saved sweeps (`forgetlab.workspace.SavedRun`s, newest first), optionally of one model."""
-    from forgetlab.workspace import list_runs
+    """Saved sweeps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
+    from forgetlab.core.workspace import list_runs
 
     runs = [r for r in list_runs(home_path) if str(r.kind).startswith("sweep-")]
     if model is not None:

@@ -29,9 +29,9 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.errors import MissingDependencyError, ParameterError, ProbeDataError
-from forgetlab.progress import Progress, report, scaled
-from forgetlab.sweeps import higher_is_better
+from forgetlab.analysis.sweeps import higher_is_better
+from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
+from forgetlab.core.progress import Progress, report, scaled
 
 OBJECTIVES = ("constrained", "weighted")
 SEARCH_MEASURES = ("exact_match", "answer_loss")
@@ -147,7 +147,7 @@ class _SearchState:
 
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
                  model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None):
-        from forgetlab.checkpoints import load_model, open_checkpoint
+        from forgetlab.core.checkpoints import load_model, open_checkpoint
         from forgetlab.merge.interpolation import layer_of, num_layers_of
 
         self.pool, self.method, self.params, self.param = pool, method, dict(params), param
@@ -163,7 +163,7 @@ class _SearchState:
         self.layers = {n: layer_of(n, self.config) for n in names}
         self.eval_kw = dict(eval_kw)
         if benchmarks is not None and benchmarks.all_tasks:     # lm-eval tasks run on every candidate
-            from forgetlab.benchmarks import task_manager
+            from forgetlab.core.benchmarks import task_manager
 
             self.eval_kw.update(benchmarks=benchmarks,
                                 benchmark_manager=task_manager(benchmarks.include, benchmarks.all_tasks))
@@ -174,7 +174,7 @@ class _SearchState:
                 p.copy_(state[name].to(device=self.dev, dtype=p.dtype))
 
     def __call__(self, item, progress: Progress = None):
-        from forgetlab.evaluate import evaluate
+        from forgetlab.core.evaluate import evaluate
         from forgetlab.merge import merge_state_dicts
         from forgetlab.merge.interpolation import hma_alpha_for
 
@@ -244,7 +244,7 @@ def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
     """(speciality in `measure`, answer loss) of a candidate's scorecard: on `task`, else the mean over tasks;
     an lm-eval `TASK/METRIC` measure is read from the card's benchmarks."""
     if "/" in measure:
-        from forgetlab.benchmarks import pick
+        from forgetlab.core.benchmarks import pick
 
         return pick(card.benchmarks, measure), _scores(card, task, "answer_loss")[1]
     if task is not None and task in card.tasks:
@@ -265,7 +265,7 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
     if objective not in OBJECTIVES:
         raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
     if "/" in str(measure):
-        from forgetlab.benchmarks import checked_manager, require_task
+        from forgetlab.core.benchmarks import checked_manager, require_task
 
         require_task(measure, benchmarks)
         checked_manager(benchmarks)
@@ -420,7 +420,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
 
 def _finish(result: SearchResult) -> None:
     """Mark the Pareto front (speciality up, general loss down) and pick the best point."""
-    from forgetlab.sweeps import pareto_mask
+    from forgetlab.analysis.sweeps import pareto_mask
 
     ok = [p for p in result.points if p.error is None]
     sign = 1.0 if higher_is_better(result.measure) else -1.0
@@ -445,7 +445,7 @@ def _finish(result: SearchResult) -> None:
 
 def save_search(result: SearchResult, home_path=None):
     """Save under the workspace's runs/ (kind `search`: recipe.json, results.json, results.csv)."""
-    from forgetlab.workspace import save_run
+    from forgetlab.core.workspace import save_run
 
     recipe = {"search": result.method, "recipe": result.recipe, **result.settings, "objective": result.objective,
               "measure": result.measure, "max_forgetting": result.max_forgetting,
@@ -455,8 +455,8 @@ def save_search(result: SearchResult, home_path=None):
 
 def load_search(path) -> SearchResult:
     """Reopen a search saved by `save_search` (a `runs/<id>/` folder of kind `search`)."""
-    from forgetlab.errors import WorkspaceError
-    from forgetlab.workspace import load_run
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
 
     run = load_run(path)
     if run.kind != "search":
@@ -475,7 +475,7 @@ class _PcbState:
 
     def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
                  device: Optional[str]):
-        from forgetlab.checkpoints import open_checkpoint
+        from forgetlab.core.checkpoints import open_checkpoint
         from forgetlab.merge.lambda_search import pcb_components, probe_loss
 
         base = open_checkpoint(base_ref)
@@ -530,7 +530,7 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split — in this
     process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
     Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
-    from forgetlab.checkpoints import open_checkpoint
+    from forgetlab.core.checkpoints import open_checkpoint
     from forgetlab.executors import make_executor, worker_id
     from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
 
@@ -549,3 +549,16 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     with on as batch:
         res = search_pcb_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
     return res, on.workers_used
+
+
+def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
+                        budget: int = 20, max_task: int | None = 32, seed: int = 0, device: str | None = None,
+                        executor=None, progress: Progress = None):
+    """PCB per-task λ search (CMA-ES) for pool models, minimising the mean answer loss on the pool tasks'
+    probe split (`pcb_lambda_search`, on `executor`'s workers when given). Returns a
+    LambdaSearchResult (λ in the order of `models`)."""
+    from forgetlab.merge.workflow import pool_recipe
+
+    recipe = pool_recipe(pool, "pcb", models, {"keep": keep, "lam": lam, "scope": scope})
+    return pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
+                             executor=executor, progress=progress)[0]

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import yaml
 
-from forgetlab.errors import ForgetlabError
+from forgetlab.core.errors import ForgetlabError
 
 MAX_NODES = 100_000
 
@@ -114,7 +114,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Replace the file at `path` with `text` through a temporary file in the same folder (keeps its permission
     bits). A symbolic link is followed: the file it points to is replaced and the link stays a link, so every
     other user of a shared file sees the change. WorkspaceError when that folder cannot be written."""
-    from forgetlab.errors import WorkspaceError
+    from forgetlab.core.errors import WorkspaceError
 
     p = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644

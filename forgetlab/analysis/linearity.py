@@ -36,9 +36,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.anatomy import LEVELS, Anatomy
-from forgetlab.errors import IncompatibleModelsError, ParameterError, ProbeDataError
-from forgetlab.progress import Progress, report
+from forgetlab.core.anatomy import LEVELS, Anatomy
+from forgetlab.core.errors import IncompatibleModelsError, ParameterError, ProbeDataError
+from forgetlab.core.progress import Progress, report
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 """α ∈ {0, 0.1, …, 0.9} (METHODS.md)."""
@@ -53,7 +53,7 @@ SUBMODULE_LEVELS = ("layer", "attn", "mlp", "head")
 @dataclass
 class Samples:
     """Encoded probe samples: right-padded token ids and the true length of each sequence, plus where the
-    answer starts (for answer pooling in `forgetlab.features`)."""
+    answer starts (for answer pooling in `forgetlab.analysis.features`)."""
 
     input_ids: torch.Tensor
     lengths: torch.Tensor
@@ -76,12 +76,12 @@ class Samples:
 
 def encode_samples(tokenizer, pairs: Sequence, max_length: int = 128, template: Optional[str] = None,
                    pad_id: int = 0) -> Samples:
-    """Encode task pairs as prompt + answer (+ EOS) with `forgetlab.data.encode_pairs`, right-padded.
+    """Encode task pairs as prompt + answer (+ EOS) with `forgetlab.core.data.encode_pairs`, right-padded.
 
     Right padding under causal attention leaves every real token's hidden states exactly as without padding,
     so no attention mask is needed and padded positions are simply left out of every norm.
     """
-    from forgetlab.data import IGNORE, encode_pairs
+    from forgetlab.core.data import IGNORE, encode_pairs
 
     examples = encode_pairs(tokenizer, list(pairs), max_length=max_length, template=template)
     n = max(len(e.input_ids) for e in examples)
@@ -751,7 +751,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
     """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (METHODS.md, "Submodule
     linearity") at every requested level, layer and head, on the first ``samples`` probe pairs of ``task``.
 
-    ``pool_or_models`` is a `forgetlab.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
+    ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
     fixed; each submodule is re-run on them with parameters θ0 + α·τ (see the module docstring).
     """

@@ -13,9 +13,9 @@ from typing import Iterable, Iterator, Mapping, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.checkpoints import Checkpoint, LoraCheckpoint
-from forgetlab.errors import ForgetlabError
-from forgetlab.progress import Progress, report
+from forgetlab.core.checkpoints import Checkpoint, LoraCheckpoint
+from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.progress import Progress, report
 
 
 def iter_task_vector(base: Checkpoint, tuned: Checkpoint, names: Sequence[str] | None = None

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from forgetlab.errors import ForgetlabError, OutputExistsError, WorkspaceError
+from forgetlab.core.errors import ForgetlabError, OutputExistsError, WorkspaceError
 
 MARKER = ".forgetlab-output.json"
 PARTIAL = ".forgetlab-partial"
@@ -57,7 +57,7 @@ def absolute(path: str | Path) -> Path:
 def check_name(name: str, what: str = "name") -> str:
     """A single path component that is safe as a file or folder name: no control characters, no separators,
     not '.', '..' or hidden, at most MAX_NAME_BYTES bytes (UTF-8). Returns it; raises ParameterError."""
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
 
     shown = repr(name) if len(str(name)) <= 60 else repr(str(name)[:60] + "…")
     if not isinstance(name, str) or not name.strip():
@@ -163,7 +163,7 @@ def record_file(folder: str | Path, rel: str) -> None:
     """Add `rel` to the files that forgetlab's output `folder` lists as its own (for a file forgetlab writes
     into a finished output, such as a merge's scorecards.json), so that a later overwrite may replace it.
     Does nothing for a folder without forgetlab's marker or with an old marker without a list."""
-    from forgetlab.yamlio import write_atomic
+    from forgetlab.core.yamlio import write_atomic
 
     marker = absolute(folder) / MARKER
     try:
@@ -417,7 +417,7 @@ def named_inputs(values: Iterable[object]) -> list[Path]:
                     continue
                 found.append(p)
                 if p.is_file() and p.stat().st_size <= 1 << 20 and p.suffix.lower() in (".yaml", ".yml", ".json"):
-                    from forgetlab.yamlio import safe_load
+                    from forgetlab.core.yamlio import safe_load
 
                     walk(safe_load(p.read_text(encoding="utf-8"), str(p)), p.parent)
             except (OSError, ValueError, ForgetlabError):

@@ -3,7 +3,7 @@
 `capture_features` runs each model (base, fine-tuned, merged: any set) on the probe samples of each task and
 reads one submodule's output with a forward hook: the decoder's last hidden state (``model``), a decoder layer
 (``layer``), its attention (``attn``), its MLP (``mlp``) or one head's contribution to the attention output
-(``head``, see `forgetlab.linearity.head_outputs`). Each sample becomes one vector: the mean over its answer
+(``head``, see `forgetlab.analysis.linearity.head_outputs`). Each sample becomes one vector: the mean over its answer
 tokens (``pooling="answer"``) or its last token (``pooling="last"``).
 
 `embed_tsne` standardises nothing and reduces with PCA to at most 50 dimensions, then runs t-SNE (openTSNE;
@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.anatomy import Anatomy
-from forgetlab.errors import MissingDependencyError, ParameterError
-from forgetlab.linearity import (encode_samples, head_outputs, last_hidden, select_pairs, _first_tensor,
-                                 _strip_kwargs)
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.analysis.linearity import (encode_samples, head_outputs, last_hidden, select_pairs, _first_tensor,
+                                          _strip_kwargs)
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.errors import MissingDependencyError, ParameterError
+from forgetlab.core.progress import Progress, report, scaled
 
 FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head")
 POOLINGS = ("answer", "last")

@@ -16,9 +16,9 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from forgetlab.data import IGNORE, EncodedExample, Probes, TaskPair, collate, encode_pairs, encode_text
-from forgetlab.errors import ProbeDataError
-from forgetlab.progress import Progress, report, scaled
+from forgetlab.core.data import IGNORE, EncodedExample, Probes, TaskPair, collate, encode_pairs, encode_text
+from forgetlab.core.errors import ProbeDataError
+from forgetlab.core.progress import Progress, report, scaled
 
 
 @dataclass
@@ -129,7 +129,7 @@ def general_loss(model, tokenizer, texts: Sequence[str], *, block_size: int = 12
     """Mean token loss on general text (all predicted tokens pooled) and the number of tokens
     (GENERAL_LOSS_HELP: packed `blocks`, or one sequence per document with `mode="documents"`)."""
     if mode not in GENERAL_LOSS_MODES:
-        from forgetlab.errors import ParameterError
+        from forgetlab.core.errors import ParameterError
         raise ParameterError(f"Unknown general-loss mode {mode!r}; choose one of {', '.join(GENERAL_LOSS_MODES)}.")
     if mode == "documents":
         blocks = [b for t in texts for b in encode_text(tokenizer, [t], block_size)[:1]]
@@ -159,7 +159,7 @@ def check_limits(**limits: int | None) -> None:
     whole number ≥ 1."""
     import numbers
 
-    from forgetlab.errors import ParameterError
+    from forgetlab.core.errors import ParameterError
 
     for name, value in limits.items():
         if value is None:
@@ -175,7 +175,7 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
              benchmarks=None, benchmark_manager=None, general_mode: str = "blocks",
              progress: Progress = None) -> Scorecard:
     """Scorecard of a model: generality on `probes.general`, speciality on each task's `split` pairs, and —
-    when `benchmarks` (a forgetlab.benchmarks.BenchmarkSpec) is given — its lm-eval tasks' metrics
+    when `benchmarks` (a forgetlab.core.benchmarks.BenchmarkSpec) is given — its lm-eval tasks' metrics
     (`benchmark_manager` reuses lm-eval's task index between models)."""
     check_limits(batch_size=batch_size, block_size=block_size, max_general=max_general, max_task=max_task)
     was_training = model.training
@@ -197,7 +197,7 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
                                progress=scaled(progress, (k + 1) / steps, (k + 2) / steps))
     bench: dict[str, dict[str, float]] = {}
     if bench_tasks:
-        from forgetlab.benchmarks import evaluate_benchmarks
+        from forgetlab.core.benchmarks import evaluate_benchmarks
 
         bench = evaluate_benchmarks(model, tokenizer, bench_tasks, include=benchmarks.include,
                                     limit=benchmarks.limit, manager=benchmark_manager,

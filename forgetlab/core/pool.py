@@ -30,10 +30,10 @@ from typing import Any
 import torch
 import yaml
 
-from forgetlab.checkpoints import Checkpoint, LoraCheckpoint, load_model, load_tokenizer, open_checkpoint
-from forgetlab.data import Probes, TaskData, read_general_text, read_task_pairs
-from forgetlab.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
-from forgetlab.yamlio import edit_yaml_file, load_file
+from forgetlab.core.checkpoints import Checkpoint, LoraCheckpoint, load_model, load_tokenizer, open_checkpoint
+from forgetlab.core.data import Probes, TaskData, read_general_text, read_task_pairs
+from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.core.yamlio import edit_yaml_file, load_file
 
 BASE = "base"
 _TIED_HEAD = "lm_head.weight"
@@ -225,7 +225,7 @@ class ModelPool:
     @property
     def anatomy(self):
         """Which parameter belongs to which layer/attn/mlp/head, from the base's config."""
-        from forgetlab.anatomy import Anatomy
+        from forgetlab.core.anatomy import Anatomy
 
         return Anatomy.from_config(self.base.config)
 
@@ -255,7 +255,7 @@ class ModelPool:
 
         def rel(ref: str) -> str:
             cand = (root / str(ref)).expanduser()
-            return str(cand) if cand.exists() or not _looks_like_hub_id(str(ref)) else str(ref)
+            return str(cand) if cand.exists() or not looks_like_hub_id(str(ref)) else str(ref)
 
         models = {}
         raw_models = spec.get("models") or {}
@@ -303,7 +303,7 @@ class ModelPool:
     def add_to_yaml(self, name: str, path: str | Path | None = None) -> Path:
         """Add the pool's model `name` to the pool file (`path`, default the file the pool was read from)
         without rewriting the rest: comments, key order and keys forgetlab does not know are kept
-        (forgetlab.yamlio.edit_yaml_file). Writes a new file with `to_yaml` when there is none."""
+        (forgetlab.core.yamlio.edit_yaml_file). Writes a new file with `to_yaml` when there is none."""
         p = Path(path or self.source or "")
         if not p.name:
             raise ForgetlabError("This pool was not read from a file; pass the pool file to write.")
@@ -343,12 +343,6 @@ class ModelPool:
         return f"ModelPool({self.name!r}, base={self.base_ref!r}, models={self.model_names})"
 
 
-def _looks_like_hub_id(ref: str) -> bool:
-    from forgetlab.checkpoints import _HUB_ID
-
-    return bool(_HUB_ID.match(ref)) and not ref.startswith((".", "/", "~"))
-
-
 POOL_KEYS = ("name", "base", "models", "probes")
 PROBE_KEYS = ("general", "general_train", "tasks", "template", "benchmarks")
 TEMPLATES = (None, "chat")
@@ -377,7 +371,7 @@ def _read_probes(spec: dict, root: Path, source: Path) -> Probes:
                              "in the tokenizer's chat template) or leave it out (prompts as written).")
     probes = Probes(template=spec.get("template"))
     if spec.get("benchmarks") is not None:
-        from forgetlab.benchmarks import BenchmarkSpec
+        from forgetlab.core.benchmarks import BenchmarkSpec
 
         probes.benchmarks = BenchmarkSpec.from_pool_yaml(spec["benchmarks"], root, str(source))
     if spec.get("general"):

@@ -2,7 +2,7 @@
 in-place weight writes that also reach offloaded weights.
 
 `Placement(device_map="auto", max_memory={0: "70GiB", 1: "70GiB", "cpu": "200GiB"}, offload_folder=…)` can be
-given wherever forgetlab takes a `device` for loading a model to evaluate (`forgetlab.checkpoints.load_model`,
+given wherever forgetlab takes a `device` for loading a model to evaluate (`forgetlab.core.checkpoints.load_model`,
 the sweeps' working copy): transformers/accelerate spread the layers over the GPUs, then the CPU, then disk.
 Merges need no placement: they stream tensor by tensor from disk whatever the model's size.
 
@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 
-from forgetlab.errors import ParameterError
+from forgetlab.core.errors import ParameterError
 
 
 @dataclass

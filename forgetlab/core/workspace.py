@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from forgetlab.errors import WorkspaceError
+from forgetlab.core.errors import WorkspaceError
 
 
 _SESSION_HOME: contextvars.ContextVar[Path | None] = contextvars.ContextVar("forgetlab_home", default=None)
@@ -128,7 +128,7 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
     `results` must be JSON-serialisable or have `.to_dict()`; `frame` (or `results.to_frame()` when it
     exists) is saved as CSV too.
     """
-    from forgetlab.outputs import atomic_output_dir, check_name, missing_dirs, removed_if_failed
+    from forgetlab.core.outputs import atomic_output_dir, check_name, missing_dirs, removed_if_failed
 
     rid = check_name(run_id, "run id") if run_id else (time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-"
                                                        + uuid.uuid4().hex[:6])
@@ -142,7 +142,7 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
 
 
 def _write_run(final: Path, kind: str, recipe: dict[str, Any], results: Any, frame: pd.DataFrame | None) -> None:
-    from forgetlab.outputs import atomic_output_dir
+    from forgetlab.core.outputs import atomic_output_dir
 
     with atomic_output_dir(final, kind="run") as tmp:  # a full disk is a message and leaves nothing
         full_recipe = {"kind": kind, "created": time.time(), "versions": versions(), **recipe}
