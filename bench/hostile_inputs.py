@@ -835,8 +835,8 @@ def more_cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads 
         from transformers import GPT2Config, GPT2LMHeadModel
 
         import forgetlab.train as ftrain
-        from forgetlab.merge.fapm import ADAPTER_RATIO, fapm_mask
-        from forgetlab.merge.interpolation import block_of
+        from forgetlab.merge.methods.fapm import ADAPTER_RATIO, fapm_mask
+        from forgetlab.merge.methods.interpolation import block_of
         from forgetlab.train.mofo import unfiltered_parameters
         problems, said = [], []
         sizes = [sum(1 for i in range(32) if block_of(i, 32, 3) == b) for b in range(3)]

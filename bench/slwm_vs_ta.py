@@ -40,7 +40,7 @@ def main() -> None:
     from forgetlab.core.evaluate import evaluate
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge import merge_state_dicts
-    from forgetlab.merge.slwm import slwm_merge
+    from forgetlab.merge.methods.slwm import slwm_merge
     from forgetlab.zoo import build
 
     t0 = time.perf_counter()

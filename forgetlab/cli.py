@@ -1,6 +1,7 @@
 """`forgetlab ...`: every job the app runs, headless.
 
-Each area adds a module to `forgetlab/commands/` with `register(subparsers)`; its parsers set `func`.
+Each area adds a module to `forgetlab/commands/` with `register(subparsers)`; its parsers set `func`. Arguments
+that several commands share are declared once, in `forgetlab/commands/args.py`.
 A ForgetlabError ends the command with exit status 2 and its message on stderr.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 import forgetlab.commands
 from forgetlab import __version__
+from forgetlab.commands.args import OUTPUT_FILES, add_overwrite
 from forgetlab.core.errors import ForgetlabError
 
 
@@ -36,11 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Arguments that share one meaning in every command, so one check serves all of them.
+# Arguments that share one meaning in every command, so one check serves all of them (OUTPUT_FILES: the dests
+# of output file options, from forgetlab.commands.args).
 COUNTS = {"batch_size", "max_general", "max_task", "max_train", "samples", "steps", "budget", "eval_every",
           "workers", "max_points", "limit"}
 NON_NEGATIVE = {"warmup"}
-OUTPUT_FILES = ("out", "curves", "distances", "save_recipe")
 
 
 def _at_least(minimum: int):
@@ -81,7 +83,7 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
             action.type = _device
     dests = {a.dest for a in parser._actions}
     if dests & set(OUTPUT_FILES) and "overwrite" not in dests:
-        parser.add_argument("--overwrite", action="store_true", help="replace output files that exist already")
+        add_overwrite(parser)
 
 
 def _check_output_files(args) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.analysis import attribution as A
-from forgetlab.analysis.sweeps import default_task, pareto_mask
+from forgetlab.analysis.sweeps import default_task
+from forgetlab.analysis.measures import pareto_mask
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,

@@ -5,6 +5,7 @@ import streamlit as st
 
 from forgetlab.analysis import linearity
 from forgetlab.core.errors import ParameterError, parse_floats
+from forgetlab.core.submodules import CAPTURES
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.navigation import require_app
@@ -56,7 +57,7 @@ with left:
         st.caption(f"Only the model level: {exc}")
         level_options = ["model"]
     levels = st.multiselect("levels", level_options, default=level_options, key="linearity_levels")
-    capture = st.radio("inputs captured from", list(linearity.CAPTURES), key="linearity_capture",
+    capture = st.radio("inputs captured from", list(CAPTURES), key="linearity_capture",
                        format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get)
     run = st.button("Compute scores", type="primary", key="linearity_run")
 

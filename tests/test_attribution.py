@@ -112,25 +112,25 @@ def test_alpha_line_and_head_level(edited):
 
 
 def test_head_writes_touch_only_the_heads_slices(edited):
-    from forgetlab.analysis.sweeps import WorkingCopy
     from forgetlab.core.anatomy import Anatomy
+    from forgetlab.merge.working_copy import WorkingCopy
 
-    work = WorkingCopy(edited, "two")
+    work = WorkingCopy.load(edited, "two")
     anat = Anatomy.from_config(edited.config, names=work.names)
     parts = A.parts_of(anat, work.names, "head")
     writer = A._Writer(work, parts)
     writer.write({"0.attn.h1": 1.0}, focus="0.attn.h1", rest=0.0)
     q = "model.layers.0.self_attn.q_proj.weight"
-    w0, w1 = work.base.read(q), work.tuned.read(q)
+    w0, w1 = work.base[q], work.tuned[q]
     got = work.params[q].detach()
     d = anat.head_dim
     assert torch.equal(got[d:2 * d], w1[d:2 * d])
     assert torch.equal(got[:d], w0[:d]) and torch.equal(got[2 * d:], w0[2 * d:])
     o = "model.layers.0.self_attn.o_proj.weight"
-    assert torch.equal(work.params[o].detach()[:, d:2 * d], work.tuned.read(o)[:, d:2 * d])
-    assert torch.equal(work.params[o].detach()[:, :d], work.base.read(o)[:, :d])
+    assert torch.equal(work.params[o].detach()[:, d:2 * d], work.tuned[o][:, d:2 * d])
+    assert torch.equal(work.params[o].detach()[:, :d], work.base[o][:, :d])
     m = "model.layers.1.mlp.up_proj.weight"
-    assert torch.equal(work.params[m].detach(), work.base.read(m))
+    assert torch.equal(work.params[m].detach(), work.base[m])
     n_before = writer.written
     writer.write({"0.attn.h1": 1.0}, focus="0.attn.h1", rest=0.0)
     assert writer.written == n_before             # nothing changed, nothing rewritten
@@ -247,7 +247,7 @@ def test_recipe_from_map_merges_the_chosen_submodules(edited, tmp_path):
 
 
 def test_submodule_alpha_keys():
-    from forgetlab.merge.submodule import alpha_of, parse_alphas
+    from forgetlab.merge.methods.submodule import alpha_of, parse_alphas
 
     a = parse_alphas("3.mlp=1, 3=0.5 embed=0.25 lm_head=0")
     assert alpha_of("model.layers.3.mlp.up_proj.weight", 3, a, 0.0) == 1.0

@@ -163,7 +163,7 @@ def test_metric_names_drop_stderr_alias_and_the_none_filter():
 
 
 def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_direction(tiny_llama, tasks_dir):
-    from forgetlab.analysis import sweeps
+    from forgetlab.analysis import measures, sweeps
     from forgetlab.core.benchmarks import BenchmarkSpec
     from forgetlab.core.pool import ModelPool
 
@@ -182,12 +182,12 @@ def test_sweep_with_benchmark_measures_has_exact_endpoints_and_its_own_pareto_di
     # accuracy as generality: higher is better (hand-made points)
     pts = [sweeps.SweepPoint("s", x, {}, sweeps.Scorecard("m", 1.0, 2.7, 1, {}, {"t": {"acc": g, "f1": sp}}), 0.0)
            for x, g, sp in [(0, 0.9, 0.1), (1, 0.5, 0.1), (2, 0.2, 0.8)]]
-    assert sweeps.pareto_front(pts, measure="t/f1", general_measure="t/acc") == [True, False, True]
-    assert sweeps.pareto_front(pts, measure="t/f1", general_measure="general_loss") == [False, False, True]
+    assert measures.pareto_front(pts, measure="t/f1", general_measure="t/acc") == [True, False, True]
+    assert measures.pareto_front(pts, measure="t/f1", general_measure="general_loss") == [False, False, True]
     with pytest.raises(BenchmarkError, match="has no metric 'bleu'"):
-        sweeps.pareto_front(pts, measure="t/bleu")
+        measures.pareto_front(pts, measure="t/bleu")
     with pytest.raises(ParameterError, match="generality measure"):
-        sweeps.check_general_measure("acc")
+        measures.check_general_measure("acc")
 
 
 def test_zoo_lm_tasks_are_deterministic_and_right():

@@ -6,19 +6,20 @@ import hashlib
 
 import pytest
 
-from forgetlab.analysis.sweeps import WorkingCopy, _wise, alpha_curve
+from forgetlab.analysis.sweeps import _wise, alpha_curve
 from forgetlab.core.devicemap import ParamAccess, Placement, parse_max_memory
 from forgetlab.core.errors import ParameterError
+from forgetlab.merge.working_copy import WorkingCopy
 
 
 def test_offloaded_working_copy_sweeps_like_one_device(pool, tiny_llama):
     stored = (tiny_llama.base / "model.safetensors").read_bytes()
     place = Placement("auto", {"cpu": 90_000})          # ~half of the tiny model: the rest goes to disk
-    work = WorkingCopy(pool, "ft0", device=place)
+    work = WorkingCopy.load(pool, "ft0", device=place)
     where = set(work.model.hf_device_map.values())
     assert "disk" in where and "cpu" in where            # really split between memory and disk
     assert ParamAccess(work.model).offloaded
-    work.apply(_wise(1.0))                                # writes reach offloaded weights
+    work.set(_wise(1.0), [work.tuned])                    # writes reach offloaded weights
     ft = pool.checkpoint("ft0")
     for name in ("lm_head.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"):
         assert work.access[name].equal(ft.read(name))
@@ -65,7 +66,7 @@ def test_bfloat16_working_copy_close_to_float32(pool):
     kw = dict(alphas=[0.0, 0.5], device="cpu", max_general=3, max_task=4)
     full = alpha_curve(pool, "ft0", **kw)
     half = alpha_curve(pool, "ft0", dtype=torch.bfloat16, **kw)
-    work = WorkingCopy(pool, "ft0", device="cpu", dtype=torch.bfloat16)
+    work = WorkingCopy.load(pool, "ft0", device="cpu", dtype=torch.bfloat16)
     assert {p.dtype for p in work.model.parameters()} == {torch.bfloat16}
     for a, b in zip(full.points, half.points):
         assert b.general_loss == pytest.approx(a.general_loss, rel=2e-2)

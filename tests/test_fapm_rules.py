@@ -5,7 +5,7 @@ import torch
 
 from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.merge import METHODS, merge_state_dicts, run
-from forgetlab.merge.fapm import ADAPTER_RATIO, fapm_mask, fapm_prune, fapm_scores
+from forgetlab.merge.methods.fapm import ADAPTER_RATIO, fapm_mask, fapm_prune, fapm_scores
 
 
 def test_all_zero_base_tensor_is_scored_by_magnitude_hand_computed():

@@ -21,7 +21,7 @@ def test_pooling_hand_computed():
 def test_capture_matches_a_manual_hook(pool):
     fs = capture_features(pool, ["math"], ["base", "ft0"], level="mlp", layer=1, pooling="last", samples=3)
     assert fs.X.shape == (6, 32) and list(fs.labels.model) == ["base"] * 3 + ["ft0"] * 3
-    from forgetlab.analysis.linearity import encode_samples
+    from forgetlab.core.submodules import encode_samples
 
     model = pool.load("ft0")
     enc = encode_samples(pool.tokenizer, pool.probes.task("math").probe[:3])

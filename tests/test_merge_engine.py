@@ -14,10 +14,9 @@ from safetensors.torch import load_file
 from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.errors import IncompatibleModelsError, OutputExistsError, ParameterError, WorkspaceError
 from forgetlab.merge import METHODS, merge_state_dicts, run
-from forgetlab.merge import pcb as pcbmod
+from forgetlab.merge.methods import pcb as pcbmod
 from forgetlab.merge.core import CheckpointSource, check_compatible, collect_stats
 from forgetlab.merge.recipes import Recipe
-from forgetlab.merge.stats import kth_largest
 
 
 def _load_folder(path: Path) -> dict[str, torch.Tensor]:
@@ -82,6 +81,12 @@ def _sources(pool, n=2):
     base = CheckpointSource(open_checkpoint(pool.base))
     models = [CheckpointSource(open_checkpoint(p)) for p in list(pool.finetuned.values())[:n]]
     return base, models, check_compatible(base, models)
+
+
+def kth_largest(values: torch.Tensor, k: int) -> float | None:
+    """The reference for the streamed selections: torch.kthvalue over the whole vector held in memory."""
+    flat = values.reshape(-1).to(torch.float32)
+    return None if k <= 0 else float(torch.kthvalue(flat, flat.numel() - k + 1).values)
 
 
 def test_global_ties_thresholds_equal_whole_vector_kth_largest(tiny_llama):
@@ -228,7 +233,7 @@ def test_fapm_on_a_lora_adapter_prunes_its_delta(tiny_llama, tmp_path):
               tmp_path / "out")
     got = _load_folder(res.out_dir)
     base = open_checkpoint(tiny_llama.base)
-    from forgetlab.merge.fapm import fapm_prune
+    from forgetlab.merge.methods.fapm import fapm_prune
     target = ck.delta_names()[0]
     d = ck.delta(target)
     exp = base.read(target) + fapm_prune(d, base.read(target), 0.5)

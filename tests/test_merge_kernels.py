@@ -1,5 +1,5 @@
-"""The CPU kernels of forgetlab.merge.kernels against the exact reference implementations they replace
-(torch.kthvalue, sparsify.topk_mask, ties.ties_combine), including ties, k = 0 / 1 / n and zero tensors,
+"""The CPU kernels of the merge methods (forgetlab.merge.select and each family's `fast_kernel`) against the exact
+reference implementations they replace (torch.kthvalue, select.topk_mask, ties.ties_combine), including ties, k = 0 / 1 / n and zero tensors,
 and the device (torch) code path of every method run on the CPU against the kernels."""
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from forgetlab.merge import kernels as K
 from forgetlab.merge import merge_state_dicts
-from forgetlab.merge import sparsify as sp
+from forgetlab.merge import select as K
+from forgetlab.merge.methods import breadcrumbs, consensus, dare, fapm, pcb
+from forgetlab.merge.methods import ties as ties_family
+from forgetlab.merge.registry import tensor_generator
 from forgetlab.merge.core import all_finite
-from forgetlab.merge.ties import ties_combine
+from forgetlab.merge.methods.ties import ties_combine
 
 
 def _tensors(n, seed=0, ties=False, shape=None):
@@ -51,7 +53,7 @@ def test_kth_largest_with_infinite_scores_and_biased_columns():
 
 def _ref_keep(t, k, score=None):
     s = t.abs() if score is None else score
-    return t * sp.topk_mask(s, k)
+    return t * K.topk_mask(s, k)
 
 
 @pytest.mark.parametrize("n", [5, 4096, 200_003])
@@ -82,7 +84,7 @@ def test_keep_top_with_a_separate_score_and_edge_tensors():
 def test_threshold_matches_threshold_mask():
     t = _tensors(150_000, seed=8, ties=True)
     for thr in (None, 0.0, 0.01, 0.5):
-        want = t * sp.threshold_mask(t.abs(), thr)
+        want = t * K.threshold_mask(t.abs(), thr)
         assert torch.equal(K.threshold_(t.clone(), thr), want)
 
 
@@ -98,14 +100,14 @@ def test_ties_combine_into_is_bit_identical(weights, lam):
     for t in taus:
         t[60:80] = 0
     want = base + lam * ties_combine([t.clone() for t in taus], weights)
-    got = K.ties_combine_into_(base.clone(), [t.clone() for t in taus], weights, lam)
+    got = ties_family.ties_combine_into_(base.clone(), [t.clone() for t in taus], weights, lam)
     assert torch.equal(got, want)
     raw = [_tensors(n, seed=10 + i, ties=True) for i in range(3)]
     for t in raw:
         t[60:80] = 0
     want = base + lam * ties_combine([_ref_keep(t, n // 5) for t in raw], weights)
     cuts = [K.top_cut_(t, n // 5) for t in raw]
-    got = K.ties_combine_into_(base.clone(), raw, weights, lam, cuts)
+    got = ties_family.ties_combine_into_(base.clone(), raw, weights, lam, cuts)
     assert torch.equal(got, want)
 
 
@@ -113,7 +115,7 @@ def test_ties_combine_into_single_model_and_small_tensor():
     base, tau = torch.randn(10), torch.randn(10)
     tau[3] = 0
     want = base + 0.5 * ties_combine([tau.clone()])
-    assert torch.equal(K.ties_combine_into_(base.clone(), [tau.clone()], None, 0.5), want)
+    assert torch.equal(ties_family.ties_combine_into_(base.clone(), [tau.clone()], None, 0.5), want)
 
 
 def test_all_finite():
@@ -188,27 +190,27 @@ def test_tensor_reader_slots_and_prefetch_read_what_plain_reads_read(tiny_llama)
 def test_dare_in_place_draws_the_same_mask(drop):
     n = 2 * K.BLOCK + 77
     tau = _tensors(n, seed=2, shape=(n,))
-    want = sp.dare(tau.clone(), drop, sp.tensor_generator(7, "w", 1))
-    got = K.dare_(tau.clone(), drop, sp.tensor_generator(7, "w", 1))
+    want = dare.dare(tau.clone(), drop, tensor_generator(7, "w", 1))
+    got = dare.dare_(tau.clone(), drop, tensor_generator(7, "w", 1))
     assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("lam,k,alpha", [(0.4, 2, 1.0), ([0.2, 0.5, 1.5], 1, 0.7), (0.4, 3, 0.5)])
 def test_consensus_into_is_bit_identical(lam, k, alpha):
-    from forgetlab.merge.consensus import consensus_merge
+    from forgetlab.merge.methods.consensus import consensus_merge
     n = K.BLOCK + 999
     base = _tensors(n, seed=4)
     taus = [_tensors(n, seed=20 + i, ties=True) for i in range(3)]
     taus[0][:30] = 0
     want = base + consensus_merge([t.clone() for t in taus], lam, k, alpha)
     lams = [lam] * 3 if isinstance(lam, float) else lam
-    assert torch.equal(K.consensus_into_(base.clone(), taus, lams, k, alpha), want)
+    assert torch.equal(consensus.consensus_into_(base.clone(), taus, lams, k, alpha), want)
 
 
 @pytest.mark.parametrize("score", ["fapm", "magnitude", "relative"])
 @pytest.mark.parametrize("ratio", [0.0, 0.5, 0.9, 1.0])
 def test_fapm_prune_in_place_equals_fapm_prune(score, ratio):
-    from forgetlab.merge.fapm import fapm_prune
+    from forgetlab.merge.methods.fapm import fapm_prune
     n = K.BLOCK + 4321
     for zero_base in (False, True):
         w0 = torch.zeros(n) if zero_base else _tensors(n, seed=30, ties=True)
@@ -219,7 +221,7 @@ def test_fapm_prune_in_place_equals_fapm_prune(score, ratio):
         want = fapm_prune(tau.clone(), w0, ratio, score)
         w0_abs = w0.abs()
         mean0 = float(w0_abs.mean()) if bool(w0_abs.mean() > 0) else None
-        got = K.fapm_prune_(tau.clone(), w0_abs, mean0, ratio, score, torch.empty(n))
+        got = fapm.fapm_prune_(tau.clone(), w0_abs, mean0, ratio, score, torch.empty(n))
         assert torch.equal(got, want), (score, ratio, zero_base)
 
 
@@ -229,43 +231,41 @@ def test_breadcrumbs_in_place_equals_breadcrumbs(keep, gamma, ties):
     n = 3 * K.BLOCK + 11
     tau = _tensors(n, seed=40, ties=ties)
     tau[:500] = 0
-    want = sp.breadcrumbs(tau.clone(), keep, gamma)
-    n_top, n_keep = sp.breadcrumbs_counts(n, keep, gamma)
-    got = K.breadcrumbs_(tau.clone(), n_top, n_keep)
+    want = breadcrumbs.breadcrumbs(tau.clone(), keep, gamma)
+    n_top, n_keep = breadcrumbs.breadcrumbs_counts(n, keep, gamma)
+    got = breadcrumbs.breadcrumbs_(tau.clone(), n_top, n_keep)
     assert torch.equal(got, want)
     small = torch.tensor([0.3, -0.1, 0.3, 0.0, -0.3])
     for k1, k2 in [(5, 1), (3, 1), (2, 0), (0, 0), (4, 2)]:
-        want = small * (sp.topk_mask(small.abs(), k1) & ~sp.topk_mask(small.abs(), k2))
-        assert torch.equal(K.breadcrumbs_(small.clone(), k2, k1 - k2), want), (k1, k2)
+        want = small * (K.topk_mask(small.abs(), k1) & ~K.topk_mask(small.abs(), k2))
+        assert torch.equal(breadcrumbs.breadcrumbs_(small.clone(), k2, k1 - k2), want), (k1, k2)
 
 
 @pytest.mark.parametrize("n_tasks", [2, 3])
 @pytest.mark.parametrize("keep", [0.0, 0.2, 1.0])
 def test_pcb_merge_into_matches_pcb_merge(n_tasks, keep):
-    from forgetlab.merge import pcb
     n = K.BLOCK + 5000
     base = _tensors(n, seed=50)
     taus = [_tensors(n, seed=51 + i) for i in range(n_tasks)]
     taus[0][:40] = 0
     lams = [0.7, 1.3, 1.0][:n_tasks]
     want = base + pcb.pcb_merge([t.clone() for t in taus], keep, lams)
-    got = K.pcb_merge_into_(base.clone(), taus, keep, lams)
+    got = pcb.pcb_merge_into_(base.clone(), taus, keep, lams)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-7)
     st = pcb.pcb_stats(taus, 0.3)  # global scope: statistics given, β computed block by block
     want = base + pcb.pcb_merge([t.clone() for t in taus], 0.3, lams, st)
-    torch.testing.assert_close(K.pcb_merge_into_(base.clone(), taus, 0.3, lams, st), want, rtol=0, atol=1e-7)
+    torch.testing.assert_close(pcb.pcb_merge_into_(base.clone(), taus, 0.3, lams, st), want, rtol=0, atol=1e-7)
     # the statistics of the blocked passes equal pcb_stats (sums in float64, in another order)
-    lo, hi = K.pcb_minmax(taus)
+    lo, hi = pcb.pcb_minmax(taus)
     assert lo == st.lo and hi == st.hi
-    zp, zi = K.pcb_zsums(taus, lo, hi)
+    zp, zi = pcb.pcb_zsums(taus, lo, hi)
     for p in zp:
         assert zp[p] == pytest.approx(st.z_pair[p], rel=1e-12)
     assert zi == pytest.approx(st.z_intra, rel=1e-12)
 
 
 def test_pcb_constant_products():
-    from forgetlab.merge import pcb
     taus = [torch.zeros(300), torch.full((300,), 0.5)]
     base = torch.zeros(300)
     want = base + pcb.pcb_merge([t.clone() for t in taus], 0.2, [1.0, 1.0])
-    torch.testing.assert_close(K.pcb_merge_into_(base.clone(), taus, 0.2, [1.0, 1.0]), want, rtol=0, atol=0)
+    torch.testing.assert_close(pcb.pcb_merge_into_(base.clone(), taus, 0.2, [1.0, 1.0]), want, rtol=0, atol=0)

@@ -9,8 +9,11 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import METHODS, merge_state_dicts
-from forgetlab.merge import consensus, interpolation, pcb, sparsify, ties
-from forgetlab.merge.fapm import fapm_mask, fapm_prune, fapm_scores
+from forgetlab.merge import select
+from forgetlab.merge.methods import consensus, interpolation, pcb, ties
+from forgetlab.merge.methods.dare import dare
+from forgetlab.merge.registry import tensor_generator
+from forgetlab.merge.methods.fapm import fapm_mask, fapm_prune, fapm_scores
 
 T = torch.tensor
 
@@ -76,7 +79,7 @@ def test_ties_sign_tie_goes_positive_and_disjoint_mean_counts_agreeing_only():
 def test_dare_hand_computed_against_the_generator():
     tau = torch.arange(1.0, 9.0)
     g = torch.Generator().manual_seed(7)
-    out = sparsify.dare(tau, 0.5, g)
+    out = dare(tau, 0.5, g)
     u = torch.rand(8, generator=torch.Generator().manual_seed(7))
     assert torch.equal(out, torch.where(u >= 0.5, tau * 2.0, torch.zeros(8)))
 
@@ -85,7 +88,7 @@ def test_dare_linear_and_dare_ties_in_state_dicts_follow_their_formulas():
     base = sd(w=[0.0] * 64)
     fts = [{"w": torch.randn(64, generator=torch.Generator().manual_seed(i))} for i in range(2)]
     out = merge_state_dicts("dare_linear", base, fts, drop=0.3, seed=5)
-    parts = [sparsify.dare(f["w"], 0.3, sparsify.tensor_generator(5, "w", i)) for i, f in enumerate(fts)]
+    parts = [dare(f["w"], 0.3, tensor_generator(5, "w", i)) for i, f in enumerate(fts)]
     assert torch.allclose(out["w"], parts[0] + parts[1])
     out_t = merge_state_dicts("dare_ties", base, fts, drop=0.3, seed=5)
     assert torch.allclose(out_t["w"], ties.ties_combine(parts))
@@ -106,7 +109,7 @@ def test_consensus_hand_computed():
 
 
 def _pcb_reference(taus: list[list[float]], keep: float, lam: float) -> list[float]:
-    """PCB of METHODS.md with Python floats and math.exp (no torch): the reference computed another way."""
+    """PCB of docs/methods.md with Python floats and math.exp (no torch): the reference computed another way."""
     n, d = len(taus), len(taus[0])
 
     def norm(x):
@@ -226,15 +229,15 @@ def test_pcb_keep_one_identical_task_vectors(scope):
 
 def test_topk_mask_is_exact_with_ties():
     s = T([1.0, 3.0, 3.0, 3.0, 0.0])
-    assert sparsify.topk_mask(s, 2).tolist() == [False, True, True, False, False]
-    assert int(sparsify.topk_mask(torch.randn(1000), 137).sum()) == 137
+    assert select.topk_mask(s, 2).tolist() == [False, True, True, False, False]
+    assert int(select.topk_mask(torch.randn(1000), 137).sum()) == 137
 
 
 def test_keep_count_follows_mergekit_rule():
-    assert sparsify.keep_count(10, 0.0) == 0
-    assert sparsify.keep_count(10, 0.01) == 1   # at least one entry when keep > 0
-    assert sparsify.keep_count(10, 0.25) == 2
-    assert sparsify.keep_count(10, 1.0) == 10
+    assert select.keep_count(10, 0.0) == 0
+    assert select.keep_count(10, 0.01) == 1   # at least one entry when keep > 0
+    assert select.keep_count(10, 0.25) == 2
+    assert select.keep_count(10, 1.0) == 10
 
 
 def test_pcb_stats_match_torch_softmax():
@@ -299,7 +302,9 @@ def test_wrong_number_of_per_model_weights():
 
 
 @pytest.mark.parametrize("kind", ["normal", "heavy_ties", "sparse"])
-def test_fast_kth_largest_is_exact_on_large_tensors(kind):
+@pytest.mark.parametrize("device_path", [False, True])
+def test_fast_kth_largest_is_exact_on_large_tensors(kind, device_path, monkeypatch):
+    monkeypatch.setattr(select, "DEVICE_PATH_ON_CPU", device_path)   # the torch selection (GPUs), or numpy's
     g = torch.Generator().manual_seed(0)
     n = 1_100_000  # above the 2**20 size where the sampled bracket starts
     if kind == "normal":
@@ -311,8 +316,8 @@ def test_fast_kth_largest_is_exact_on_large_tensors(kind):
         x[torch.randint(0, n, (3000,), generator=g)] = torch.rand(3000, generator=g) + 1
     for k in (1, 2999, n // 5, n):
         exp = torch.kthvalue(x, n - k + 1).values
-        assert sparsify.kth_largest_value(x, k) == exp
-        assert int(sparsify.topk_mask(x, k).sum()) == k
+        assert select.kth_largest(x, k)[0] == exp
+        assert int(select.topk_mask(x, k).sum()) == k
 
 
 def test_linear_weights_summing_to_zero_are_refused_before_merging():

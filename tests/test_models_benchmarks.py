@@ -394,7 +394,7 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
     record of every run: the AdamW run's final values equal lm-eval on the same fine-tune's model, the Pareto
     front is taken on both benchmark axes and the run is saved with them; a metric the task does not report is
     exit 2 before training. The Fine-tune page's final trade-off plots the benchmark generality on x."""
-    from forgetlab.analysis.sweeps import pareto_mask
+    from forgetlab.analysis.measures import pareto_mask
     from forgetlab.cli import main
     from forgetlab.core.benchmarks import BenchmarkSpec, evaluate_benchmarks
     from forgetlab.core.pool import ModelPool

@@ -1,4 +1,4 @@
-"""MoFO (METHODS.md "MoFO"): the filter, the moments, the bias/norm rule, and equality with AdamW at fraction 1."""
+"""MoFO (docs/methods.md#mofo): the filter, the moments, the bias/norm rule, and equality with AdamW at fraction 1."""
 from __future__ import annotations
 
 import math

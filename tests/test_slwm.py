@@ -1,4 +1,4 @@
-"""forgetlab.merge.slwm: closed-form submodule weights (G a = b), coefficient maps, registry integration."""
+"""forgetlab.merge.methods.slwm: closed-form submodule weights (G a = b), coefficient maps, registry integration."""
 from __future__ import annotations
 
 import copy
@@ -10,7 +10,7 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig
 
 from forgetlab.core.data import TaskPair
 from forgetlab.core.errors import ForgetlabError
-from forgetlab.merge.slwm import slwm_merge, slwm_weights, solve_weights
+from forgetlab.merge.methods.slwm import slwm_merge, slwm_weights, solve_weights
 
 PAIRS = [TaskPair(f"{a}+{b}=", str(a + b)) for a, b in [(1, 2), (3, 4), (5, 6), (7, 1)]]
 
@@ -135,7 +135,7 @@ def test_gqa_head_mlp_coefficient_maps(tok):
 def test_gpt2_runs_and_registry(tiny_gpt2):
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge import METHODS, validate_params
-    import forgetlab.merge.slwm  # noqa: F401  (registers slwm)
+    import forgetlab.merge.methods.slwm  # noqa: F401  (registers slwm)
 
     assert "slwm" in METHODS and METHODS["slwm"].needs_pool
     p = validate_params("slwm", {"level": "head_mlp"}, n_models=2)
@@ -149,7 +149,7 @@ def test_gpt2_runs_and_registry(tiny_gpt2):
 def test_engine_prepare_hook(tiny_llama, tmp_path):
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge import run
-    import forgetlab.merge.slwm  # noqa: F401
+    import forgetlab.merge.methods.slwm  # noqa: F401
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = {"method": "slwm", "base": str(tiny_llama.base),

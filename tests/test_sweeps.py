@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forgetlab.analysis.sweeps import (SweepResult, WorkingCopy, _hma, _pruned, alpha_curve, density_curve, hma_grid,
-                                       load_sweep, pareto_front, pareto_mask, pruning_curve, save_sweep)
+from forgetlab.analysis.sweeps import (SweepResult, _hma, _pruned, alpha_curve, density_curve, hma_grid, load_sweep,
+                                      pruning_curve, save_sweep)
+from forgetlab.analysis.measures import pareto_front, pareto_mask
 from forgetlab.core.errors import ForgetlabError, ParameterError
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.pool import ModelPool
+from forgetlab.merge.working_copy import WorkingCopy
 
 
 def _card(pool, name):
@@ -51,9 +53,9 @@ def test_sweep_leaves_pool_models_untouched(pool):
 
 
 def test_working_copy_writes_in_place(pool):
-    work = WorkingCopy(pool, "ft0", device="cpu")
+    work = WorkingCopy.load(pool, "ft0", device="cpu")
     ids = {n: id(p) for n, p in work.model.named_parameters()}
-    work.apply(lambda name, w0, w1: 0.25 * w0 + 0.75 * w1)
+    work.set(lambda name, w0, w1: 0.25 * w0 + 0.75 * w1, [work.tuned])
     name = "model.layers.0.mlp.up_proj.weight"
     w0, w1 = pool.base.read(name), pool.checkpoint("ft0").read(name)
     torch.testing.assert_close(work.params[name].detach(), 0.25 * w0 + 0.75 * w1)
@@ -76,11 +78,11 @@ def test_pruned_weights_keep_the_top_scores():
     w0 = torch.tensor([1.0, 2.0, -1.0, 4.0, 0.5, 3.0, 1.0, 2.0])
     tau = torch.tensor([0.1, -0.5, 0.2, 0.4, 0.05, -0.3, 0.6, 0.0])
     w1 = w0 + tau
-    out = _pruned(0.5, "magnitude")("x", w0, w1)
+    out = _pruned(0.5, "magnitude")("x", w0, w1, owned=False)
     kept = out != w0
     # the 4 largest |τ|: 0.6, -0.5, 0.4, -0.3
     assert kept.tolist() == [False, True, False, True, False, True, True, False]
-    assert torch.equal(out[kept], w1[kept])
+    torch.testing.assert_close(out[kept], w1[kept], rtol=0, atol=1e-6)     # θ0 + τ where kept
 
 
 def test_density_endpoints_shared_and_order(pool):
@@ -153,3 +155,35 @@ def test_gpt2_pool_with_tied_embeddings(tiny_gpt2):
     res = pruning_curve(gpool, "ft1", ratios=[0.0, 0.9, 1.0], scores=["fapm"], device="cpu", max_general=2,
                         max_task=3)
     assert res.points[0].distance > res.points[1].distance > res.points[2].distance == 0.0
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.7])
+def test_a_wise_ft_sweep_point_has_exactly_the_weights_of_forgetlab_merge_wise_ft(pool, tmp_path, monkeypatch, alpha):
+    """One home per formula: the α-sweep builds its weights with the merge registry's `wise_ft`, so its point at α
+    and `forgetlab merge` with wise_ft at α are the same model bit for bit."""
+    import yaml
+    from safetensors.torch import load_file
+
+    from forgetlab.analysis import sweeps
+    from forgetlab.cli import main
+
+    swept = {}
+    real = sweeps.evaluate
+
+    def spy(model, *args, **kw):
+        swept.update({n: p.detach().clone() for n, p in model.named_parameters()})
+        return real(model, *args, **kw)
+
+    monkeypatch.setattr(sweeps, "evaluate", spy)
+    alpha_curve(pool, "ft0", alphas=[alpha], device="cpu", max_general=1, max_task=1)
+    recipe = tmp_path / "wise.yaml"
+    recipe.write_text(yaml.safe_dump({"method": "wise_ft", "base": str(pool.base_ref),
+                                      "models": [str(pool.entries["ft0"].ref)], "params": {"alpha": alpha}}))
+    assert main(["merge", str(recipe), str(tmp_path / "merged")]) == 0
+    merged = load_file(tmp_path / "merged" / "model.safetensors")
+    assert swept and set(swept) <= set(merged)
+    for name, t in swept.items():
+        assert torch.equal(t, merged[name]), name
+    # and not trivially: the point lies strictly between the base and the fine-tune
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(swept[name], pool.base.read(name))

@@ -38,7 +38,7 @@ def test_compare_and_save_reopen(pool, tmp_path):
     comp = compare(pool, "copy", configs, eval_every=2, max_general=2, device="cpu",
                    on_run=lambda r, c: seen.append(len(c.runs)))
     assert seen == [1, 2, 3, 4, 5]
-    assert configs[-1].l1 == 1e-3 and configs[-1].l2 == 0.0  # the L1-to-init baseline of METHODS.md
+    assert configs[-1].l1 == 1e-3 and configs[-1].l2 == 0.0  # the L1-to-init baseline of docs/methods.md
     frame = comp.to_frame()
     assert list(frame["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"]
     assert frame["pareto"].any()

@@ -2,11 +2,12 @@
 import json, sys
 import pandas as pd, torch
 torch.set_num_threads(1)
-from forgetlab.analysis.sweeps import WorkingCopy, _wise, _pruned, pareto_mask
+from forgetlab.analysis.sweeps import WorkingCopy, _wise, _pruned
+from forgetlab.analysis.measures import pareto_mask
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.pool import ModelPool
-from forgetlab.merge.interpolation import layer_locator
-from forgetlab.merge.submodule import alpha_of, submodule_alpha
+from forgetlab.merge.layers import layer_locator
+from forgetlab.merge.methods.submodule import alpha_of, submodule_alpha
 
 pool = ModelPool.from_yaml(sys.argv[1]); model = sys.argv[2]; task = sys.argv[3]; csv = sys.argv[4]
 m = pd.read_csv(csv)

@@ -1,7 +1,7 @@
 """Where is the forgetting? Per-submodule maps of what each part of a task vector buys and costs.
 
 For a fine-tuned model θ1 = θ0 + τ (a full fine-tune or a LoRA adapter, τ = its ΔW) and a task, the task vector
-is cut into parts τ = Σk τk at a level (METHODS.md notation; parts from `forgetlab.core.anatomy.Anatomy`):
+is cut into parts τ = Σk τk at a level (docs/methods.md notation; parts from `forgetlab.core.anatomy.Anatomy`):
 
 - ``layer``:  one part per decoder layer, plus ``embed`` (embeddings), ``norm`` (final norm), ``lm_head``;
 - ``module``: per layer ``attn``, ``mlp`` and ``norm`` (its layer norms), plus ``embed``, ``norm``, ``lm_head``;
@@ -21,7 +21,7 @@ Passing ``alphas`` evaluates every part along a line of α values instead of the
 (`AttributionResult.additivity`) compares Σk d over the parts with the whole: fine-tune − base for only_this,
 base − fine-tune for leave_one_out (a ratio of 1 means the parts add up exactly).
 
-Memory and cost: ONE working copy (`forgetlab.analysis.sweeps.WorkingCopy`) is rewritten in place, and only the tensors
+Memory and cost: ONE working copy (`forgetlab.merge.working_copy.WorkingCopy`) is rewritten in place, and only the tensors
 whose α changes between two evaluations are rewritten (read lazily from θ0/θ1). A part whose τ is zero is not
 evaluated (its model is the reference bit for bit, so both d are 0); its rows are flagged ``zero_tau``. The
 result reports the seconds and the number of evaluations.
@@ -39,6 +39,7 @@ import torch
 
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.merge.methods.interpolation import wise_ft
 from forgetlab.core.progress import Progress, report, scaled
 
 LEVELS = ("layer", "module", "head")
@@ -286,11 +287,7 @@ class _Writer:
 
     @staticmethod
     def _mix(w0: torch.Tensor, w1: torch.Tensor, c: float) -> torch.Tensor:
-        if c == 0:
-            return w0
-        if c == 1:
-            return w1
-        return w0 + c * (w1 - w0)
+        return wise_ft(w0, w1, c)       # θ0 + c·τ, the registry's WiSE-FT (c = 0 and 1 exact)
 
     def signature(self, name: str, coef: Mapping[str, float], focus: Optional[str], rest: float):
         if name in self.whole:
@@ -308,8 +305,8 @@ class _Writer:
                 sig = self.signature(name, coef, focus, rest)
                 if self.state.get(name) == sig:
                     continue
-                w0 = self.work.base.read(name, dtype=torch.float32)
-                w1 = self.work.tuned.read(name, dtype=torch.float32)
+                w0 = self.work.base[name]
+                w1 = self.work.tuned[name]
                 if isinstance(sig, tuple):
                     out = self._mix(w0, w1, sig[0]).clone()
                     pieces = {k: s for k, s in self.sliced[name]}
@@ -328,7 +325,7 @@ class _Writer:
         for name in self.work.names:
             if name not in self.whole and name not in self.sliced:
                 continue
-            tau = self.work.tuned.read(name, dtype=torch.float32) - self.work.base.read(name, dtype=torch.float32)
+            tau = self.work.tuned[name] - self.work.base[name]
             if name in self.whole:
                 sq[self.whole[name]] += float(tau.double().pow(2).sum())
             for k, s in self.sliced.get(name, []):
@@ -357,13 +354,13 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.analysis.sweeps`.
     Speciality is teacher-forced exact match on `task` (default: the task named in the model's name).
     """
-    from forgetlab.analysis.sweeps import WorkingCopy
+    from forgetlab.merge.working_copy import WorkingCopy
     from forgetlab.core.anatomy import Anatomy
 
     task, sel, grid = _resolve(pool, model, task, level, select, alphas)
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
-    work = WorkingCopy(pool, model, device=device)
+    work = WorkingCopy.load(pool, model, device=device)
     anatomy = Anatomy.from_config(pool.config, names=work.names)
     parts = parts_of(anatomy, work.names, level)
     if sel is not None:
@@ -459,14 +456,14 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
 
 def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float], *, default: float = 0.0,
                     name: Optional[str] = None):
-    """A `submodule_alpha` merge recipe (`forgetlab.merge.submodule`): θk = θ0,k + αk·τk.
+    """A `submodule_alpha` merge recipe (`forgetlab.merge.methods.submodule`): θk = θ0,k + αk·τk.
 
     `keep` is a list of part keys (α = 1 for each: a mask keeping those parts of τ) or a mapping key → α; every
     other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head keys are
     not (a merge applies one α per tensor): pick at the module level instead.
     """
     from forgetlab.merge.recipes import ModelEntry, Recipe
-    from forgetlab.merge.submodule import format_alphas, parse_alphas
+    from forgetlab.merge.methods.submodule import format_alphas, parse_alphas
 
     from forgetlab.analysis.sweeps import _check_model
 

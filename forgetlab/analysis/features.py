@@ -3,7 +3,7 @@
 `capture_features` runs each model (base, fine-tuned, merged: any set) on the probe samples of each task and
 reads one submodule's output with a forward hook: the decoder's last hidden state (``model``), a decoder layer
 (``layer``), its attention (``attn``), its MLP (``mlp``) or one head's contribution to the attention output
-(``head``, see `forgetlab.analysis.linearity.head_outputs`). Each sample becomes one vector: the mean over its answer
+(``head``, see `forgetlab.core.submodules.head_outputs`). Each sample becomes one vector: the mean over its answer
 tokens (``pooling="answer"``) or its last token (``pooling="last"``).
 
 `embed_tsne` standardises nothing and reduces with PCA to at most 50 dimensions, then runs t-SNE (openTSNE;
@@ -21,11 +21,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.analysis.linearity import (encode_samples, head_outputs, last_hidden, select_pairs, _first_tensor,
-                                          _strip_kwargs)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.submodules import (encode_samples, head_outputs, last_hidden, select_pairs, first_tensor,
+                                       strip_kwargs)
 
 FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head")
 POOLINGS = ("answer", "last")
@@ -132,11 +132,11 @@ def _model_features(model, anatomy: Optional[Anatomy], ids, level, layer, head):
 
         def pre(mod, args, kwargs):
             got["x"] = args[0] if args else kwargs["hidden_states"]
-            got["kw"] = _strip_kwargs(kwargs)
+            got["kw"] = strip_kwargs(kwargs)
         handle = target.register_forward_pre_hook(pre, with_kwargs=True)
     else:
         target = mods[anatomy.module_path(level, layer)]
-        handle = target.register_forward_hook(lambda m, a, o: got.__setitem__("out", _first_tensor(o)))
+        handle = target.register_forward_hook(lambda m, a, o: got.__setitem__("out", first_tensor(o)))
     try:
         last_hidden(model, anatomy, ids)
     finally:

@@ -4,7 +4,7 @@ maximising speciality while bounding forgetting — what mergekit-evolve does, o
 A candidate x = (v1 … vN[, α1 … αB]) sets the recipe's per-model parameter (`weights` for linear / task
 arithmetic / TIES / DARE, `lam` for PCB…) to v1 … vN and, with `hma_blocks=B`, scales the merged task vector
 per block of decoder layers: θ = θ0 + αb·(merge(θ0, θ1…θN; v) − θ0) for the tensors of block b (blocks and the
-placement of embeddings / head as in METHODS.md's HMA). Each candidate is merged in memory from the base and
+placement of embeddings / head as in docs/methods.md's HMA). Each candidate is merged in memory from the base and
 fine-tuned weights that every worker holds resident, written into the worker's working copy of the model, and
 evaluated on the pool's **probe** split (speciality: exact match, or answer loss, on the tasks; generality:
 general-text loss). Forgetting = general loss − the base's general loss.
@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.analysis.sweeps import higher_is_better
+from forgetlab.analysis.measures import higher_is_better
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
 
@@ -148,7 +148,6 @@ class _SearchState:
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
                  model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None):
         from forgetlab.core.checkpoints import load_model, open_checkpoint
-        from forgetlab.merge.interpolation import layer_of, num_layers_of
 
         self.pool, self.method, self.params, self.param = pool, method, dict(params), param
         base = open_checkpoint(base_ref)
@@ -158,9 +157,6 @@ class _SearchState:
         self.model = load_model(base, device=device)
         self.dev = next(self.model.parameters()).device
         self.live = dict(self.model.named_parameters())
-        names = list(self.base)
-        self.n_layers = num_layers_of(self.config, names)
-        self.layers = {n: layer_of(n, self.config) for n in names}
         self.eval_kw = dict(eval_kw)
         if benchmarks is not None and benchmarks.all_tasks:     # lm-eval tasks run on every candidate
             from forgetlab.core.benchmarks import task_manager
@@ -176,7 +172,7 @@ class _SearchState:
     def __call__(self, item, progress: Progress = None):
         from forgetlab.core.evaluate import evaluate
         from forgetlab.merge import merge_state_dicts
-        from forgetlab.merge.interpolation import hma_alpha_for
+        from forgetlab.merge.working_copy import TensorMerger
 
         if item is None:
             self._write(self.base)
@@ -187,11 +183,11 @@ class _SearchState:
             if self.param is not None:
                 params[self.param] = [float(v) for v in values]
             merged = merge_state_dicts(self.method, self.base, self.fts, config=self.config, **params)
-            if alphas:
+            if alphas:      # then HMA between the base and that merge: one α per block of layers
+                hma = TensorMerger("hma", {"alphas": list(alphas)}, config=self.config, names=list(self.base))
                 for n, t in merged.items():
                     if t.is_floating_point() and n in self.base:
-                        a = hma_alpha_for(self.layers[n], self.n_layers, alphas)
-                        merged[n] = self.base[n] + a * (t.to(torch.float32) - self.base[n])
+                        merged[n] = hma(n, self.base[n], t.to(torch.float32), owned=False)
             self._write(merged)
             del merged
             name = "candidate"
@@ -420,7 +416,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
 
 def _finish(result: SearchResult) -> None:
     """Mark the Pareto front (speciality up, general loss down) and pick the best point."""
-    from forgetlab.analysis.sweeps import pareto_mask
+    from forgetlab.analysis.measures import pareto_mask
 
     ok = [p for p in result.points if p.error is None]
     sign = 1.0 if higher_is_better(result.measure) else -1.0

@@ -1,7 +1,7 @@
 """Forgetting curves: what a post-hoc fix buys in speciality and costs in generality, over its setting.
 
 Each sweep takes a pool and one fine-tuned model θ1 (task vector τ = θ1 − θ0) and evaluates a series of
-models built from θ0 and θ1 (METHODS.md):
+models built from θ0 and θ1 (docs/methods.md):
 
 - `alpha_curve`   WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1, α ∈ {0, 0.1, …, 1} by default;
 - `pruning_curve` FAPM θ = θ0 + mask ⊙ τ over pruning ratios, with the "magnitude" and "relative" ablations
@@ -35,20 +35,20 @@ write θ0 bit for bit, α = 1 and ratio 0 write θ1.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
-import torch
 
 from forgetlab.core.benchmarks import pick
-from forgetlab.core.errors import (ForgetlabError, IncompatibleModelsError, ParameterError, ProbeDataError,
+from forgetlab.core.errors import (ForgetlabError, ParameterError, ProbeDataError,
                                    check_fraction)
 from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.analysis.measures import check_general_measure, check_measure, is_benchmark, pareto_front
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
 
 KINDS = ("alpha", "pruning", "density", "hma")
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
@@ -203,195 +203,6 @@ class SweepResult:
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
 
 
-# ------------------------------------------------------------------------------------------ Pareto front
-
-MEASURES: dict[str, tuple[str, bool]] = {"exact_match": ("exact match", True), "answer_loss": ("answer loss", False)}
-"""How speciality is measured: name → (label, higher is better)."""
-
-
-LOWER_IS_BETTER = {"perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte", "ter"}
-"""lm-eval metrics where lower is better (every other benchmark metric counts as higher is better)."""
-
-
-def is_benchmark(measure: str) -> bool:
-    """True for a benchmark measure `TASK/METRIC` (an lm-eval task's metric)."""
-    return "/" in str(measure)
-
-
-def check_measure(measure: str) -> str:
-    """`measure` if it is one of `MEASURES` or a benchmark `TASK/METRIC`, else ParameterError naming the
-    choices."""
-    if measure in MEASURES:
-        return measure
-    task, sep, metric = str(measure).partition("/")
-    if sep and task and metric:
-        return measure
-    raise ParameterError(f"Unknown speciality measure {measure!r}; choose one of {', '.join(MEASURES)} or an "
-                         "lm-eval metric written TASK/METRIC (e.g. arc_easy/acc).")
-
-
-def check_general_measure(measure: str) -> str:
-    """`general_loss` or a benchmark `TASK/METRIC`; ParameterError otherwise."""
-    if measure == "general_loss" or (is_benchmark(measure) and check_measure(measure)):
-        return measure
-    raise ParameterError(f"Unknown generality measure {measure!r}; use general_loss or an lm-eval metric written "
-                         "TASK/METRIC (e.g. hellaswag/acc_norm).")
-
-
-def higher_is_better(measure: str) -> bool:
-    """Whether a larger value of `measure` (speciality or generality) is better."""
-    if measure in MEASURES:
-        return MEASURES[measure][1]
-    if measure == "general_loss":
-        return False
-    return measure.partition("/")[2].partition(",")[0] not in LOWER_IS_BETTER
-
-
-def measure_label(measure: str) -> str:
-    """A label for axes and tables: 'exact match', 'answer loss', 'general loss' or the benchmark measure."""
-    if measure in MEASURES:
-        return MEASURES[measure][0]
-    return "general loss" if measure == "general_loss" else measure
-
-
-
-def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> list[bool]:
-    """Non-dominated flags: point i is on the front unless some j has speciality_j ≥ speciality_i and
-    general_loss_j ≤ general_loss_i with at least one strict. Points with a NaN value are never on it;
-    identical points are all on it."""
-    if len(speciality) != len(general_loss):
-        raise ParameterError("pareto_mask needs as many speciality values as general losses.")
-    s = [float(v) for v in speciality]
-    g = [float(v) for v in general_loss]
-    ok = [not (math.isnan(a) or math.isnan(b)) for a, b in zip(s, g)]
-    flags = []
-    for i in range(len(s)):
-        if not ok[i]:
-            flags.append(False)
-            continue
-        dominated = any(
-            ok[j] and s[j] >= s[i] and g[j] <= g[i] and (s[j] > s[i] or g[j] < g[i]) for j in range(len(s))
-        )
-        flags.append(not dominated)
-    return flags
-
-
-def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str = "exact_match",
-                 general_measure: str = "general_loss") -> list[bool]:
-    """Mark the non-dominated points (speciality up, general loss down) and return the flags.
-
-    `points` are `SweepPoint`s (their `pareto` attribute is set; speciality on `task` in `measure`, an
-    answer loss counting as better when lower), objects with `speciality` and `general_loss` attributes, or
-    `(speciality, general_loss)` pairs.
-    """
-    spec, gen = [], []
-    sign = 1.0 if higher_is_better(check_measure(measure)) else -1.0
-    gsign = -1.0 if higher_is_better(check_general_measure(general_measure)) else 1.0   # the mask wants a loss
-    for p in points:
-        if isinstance(p, SweepPoint):
-            spec.append(sign * p.speciality(task, measure))
-            gen.append(gsign * p.generality(general_measure))
-        elif isinstance(p, (tuple, list)) and len(p) == 2:
-            spec.append(p[0])
-            gen.append(p[1])
-        else:
-            s = p.speciality(task) if callable(getattr(p, "speciality", None)) else p.speciality
-            spec.append(s)
-            gen.append(p.general_loss)
-    flags = pareto_mask(spec, gen)
-    for p, f in zip(points, flags):
-        if hasattr(p, "pareto"):
-            p.pareto = f
-    return flags
-
-
-# ------------------------------------------------------------------------------------------ working copy
-
-
-class _LazyTensors(Mapping):
-    """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32)."""
-
-    def __init__(self, ckpt, names: Sequence[str]):
-        self.ckpt = ckpt
-        self._names = list(names)
-        self._set = set(names)
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self._set:
-            raise KeyError(name)
-        return self.ckpt.read(name, dtype=torch.float32)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names)
-
-    def __len__(self) -> int:
-        return len(self._names)
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._set
-
-
-class WorkingCopy:
-    """One model whose weights are rewritten in place for each sweep point.
-
-    Loads the base once (a fresh model: the pool's cached models are never modified), then `apply(fn)`
-    writes fn(name, θ0, θ1) into every parameter, reading θ0 and θ1 tensor by tensor from the checkpoints.
-    `device` may be a `forgetlab.core.devicemap.Placement`: the copy is then spread by an accelerate device map
-    (GPUs, CPU, disk) and offloaded weights are written where accelerate keeps them (an offload folder of the
-    copy's own, removed with it). `dtype` (default float32) is the copy's precision: f(θ0, θ1) is always
-    computed in float32 and rounded once when written (bfloat16 halves the memory of a large model).
-    """
-
-    def __init__(self, pool, model: str, device=None, dtype=None):
-        import tempfile
-
-        from forgetlab.core.checkpoints import load_model
-        from forgetlab.core.devicemap import ParamAccess, Placement
-
-        if model == "base":
-            raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
-                                 f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
-        self.base = pool.checkpoint("base")
-        self.tuned = pool.checkpoint(model)
-        self._offload_dir = None
-        if isinstance(device, Placement) and not device.offload_folder:
-            self._offload_dir = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")
-            device = Placement(device.device_map, device.max_memory, self._offload_dir.name)
-        self.model = load_model(self.base, device=device, dtype=dtype or torch.float32)
-        self.access = ParamAccess(self.model)
-        self.params = dict(self.model.named_parameters())   # tied weights appear once
-        base_names, tuned_names = set(self.base.names()), set(self.tuned.names())
-        for name in self.params:
-            if name not in base_names or name not in tuned_names:
-                where = "the base" if name not in base_names else model
-                raise IncompatibleModelsError(f"Parameter {name} of the model is not stored in {where}; "
-                                              "the checkpoint does not match its config.")
-        self.names = list(self.params)
-        self.theta0 = _LazyTensors(self.base, self.names)
-
-    def apply(self, fn: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        """Set every parameter to fn(name, θ0, θ1) (float32 tensors), in place."""
-        with torch.no_grad():
-            for name, p in self.params.items():
-                w0 = self.base.read(name, dtype=torch.float32)
-                w1 = self.tuned.read(name, dtype=torch.float32)
-                new = fn(name, w0, w1)
-                if new.shape != p.shape:
-                    raise IncompatibleModelsError(f"Tensor {name}: new value has shape {tuple(new.shape)}, "
-                                                  f"the model expects {tuple(p.shape)}.")
-                self.access.write(name, new)
-                del w0, w1, new
-
-    def distance(self) -> float:
-        """D(θ, θ0) of the current weights (`forgetlab.analysis.taskvec.distance`, θ0 streamed)."""
-        from forgetlab.analysis.taskvec import distance
-
-        try:
-            return float(distance(self.access, self.theta0))
-        except ForgetlabError:
-            return float("nan")
-
-
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -400,7 +211,7 @@ class _Spec:
     series: str
     x: float
     settings: dict[str, Any]
-    fn: Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
+    fn: TensorMerger
     same_as: Optional[str] = None   # key of an identical model already evaluated (shared endpoints)
     key: Optional[str] = None
 
@@ -499,14 +310,25 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
     return result
 
 
+def _distance(work: WorkingCopy) -> float:
+    """D(θ, θ0) of a working copy's current weights (`forgetlab.analysis.taskvec.distance`; NaN if undefined)."""
+    from forgetlab.analysis.taskvec import distance
+
+    try:
+        return float(distance(work.access, work.base))
+    except ForgetlabError:
+        return float("nan")
+
+
 class _SweepState:
     """A sweep worker's resident state: one working copy of the model (and the lm-eval task manager); called
-    with a point `(fn, name)` it writes θ0 + f(τ) in place, evaluates it and returns (Scorecard, D(θ, θ0))."""
+    with a point `(merger, name)` it writes the point's weights in place, evaluates it and returns
+    (Scorecard, D(θ, θ0))."""
 
     def __init__(self, pool, model: str, device: Optional[str], batch_size: int, max_general: Optional[int],
                  max_task: Optional[int], tasks: Sequence[str], benchmarks, manager=None, dtype=None):
         self.pool = pool
-        self.work = WorkingCopy(pool, model, device=device, dtype=dtype)
+        self.work = WorkingCopy.load(pool, model, device=device, dtype=dtype)
         self.kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=list(tasks))
         self.benchmarks, self.manager = None, None
         if benchmarks is not None and benchmarks.all_tasks:
@@ -518,8 +340,8 @@ class _SweepState:
     def __call__(self, item, progress: Progress = None) -> tuple[Scorecard, float]:
         fn, name = item
         report(progress, 0.0, f"{name.partition(':')[2]}: writing weights")
-        self.work.apply(fn)
-        dist = self.work.distance()
+        self.work.set(fn, [self.work.tuned])
+        dist = _distance(self.work)
         card = evaluate(self.work.model, self.pool.tokenizer, self.pool.probes, name=name,
                         benchmarks=self.benchmarks, benchmark_manager=self.manager,
                         progress=scaled(progress, 0.05, 1.0), **self.kw)
@@ -556,14 +378,9 @@ def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
     return {"sweep": kind, "pool": src, "pool_name": getattr(pool, "name", None), "model": model, **kw}
 
 
-def _wise(alpha: float) -> Callable:
-    def fn(name, w0, w1):
-        if alpha == 0:
-            return w0
-        if alpha == 1:
-            return w1
-        return (1.0 - alpha) * w0 + alpha * w1
-    return fn
+def _wise(alpha: float) -> TensorMerger:
+    """WiSE-FT at α (the registry's `wise_ft`: α = 0 writes θ0 and α = 1 writes θ1 bit for bit)."""
+    return TensorMerger("wise_ft", {"alpha": alpha})
 
 
 def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
@@ -584,17 +401,13 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, t
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
-def _pruned(ratio: float, score: str) -> Callable:
-    from forgetlab.merge.fapm import fapm_mask
-
-    def fn(name, w0, w1):
-        if ratio <= 0:
-            return w1
-        if ratio >= 1:
-            return w0
-        mask = fapm_mask(w1 - w0, w0, ratio, score)
-        return torch.where(mask, w1, w0)      # θ0 + mask ⊙ τ, exact where kept
-    return fn
+def _pruned(ratio: float, score: str) -> TensorMerger:
+    """FAPM at `ratio` with `score` (the registry's `fapm`, λ = 1); ratio 0 is θ1 and ratio 1 is θ0, exactly."""
+    if ratio <= 0:
+        return _wise(1.0)
+    if ratio >= 1:
+        return _wise(0.0)
+    return TensorMerger("fapm", {"ratio": ratio, "score": score})
 
 
 def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
@@ -603,7 +416,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
                   progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
-    entries of every tensor are zeroed (`forgetlab.merge.fapm.fapm_mask`), for each ratio and each score
+    entries of every tensor are zeroed (the registry's `fapm`), for each ratio and each score
     ("fapm" S = |τ| − mean|W0|·|τ|/|W0|, and the ablations "magnitude" S = |τ|, "relative" S = −|τ|/|W0|).
 
     Ratio 0 is the fine-tuned model and ratio 1 the base (identical across scores, evaluated once).
@@ -629,29 +442,24 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
-def _dare(drop: float, seed: int) -> Callable:
-    from forgetlab.merge.sparsify import dare, tensor_generator
-
-    def fn(name, w0, w1):
-        if drop <= 0:
-            return w1
-        if drop >= 1:
-            return w0
-        return w0 + dare(w1 - w0, drop, tensor_generator(seed, name, 0))
-    return fn
+def _dare(drop: float, seed: int) -> TensorMerger:
+    """DARE at drop rate p (the registry's `dare_linear`, λ = 1, masks seeded per tensor); p = 0 is θ1 and
+    p = 1 is θ0, exactly."""
+    if drop <= 0:
+        return _wise(1.0)
+    if drop >= 1:
+        return _wise(0.0)
+    return TensorMerger("dare_linear", {"drop": drop, "seed": seed})
 
 
-def _ties(keep: float) -> Callable:
-    from forgetlab.merge.sparsify import magnitude_mask
-
-    def fn(name, w0, w1):
-        if keep >= 1:
-            return w1
-        if keep <= 0:
-            return w0
-        # one task vector: the elected sign is sign(τ) and the disjoint mean is the trimmed τ itself
-        return torch.where(magnitude_mask(w1 - w0, keep), w1, w0)
-    return fn
+def _ties(keep: float) -> TensorMerger:
+    """TIES trimming to `keep` (the registry's `ties`, per tensor, λ = 1: with one task vector the elected sign is
+    sign(τ) and the disjoint mean the trimmed τ itself); keep 1 is θ1 and keep 0 is θ0, exactly."""
+    if keep >= 1:
+        return _wise(1.0)
+    if keep <= 0:
+        return _wise(0.0)
+    return TensorMerger("ties", {"keep": keep, "scope": "tensor"})
 
 
 def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
@@ -689,15 +497,9 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
-def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> Callable:
-    from forgetlab.merge.interpolation import hma_alpha_for, layer_of, num_layers_of
-
-    n_layers = num_layers_of(config, names)
-    per_name = {n: hma_alpha_for(layer_of(n, config), n_layers, alphas) for n in names}
-
-    def fn(name, w0, w1):
-        return _wise(per_name[name])(name, w0, w1)
-    return fn
+def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> TensorMerger:
+    """HMA with one α per block of layers (the registry's `hma`)."""
+    return TensorMerger("hma", {"alphas": list(alphas)}, config=config, names=names)
 
 
 def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
@@ -705,7 +507,7 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
              max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
              progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
-    blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — METHODS.md "HMA".
+    blocks of near-equal size; embeddings take α1, the final norm and lm_head αB) — docs/methods.md#hma.
     x = the tuple's mean α. Default grid: the MoFO rebuttal's 15 triples."""
     tuples = [list(t) for t in (grid or [])]
     if not tuples:

@@ -1,8 +1,8 @@
 """Task vectors τt = θt − θ0 (or ΔW = (lora_alpha/r)·B·A for an adapter), streamed tensor by tensor.
 
 Their norms per tensor and per level (layer × attn/mlp), the cosine-similarity matrix between task vectors,
-and the distance D(θ, θ0) = (1/B) Σk ‖θ(k) − θ0(k)‖ / ‖θ0(k)‖ over the B tensors ("partitions", METHODS.md
-MoFO section). Partitions whose base norm is 0 are left out of D (their relative change is undefined).
+and the distance D(θ, θ0) = (1/B) Σk ‖θ(k) − θ0(k)‖ / ‖θ0(k)‖ over the B tensors ("partitions",
+docs/methods.md#distance). Partitions whose base norm is 0 are left out of D (their relative change is undefined).
 """
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def cosine_matrix(pool, models: Sequence[str] | None = None, progress: Progress 
 
 def distance(theta: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
              theta0: Mapping[str, torch.Tensor]) -> float:
-    """D(θ, θ0) = (1/B) Σk ‖θ(k) − θ0(k)‖ / ‖θ0(k)‖ over the tensors k present in both (METHODS.md, MoFO)."""
+    """D(θ, θ0) = (1/B) Σk ‖θ(k) − θ0(k)‖ / ‖θ0(k)‖ over the tensors k present in both (docs/methods.md#distance)."""
     items = theta.items() if isinstance(theta, Mapping) else theta
     total, count = 0.0, 0
     for name, t in items:

@@ -1,21 +1,6 @@
-"""Shared CLI flags for commands whose points can run on Ray: `--executor local|ray [--ray-address ADDR]
-[--workers N] [--gpus-per-worker G]` (see `forgetlab.executors`)."""
+"""What the executor and device-map flags ask for (`forgetlab.commands.args.add_executor` and `add_device_map`
+declare them): the executor that runs a command's points, and where a model is placed."""
 from __future__ import annotations
-
-
-def add_executor_arguments(p) -> None:
-    """Add the executor flags to an argparse parser."""
-    g = p.add_argument_group("where the points run")
-    g.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="local: one after another in this process (default); ray: on Ray actors, each keeping "
-                        "the base and task vectors resident")
-    g.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="an existing Ray cluster (auto, host:port or ray://host:port); default: start a local "
-                        "Ray instance on this machine")
-    g.add_argument("--workers", type=int, default=None,
-                   help="Ray workers (default: as many as the cluster has room for)")
-    g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
-                   help="GPUs per Ray worker (default 1 when the cluster has GPUs, else 0)")
 
 
 def executor_from_args(args):
@@ -38,15 +23,6 @@ def executor_lines(result_executor: dict, points) -> list[str]:
              f"driver {worker_label(result_executor.get('driver') or {})}"]
     lines += [f"note: {n}" for n in result_executor.get("notes") or []]
     return lines
-
-
-def add_device_map_arguments(p) -> None:
-    """Add `--device-map auto|balanced|sequential [--max-memory 0=20GiB,cpu=64GiB]` (models larger than a device)."""
-    p.add_argument("--device-map", default=None, choices=["auto", "balanced", "sequential"],
-                   help="spread a model that does not fit one device over the GPUs, then CPU, then disk "
-                        "(accelerate); overrides --device")
-    p.add_argument("--max-memory", default=None, metavar="DEV=SIZE,…",
-                   help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
 
 
 def device_from_args(args):

@@ -2,6 +2,7 @@
 per-submodule only-this and leave-one-out maps of a task vector (forgetlab.analysis.attribution)."""
 from __future__ import annotations
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 
@@ -15,19 +16,18 @@ def register(sub) -> None:
                                    "leave-one-out (θ0 + τ − τk, d against the fine-tune) of general loss, exact "
                                    "match and answer loss, with the additivity of the parts. One working copy "
                                    "of the model is rewritten in place.")
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--model", required=True, help="the fine-tuned model (or LoRA adapter) of the pool")
     p.add_argument("--task", default=None, help="task whose exact match is the speciality (default: the task "
                                                 "named in the model's name)")
     p.add_argument("--level", default="module", help="layer, module (attn/mlp/norm per layer; default) or head")
     p.add_argument("--select", nargs="+", default=None, help="only these submodule keys (e.g. 3.mlp 2 embed)")
     p.add_argument("--alphas", default=None, help="an α line per submodule instead of 0/1, e.g. 0,0.5,1")
-    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs of the task")
-    p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", help="also write the map to this CSV or JSON file")
-    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
+    shared.add_eval_limits(p)
+    shared.add_batch_size(p)
+    shared.add_device(p)
+    shared.add_out(p, "also write the map to this CSV or JSON file")
+    shared.add_no_save(p)
     p.set_defaults(func=cmd_attribution)
 
 

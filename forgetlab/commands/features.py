@@ -1,6 +1,7 @@
 """CLI: `forgetlab features` — a submodule's features across tasks and models, mapped with t-SNE."""
 from __future__ import annotations
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 
 
@@ -11,22 +12,21 @@ def register(sub) -> None:
                        description="Capture a submodule's output on each task's probe samples for each model, "
                                    "pool it (answer tokens or last token), reduce with PCA to 50 dimensions, map "
                                    "with t-SNE, and report the distances between task clusters.")
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--models", nargs="+", help="models (default: base and every fine-tuned model)")
     p.add_argument("--tasks", nargs="+", help="tasks (default: all)")
     p.add_argument("--level", choices=list(FEATURE_LEVELS), default="layer", help="submodule (default layer)")
     p.add_argument("--layer", type=int, default=-1, help="layer index (negative counts from the end; default -1)")
     p.add_argument("--head", type=int, help="head index, for --level head")
     p.add_argument("--pooling", choices=list(POOLINGS), default="answer")
-    p.add_argument("--samples", type=int, default=None, help="probe samples per task (default: all)")
+    shared.add_samples(p, default=None)
     p.add_argument("--perplexity", type=float, default=30.0)
     p.add_argument("--pca-dims", type=int, default=50)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=list(BACKENDS), default="auto")
-    p.add_argument("--device", default=None)
-    p.add_argument("--out", help="CSV file for the coordinates (x, y, task, model, sample)")
-    p.add_argument("--distances", help="CSV file for the task-cluster distances")
-    p.add_argument("--overwrite", action="store_true")
+    shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_out(p, "CSV file for the coordinates (x, y, task, model, sample)")
+    shared.add_out(p, "CSV file for the task-cluster distances", flag="--distances")
     p.set_defaults(func=cmd_features)
 
 

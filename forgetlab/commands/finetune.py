@@ -1,9 +1,9 @@
 """CLI: `forgetlab finetune POOL.yaml --task NAME --optimizer adamw|mofo ...` — what-if fine-tunes."""
 from __future__ import annotations
 
-from forgetlab.commands._executor import add_executor_arguments, executor_from_args
+from forgetlab.commands import args as shared
+from forgetlab.commands._executor import executor_from_args
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.commands.sweep import add_lm_eval_arguments
 
 FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",
          "pareto"]
@@ -16,13 +16,13 @@ def register(sub) -> None:
                        description="Fine-tune a pool member on a task's train pairs, recording generality, "
                                    "speciality and D(θ, θ0) every few steps; optionally compare AdamW, MoFO, "
                                    "SFA and L2 on the same data, or save the result as a new pool model.")
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--task", required=True, help="the task to fine-tune on (its train split)")
     p.add_argument("--start", default="base", help="the pool model to start from (default: base)")
     p.add_argument("--optimizer", choices=["adamw", "mofo", "sgd"], default="adamw")
     p.add_argument("--fraction", type=float, default=0.2, help="MoFO update fraction (default 0.2)")
     p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--batch-size", type=int, default=8)
+    shared.add_batch_size(p, default=8, help="training batch size (default 8)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps before the cosine decay")
@@ -35,21 +35,16 @@ def register(sub) -> None:
     p.add_argument("--compare", action="store_true",
                    help="run AdamW, MoFO, SFA and L2 with these steps/lr/seed instead of one run")
     p.add_argument("--eval-every", type=int, default=None, help="record every k steps (default: 10 records)")
-    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
+    shared.add_eval_limits(p)
     p.add_argument("--max-train", type=int, default=None, help="at most this many training pairs")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    shared.add_device(p)
     p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
-    p.add_argument("--out", help="also write the trajectories to this CSV or JSON file")
-    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
-    p.add_argument("--measure", default="exact_match",
-                   help="speciality of the final table and the Pareto front: exact_match (default), answer_loss, or "
-                        "an lm-eval metric TASK/METRIC (e.g. zoo_math/acc), then run at every record")
-    p.add_argument("--general-measure", default="general_loss",
-                   help="generality of the final table and the Pareto front: general_loss (held-out loss, default) "
-                        "or an lm-eval metric TASK/METRIC (e.g. zoo_wiki_cloze/acc), then run at every record")
-    add_lm_eval_arguments(p)
-    add_executor_arguments(p)
+    shared.add_out(p, "also write the trajectories to this CSV or JSON file")
+    shared.add_no_save(p)
+    shared.add_measure(p, when="at every record")
+    shared.add_general_measure(p, when="at every record")
+    shared.add_lm_eval(p)
+    shared.add_executor(p)
     p.set_defaults(func=cmd_finetune)
 
 
@@ -63,7 +58,7 @@ def cmd_finetune(args) -> int:
     if args.executor != "local" and not args.compare:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
-    from forgetlab.analysis.sweeps import check_general_measure, check_measure
+    from forgetlab.analysis.measures import check_general_measure, check_measure
     from forgetlab.commands.sweep import measure_benchmarks
 
     pool = ModelPool.from_yaml(args.pool)

@@ -6,49 +6,49 @@ from pathlib import Path
 
 import pandas as pd
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 from forgetlab.core.outputs import write_text_file
 
 
 def register(sub) -> None:
-    import forgetlab.merge.slwm  # noqa: F401  (registers the `slwm` merge method for `forgetlab merge`)
-    from forgetlab.analysis.linearity import CAPTURES, DEFAULT_ALPHAS, DEFAULT_LEVELS
+    import forgetlab.merge.methods.slwm  # noqa: F401  (registers the `slwm` merge method for `forgetlab merge`)
+    from forgetlab.analysis.linearity import DEFAULT_ALPHAS, DEFAULT_LEVELS
+    from forgetlab.core.submodules import CAPTURES
 
     p = sub.add_parser("linearity", help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
                        description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a "
                                    "fine-tuned model and of each submodule, re-run on inputs captured once "
-                                   "(METHODS.md, 'Submodule linearity').")
-    p.add_argument("pool", help="pool.yaml")
+                                   "(docs/methods.md#submodule-levels).")
+    shared.add_pool(p)
     p.add_argument("--task", required=True, help="task whose probe samples are used")
     p.add_argument("--model", help="fine-tuned model (default: the one named like the task)")
     p.add_argument("--levels", nargs="+", default=list(DEFAULT_LEVELS), choices=list(DEFAULT_LEVELS),
                    help="levels to score (default: all)")
     p.add_argument("--alphas", default=",".join(f"{a:g}" for a in DEFAULT_ALPHAS),
                    help="α grid, comma-separated (default 0,0.1,…,0.9)")
-    p.add_argument("--samples", type=int, default=30, help="probe samples of the task (default 30)")
+    shared.add_samples(p)
     p.add_argument("--capture", choices=list(CAPTURES), default="finetuned",
                    help="model whose forward pass gives the submodule inputs")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default=None, help="cpu or cuda")
-    p.add_argument("--out", help="CSV file for the per-submodule table (curves as 'd(α0);d(α1);…')")
-    p.add_argument("--curves", help="CSV file for the long d(α) table")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output files")
-    p.add_argument("--no-save", action="store_true", help="do not save the run in the workspace")
+    shared.add_batch_size(p, default=8, help="probe samples per forward pass (default 8)")
+    shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_out(p, "CSV file for the per-submodule table (curves as 'd(α0);d(α1);…')")
+    shared.add_out(p, "CSV file for the long d(α) table", flag="--curves")
+    shared.add_no_save(p)
     p.set_defaults(func=cmd_linearity)
 
     p = sub.add_parser("slwm-weights", help="the per-submodule task weights of submodule-linearity merging",
                        description="Solve G a = b per submodule on the pool's probe data and print the weights "
                                    "(submodule × task). Merge with `forgetlab merge` and method slwm.")
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--models", nargs="+", help="fine-tuned models (default: those named like the tasks)")
     p.add_argument("--tasks", nargs="+", help="task of each model (default: the task named like the model)")
     p.add_argument("--level", choices=["layer", "attn_mlp", "head_mlp"], default="attn_mlp")
-    p.add_argument("--samples", type=int, default=30, help="probe samples per task (default 30)")
+    shared.add_samples(p)
     p.add_argument("--ridge", type=float, default=1e-4, help="ridge relative to tr(G)/T (default 1e-4)")
-    p.add_argument("--device", default=None)
-    p.add_argument("--out", help="CSV file")
-    p.add_argument("--overwrite", action="store_true")
+    shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_out(p, "CSV file")
     p.set_defaults(func=cmd_slwm_weights)
 
 
@@ -98,7 +98,7 @@ def cmd_linearity(args) -> int:
 
 def cmd_slwm_weights(args) -> int:
     from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.slwm import slwm_weights
+    from forgetlab.merge.methods.slwm import slwm_weights
 
     pool = ModelPool.from_yaml(args.pool)
     update, close = tqdm_progress("slwm weights")

@@ -5,6 +5,7 @@ import json
 
 import yaml
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.outputs import write_text_file
 
@@ -16,17 +17,15 @@ def register(subparsers) -> None:
                               "recipe format (forgetlab's or mergekit's) is detected from its keys.")
     p.add_argument("recipe", help="Recipe YAML file (forgetlab: method/base/models/params; mergekit: merge_method).")
     p.add_argument("out_dir", help="Output folder (refused if it exists, unless --overwrite).")
-    p.add_argument("--overwrite", action="store_true", help="Replace OUT_DIR if it exists (only once complete).")
-    p.add_argument("--device", default="cpu", help="Where the arithmetic runs: cpu (default) or cuda.")
-    p.add_argument("--pool", help="pool.yaml with probe data, for methods that need one (e.g. slwm), and to "
-                   "evaluate the merge (--eval)")
+    shared.add_overwrite(p, help="Replace OUT_DIR if it exists (only once complete).")
+    shared.add_device(p, default="cpu", help="Where the arithmetic runs: cpu (default) or cuda.")
+    shared.add_pool(p, flag=True, required=False, help="pool.yaml with probe data, for methods that need one "
+                    "(e.g. slwm), and to evaluate the merge (--eval)")
     p.add_argument("--eval", action="store_true", help="score the merge beside the pool's base and the recipe's "
                    "parents (general loss, exact match and answer loss per task, and the pool's lm-eval benchmarks) "
                    "and save the scorecards as OUT_DIR/scorecards.json; needs --pool")
-    from forgetlab.commands.models import add_benchmark_arguments
-    add_benchmark_arguments(p, "the base, the parents and the merge (implies --eval)")
-    p.add_argument("--max-general", type=int, default=None, help="--eval: at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="--eval: at most this many pairs per task")
+    shared.add_benchmarks(p, "the base, the parents and the merge (implies --eval)")
+    shared.add_eval_limits(p, prefix="--eval: ")
     p.set_defaults(func=_merge)
 
     m = subparsers.add_parser("methods", help="List the merge methods with their parameters and defaults.")
@@ -36,17 +35,16 @@ def register(subparsers) -> None:
     e = subparsers.add_parser("merge-export", help="Convert a merge recipe to mergekit YAML (or back to ours).")
     e.add_argument("recipe", help="Recipe YAML (either format).")
     e.add_argument("--to", choices=("mergekit", "forgetlab"), default="mergekit", help="Target format.")
-    e.add_argument("--out", help="Write to this file instead of standard output.")
+    shared.add_out(e, "Write to this file instead of standard output.")
     e.set_defaults(func=_export)
 
     s = subparsers.add_parser("pcb-search", help="Search PCB's per-task λ with CMA-ES on the pool's probe data.")
     s.add_argument("recipe", help="A pcb recipe (its keep, lam and scope are used; λ is the start).")
-    s.add_argument("--pool", required=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
+    shared.add_pool(s, flag=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
     s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
     s.add_argument("--seed", type=int, default=0, help="Seed of CMA-ES.")
-    s.add_argument("--out", help="Write the recipe with the λ found (per model) to this YAML file.")
-    from forgetlab.commands._executor import add_executor_arguments
-    add_executor_arguments(s)
+    shared.add_out(s, "Write the recipe with the λ found (per model) to this YAML file.")
+    shared.add_executor(s)
     s.set_defaults(func=_pcb_search)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
 from forgetlab.core.outputs import check_output_file, write_text_file
@@ -25,25 +26,23 @@ def register(sub) -> None:
     p = sub.add_parser("taskvec", help="task-vector norms per layer/module and cosines between task vectors",
                        description="Stream every fine-tuned model's task vector τ = θt − θ0 and report its "
                                    "norms per layer and module, and the cosine matrix.")
-    p.add_argument("pool", help="pool.yaml")
-    p.add_argument("--out", help="CSV file for the per-level norms (the cosines go to <out>.cosine.csv)")
+    shared.add_pool(p)
+    shared.add_out(p, "CSV file for the per-level norms (the cosines go to <out>.cosine.csv)")
     p.set_defaults(func=cmd_taskvec)
 
     p = sub.add_parser("eval", help="scorecard (generality, speciality per task) of every model of a pool",
                        description="Evaluate every model of a pool: held-out general loss and perplexity, "
                                    "exact match and answer loss per task. " + GENERAL_LOSS_HELP)
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--models", nargs="*", help="which models (default: base and all fine-tuned)")
-    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="at most this many pairs per task")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", help="CSV or JSON file")
-    add_benchmark_arguments(p)
+    shared.add_eval_limits(p)
+    shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_out(p, "CSV or JSON file")
+    shared.add_benchmarks(p)
     p.add_argument("--general-loss", choices=GENERAL_LOSS_MODES, default="blocks",
                    help="blocks: packed 128-token blocks, EOS between documents (default); documents: one "
                         "sequence per document")
-    from forgetlab.commands._executor import add_device_map_arguments
-    add_device_map_arguments(p)
+    shared.add_device_map(p)
     p.set_defaults(func=cmd_eval)
 
 
@@ -158,17 +157,6 @@ def cmd_eval(args) -> int:
         for card in cards:
             emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")
     return 0
-
-
-def add_benchmark_arguments(p, what: str = "each model") -> None:
-    """--lm-eval TASK[,TASK…], --lm-eval-include DIR, --limit N and --no-lm-eval (read by `benchmark_spec`)."""
-    from forgetlab.commands.sweep import add_lm_eval_arguments
-
-    p.add_argument("--lm-eval", metavar="TASK[,TASK…]", help=f"also run these lm-evaluation-harness tasks on {what} "
-                   "(standard names such as arc_easy need their dataset online or cached; local tasks "
-                   "work offline); default: the pool's probes.benchmarks, if any")
-    add_lm_eval_arguments(p)
-    p.add_argument("--no-lm-eval", action="store_true", help="skip the pool's lm-eval benchmarks")
 
 
 def benchmark_spec(args, pool):

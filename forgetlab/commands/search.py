@@ -2,9 +2,10 @@
 over a merge method's per-model weights (and optionally per-block α), on the pool's probe split."""
 from __future__ import annotations
 
-from forgetlab.commands._executor import add_executor_arguments, executor_from_args, executor_lines
+from forgetlab.commands import args as shared
+from forgetlab.commands._executor import executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
-from forgetlab.commands.sweep import add_lm_eval_arguments, measure_benchmarks
+from forgetlab.commands.sweep import measure_benchmarks
 from forgetlab.core.errors import parse_floats
 
 
@@ -16,7 +17,7 @@ def register(sub) -> None:
                                    "method's per-model weights with CMA-ES; prints every point, the Pareto front "
                                    "and the best recipe, and saves the run.")
     p.add_argument("recipe", help="a merge recipe (forgetlab or mergekit YAML); its weights are the start")
-    p.add_argument("--pool", required=True, help="pool.yaml whose probe split (tasks + general text) judges merges")
+    shared.add_pool(p, flag=True, help="pool.yaml whose probe split (tasks + general text) judges merges")
     p.add_argument("--budget", type=int, default=30, help="candidate evaluations, the start included (default 30)")
     p.add_argument("--objective", choices=["constrained", "weighted"], default="constrained",
                    help="constrained: best speciality with forgetting ≤ --max-forgetting (default); weighted: "
@@ -24,10 +25,8 @@ def register(sub) -> None:
     p.add_argument("--max-forgetting", type=float, default=0.05,
                    help="bound on forgetting = general loss − the base's, in nats (default 0.05)")
     p.add_argument("--forgetting-weight", type=float, default=1.0, help="W of the weighted objective (default 1)")
-    p.add_argument("--measure", default="exact_match",
-                   help="speciality: exact_match (default) or answer_loss on the probe split, or an lm-eval metric "
-                        "TASK/METRIC (e.g. zoo_math/acc) run on every candidate")
-    add_lm_eval_arguments(p)
+    shared.add_measure(p, when="on every candidate")
+    shared.add_lm_eval(p)
     p.add_argument("--task", default=None, help="task of the speciality (default: the mean over the pool's tasks)")
     p.add_argument("--param", default=None, help="per-model parameter to search (default: the method's first, "
                                                  "e.g. weights, or lam for pcb)")
@@ -37,14 +36,13 @@ def register(sub) -> None:
     p.add_argument("--sigma0", type=float, default=0.3, help="CMA-ES initial step size (default 0.3)")
     p.add_argument("--popsize", type=int, default=None, help="CMA-ES population (default: cma's 4 + 3 ln n)")
     p.add_argument("--seed", type=int, default=0, help="CMA-ES seed")
-    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="at most this many probe pairs per task")
-    p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", help="also write the table of points to this CSV or JSON file")
+    shared.add_eval_limits(p, pairs="probe")
+    shared.add_batch_size(p)
+    shared.add_device(p)
+    shared.add_out(p, "also write the table of points to this CSV or JSON file")
     p.add_argument("--save-recipe", metavar="FILE.yaml", help="write the best recipe to this YAML file")
-    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
-    add_executor_arguments(p)
+    shared.add_no_save(p)
+    shared.add_executor(p)
     p.set_defaults(func=cmd_search)
 
 

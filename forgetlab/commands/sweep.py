@@ -1,8 +1,8 @@
 """CLI: `forgetlab sweep alpha|pruning|density|hma POOL.yaml --model NAME ...` — forgetting curves."""
 from __future__ import annotations
 
-from forgetlab.commands._executor import (add_device_map_arguments, add_executor_arguments, device_from_args,
-                                          executor_from_args, executor_lines)
+from forgetlab.commands import args as shared
+from forgetlab.commands._executor import device_from_args, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 
@@ -10,27 +10,21 @@ SHOWN = ["series", "x", "speciality", "answer_loss", "general_loss", "distance",
 
 
 def _common(p) -> None:
-    p.add_argument("pool", help="pool.yaml")
+    shared.add_pool(p)
     p.add_argument("--model", required=True, help="the fine-tuned model of the pool to sweep")
     p.add_argument("--task", default=None, help="task whose exact match is the speciality (default: the task "
                                                 "named in the model's name, else the mean over tasks)")
     p.add_argument("--tasks", nargs="*", default=None, help="tasks to evaluate (default: all)")
-    p.add_argument("--max-general", type=int, default=None, help="at most this many general-text blocks")
-    p.add_argument("--max-task", type=int, default=None, help="at most this many eval pairs per task")
-    p.add_argument("--measure", default="exact_match",
-                   help="speciality measure of the table and the Pareto front: exact_match (higher is better, "
-                        "default), answer_loss (lower is better), or an lm-eval metric TASK/METRIC "
-                        "(e.g. gsm8k/exact_match,strict-match), run at every point")
-    p.add_argument("--general-measure", default="general_loss",
-                   help="generality measure: general_loss (held-out loss, default) or an lm-eval metric "
-                        "TASK/METRIC (e.g. hellaswag/acc_norm), run at every point")
-    add_lm_eval_arguments(p)
-    p.add_argument("--batch-size", type=int, default=16, help="evaluation batch size")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    p.add_argument("--out", help="also write the table to this CSV or JSON file")
-    p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
-    add_executor_arguments(p)
-    add_device_map_arguments(p)
+    shared.add_eval_limits(p)
+    shared.add_measure(p)
+    shared.add_general_measure(p)
+    shared.add_lm_eval(p)
+    shared.add_batch_size(p)
+    shared.add_device(p)
+    shared.add_out(p, "also write the table to this CSV or JSON file")
+    shared.add_no_save(p)
+    shared.add_executor(p)
+    shared.add_device_map(p)
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                    help="precision of the working copy (default float32; θ0 + f(τ) is computed in float32)")
 
@@ -71,19 +65,11 @@ def register(sub) -> None:
     k.set_defaults(func=cmd_sweep)
 
 
-def add_lm_eval_arguments(p) -> None:
-    """--lm-eval-include DIR and --limit N: where a benchmark measure's lm-eval tasks are, and how many
-    examples each runs (read by `measure_benchmarks`)."""
-    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
-                   "(default: the pool's probes.benchmarks.include)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
-
-
 def measure_benchmarks(pool, measures, include, limit):
     """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
     limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
     Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
-    from forgetlab.analysis.sweeps import is_benchmark
+    from forgetlab.analysis.measures import is_benchmark
     from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 
     tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
@@ -100,11 +86,11 @@ def cmd_sweep(args) -> int:
     """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
     import torch
 
-    from forgetlab.analysis import sweeps
+    from forgetlab.analysis import measures, sweeps
     from forgetlab.core.pool import ModelPool
 
-    measure = sweeps.check_measure(args.measure)
-    general_measure = sweeps.check_general_measure(args.general_measure)
+    measure = measures.check_measure(args.measure)
+    general_measure = measures.check_general_measure(args.general_measure)
     pool = ModelPool.from_yaml(args.pool)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
                   batch_size=args.batch_size, device=device_from_args(args), executor=executor_from_args(args),
@@ -127,10 +113,10 @@ def cmd_sweep(args) -> int:
     result.measure, result.general_measure = measure, general_measure
     result.mark_pareto()
     frame = result.to_frame()
-    speciality = (measure if sweeps.is_benchmark(measure)
-                  else f"{result.task or 'mean over tasks'} {sweeps.measure_label(measure)}")
+    speciality = (measure if measures.is_benchmark(measure)
+                  else f"{result.task or 'mean over tasks'} {measures.measure_label(measure)}")
     emit(f"{args.kind} sweep of {args.model} (speciality: {speciality}; generality: "
-         f"{sweeps.measure_label(general_measure)}; x = {result.x_name}; {len(result.points)} points in "
+         f"{measures.measure_label(general_measure)}; x = {result.x_name}; {len(result.points)} points in "
          f"{result.seconds:.1f} s)")
     for line in executor_lines(result.executor, result.points):
         emit(line)

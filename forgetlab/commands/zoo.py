@@ -1,6 +1,7 @@
 """CLI: `forgetlab zoo build` and `forgetlab zoo show` — the embedded demo zoo."""
 from __future__ import annotations
 
+from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 
 
@@ -22,7 +23,7 @@ def register(sub) -> None:
                         description="Show a built zoo: its folder, pool file, build time and the scorecard of "
                                     "every model (held-out Wikipedia loss, exact match and answer loss per task).")
     _common(s)
-    s.add_argument("--out", help="CSV or JSON file for the scorecards")
+    shared.add_out(s, "CSV or JSON file for the scorecards")
     s.set_defaults(func=cmd_show)
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 

@@ -10,7 +10,7 @@ hard-coded model size):
   ``ln_2``, ``transformer.wte`` / ``wpe`` / ``ln_f``, ``lm_head``. Weights are Conv1D ``(in, out)``; ``c_attn``
   fuses q, k and v along its output columns.
 
-Head slicing (METHODS.md, "Submodule linearity"): head h owns its rows of the q/k/v projections and its columns
+Head slicing (docs/methods.md#submodule-levels): head h owns its rows of the q/k/v projections and its columns
 of the output projection. Under grouped-query attention query head h reads key/value head
 ``h // (num_heads // num_kv_heads)``. For GPT-2's Conv1D weights the same parts are columns of ``c_attn`` (q at
 offset 0, k at ``hidden``, v at ``2·hidden``) and rows of ``attn.c_proj``.
@@ -24,7 +24,7 @@ from typing import Iterable, Optional
 from forgetlab.core.errors import ParameterError
 
 LEVELS = ("model", "layer", "attn", "mlp", "head")
-"""Every level of METHODS.md ("Submodule linearity"), coarsest first."""
+"""Every level of docs/methods.md#submodule-levels, coarsest first."""
 
 _LLAMA_TYPES = ("llama", "mistral", "qwen2", "qwen3", "smollm", "smollm3")
 _GPT2_TYPES = ("gpt2",)

@@ -1,4 +1,4 @@
-"""Forgetting, measured: generality on held-out text and speciality on each task (METHODS.md).
+"""Forgetting, measured: generality on held-out text and speciality on each task (docs/methods.md).
 
 - Generality: mean token loss (and perplexity = exp(loss)) on held-out general text.
 - Speciality: per task, teacher-forced exact match — the argmax at every answer position (answer tokens and

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 import yaml
 
-from forgetlab.core.checkpoints import Checkpoint, LoraCheckpoint, load_model, load_tokenizer, open_checkpoint
+from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, load_tokenizer, looks_like_hub_id,
+                                        open_checkpoint)
 from forgetlab.core.data import Probes, TaskData, read_general_text, read_task_pairs
 from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
 from forgetlab.core.yamlio import edit_yaml_file, load_file

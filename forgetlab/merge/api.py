@@ -1,4 +1,4 @@
-"""In-memory merging: `merge_state_dicts(method, base, finetuned, **params)` (METHODS.md names)."""
+"""In-memory merging: `merge_state_dicts(method, base, finetuned, **params)` (docs/methods.md names)."""
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
@@ -16,7 +16,7 @@ def merge_state_dicts(method: str, base: Mapping[str, torch.Tensor],
                       config=None, device: str = "cpu", progress: Progress = None, **params) -> dict[str, torch.Tensor]:
     """Merge fine-tuned state dicts into the base with a registered method and return the merged state dict.
 
-    `params` use METHODS.md's names (alpha, alphas, weights, lam, keep, drop, ratio, gamma, k, scope, seed,
+    `params` use docs/methods.md's names (alpha, alphas, weights, lam, keep, drop, ratio, gamma, k, scope, seed,
     score); they are validated against `forgetlab.merge.METHODS` (unknown names or methods, values out of
     range, wrong number of models and mismatched shapes raise ForgetlabError subclasses). Global-scope
     methods compute their statistics over all tensors first, exactly as the streaming engine does.

@@ -16,7 +16,7 @@ import torch
 from forgetlab.core.checkpoints import TensorInfo
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, ParameterError
 from forgetlab.core.progress import Progress, report
-from forgetlab.merge.interpolation import layer_locator, num_layers_of
+from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
 
 
@@ -419,7 +419,7 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
                         params=params, stats=stats, prepared=None if prepared is None else prepared.get(e.name),
                         layer=locate(e.name), num_layers=n_layers, device=device,
                         adapters=tuple(bool(getattr(m, "is_lora", False)) for m in models))
-        merged = spec.merge(job)
+        merged = spec.apply(job)
         if tuple(merged.shape) != e.shape:
             raise IncompatibleModelsError(f"internal: {spec.name} returned shape {tuple(merged.shape)} for {e.name} "
                                           f"of shape {e.shape}.")

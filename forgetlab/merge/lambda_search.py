@@ -1,4 +1,4 @@
-"""PCB per-task λ search with CMA-ES (METHODS.md, PCB-merging; seed pcb-merging-rebuttal.txt).
+"""PCB per-task λ search with CMA-ES (docs/methods.md#pcb; seed pcb-merging-rebuttal.txt).
 
 θ(λ) = θ0 + Σi λi·Ci with Ci = β̂i ⊙ τi / Σj β̂j: the balance matrices β̂ do not depend on λ, so they are
 computed once (`pcb_components`) and every evaluation is a cheap weighted sum. CMA-ES (the `cma` package)
@@ -17,7 +17,7 @@ import torch
 
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.merge import pcb as pcbmod
+from forgetlab.merge.methods import pcb as pcbmod
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
 from forgetlab.merge.registry import get_method, validate_params
 

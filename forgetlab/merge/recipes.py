@@ -1,6 +1,6 @@
 """Merge recipes: forgetlab's YAML ↔ `Recipe`, and import/export of mergekit YAML.
 
-forgetlab recipe (parameter names of METHODS.md; per-model values under each model, e.g. `weight`):
+forgetlab recipe (parameter names of docs/methods.md; per-model values under each model, e.g. `weight`):
 
     method: ties
     base: /models/base

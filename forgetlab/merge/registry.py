@@ -19,19 +19,48 @@ Hooks for methods that need more than the tensors of one name:
   coefficients computed beforehand, and `forgetlab.merge.run(..., pool=...)` calls `prepare` itself.
   A method with `prepare` sets `needs_pool=True`.
 
-Other modules add methods with `register(MethodSpec(...))` (a name can be registered once).
+A method is one file in `forgetlab/merge/methods/` (its family): the reference tensor function registered
+with the `@method(...)` decorator, and where it pays a CPU kernel registered with `@fast_kernel(name)` — the
+same result, computed in place block by block on float32 CPU tensors (`MethodSpec.apply` picks it, see
+`forgetlab.merge.select.on_cpu_fast_path`). Other modules may also `register(MethodSpec(...))` directly (a name
+can be registered once). Formulas: docs/methods.md.
 """
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge.sparsify import tensor_generator
+from forgetlab.merge.select import on_cpu_fast_path
+
+
+def tensor_generator(seed: int, name: str, index: int, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch.Generator for one (tensor, model) pair, seeded from sha256(seed, index, name).
+
+    Seeding per tensor makes a DARE mask independent of the order in which tensors are visited, so a
+    streamed merge and an in-memory merge draw the same masks; the same seed gives the same masks.
+    """
+    digest = hashlib.sha256(f"{int(seed)}\x00{int(index)}\x00{name}".encode("utf-8")).digest()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return gen
+
+
+class StatsCollector(Protocol):
+    """A global first pass: `passes` sweeps over every tensor, then `result()`."""
+
+    passes: int
+
+    def add(self, pass_index: int, name: str, base: torch.Tensor, taus: Sequence[torch.Tensor]) -> None: ...
+
+    def end_pass(self, pass_index: int) -> None: ...
+
+    def result(self) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -111,7 +140,8 @@ class PrepareContext:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered merge method: name, one-line description, parameters and its per-tensor function."""
+    """A registered merge method: name, one-line description, parameters, its reference per-tensor function
+    `merge` and, optionally, `fast`: a CPU kernel giving the same tensor (None when it does not apply)."""
 
     name: str
     description: str
@@ -128,6 +158,17 @@ class MethodSpec:
     formula: str = ""
     needs_layers: bool = False  # the merge uses job.layer / job.num_layers (the engine then reads the config)
     extra: dict = field(default_factory=dict)
+    fast: Callable[[TensorJob], torch.Tensor | None] | None = None
+    in_place: bool = True       # False: the method only reads the job's tensors (callers need not copy them)
+
+    def apply(self, job: TensorJob) -> torch.Tensor:
+        """The merged tensor of one job: the CPU kernel when there is one and the job's tensors are float32 on
+        the CPU (and it applies to these parameters), else the reference function."""
+        if self.fast is not None and on_cpu_fast_path(job.base, *job.finetuned):
+            merged = self.fast(job)
+            if merged is not None:
+                return merged
+        return self.merge(job)
 
     @property
     def param_names(self) -> list[str]:
@@ -174,19 +215,34 @@ def register(spec: MethodSpec) -> MethodSpec:
     return spec
 
 
+def method(name: str, description: str, params: Sequence[ParamSpec] = (), **options) -> Callable:
+    """Decorator: register the decorated function (TensorJob → merged tensor) as the reference of merge method
+    `name`; `options` are MethodSpec's other fields (formula, mergekit, check, collector, …)."""
+    def decorate(fn: Callable[[TensorJob], torch.Tensor]) -> Callable[[TensorJob], torch.Tensor]:
+        register(MethodSpec(name, description, tuple(params), fn, **options))
+        return fn
+    return decorate
+
+
+def fast_kernel(name: str) -> Callable:
+    """Decorator: register the decorated function as the CPU kernel of the already registered method `name`.
+    It returns the same tensor as the reference (tests compare them), or None where it does not apply."""
+    def decorate(fn: Callable[[TensorJob], torch.Tensor | None]) -> Callable[[TensorJob], torch.Tensor | None]:
+        METHODS[name] = replace(METHODS[name], fast=fn)
+        return fn
+    return decorate
+
+
 # Modules that register more methods when imported. They are imported on demand (`load_plugins`), so that
 # a plain merge does not pay for their imports (slwm pulls in pandas and the evaluation stack).
-PLUGINS = ("forgetlab.merge.slwm",)
+PLUGINS = ("forgetlab.merge.methods.slwm",)
 
 
 def load_plugins() -> None:
-    """Import the PLUGINS modules (each registers its methods); missing modules are skipped."""
+    """Import the PLUGINS modules (each registers its methods)."""
     import importlib
     for mod in PLUGINS:
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            continue
+        importlib.import_module(mod)
 
 
 def get_method(name: str) -> MethodSpec:

@@ -8,7 +8,7 @@ from typing import Mapping, Optional
 import pandas as pd
 import plotly.graph_objects as go
 
-from forgetlab.analysis.sweeps import pareto_mask
+from forgetlab.analysis.measures import pareto_mask
 from forgetlab.plots import color_for
 
 LABELS = {"d_general_loss": "Δ general loss (↓ better)", "d_speciality": "Δ exact match (↑ better)",
@@ -64,7 +64,7 @@ def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_t
 def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_match",
                     nls: Optional[Mapping[str, float]] = None) -> go.Figure:
     """Every submodule of one map at x = Δ general loss, y = Δ speciality (exact match, or −Δ answer loss so
-    that up is better), the Pareto front (`forgetlab.analysis.sweeps.pareto_mask`: up and left) drawn as a line. With
+    that up is better), the Pareto front (`forgetlab.analysis.measures.pareto_mask`: up and left) drawn as a line. With
     `nls` (key → non-linearity score from a linearity run) the points are coloured by NLS, else by module."""
     f = _point(result.to_frame(), which).reset_index(drop=True)
     y = f["d_speciality"] if measure == "exact_match" else -f["d_answer_loss"]

@@ -8,7 +8,7 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.analysis.sweeps import higher_is_better, pareto_mask
+from forgetlab.analysis.measures import higher_is_better, pareto_mask
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.plots import color_for, series_name
 from forgetlab.train.runs import FinetuneComparison, FinetuneRun

@@ -1,4 +1,4 @@
-"""MoFO, the momentum-filtered optimizer (METHODS.md "MoFO"; seed: mofo-rebuttal.txt).
+"""MoFO, the momentum-filtered optimizer (docs/methods.md#mofo; seed: mofo-rebuttal.txt).
 
 Adam(W) in which, in every parameter tensor (its "partition", PyTorch's default partitioning: q, k, v, o,
 each MLP matrix, the embeddings… are separate tensors), only the entries whose first moment |m_t| is among
@@ -68,7 +68,7 @@ class MoFO(torch.optim.Optimizer):
     module type, see `unfiltered_parameters`) or `(name, tensor)` pairs such as `model.named_parameters()`
     together with `unfiltered`, the names that get the full Adam step (default for pairs: the 1-D tensors —
     biases and norm scales are the only 1-D parameters of the language models forgetlab loads; pass the model
-    or `unfiltered=unfiltered_parameters(model)` to decide by module type). Defaults follow METHODS.md:
+    or `unfiltered=unfiltered_parameters(model)` to decide by module type). Defaults follow docs/methods.md:
     fraction 0.2, betas (0.9, 0.999), eps 1e-8, weight decay 0 (decoupled, applied to every entry as in
     AdamW). After a step, `state[p]["updated"]` holds how many entries of p were moved.
     """

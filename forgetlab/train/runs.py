@@ -3,7 +3,7 @@
 `finetune(pool, task, config)` trains a fresh copy of a pool member (the base by default) on the task's
 `train` pairs with `forgetlab.train.trainer.train`, and every `eval_every` steps records generality (held-out
 general loss), speciality (exact match and answer loss on the task's `eval` pairs) and D(θ, θ0)
-(METHODS.md "Forgetting, measured" and "MoFO"). `compare(pool, task, configs)` runs several configurations
+(docs/methods.md#forgetting and "MoFO"). `compare(pool, task, configs)` runs several configurations
 (AdamW, MoFO, SFA, L2 …) on the same data, steps and seed and marks the Pareto front of their final points.
 `save_finetuned(pool, run, name)` writes the trained model as an HF folder and adds it to the pool (and to
 its YAML file), so every other page can analyse it.
@@ -61,7 +61,7 @@ class FinetuneConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-# L1-to-init strength of the comparison. Neither METHODS.md nor the SFA rebuttal gives a value. The penalty's
+# L1-to-init strength of the comparison. Neither docs/methods.md nor the SFA rebuttal gives a value. The penalty's
 # gradient is λ1·sign(θ − θo): a constant pull of λ1 on every moved entry, where L2's pull λ2·(θ − θo) grows
 # with the displacement. λ1 = 1e-3 equals the L2 default's pull (λ2 = 1) at a displacement of 1e-3 per entry,
 # the order of what a short fine-tune at lr 1e-3 moves an entry, so the two penalties start comparable.
@@ -71,7 +71,7 @@ L1_DEFAULT = 1e-3
 def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
                      fraction: float = 0.2, sfa_p: float = 0.25, sfa_beta: float = 0.5,
                      l2: float = 1.0, l1: float = L1_DEFAULT) -> list[FinetuneConfig]:
-    """The comparison of METHODS.md on equal footing: AdamW, MoFO (fraction), SFA (p, β), L2-to-init
+    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction), SFA (p, β), L2-to-init
     (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT)."""
     common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
     return [
@@ -198,7 +198,7 @@ class FinetuneComparison:
     def mark_pareto(self, measure: str = "exact_match", general_measure: str = "general_loss") -> list[bool]:
         """Flag the runs whose final (speciality in `measure`, generality in `general_measure`) no other run
         beats on both."""
-        from forgetlab.analysis.sweeps import higher_is_better, pareto_mask
+        from forgetlab.analysis.measures import higher_is_better, pareto_mask
 
         sign = 1.0 if higher_is_better(measure) else -1.0
         gsign = -1.0 if higher_is_better(general_measure) else 1.0       # the mask wants a loss
@@ -353,7 +353,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise ParameterError(f"Config labels must be distinct; got {labels}.")
-    from forgetlab.analysis.sweeps import check_general_measure, check_measure
+    from forgetlab.analysis.measures import check_general_measure, check_measure
     from forgetlab.core.benchmarks import checked_manager, require_task
 
     for m in (check_measure(measure), check_general_measure(general_measure)):

@@ -6,11 +6,11 @@
 - the causal-LM loss: mean cross-entropy of the token at position i+1 predicted from positions ≤ i, over the
   positions whose label is not −100;
 - batches shuffled by a `torch.Generator` seeded with `seed` (same seed, same batches, same weights);
-- AdamW or MoFO (`forgetlab.train.mofo.MoFO`, METHODS.md "MoFO"), an optional linear warm-up followed by a
+- AdamW or MoFO (`forgetlab.train.mofo.MoFO`, docs/methods.md#mofo), an optional linear warm-up followed by a
   cosine decay to 0 (or a constant rate), gradient clipping to norm 1.0;
-- the training-time fixes of METHODS.md: SFA averaging θ ← (1 − β)·θ + β·θo every ⌈p·T⌉ steps and at the end,
+- the training-time fixes of docs/methods.md: SFA averaging θ ← (1 − β)·θ + β·θo every ⌈p·T⌉ steps and at the end,
   and the L1/L2-to-init penalties l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (θo = the weights at the start of the run);
-- a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of METHODS.md and whatever
+- a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of docs/methods.md and whatever
   `eval_fn(model, step)` returns.
 
 A non-finite loss or gradient stops the run: the weights are put back to the last ones that gave a finite
@@ -126,7 +126,7 @@ def sfa_interval(steps: int, p: float) -> int:
 
 
 def sfa_average_(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], beta: float) -> None:
-    """In place: θ ← (1 − β)·θ + β·θo for every parameter θ and its anchor θo (METHODS.md "SFA")."""
+    """In place: θ ← (1 − β)·θ + β·θo for every parameter θ and its anchor θo (docs/methods.md#sfa)."""
     with torch.no_grad():
         for p, p0 in zip(params, anchors):
             p.mul_(1.0 - beta).add_(p0.to(device=p.device, dtype=p.dtype), alpha=beta)
@@ -225,7 +225,7 @@ class _Batches:
 
 
 def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
-    """D(θ, θo) of METHODS.md via `forgetlab.analysis.taskvec.distance` (NaN when every θo tensor has norm 0)."""
+    """D(θ, θo) of docs/methods.md via `forgetlab.analysis.taskvec.distance` (NaN when every θo tensor has norm 0)."""
     from forgetlab.analysis.taskvec import distance
     from forgetlab.core.errors import ForgetlabError
 
@@ -265,8 +265,8 @@ def train(
     """Train `model` in place for `steps` optimizer steps on `examples`; return a `TrainResult`.
 
     Loss: the causal-LM cross-entropy on positions whose label ≠ −100, plus the L1/L2-to-init penalties
-    l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (METHODS.md "SFA" baselines). Optimizer: "adamw", "mofo" (update fraction
-    `fraction`, METHODS.md "MoFO") or "sgd". Learning rate: `lr` times `lr_factor` (linear warm-up over
+    l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (docs/methods.md#sfa baselines). Optimizer: "adamw", "mofo" (update fraction
+    `fraction`, docs/methods.md#mofo) or "sgd". Learning rate: `lr` times `lr_factor` (linear warm-up over
     `warmup` steps, then cosine decay or constant). Gradients are clipped to norm `clip` (None: no clipping).
     SFA: with `sfa_p` set, θ ← (1 − β)·θ + β·θo after every ⌈p·T⌉-th step and after the last one
     (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) and `eval_fn(model,

@@ -269,7 +269,8 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         values=fapm_vals))
 
     # (d) submodules are more linear than the model
-    from forgetlab.analysis.linearity import SUBMODULE_LEVELS, nonlinearity_scores
+    from forgetlab.analysis.linearity import nonlinearity_scores
+    from forgetlab.core.submodules import SUBMODULE_LEVELS
 
     lin_vals, lin_flags = {}, []
     for i, (name, task) in enumerate(full.items()):
@@ -333,7 +334,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
     for i, method in enumerate(methods):
         report(progress, i / len(methods), f"merging with {method}")
         if method == "slwm":
-            from forgetlab.merge.slwm import slwm_weights
+            from forgetlab.merge.methods.slwm import slwm_weights
 
             weights = slwm_weights(pool, tasks, models=names, samples=slwm_samples)
             merged = merge_state_dicts("slwm", base_sd, ft_sds, prepared=weights.coefficients(),

@@ -1,22 +1,16 @@
-"""Interpolation family (METHODS.md): linear / model soup, WiSE-FT, HMA (one α per block of layers).
-
-Pure tensor functions. HMA needs each parameter's layer index: `layer_of(name, config)` asks
-`forgetlab.core.anatomy.Anatomy` when it is available and otherwise reads `layers.<i>` / `h.<i>` from the name.
-"""
+"""Interpolation family (docs/methods.md#interpolation): linear / model soup, WiSE-FT, and HMA (WiSE-FT with
+one α per block of decoder layers). Pure tensor functions; HMA gets each tensor's layer position from the
+engine (`forgetlab.merge.layers`)."""
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import torch
 
 from forgetlab.core.errors import ParameterError
-
-FIRST = "first"
-LAST = "last"
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
-_LAST_RE = re.compile(r"(?:^|\.)(?:lm_head|norm|ln_f|final_layernorm|final_layer_norm)(?:\.|$)")
-_OUTPUT_EMBEDDING_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
+from forgetlab.merge.layers import FIRST, LAST
+from forgetlab.merge.methods.common import UNIT, weights_param
+from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
@@ -94,62 +88,36 @@ def hma_alpha_for(role_layer, num_layers: int, alphas: Sequence[float]) -> float
     return alphas[block_of(layer, num_layers, len(alphas))]
 
 
-def _layer_from_name(name: str):
-    m = _LAYER_RE.search(name)
-    if m:
-        return int(m.group(1))
-    if _LAST_RE.search(name):
-        return LAST
-    return FIRST
-
-
-def layer_locator(config=None):
-    """A function name → layer position for HMA: an int (decoder layer), FIRST (embeddings, anything before
-    the layers) or LAST (final norm, lm_head). Uses forgetlab.core.anatomy for the config's architecture when it
-    knows it, else the parameter name (`layers.<i>`, `h.<i>`). With tied embeddings
-    (config.tie_word_embeddings) lm_head is the embedding matrix and gets its position, FIRST: a state dict
-    holds both names, and loading it writes lm_head last, so lm_head's α would otherwise become the
-    embedding's."""
-    tied = bool(getattr(config, "tie_word_embeddings", False)) if config is not None else False
-    anatomy = None
-    if config is not None:
-        try:
-            from forgetlab.core.anatomy import Anatomy
-            anatomy = Anatomy.from_config(config)
-        except Exception:  # unknown architecture: the name rule below still applies
-            anatomy = None
-
-    def locate(name: str):
-        if tied and _OUTPUT_EMBEDDING_RE.search(name):
-            return FIRST
-        if anatomy is not None:
-            try:
-                layer = anatomy.role(name).layer
-            except Exception:
-                layer = None
-            if layer is not None:
-                return int(layer)
-            return LAST if _LAST_RE.search(name) else FIRST
-        return _layer_from_name(name)
-
-    return locate
-
-
-def layer_of(name: str, config=None):
-    """Layer position of one parameter for HMA (see `layer_locator`)."""
-    return layer_locator(config)(name)
-
-
-def num_layers_of(config, names: Sequence[str] = ()) -> int:
-    """Number of decoder layers: the config's num_hidden_layers / n_layer, else 1 + the largest index seen."""
-    for key in ("num_hidden_layers", "n_layer", "num_layers"):
-        v = getattr(config, key, None) if config is not None else None
-        if isinstance(v, int) and v > 0:
-            return v
-    idx = [i for i in (_layer_from_name(n) for n in names) if isinstance(i, int)]
-    return (max(idx) + 1) if idx else 1
-
-
 def hma(base: torch.Tensor, finetuned: torch.Tensor, alpha: float) -> torch.Tensor:
     """HMA for one tensor: WiSE-FT with the α of the tensor's block (`hma_alpha_for` picks it)."""
     return wise_ft(base, finetuned, alpha)
+
+
+def _check_linear(params: dict, n: int) -> None:
+    if params["normalize"] and abs(sum(params["weights"])) < 1e-12:
+        raise ParameterError("linear weights sum to 0, so normalising by their sum is undefined; change a weight "
+                             "or set normalize: false.")
+
+
+@method("linear", "Model soup: weighted average of the fine-tuned models.",
+        (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
+        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False)
+def _linear(job: TensorJob) -> torch.Tensor:
+    return linear(job.finetuned, job.params["weights"], job.params["normalize"])
+
+
+@method("wise_ft", "WiSE-FT: interpolate the base and one fine-tuned model.",
+        (ParamSpec("alpha", "float", 0.5, "α = 0 gives the base, α = 1 the fine-tuned model.", UNIT),),
+        max_models=1, formula="θ = (1 − α)·θ0 + α·θ1", in_place=False)
+def _wise_ft(job: TensorJob) -> torch.Tensor:
+    return wise_ft(job.base, job.finetuned[0], job.params["alpha"])
+
+
+@method("hma", "Heterogeneous model averaging: WiSE-FT with one α per block of layers.",
+        (ParamSpec("alphas", "floats", [0.1, 0.2, 0.3], "One α per block of decoder layers, input to "
+                   "output (B = number of values); embeddings use the first, final norm/lm_head the last.",
+                   UNIT),),
+        max_models=1, needs_layers=True, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b", in_place=False)
+def _hma(job: TensorJob) -> torch.Tensor:
+    alpha = hma_alpha_for(job.layer, job.num_layers, job.params["alphas"])
+    return hma(job.base, job.finetuned[0], alpha)

@@ -2,7 +2,8 @@
 when every α is 0 or 1 — the merge recipe that a per-submodule attribution map (`forgetlab.analysis.attribution`) turns
 into a model.
 
-Formula (METHODS.md, "HMA" generalised from blocks of layers to submodules): for a tensor of submodule k,
+Formula (docs/methods.md#submodule_alpha; HMA generalised from blocks of layers to submodules): for a
+tensor of submodule k,
 θk = θ0,k + αk·τk = (1 − αk)·θ0,k + αk·θ1,k. αk is looked up from the most specific key that names the
 tensor: ``"<layer>.<module>"`` (module ``attn``, ``mlp`` or ``norm``), then ``"<layer>"`` (the whole decoder
 layer), then ``default``. Parameters outside the layers use ``"embed"`` (token/position embeddings, and a
@@ -18,9 +19,16 @@ from typing import Mapping
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.merge.methods.interpolation import wise_ft
+from forgetlab.merge.registry import ParamSpec, TensorJob, method
+
 
 _KEY_RE = re.compile(r"^(?:\d+|\d+\.(?:attn|mlp|norm)|embed|norm|lm_head)$")
+
+
 _OUTPUT_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
+
+
 OUTSIDE = ("embed", "norm", "lm_head")
 
 
@@ -84,39 +92,18 @@ def alpha_of(name: str, layer, alphas: Mapping[str, float], default: float) -> f
     return alphas.get(key, default)
 
 
-def submodule_alpha(base: torch.Tensor, finetuned: torch.Tensor, alpha: float) -> torch.Tensor:
-    """θ0 + α·τ for one tensor (α = 0: θ0, α = 1: θ1, both exact)."""
-    if alpha == 0:
-        return base.clone()
-    if alpha == 1:
-        return finetuned.clone()
-    return base + alpha * (finetuned - base)
-
-
-def _merge(job) -> torch.Tensor:
-    alphas = parse_alphas(job.params["alphas"])
-    return submodule_alpha(job.base, job.finetuned[0], alpha_of(job.name, job.layer, alphas,
-                                                                 float(job.params["default"])))
-
-
 def _check(params: dict, n_models: int) -> None:
     parse_alphas(params.get("alphas", ""))
 
 
-def _register() -> None:
-    from forgetlab.merge.registry import METHODS, MethodSpec, ParamSpec, register
-
-    if "submodule_alpha" in METHODS:
-        return
-    register(MethodSpec(
-        "submodule_alpha", "WiSE-FT with one α per submodule (layer, or a layer's attn/mlp/norm); a mask when "
+@method("submodule_alpha", "WiSE-FT with one α per submodule (layer, or a layer's attn/mlp/norm); a mask when "
         "every α is 0 or 1. Made from an attribution map.",
         (ParamSpec("alphas", "str", "", "Per-submodule α: KEY=α, comma separated; KEY is <layer>, "
                    "<layer>.attn, <layer>.mlp, <layer>.norm, embed, norm or lm_head (e.g. \"3.mlp=1, 2=0.5\")."),
          ParamSpec("default", "float", 0.0, "α of every submodule not listed (0: keep the base's weights).",
                    (0.0, 1.0))),
-        _merge, max_models=1, needs_layers=True, check=_check,
-        formula="θk = θ0,k + αk·τk per submodule k"))
-
-
-_register()
+        max_models=1, needs_layers=True, check=_check, formula="θk = θ0,k + αk·τk per submodule k", in_place=False)
+def _submodule_alpha(job: TensorJob) -> torch.Tensor:
+    """θk = θ0,k + αk·τk for one tensor: WiSE-FT (`wise_ft`) at the α of the tensor's submodule."""
+    alphas = parse_alphas(job.params["alphas"])
+    return wise_ft(job.base, job.finetuned[0], alpha_of(job.name, job.layer, alphas, float(job.params["default"])))

@@ -1,4 +1,4 @@
-"""Submodule-linearity merging, ``slwm`` (METHODS.md, "Submodule linearity"; seed submodule-linearity-review).
+"""Submodule-linearity merging, ``slwm`` (docs/methods.md#slwm).
 
 For every submodule k (a decoder layer; or its attention and its MLP; or each attention head and the MLP) and
 tasks t = 1..T, with Δt(x) = f_k(x; θ0 + τt) − f_k(x; θ0) on samples x of task t's probe data (inputs captured
@@ -17,18 +17,20 @@ tensors; per row or column for head slices). They plug into the merge registry a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.analysis.linearity import (CAPTURES, WorkingCopy, attention_bias, capture_inputs,
+from forgetlab.core.submodules import (CAPTURES, capture_inputs,
                                           check_head_decomposition, check_same_structure, encode_samples, param_dict,
                                           run_submodule, select_pairs)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, report
+from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.working_copy import WorkingCopy
 
 SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
 DEFAULT_LEVEL = "attn_mlp"
@@ -218,7 +220,7 @@ def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, model
     T = len(fts)
     kinds = {"layer": ("layer",), "attn_mlp": ("attn", "mlp"), "head_mlp": ("head", "mlp")}[level]
     targets = [param_dict(ft) for ft in fts]
-    work = WorkingCopy(base)
+    work = WorkingCopy.of(base)
     dev = next(work.model.parameters()).device
     L = anatomy.num_layers
     accs: dict[tuple, _Acc] = {}
@@ -277,19 +279,6 @@ def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, model
 
 # ====================================================================================== registry
 
-def _merge_slwm(job) -> torch.Tensor:
-    """θ = θ0 + Σj coef[j]·τj with the prepared coefficient map (task arithmetic λ = 1/T where none)."""
-    T = len(job.finetuned)
-    coef = job.prepared
-    if coef is None:
-        coef = torch.full((T,) + (1,) * job.base.dim(), 1.0 / T)
-    coef = coef.to(device=job.base.device, dtype=job.base.dtype)
-    out = job.base.clone()
-    for j, tau in enumerate(job.taus):
-        out.add_(coef[j] * tau)
-    return out
-
-
 class PreparedCoefficients(dict):
     """The per-tensor coefficient maps of slwm, with the weights it chose (`weights`, a SlwmWeights)."""
 
@@ -332,13 +321,9 @@ def prepare_slwm(ctx) -> PreparedCoefficients:
     return out
 
 
-def _register() -> None:
-    from forgetlab.merge.registry import METHODS, MethodSpec, ParamSpec, register
 
-    if "slwm" in METHODS:
-        return
-    register(MethodSpec(
-        "slwm", "Submodule-linearity merging: per-submodule task weights solved in closed form on probe data.",
+
+@method("slwm", "Submodule-linearity merging: per-submodule task weights solved in closed form on probe data.",
         (ParamSpec("level", "str", DEFAULT_LEVEL, "Submodules: decoder layers, attention + MLP, or heads + MLP.",
                    choices=SLWM_LEVELS),
          ParamSpec("samples", "int", DEFAULT_SAMPLES, "Probe samples per task used to fit the weights.", (1, 100000)),
@@ -348,11 +333,19 @@ def _register() -> None:
                    "fine-tuned model or the base.", choices=CAPTURES),
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),
-        _merge_slwm, min_models=1, prepare=prepare_slwm, needs_pool=True,
-        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere"))
-
-
-_register()
+        min_models=1, prepare=prepare_slwm, needs_pool=True,
+        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere")
+def _slwm(job: TensorJob) -> torch.Tensor:
+    """θ = θ0 + Σj coef[j]·τj with the prepared coefficient map (task arithmetic λ = 1/T where none)."""
+    T = len(job.finetuned)
+    coef = job.prepared
+    if coef is None:
+        coef = torch.full((T,) + (1,) * job.base.dim(), 1.0 / T)
+    coef = coef.to(device=job.base.device, dtype=job.base.dtype)
+    out = job.base.clone()
+    for j, tau in enumerate(job.taus):
+        out.add_(coef[j] * tau)
+    return out
 
 
 def slwm_merge(pool_or_models, tasks: Optional[Sequence[str]] = None, level: str = DEFAULT_LEVEL,

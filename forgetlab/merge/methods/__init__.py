@@ -1,0 +1,15 @@
+"""The merge methods, one file per family: each file holds its methods' reference tensor functions, their CPU
+kernels and their global statistics, registered with `forgetlab.merge.registry.method` / `fast_kernel`.
+Importing this package registers the built-in methods, in the order the app and `forgetlab methods` list them.
+`slwm` (submodule-linearity merging) registers when first asked for (`registry.load_plugins`): it pulls in the
+evaluation stack. A new method is one new file here, imported below. Formulas: docs/methods.md.
+"""
+from forgetlab.merge.methods import interpolation  # noqa: F401  linear, wise_ft, hma
+from forgetlab.merge.methods import task_arithmetic  # noqa: F401
+from forgetlab.merge.methods import ties  # noqa: F401
+from forgetlab.merge.methods import dare  # noqa: F401  dare_linear, dare_ties
+from forgetlab.merge.methods import breadcrumbs  # noqa: F401
+from forgetlab.merge.methods import consensus  # noqa: F401
+from forgetlab.merge.methods import pcb  # noqa: F401
+from forgetlab.merge.methods import fapm  # noqa: F401
+from forgetlab.merge.methods import submodule  # noqa: F401  submodule_alpha

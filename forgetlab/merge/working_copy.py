@@ -1,0 +1,164 @@
+"""Weights built through the registry, for analyses that evaluate many models made from the same checkpoints.
+
+- `TensorMerger`: a registered method with fixed parameters as a function of one tensor,
+  `merger(name, θ0, θ1, …) → θ` — exactly what `forgetlab merge` writes for that tensor (the same TensorJob,
+  the same reference or CPU kernel), so a sweep point, an attribution cell and a merge agree bit for bit.
+- `WorkingCopy`: ONE mutable model whose parameters are rewritten in place by a merger, tensor by tensor
+  (never the pool's cached models, never a second copy per point). It is made from a loaded model
+  (`WorkingCopy.of`: linearity, slwm) or loaded from a pool's base (`WorkingCopy.load`: sweeps, with
+  accelerate device maps and offloading).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+import torch
+
+from forgetlab.core.errors import IncompatibleModelsError, ParameterError
+from forgetlab.merge.layers import layer_locator, num_layers_of
+from forgetlab.merge.registry import TensorJob, get_method, validate_params
+
+
+class TensorMerger:
+    """Merge method `method` with `params` (validated for `n_models` models) as a function of one tensor.
+
+    `merger(name, base, *finetuned)` returns the merged float32 tensor of `name`; the tensors it is given become
+    the job's own (methods work in place), so pass tensors nobody else reads, or `owned=False` to have them
+    copied first. Methods that need a global first pass or prepared coefficients cannot be applied tensor by
+    tensor and are refused. `config` and `names` give layer positions (HMA, submodule_alpha)."""
+
+    def __init__(self, method: str, params: Mapping[str, Any] | None = None, *, n_models: int = 1, config=None,
+                 names: Sequence[str] = (), device: str = "cpu"):
+        self.spec = get_method(method)
+        self.params = validate_params(self.spec, dict(params or {}), n_models=n_models)
+        if self.spec.needs_global_pass(self.params) or self.spec.needs_pool:
+            raise ParameterError(f"{method} with these settings needs statistics over the whole model (or a pool), "
+                                 "so it cannot be applied one tensor at a time; use forgetlab.merge.run.")
+        self.locate = layer_locator(config)
+        self.num_layers = num_layers_of(config, names)
+        self.device = device
+
+    def __call__(self, name: str, base: torch.Tensor, *finetuned: torch.Tensor, owned: bool = True) -> torch.Tensor:
+        if not owned and self.spec.in_place:
+            base, finetuned = base.clone(), tuple(t.clone() for t in finetuned)
+        job = TensorJob(name=name, base=base, finetuned=list(finetuned), params=self.params, layer=self.locate(name),
+                        num_layers=self.num_layers, device=self.device)
+        return self.spec.apply(job)
+
+    def __getstate__(self) -> dict:   # pickled for Ray workers: the method by name, re-resolved there
+        return {**self.__dict__, "spec": self.spec.name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.spec = get_method(state["spec"])
+
+
+class LazyTensors(Mapping):
+    """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32). A read
+    may share memory with the checkpoint's memory map: never write into it."""
+
+    def __init__(self, ckpt, names: Sequence[str]):
+        self.ckpt = ckpt
+        self._names = list(names)
+        self._set = set(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._set:
+            raise KeyError(name)
+        return self.ckpt.read(name, dtype=torch.float32)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._set
+
+
+class WorkingCopy:
+    """One model whose parameters are rewritten in place with weights built by a `TensorMerger`.
+
+    `base` maps every parameter name to θ0 (a dict of tensors, or `LazyTensors` read from a checkpoint);
+    `set(merger, targets, names)` writes merger(name, θ0, θ1, …) into the parameters `names` (all when None),
+    θt read from the mappings `targets`. Writes go through `forgetlab.core.devicemap.ParamAccess`, so a copy
+    spread by an accelerate device map (GPUs, CPU, disk) is written where accelerate keeps each weight.
+    `names` lists each stored parameter once (tied weights once), `params` every name (tied ones twice)."""
+
+    def __init__(self, model, base: Mapping[str, torch.Tensor], *, offload_dir=None):
+        from forgetlab.core.devicemap import ParamAccess
+
+        self.model = model
+        self.base = base
+        self.access = ParamAccess(model)
+        self.params = dict(model.named_parameters(remove_duplicate=False))
+        self.names = [n for n, _ in model.named_parameters()]
+        first = {id(p): n for n, p in reversed(list(self.params.items()))}
+        self._stored = {n: first[id(p)] for n, p in self.params.items()}   # a tied alias → the name stored
+        self.modules = dict(model.named_modules())
+        self._offload_dir = offload_dir       # a TemporaryDirectory removed with the copy
+
+    @classmethod
+    def of(cls, base_model) -> "WorkingCopy":
+        """A deep copy of a loaded model (in eval mode) with θ0 = its parameters; the model itself is untouched."""
+        base = {n: p.detach() for n, p in base_model.named_parameters(remove_duplicate=False)}
+        return cls(copy.deepcopy(base_model).eval(), base)
+
+    @classmethod
+    def load(cls, pool, model: str, device=None, dtype=None) -> "WorkingCopy":
+        """The pool's base loaded afresh (never the pool's cached model) as a working copy for fine-tuned model
+        `model`, with θ0 read lazily from the base checkpoint. `device` may be a
+        `forgetlab.core.devicemap.Placement` (an offload folder of the copy's own is made when it names none);
+        `dtype` (default float32) is the copy's precision: merged tensors are computed in float32 and rounded
+        once when written."""
+        import tempfile
+
+        from forgetlab.core.checkpoints import load_model
+        from forgetlab.core.devicemap import Placement
+
+        if model == "base":
+            raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
+                                 f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
+        base_ck, tuned_ck = pool.checkpoint("base"), pool.checkpoint(model)
+        offload = None
+        if isinstance(device, Placement) and not device.offload_folder:
+            offload = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")
+            device = Placement(device.device_map, device.max_memory, offload.name)
+        loaded = load_model(base_ck, device=device, dtype=dtype or torch.float32)
+        names = [n for n, _ in loaded.named_parameters()]
+        base_names, tuned_names = set(base_ck.names()), set(tuned_ck.names())
+        for name in names:
+            if name not in base_names or name not in tuned_names:
+                where = "the base" if name not in base_names else model
+                raise IncompatibleModelsError(f"Parameter {name} of the model is not stored in {where}; "
+                                              "the checkpoint does not match its config.")
+        work = cls(loaded, LazyTensors(base_ck, names), offload_dir=offload)
+        work.tuned = LazyTensors(tuned_ck, names)
+        return work
+
+    @torch.no_grad()
+    def set(self, merger: TensorMerger, targets: Sequence[Mapping[str, torch.Tensor]],
+            names: Optional[Iterable[str]] = None) -> None:
+        """Write merger(name, θ0, θ1, …) into the parameters `names` (default: every stored parameter). `merger` is a
+        TensorMerger, or any function of (name, θ0, θ1, …) that leaves its inputs as they are."""
+        todo = self.names if names is None else list(dict.fromkeys(self._stored[n] for n in names))
+        for name in todo:
+            tensors = (self.base[name], *[t[name] for t in targets])
+            # the reads are shared (the base model's own tensors, or a checkpoint's memory map): a method that
+            # works in place gets copies
+            new = merger(name, *tensors, owned=False) if isinstance(merger, TensorMerger) else merger(name, *tensors)
+            if tuple(new.shape) != tuple(self.params[name].shape):
+                raise IncompatibleModelsError(f"Tensor {name}: new value has shape {tuple(new.shape)}, "
+                                              f"the model expects {tuple(self.params[name].shape)}.")
+            self.access.write(name, new)
+            del new
+
+    def lerp(self, target: Mapping[str, torch.Tensor], alpha: float, names: Optional[Iterable[str]] = None) -> None:
+        """Set the parameters `names` to WiSE-FT θ0 + α·(θt − θ0), θt from `target` (the `wise_ft` method)."""
+        self.set(TensorMerger("wise_ft", {"alpha": float(alpha)}), [target], names)
+
+    def module(self, path: str):
+        """The working copy's module at `path`."""
+        return self.modules[path]
