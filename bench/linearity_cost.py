@@ -19,7 +19,8 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from forgetlab.analysis.linearity import DEFAULT_LEVELS, direct_scores, nonlinearity_scores
+from forgetlab.analysis.linearity import DEFAULT_LEVELS, nonlinearity_scores
+from forgetlab.analysis.linearity_reference import direct_scores
 from forgetlab.core.data import TaskPair
 
 

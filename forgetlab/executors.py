@@ -492,6 +492,37 @@ def make_executor(name: str | Executor | None = "local", *, address: Optional[st
 # --------------------------------------------------------------------------------------- portable pools
 
 
+class PoolWorkerFactory:
+    """Builds a worker's resident state around a model pool: the one picklable pool factory of every analysis
+    that runs on workers (sweeps, searches, fine-tunes). Pickled for a Ray worker, the pool is replaced by
+    `pool_spec(pool, members)` (plain data) and reopened there with `open_pool`; in this process the pool itself
+    is used. A subclass sets `members` (the pool members the worker needs: None for all, [] for the base only),
+    fields that must not travel in `local_only` (they are None on a worker), and builds its state in
+    `build(pool)`."""
+
+    members: Optional[Sequence[str]] = None
+    local_only: tuple[str, ...] = ()
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        if not isinstance(d["pool"], dict):
+            d["pool"] = pool_spec(d["pool"], self.members)
+        for name in self.local_only:
+            d[name] = None
+        return d
+
+    def __call__(self):
+        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+        return self.build(pool)
+
+    def build(self, pool):
+        """The worker's state (a callable taking (item, progress)) around the opened `pool`."""
+        raise NotImplementedError
+
+
 def pool_spec(pool, models: Optional[Sequence[str]] = None) -> dict[str, Any]:
     """What a worker needs to reopen `pool` (base, the named members, probe data), as plain picklable data."""
     names = list(models) if models is not None else list(pool.model_names)

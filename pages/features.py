@@ -67,16 +67,12 @@ with right:
 
     def work(progress):
         """The map, kept for this process and saved to the workspace's runs/ (kind "features")."""
-        from forgetlab.core.workspace import save_run
-
-        result = features.feature_map(pool, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
-                                      samples=int(samples), perplexity=perplexity, seed=int(seed), device=device,
-                                      progress=progress)
-        recipe = {"pool": str(pool.source or pool.name), "models": list(models), "tasks": list(tasks),
-                  "level": level, "layer": layer, "head": head, "pooling": pooling, "samples": int(samples),
-                  "perplexity": float(perplexity), "seed": int(seed)}
+        settings = features.FeaturesSettings(models=list(models), tasks=list(tasks), level=level, layer=layer,
+                                             head=head, pooling=pooling, samples=int(samples),
+                                             perplexity=float(perplexity), seed=int(seed), device=device)
+        result = features.ANALYSIS.run(pool, settings, progress)
         cache[key] = result
-        return result, save_run("features", recipe, result.to_dict(), frame=result.cluster_summary())
+        return result, features.save_features(result, pool=pool)
 
     def keep(done) -> None:
         st.toast(f"Saved under {done[1]}")

@@ -76,19 +76,11 @@ with right:
 
     def work(progress):
         """The scores, kept for this process and saved to the workspace's runs/ as the CLI saves them."""
-        from forgetlab.core.workspace import save_run
-
-        result = linearity.nonlinearity_scores(pool, task, model=model, levels=levels, alphas=alphas,
-                                               samples=int(samples), capture=capture, device=device,
-                                               progress=progress)
-        df = result.to_frame()
-        flat = df.assign(curve=[";".join(f"{v:.6g}" for v in c) for c in df["curve"]],
-                         curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
-        recipe = {"pool": str(pool.source or pool.name), "task": result.task, "model": result.model,
-                  "levels": list(result.levels), "alphas": list(result.alphas), "samples": result.samples,
-                  "capture": result.capture}
+        settings = linearity.LinearitySettings(task=task, model=model, levels=levels, alphas=alphas,
+                                               samples=int(samples), capture=capture, device=device)
+        result = linearity.ANALYSIS.run(pool, settings, progress)
         cache[key] = result
-        return result, save_run("linearity", recipe, result.to_dict(), frame=flat)
+        return result, linearity.save_linearity(result, pool=pool)
 
     def keep(done) -> None:
         st.toast(f"Saved under {done[1]}")

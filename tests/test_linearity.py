@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-from forgetlab.analysis.linearity import (DEFAULT_ALPHAS, NonlinearityResult, direct_scores, nonlinearity_scores,
-                                          score_function)
+from forgetlab.analysis.linearity import DEFAULT_ALPHAS, NonlinearityResult, nonlinearity_scores
+from forgetlab.analysis.linearity_reference import direct_scores, score_function
 from forgetlab.core.data import TaskPair
 from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError, ProbeDataError
 

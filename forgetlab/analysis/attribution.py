@@ -37,10 +37,11 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
+from forgetlab.analysis.protocol import Analysis, options, register
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
-from forgetlab.merge.methods.interpolation import wise_ft
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.merge.methods.interpolation import wise_ft
 
 LEVELS = ("layer", "module", "head")
 MAPS = ("only_this", "leave_one_out")
@@ -255,10 +256,6 @@ def _resolve(pool, model: str, task: Optional[str], level: str, select, alphas) 
     return task, sel, grid
 
 
-class _Checked(Exception):
-    pass
-
-
 def check(pool, model: str, **settings) -> None:
     """Raise the ForgetlabError that `attribute(pool, model, **settings)` would raise for bad settings (level,
     model, task, probe data, empty selection, α line), without loading the model — the app's pre-check."""
@@ -354,8 +351,8 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.analysis.sweeps`.
     Speciality is teacher-forced exact match on `task` (default: the task named in the model's name).
     """
-    from forgetlab.merge.working_copy import WorkingCopy
     from forgetlab.core.anatomy import Anatomy
+    from forgetlab.merge.working_copy import WorkingCopy
 
     task, sel, grid = _resolve(pool, model, task, level, select, alphas)
     start = time.perf_counter()
@@ -462,8 +459,8 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
     other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head keys are
     not (a merge applies one α per tensor): pick at the module level instead.
     """
-    from forgetlab.merge.recipes import ModelEntry, Recipe
     from forgetlab.merge.methods.submodule import format_alphas, parse_alphas
+    from forgetlab.merge.recipes import ModelEntry, Recipe
 
     from forgetlab.analysis.sweeps import _check_model
 
@@ -553,3 +550,41 @@ def list_attributions(home_path: str | Path | None = None, model: Optional[str] 
 __all__ = ["LEVELS", "MAPS", "Part", "AttributionRow", "AttributionResult", "parts_of", "check_level", "check",
            "attribute", "recipe_from_map", "save_attribution", "load_attribution", "list_attributions",
            "ForgetlabError"]
+
+
+# ------------------------------------------------------------------------------------------ the verbs
+
+
+@dataclass
+class AttributionSettings:
+    """What an attribution map measures: `model`'s task vector cut at `level` (optionally only the parts in
+    `select`), each part switched on alone and left out, at the α values `alphas`, judged on `task`."""
+
+    model: str = ""
+    task: Optional[str] = None
+    level: Optional[str] = None
+    select: Optional[Sequence[str]] = None
+    alphas: Optional[Sequence[float]] = None
+    device: Optional[str] = None
+    batch_size: Optional[int] = None
+    max_general: Optional[int] = None
+    max_task: Optional[int] = None
+
+
+def check_settings(settings: AttributionSettings, pool=None) -> None:
+    """Refuse an unknown level (and, with the pool, a bad model, task, selection or α line) without loading
+    the model."""
+    if settings.level is not None:
+        check_level(settings.level)
+    if pool is not None:
+        check(pool, settings.model, **options(settings, {"task", "level", "select", "alphas"}))
+
+
+def run_settings(pool, settings: AttributionSettings, progress: Progress = None, executor=None) -> AttributionResult:
+    """`attribute` with these settings (in this process: `executor` is not used)."""
+    opts = options(settings)
+    return attribute(pool, opts.pop("model"), progress=progress, **opts)
+
+
+ANALYSIS = register(Analysis("attribution", AttributionSettings, check_settings, run_settings, save_attribution,
+                             load_attribution, list_attributions))

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import combinations
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from forgetlab.analysis.protocol import Analysis, options, register
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
@@ -290,5 +292,93 @@ def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", 
     """`capture_features` then `embed_tsne`, in one call (what the Features page and CLI run)."""
     fs = capture_features(pool_or_data, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
                           samples=samples, device=device, progress=scaled(progress, 0.0, 0.6))
-    return embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
-                      progress=scaled(progress, 0.6, 1.0))
+    result = embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
+                        progress=scaled(progress, 0.6, 1.0))
+    result.meta.update(models=list(dict.fromkeys(fs.labels["model"])), tasks=list(dict.fromkeys(fs.labels["task"])),
+                       samples=samples)
+    return result
+
+
+# ------------------------------------------------------------------------------------------ the verbs
+
+
+@dataclass
+class FeaturesSettings:
+    """What a feature map captures and embeds: `models` × `tasks` probe samples at a submodule `level`
+    (`layer`, `head`), pooled per sample, then PCA and t-SNE. None takes the default (all models/tasks)."""
+
+    models: Optional[Sequence[str]] = None
+    tasks: Optional[Sequence[str]] = None
+    level: Optional[str] = None
+    layer: Optional[int] = None
+    head: Optional[int] = None
+    pooling: Optional[str] = None
+    samples: Optional[int] = None
+    perplexity: Optional[float] = None
+    seed: Optional[int] = None
+    pca_dims: Optional[int] = None
+    backend: Optional[str] = None
+    device: Optional[str] = None
+
+
+def check_settings(settings: FeaturesSettings, pool=None) -> None:
+    """Refuse an unknown level, pooling or backend, an empty choice of models or tasks (and, with the pool,
+    names it lacks) without loading a model."""
+    if settings.level is not None and settings.level not in FEATURE_LEVELS:
+        raise ParameterError(f"Unknown level {settings.level!r}; choose one of {', '.join(FEATURE_LEVELS)}.")
+    if settings.pooling is not None and settings.pooling not in POOLINGS:
+        raise ParameterError(f"pooling must be one of {', '.join(POOLINGS)}; got {settings.pooling!r}.")
+    if settings.backend is not None and settings.backend not in BACKENDS:
+        raise ParameterError(f"backend must be one of {', '.join(BACKENDS)}; got {settings.backend!r}.")
+    for what, chosen in (("model", settings.models), ("task", settings.tasks)):
+        if chosen is not None and not list(chosen):
+            raise ParameterError(f"Choose at least one {what} to map.")
+    if pool is not None:
+        known = {"model": ["base", *pool.model_names], "task": list(pool.task_names)}
+        for what, chosen in (("model", settings.models), ("task", settings.tasks)):
+            missing = [c for c in (chosen or []) if c not in known[what]]
+            if missing:
+                raise ParameterError(f"The pool has no {what} {missing[0]!r}; its {what}s are: "
+                                     f"{', '.join(known[what]) or 'none'}.")
+
+
+def run_settings(pool, settings: FeaturesSettings, progress: Progress = None, executor=None) -> TsneResult:
+    """`feature_map` with these settings (in this process: `executor` is not used)."""
+    opts = options(settings)
+    return feature_map(pool, opts.pop("tasks", None), opts.pop("models", None), progress=progress, **opts)
+
+
+def save_features(result: TsneResult, home_path: str | Path | None = None, pool=None) -> Path:
+    """Save a feature map under the workspace's runs/ (kind `features`: its settings, coordinates and distances,
+    and the per-model cluster summary as CSV)."""
+    from forgetlab.core.workspace import save_run
+
+    source = getattr(pool, "source", None) if pool is not None else None
+    recipe = {"pool": str(Path(source).resolve()) if source else getattr(pool, "name", None), **result.meta,
+              "perplexity": result.perplexity, "seed": result.seed, "pca_dims": result.pca_dims}
+    return save_run("features", recipe, result.to_dict(), frame=result.cluster_summary(), home_path=home_path)
+
+
+def load_features(path: str | Path) -> TsneResult:
+    """Reopen a feature map saved by `save_features`."""
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
+
+    run = load_run(path)
+    if run.kind != "features":
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not a feature map.")
+    try:
+        return TsneResult.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The feature map in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+
+
+def list_features(home_path: str | Path | None = None) -> list:
+    """Saved feature maps (`forgetlab.core.workspace.SavedRun`s, newest first)."""
+    from forgetlab.core.workspace import list_runs
+
+    return list_runs(home_path, kind="features")
+
+
+ANALYSIS = register(Analysis("features", FeaturesSettings, check_settings, run_settings, save_features,
+                             load_features, list_features))

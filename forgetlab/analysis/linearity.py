@@ -28,38 +28,27 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from forgetlab.analysis.protocol import Analysis, options, register
 from forgetlab.core.anatomy import LEVELS, Anatomy
-from forgetlab.core.errors import ParameterError
+from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report
-from forgetlab.core.submodules import (CAPTURES, LayerInputs, first_tensor, attend, attention_bias,
+from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias,
                                        attention_from_projections, attention_is_affine, attention_projections,
                                        capture_inputs, check_head_decomposition, check_same_structure, encode_samples,
                                        last_hidden, mlp_from_projections, mlp_projections, param_dict, run_submodule,
                                        select_pairs, split_heads)
-from forgetlab.merge.methods.interpolation import wise_ft
 from forgetlab.merge.working_copy import WorkingCopy
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 """α ∈ {0, 0.1, …, 0.9} (docs/methods.md)."""
 DEFAULT_LEVELS = LEVELS
-
-
-# ====================================================================================== inputs
-
-
-# ====================================================================================== models
-
-
-# ====================================================================================== capture & re-run
-
-
-# ====================================================================================== scoring
 
 
 class _Curve:
@@ -165,6 +154,12 @@ class NonlinearityResult:
         df["layer"] = df["layer"].astype("Int64")
         df["head"] = df["head"].astype("Int64")
         return df
+
+    def flat_frame(self) -> pd.DataFrame:
+        """`to_frame` with each curve written as one text field 'd(α0);d(α1);…' (for CSV files)."""
+        df = self.to_frame()
+        return df.assign(curve=[";".join(f"{v:.6g}" for v in c) for c in df["curve"]],
+                         curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
 
     def curves_frame(self) -> pd.DataFrame:
         """Long format: level, layer, module, head, alpha, d_mean, d_std, ideal (= 1 − α)."""
@@ -386,8 +381,8 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                         samples: Optional[int] = 30, capture: str = "finetuned", batch_size: int = 8,
                         max_length: int = 128, device: Optional[str] = None,
                         progress: Progress = None) -> NonlinearityResult:
-    """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals
-    (docs/methods.md#distance-curve, #nls, #property-1) at every requested level, layer and head, on the first ``samples`` probe pairs of ``task``.
+    """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (docs/methods.md#distance-curve,
+    #nls, #property-1) at every requested level, layer and head, on the first ``samples`` probe pairs of ``task``.
 
     ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
@@ -509,104 +504,88 @@ def _make_score(level, layer, head, module, d, res, ideal) -> SubmoduleScore:
     return SubmoduleScore(level, layer, head, module, d, nls, r)
 
 
-def score_function(fn, theta0, theta1, inputs: torch.Tensor, alphas: Sequence[float] = DEFAULT_ALPHAS,
-                   level: str = "function", module: str = "fn") -> SubmoduleScore:
-    """d_x(α), NLS_x and the Property 1 residual of any function ``fn(x, θ)`` on a batch of inputs
-    (``inputs[i]`` is sample x_i; ``θ`` a tensor or a tuple of tensors, interpolated as θ0 + α·(θ1 − θ0)).
-    The same formulas as `nonlinearity_scores`, for a submodule given as a plain function."""
-    al = check_alphas(alphas)
-    t0 = theta0 if isinstance(theta0, (tuple, list)) else (theta0,)
-    t1 = theta1 if isinstance(theta1, (tuple, list)) else (theta1,)
-
-    def feats(alpha):
-        th = tuple(torch.lerp(a.double(), b.double(), float(alpha)) for a, b in zip(t0, t1))
-        out = torch.stack([fn(x.double(), th if len(th) > 1 else th[0]) for x in inputs]).double()
-        return out.reshape(out.shape[0], 1, -1)
-
-    f1, f0 = feats(1.0), feats(0.0)
-    mask = torch.ones(f1.shape[0], 1, dtype=torch.bool)
-    curve = _Curve(f1, f0, mask, al)
-    for a in al:
-        curve.add(a, f0 if a == 0.0 else feats(a))
-    return _make_score(level, None, None, module, curve.d.numpy(), curve.res.numpy(), 1.0 - np.asarray(al))
+# ------------------------------------------------------------------------------------------ the verbs
 
 
-# ====================================================================================== reference
+@dataclass
+class LinearitySettings:
+    """What a linearity run computes: `model`'s non-linearity on `task`'s probe samples at `levels`, over the
+    α grid, with submodule inputs captured from the `capture` model. None takes the default."""
+
+    task: Optional[str] = None
+    model: Optional[str] = None
+    levels: Optional[Sequence[str]] = None
+    alphas: Optional[Sequence[float]] = None
+    samples: Optional[int] = None
+    capture: Optional[str] = None
+    batch_size: Optional[int] = None
+    max_length: Optional[int] = None
+    device: Optional[str] = None
 
 
-def _set_head_slices(work: WorkingCopy, anatomy: Anatomy, target: dict, layer: int, head: int, alpha: float):
-    """Head ``head``'s slices to θ0 + α·τ, and the q/k norm weights (Qwen3) with them: they are shared by every
-    head, so each head's function moves with them (as in `nonlinearity_scores`, which moves the whole layer)."""
-    for sl in anatomy.head_slices(layer, head):
-        dst = sl.take(work.params[sl.name].data)
-        dst.copy_(wise_ft(sl.take(work.base[sl.name]), sl.take(target[sl.name]), float(alpha)))
-    shared = [n for n in anatomy.params_of("attn", layer=layer) if ".q_norm." in n or ".k_norm." in n]
-    work.lerp(target, alpha, shared)
+def check_settings(settings: LinearitySettings, pool=None) -> None:
+    """Refuse a bad α grid, level or capture (and, with the pool, an unknown task or model) without loading
+    a model."""
+    if settings.alphas is not None:
+        check_alphas(settings.alphas)
+    if settings.levels is not None:
+        lv = [settings.levels] if isinstance(settings.levels, str) else list(settings.levels)
+        if not lv:
+            raise ParameterError(f"Choose at least one level ({', '.join(LEVELS)}).")
+        bad = [x for x in lv if x not in LEVELS]
+        if bad:
+            raise ParameterError(f"Unknown level {bad[0]!r}; choose from {', '.join(LEVELS)}.")
+    if settings.capture is not None and settings.capture not in CAPTURES:
+        raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {settings.capture!r}.")
+    if pool is not None:
+        if settings.task is not None and settings.task not in pool.task_names:
+            raise ProbeDataError(f"The pool has no task {settings.task!r}; its tasks are: "
+                                 f"{', '.join(pool.task_names) or 'none'}.")
+        if settings.model is not None and settings.model not in pool.model_names:
+            raise ParameterError(f"The pool has no fine-tuned model {settings.model!r}; its models are: "
+                                 f"{', '.join(pool.model_names) or 'none'}.")
 
 
-def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional[str] = None,
-                  levels: Sequence[str] = DEFAULT_LEVELS, alphas: Sequence[float] = DEFAULT_ALPHAS,
-                  samples: Optional[int] = 30, capture: str = "finetuned", batch_size: int = 8,
-                  max_length: int = 128, progress: Progress = None) -> NonlinearityResult:
-    """The same scores as `nonlinearity_scores`, by naive recomputation: for every submodule and every α, the
-    whole ``capture`` model is run with only that submodule's parameters (a head: only its slices) set to
-    θ0 + α·τ, and the submodule's output is read with a hook. Slow; the reference for tests and benchmarks."""
-    if capture not in CAPTURES:
-        raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
-    al = check_alphas(alphas)
-    inp = resolve_models(pool_or_models, task, model)
-    pairs = select_pairs(inp.pairs, samples, inp.task)
-    check_same_structure(inp.base, inp.finetuned)
-    anatomy = Anatomy.from_model(inp.base)
-    lv = _check_levels(levels, anatomy, None)
-    enc = encode_samples(inp.tokenizer, pairs, max_length=max_length, template=inp.template)
-    target = param_dict(inp.finetuned)
-    work = WorkingCopy.of(inp.base)
-    cap_alpha = 1.0 if capture == "finetuned" else 0.0
-    order = [1.0, 0.0] + [a for a in al if a not in (0.0, 1.0)]
-    ideal = 1.0 - np.asarray(al)
-    subs = []
-    for level in lv:
-        for layer, head in anatomy.submodules(level):
-            subs.append((level, layer, head))
-    scores = []
-    for si, (level, layer, head) in enumerate(subs):
-        d_parts, r_parts = [], []
-        for a, b in [(i, min(i + batch_size, len(enc))) for i in range(0, len(enc), batch_size)]:
-            chunk = enc.chunk(a, b)
-            ids, mask = chunk.input_ids, chunk.mask()
-            curve, f1 = None, None
-            for alpha in order:
-                work.lerp(target, cap_alpha)
-                if level == "model":
-                    work.lerp(target, alpha)
-                    fa = last_hidden(work.model, anatomy, ids)
-                elif level == "head":
-                    _set_head_slices(work, anatomy, target, layer, head, alpha)
-                    caps, _ = capture_inputs(work.model, anatomy, ids, [layer])
-                    fa = run_submodule(work, anatomy, layer, "head", caps[layer])[:, head]
-                else:
-                    work.lerp(target, alpha, anatomy.params_of(level, layer=layer))
-                    got = {}
-                    path = anatomy.module_path(level, layer)
-                    hk = work.module(path).register_forward_hook(
-                        lambda m, i_, o: got.__setitem__("out", first_tensor(o)))
-                    try:
-                        last_hidden(work.model, anatomy, ids)
-                    finally:
-                        hk.remove()
-                    fa = got["out"]
-                if alpha == 1.0:
-                    f1 = fa
-                elif alpha == 0.0:
-                    curve = _Curve(f1, fa, mask, al)
-                if alpha in al:
-                    curve.add(alpha, fa)
-            d_parts.append(curve.finish().d)
-            r_parts.append(curve.res)
-        d = torch.cat(d_parts).numpy()
-        r = torch.cat(r_parts).numpy()
-        module = (anatomy.attn_path(layer) + f".head{head}") if level == "head" else anatomy.module_path(level, layer)
-        scores.append(_make_score(level, layer, head, module, d, r, ideal))
-        report(progress, (si + 1) / len(subs), f"{level} {layer if layer is not None else ''}")
-    return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores)
+def run_settings(pool, settings: LinearitySettings, progress: Progress = None, executor=None) -> NonlinearityResult:
+    """`nonlinearity_scores` with these settings (it runs in this process: `executor` is not used)."""
+    opts = options(settings)
+    task = opts.pop("task", None)
+    return nonlinearity_scores(pool, task, progress=progress, **opts)
+
+
+def save_linearity(result: NonlinearityResult, home_path: str | Path | None = None, pool=None) -> Path:
+    """Save scores under the workspace's runs/ (kind `linearity`: the recipe, the result, and a CSV whose curves
+    are written 'd(α0);d(α1);…'); `pool` (its file) is recorded in the recipe."""
+    from forgetlab.core.workspace import save_run
+
+    source = getattr(pool, "source", None) if pool is not None else None
+    recipe = {"pool": str(Path(source).resolve()) if source else getattr(pool, "name", None), "task": result.task,
+              "model": result.model, "levels": list(result.levels), "alphas": list(result.alphas),
+              "samples": result.samples, "capture": result.capture}
+    return save_run("linearity", recipe, result.to_dict(), frame=result.flat_frame(), home_path=home_path)
+
+
+def load_linearity(path: str | Path) -> NonlinearityResult:
+    """Reopen scores saved by `save_linearity`."""
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
+
+    run = load_run(path)
+    if run.kind != "linearity":
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not linearity scores.")
+    try:
+        return NonlinearityResult.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The scores in {path} are unreadable ({exc}); delete the folder or rerun them.") from None
+
+
+def list_linearity(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
+    """Saved linearity runs (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
+    from forgetlab.core.workspace import list_runs
+
+    runs = list_runs(home_path, kind="linearity")
+    return [r for r in runs if model is None or r.recipe.get("model") == model]
+
+
+ANALYSIS = register(Analysis("linearity", LinearitySettings, check_settings, run_settings, save_linearity,
+                             load_linearity, list_linearity))

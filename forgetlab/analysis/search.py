@@ -30,8 +30,10 @@ import pandas as pd
 import torch
 
 from forgetlab.analysis.measures import higher_is_better
+from forgetlab.analysis.protocol import Analysis, options, register
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.executors import PoolWorkerFactory
 
 OBJECTIVES = ("constrained", "weighted")
 SEARCH_MEASURES = ("exact_match", "answer_loss")
@@ -195,24 +197,17 @@ class _SearchState:
                         progress=progress, **self.eval_kw)
 
 
-class _SearchFactory:
-    """Builds a `_SearchState`; pickled for Ray workers with the pool replaced by what reopens it."""
+class _SearchFactory(PoolWorkerFactory):
+    """Builds a `_SearchState` on a worker (`forgetlab.executors.PoolWorkerFactory`; it reads the checkpoints
+    itself, so only the pool's base and probe data travel)."""
+
+    members: Sequence[str] = ()
 
     def __init__(self, pool, *args):
-        self.pool, self.args = pool, args
+        super().__init__(pool)
+        self.args = args
 
-    def __getstate__(self) -> dict[str, Any]:
-        from forgetlab.executors import pool_spec
-
-        d = dict(self.__dict__)
-        if not isinstance(d["pool"], dict):
-            d["pool"] = pool_spec(d["pool"], [])
-        return d
-
-    def __call__(self) -> _SearchState:
-        from forgetlab.executors import open_pool
-
-        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+    def build(self, pool) -> _SearchState:
         return _SearchState(pool, *self.args)
 
 
@@ -488,10 +483,9 @@ class _PcbState:
 
 
 class _PcbFactory(_SearchFactory):
-    def __call__(self) -> _PcbState:
-        from forgetlab.executors import open_pool
+    """Builds a `_PcbState` on a worker."""
 
-        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+    def build(self, pool) -> _PcbState:
         return _PcbState(pool, *self.args)
 
 
@@ -558,3 +552,58 @@ def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: 
     recipe = pool_recipe(pool, "pcb", models, {"keep": keep, "lam": lam, "scope": scope})
     return pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
                              executor=executor, progress=progress)[0]
+
+
+# ------------------------------------------------------------------------------------------ the verbs
+
+
+@dataclass
+class SearchSettings:
+    """What a merge search explores: the `recipe` (a Recipe, its file or dict) whose per-model parameter (or
+    HMA block α) CMA-ES tunes within `bounds` for `budget` evaluations, toward `objective`. None: default."""
+
+    recipe: Any = None
+    budget: Optional[int] = None
+    objective: Optional[str] = None
+    max_forgetting: Optional[float] = None
+    forgetting_weight: Optional[float] = None
+    measure: Optional[str] = None
+    task: Optional[str] = None
+    param: Optional[str] = None
+    bounds: Optional[tuple[float, float]] = None
+    hma_blocks: Optional[int] = None
+    sigma0: Optional[float] = None
+    popsize: Optional[int] = None
+    seed: Optional[int] = None
+    device: Optional[str] = None
+    batch_size: Optional[int] = None
+    max_general: Optional[int] = None
+    max_task: Optional[int] = None
+    benchmarks: Any = None
+
+
+def check_settings(settings: SearchSettings, pool=None) -> None:
+    """`check_search` of these settings (it needs the pool: without one, only that a recipe is given)."""
+    if settings.recipe is None:
+        raise ParameterError("A search needs a recipe: the merge whose parameters it tunes.")
+    if pool is not None:
+        opts = options(settings)
+        check_search(opts.pop("recipe"), pool, **opts)
+
+
+def run_settings(pool, settings: SearchSettings, progress: Progress = None, executor=None,
+                 on_point=None) -> SearchResult:
+    """`search` with these settings, on `executor`'s workers."""
+    opts = options(settings)
+    return search(opts.pop("recipe"), pool, progress=progress, executor=executor, on_point=on_point, **opts)
+
+
+def list_searches(home_path=None) -> list:
+    """Saved merge searches (`forgetlab.core.workspace.SavedRun`s, newest first)."""
+    from forgetlab.core.workspace import list_runs
+
+    return list_runs(home_path, kind="search")
+
+
+ANALYSIS = register(Analysis("search", SearchSettings, check_settings, run_settings, save_search, load_search,
+                             list_searches))

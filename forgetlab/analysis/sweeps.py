@@ -42,12 +42,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from forgetlab.core.benchmarks import pick
-from forgetlab.core.errors import (ForgetlabError, ParameterError, ProbeDataError,
-                                   check_fraction)
-from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.analysis.measures import check_general_measure, check_measure, is_benchmark, pareto_front
+from forgetlab.analysis.protocol import Analysis, checked_before_work, options, register
+from forgetlab.core.benchmarks import pick
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.executors import PoolWorkerFactory
 from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
 
 KINDS = ("alpha", "pruning", "density", "hma")
@@ -348,28 +349,20 @@ class _SweepState:
         return card, dist
 
 
-class _SweepFactory:
-    """Builds a `_SweepState`; pickled (for Ray workers) with the pool replaced by what reopens it."""
+class _SweepFactory(PoolWorkerFactory):
+    """Builds a `_SweepState` (the model's working copy) on a worker (`forgetlab.executors.PoolWorkerFactory`)."""
+
+    local_only = ("manager",)     # the driver's lm-eval task manager, reused in process (rebuilt remotely)
 
     def __init__(self, pool, model, device, batch_size, max_general, max_task, tasks, benchmarks, manager=None,
                  dtype=None):
-        self.pool, self.model, self.device, self.dtype = pool, model, device, dtype
+        super().__init__(pool)
+        self.model, self.device, self.dtype = model, device, dtype
+        self.members = [model]
         self.args = (batch_size, max_general, max_task, list(tasks), benchmarks)
-        self.manager = manager          # the driver's lm-eval task manager, reused in process (rebuilt remotely)
+        self.manager = manager
 
-    def __getstate__(self) -> dict[str, Any]:
-        from forgetlab.executors import pool_spec
-
-        d = dict(self.__dict__)
-        if not isinstance(d["pool"], dict):
-            d["pool"] = pool_spec(d["pool"], [self.model])
-        d["manager"] = None
-        return d
-
-    def __call__(self) -> _SweepState:
-        from forgetlab.executors import open_pool
-
-        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
+    def build(self, pool) -> _SweepState:
         return _SweepState(pool, self.model, self.device, *self.args, manager=self.manager, dtype=self.dtype)
 
 
@@ -529,10 +522,6 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
 
 
-class _Checked(Exception):
-    """Raised by `check`'s progress callback at a sweep's first report, which follows all its checks."""
-
-
 def check(kind: str, pool, model: str, **settings) -> None:
     """Raise the ForgetlabError that `SWEEPS[kind](pool, model, **settings)` would raise for bad settings,
     without loading a model (the app calls it before starting the sweep in the background).
@@ -542,14 +531,7 @@ def check(kind: str, pool, model: str, **settings) -> None:
     """
     if kind not in SWEEPS:
         raise ParameterError(f"Unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}.")
-
-    def stop(fraction: float, message: str) -> None:
-        raise _Checked
-
-    try:
-        SWEEPS[kind](pool, model, progress=stop, **settings)
-    except _Checked:
-        return
+    checked_before_work(SWEEPS[kind], pool, model, **settings)
 
 
 # ------------------------------------------------------------------------------------------- save/reopen
@@ -588,3 +570,68 @@ def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None
     if model is not None:
         runs = [r for r in runs if r.recipe.get("model") == model]
     return runs
+
+
+# ------------------------------------------------------------------------------------------ the verbs
+
+
+@dataclass
+class SweepSettings:
+    """What a forgetting sweep runs: its `kind` (alpha, pruning, density, hma), the fine-tuned `model`, the
+    kind's own grid (alpha: `alphas`; pruning: `ratios`, `scores`; density: `drops`, `keeps`, `methods`, `seed`;
+    hma: `grid`) and the evaluation settings. A setting left None takes the sweep's default."""
+
+    kind: str = "alpha"
+    model: str = ""
+    task: Optional[str] = None
+    alphas: Optional[Sequence[float]] = None
+    ratios: Optional[Sequence[float]] = None
+    scores: Optional[Sequence[str]] = None
+    drops: Optional[Sequence[float]] = None
+    keeps: Optional[Sequence[float]] = None
+    methods: Optional[Sequence[str]] = None
+    seed: Optional[int] = None
+    grid: Optional[Sequence[Sequence[float]]] = None
+    device: Optional[str] = None
+    batch_size: Optional[int] = None
+    max_general: Optional[int] = None
+    max_task: Optional[int] = None
+    tasks: Optional[Sequence[str]] = None
+    benchmarks: Any = None
+    dtype: Any = None
+
+
+_GRID_SETTINGS = {"alpha": {"alphas"}, "pruning": {"ratios", "scores"},
+                  "density": {"drops", "keeps", "methods", "seed"}, "hma": {"grid"}}
+_EVAL_SETTINGS = {"task", "device", "batch_size", "max_general", "max_task", "tasks", "benchmarks", "dtype"}
+
+
+def _sweep_options(settings: SweepSettings) -> dict[str, Any]:
+    if settings.kind not in SWEEPS:
+        raise ParameterError(f"Unknown sweep {settings.kind!r}; choose from {', '.join(SWEEPS)}.")
+    others = set().union(*_GRID_SETTINGS.values()) - _GRID_SETTINGS[settings.kind]
+    wrong = sorted(n for n in others if getattr(settings, n) is not None)
+    if wrong:
+        grid = ", ".join(sorted(_GRID_SETTINGS[settings.kind]))
+        raise ParameterError(f"{', '.join(wrong)} {'is not a setting' if len(wrong) == 1 else 'are not settings'} of "
+                             f"a {settings.kind} sweep; its grid is {grid}.")
+    return options(settings, _GRID_SETTINGS[settings.kind] | _EVAL_SETTINGS)
+
+
+def check_settings(settings: SweepSettings, pool=None) -> None:
+    """Refuse bad sweep settings (unknown kind, another kind's grid; with the pool: model, grid, task, probe
+    data) with the message the sweep would give, without loading a model."""
+    opts = _sweep_options(settings)
+    if pool is not None:
+        check(settings.kind, pool, settings.model, **opts)
+
+
+def run_settings(pool, settings: SweepSettings, progress: Progress = None, executor=None,
+                 on_point: OnPoint = None) -> SweepResult:
+    """Run the sweep `settings` describe (`SWEEPS[kind]`)."""
+    return SWEEPS[settings.kind](pool, settings.model, progress=progress, executor=executor, on_point=on_point,
+                                 **_sweep_options(settings))
+
+
+ANALYSIS = register(Analysis("sweep", SweepSettings, check_settings, run_settings, save_sweep, load_sweep,
+                             list_sweeps))

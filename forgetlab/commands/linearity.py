@@ -72,9 +72,7 @@ def cmd_linearity(args) -> int:
                                      device=args.device, progress=update)
     finally:
         close()
-    df = result.to_frame()
-    flat = df.assign(curve=[";".join(f"{v:.6g}" for v in c) for c in df["curve"]],
-                     curve_std=[";".join(f"{v:.6g}" for v in c) for c in df["curve_std"]])
+    flat = result.flat_frame()
     emit(f"{result.model} on {result.task}: {result.samples} samples, inputs from the {result.capture} model")
     emit_frame(result.by_level())
     note = result.unchanged_note()
@@ -87,12 +85,9 @@ def cmd_linearity(args) -> int:
     if args.curves:
         write_csv(result.curves_frame(), args.curves, args.overwrite)
     if not args.no_save:
-        from forgetlab.core.workspace import save_run
+        from forgetlab.analysis.linearity import save_linearity
 
-        recipe = {"pool": str(Path(args.pool).resolve()), "task": result.task, "model": result.model,
-                  "levels": list(result.levels), "alphas": list(result.alphas), "samples": result.samples,
-                  "capture": result.capture}
-        emit(f"saved run {save_run('linearity', recipe, result.to_dict(), frame=flat)}")
+        emit(f"saved run {save_linearity(result, pool=pool)}")
     return 0
 
 

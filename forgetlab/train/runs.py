@@ -22,6 +22,7 @@ import torch
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
 from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.executors import PoolWorkerFactory
 from forgetlab.train.trainer import TrainResult, train
 
 
@@ -401,25 +402,15 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     return comp
 
 
-class _FinetuneFactory:
-    """A fine-tune worker (one run per item, a config); pickled for Ray with the pool replaced by its spec."""
+class _FinetuneFactory(PoolWorkerFactory):
+    """A fine-tune worker (one run per item, a config), built around the pool
+    (`forgetlab.executors.PoolWorkerFactory`)."""
 
     def __init__(self, pool, task: str, kw: dict):
-        self.pool, self.task, self.kw = pool, task, kw
+        super().__init__(pool)
+        self.task, self.kw = task, kw
 
-    def __getstate__(self) -> dict[str, Any]:
-        from forgetlab.executors import pool_spec
-
-        d = dict(self.__dict__)
-        if not isinstance(d["pool"], dict):
-            d["pool"] = pool_spec(d["pool"])
-        return d
-
-    def __call__(self):
-        from forgetlab.executors import open_pool
-
-        pool = open_pool(self.pool) if isinstance(self.pool, dict) else self.pool
-
+    def build(self, pool):
         def state(cfg, progress=None):
             return finetune(pool, self.task, cfg, progress=progress, **self.kw)
         return state

@@ -1,0 +1,96 @@
+"""The verbs every analysis shares, so that the app, the CLI and scripts drive each one the same way:
+
+    a = get("sweep")                      # or "linearity", "features", "attribution", "search", "taskvec"
+    settings = a.settings(kind="alpha", model="math")
+    a.check(settings, pool)               # ForgetlabError for bad settings, before any model is loaded
+    result = a.run(pool, settings, progress, executor)
+    path = a.save(result)                 # under the workspace's runs/ (recipe + results)
+    again = a.load(path)
+    saved = a.list()                      # SavedRuns of this analysis, newest first
+
+Each analysis module registers one `Analysis` at its end; `get` imports the module on first use, so that
+asking for one analysis does not import the others' dependencies.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, fields
+from typing import Any, Callable, Mapping, Optional
+
+from forgetlab.core.errors import ParameterError
+
+MODULES = {"sweep": "forgetlab.analysis.sweeps", "linearity": "forgetlab.analysis.linearity",
+           "features": "forgetlab.analysis.features", "attribution": "forgetlab.analysis.attribution",
+           "search": "forgetlab.analysis.search", "taskvec": "forgetlab.analysis.taskvec"}
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """One analysis: its run kind, its settings dataclass and its five verbs.
+
+    check(settings, pool=None) → None (checks needing the pool run only when it is given);
+    run(pool, settings, progress=None, executor=None) → a result dataclass with `.to_frame()`;
+    save(result, home_path=None) → Path; load(path) → result; list(home_path=None) → [SavedRun]."""
+
+    kind: str
+    settings: type
+    check: Callable[..., None]
+    run: Callable[..., Any]
+    save: Callable[..., Any]
+    load: Callable[..., Any]
+    list: Callable[..., list]
+
+
+ANALYSES: dict[str, Analysis] = {}
+
+
+def register(analysis: Analysis) -> Analysis:
+    """Add an analysis under its kind (once)."""
+    if analysis.kind in ANALYSES and ANALYSES[analysis.kind] is not analysis:
+        raise ParameterError(f"An analysis named {analysis.kind!r} is registered already.")
+    ANALYSES[analysis.kind] = analysis
+    return analysis
+
+
+def get(kind: str) -> Analysis:
+    """The analysis called `kind` (its module imported on first use), or a ParameterError naming the others."""
+    if kind not in ANALYSES and kind in MODULES:
+        importlib.import_module(MODULES[kind])
+    if kind not in ANALYSES:
+        raise ParameterError(f"Unknown analysis {kind!r}; choose one of {', '.join(MODULES)}.")
+    return ANALYSES[kind]
+
+
+def settings_from(cls: type, values: Mapping[str, Any]) -> Any:
+    """`cls(**values)` (a settings dataclass) with unknown names refused by name."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ParameterError(f"{cls.__name__} has no setting {', '.join(map(repr, unknown))}; its settings are "
+                             f"{', '.join(sorted(known))}.")
+    return cls(**values)
+
+
+def options(settings: Any, names: Optional[set] = None) -> dict[str, Any]:
+    """The settings dataclass as keyword arguments (only `names` when given), leaving out those still None so
+    that the analysis' own defaults apply."""
+    return {f.name: getattr(settings, f.name) for f in fields(settings)
+            if getattr(settings, f.name) is not None and (names is None or f.name in names)}
+
+
+class _Checked(Exception):
+    """Raised by `checked_before_work`'s progress callback at the analysis' first report."""
+
+
+def checked_before_work(fn: Callable[..., Any], *args, **kwargs) -> None:
+    """Run `fn(*args, progress=…, **kwargs)` only up to its first progress report and stop there.
+
+    For analyses that check every setting (model, grid, task, probe data) before their first report (the
+    loading of a working copy): the check raises the same ForgetlabError the run would, and loads no model."""
+    def stop(fraction: float, message: str) -> None:
+        raise _Checked
+
+    try:
+        fn(*args, progress=stop, **kwargs)
+    except _Checked:
+        return

@@ -1,0 +1,113 @@
+"""Every analysis has the same verbs (forgetlab.analysis.protocol): check(settings, pool) refuses bad settings
+with the analysis' own message before any model is loaded, run(pool, settings, progress, executor) gives the
+result the analysis' function gives, save → load gives the same table back, list finds what was saved."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from forgetlab.analysis.protocol import ANALYSES, MODULES, get, settings_from
+from forgetlab.core.errors import ForgetlabError, ParameterError
+
+
+def _no_model_loads(monkeypatch):
+    """Make any model load fail loudly: a check must not load one."""
+    import forgetlab.core.checkpoints.loading as loading
+
+    def refuse(*a, **k):
+        raise AssertionError("check() loaded a model")
+
+    monkeypatch.setattr(loading, "load_model", refuse)
+
+
+def test_every_analysis_is_registered_with_five_verbs():
+    for kind in MODULES:
+        a = get(kind)
+        assert a.kind == kind and ANALYSES[kind] is a
+        for verb in ("check", "run", "save", "load", "list"):
+            assert callable(getattr(a, verb)), (kind, verb)
+    with pytest.raises(ParameterError, match="Unknown analysis 'nope'; choose one of sweep, linearity"):
+        get("nope")
+
+
+def test_settings_are_typed_and_unknown_names_are_refused():
+    a = get("sweep")
+    s = settings_from(a.settings, {"kind": "alpha", "model": "ft0", "alphas": [0.0, 1.0]})
+    assert s.alphas == [0.0, 1.0] and s.ratios is None
+    with pytest.raises(ParameterError, match="SweepSettings has no setting 'alhpas'"):
+        settings_from(a.settings, {"alhpas": [0.5]})
+
+
+@pytest.mark.parametrize("kind,values,message", [
+    ("sweep", {"kind": "alpha", "model": "ft0", "ratios": [0.5]}, "ratios is not a setting of a alpha sweep"),
+    ("sweep", {"kind": "wobble", "model": "ft0"}, "Unknown sweep 'wobble'"),
+    ("sweep", {"kind": "alpha", "model": "nope"}, "no fine-tuned model 'nope'"),
+    ("sweep", {"kind": "alpha", "model": "ft0", "alphas": [0.5, 1.5]}, "alpha"),
+    ("linearity", {"task": "math", "model": "ft0", "alphas": [0.5, 1.0]}, "alphas must be distinct numbers in [0, 1)"),
+    ("linearity", {"task": "math", "model": "ft0", "levels": ["neuron"]}, "Unknown level 'neuron'"),
+    ("linearity", {"task": "chess", "model": "ft0"}, "no task 'chess'"),
+    ("features", {"models": []}, "Choose at least one model"),
+    ("features", {"models": ["ft9"]}, "no model 'ft9'"),
+    ("attribution", {"model": "ft0", "level": "neuron"}, "neuron"),
+    ("attribution", {"model": "nope"}, "nope"),
+    ("search", {}, "A search needs a recipe"),
+    ("taskvec", {"models": ["ft7"]}, "no fine-tuned model 'ft7'"),
+])
+def test_check_refuses_bad_settings_before_loading_a_model(kind, values, message, pool, monkeypatch):
+    _no_model_loads(monkeypatch)
+    a = get(kind)
+    with pytest.raises(ForgetlabError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        a.check(settings_from(a.settings, values), pool)
+
+
+def test_check_passes_good_settings_without_loading_a_model(pool, monkeypatch):
+    _no_model_loads(monkeypatch)
+    for kind, values in [("sweep", {"kind": "alpha", "model": "ft0", "alphas": [0.0, 1.0]}),
+                         ("linearity", {"task": "math", "model": "ft0", "levels": ["mlp"]}),
+                         ("features", {"models": ["base", "ft0"], "tasks": ["math"]}),
+                         ("attribution", {"model": "ft0", "level": "layer", "task": "math"}),
+                         ("taskvec", {"models": ["ft0", "ft1"]})]:
+        a = get(kind)
+        a.check(settings_from(a.settings, values), pool)
+
+
+def test_run_gives_what_the_function_gives_and_save_load_list_round_trip(pool, tmp_path):
+    from forgetlab.analysis.sweeps import alpha_curve
+    from forgetlab.analysis.taskvec import cosine_matrix
+
+    sweep = get("sweep")
+    s = sweep.settings(kind="alpha", model="ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")
+    seen = []
+    res = sweep.run(pool, s, progress=lambda f, m: seen.append(f))
+    direct = alpha_curve(pool, "ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")
+    cols = ["series", "x", "general_loss", "speciality", "distance"]
+    pd.testing.assert_frame_equal(res.to_frame()[cols], direct.to_frame()[cols])
+    assert seen and seen[-1] == 1.0
+    path = sweep.save(res, home_path=tmp_path)
+    pd.testing.assert_frame_equal(sweep.load(path).to_frame()[cols], res.to_frame()[cols])
+    assert [r.path for r in sweep.list(home_path=tmp_path)] == [path]
+
+    tv = get("taskvec")
+    res = tv.run(pool, tv.settings(models=["ft0", "ft1"]))
+    assert [n.model for n in res.norms] == ["ft0", "ft1"]
+    assert res.cosine.values == cosine_matrix(pool, ["ft0", "ft1"]).values
+    path = tv.save(res, home_path=tmp_path, pool=pool)
+    again = tv.load(path)
+    pd.testing.assert_frame_equal(again.to_frame(), res.to_frame())
+    assert again.cosine.values == res.cosine.values
+    assert [r.path for r in tv.list(home_path=tmp_path)] == [path]
+    with pytest.raises(ForgetlabError, match="not task-vector norms"):
+        tv.load(sweep.list(home_path=tmp_path)[0].path)
+
+
+def test_linearity_save_is_the_one_the_page_and_the_cli_write(pool, tmp_path):
+    lin = get("linearity")
+    res = lin.run(pool, lin.settings(task="math", model="ft0", levels=["mlp"], samples=2, alphas=[0.0, 0.5],
+                                     device="cpu"))
+    path = lin.save(res, home_path=tmp_path, pool=pool)
+    saved = lin.list(home_path=tmp_path)[0]
+    assert saved.path == path and saved.recipe["model"] == "ft0" and saved.recipe["levels"] == ["mlp"]
+    assert saved.recipe["pool"] == str(pool.source.resolve())
+    csv = pd.read_csv(path / "results.csv")
+    assert csv["curve"].iloc[0].count(";") == 1                     # d(α) written 'd0;d1'
+    pd.testing.assert_frame_equal(lin.load(path).to_frame(), res.to_frame())
