@@ -5,13 +5,13 @@ import time
 
 import streamlit as st
 
-from forgetlab.analysis.search import search_pool_lambdas
+from forgetlab.analysis.lambda_search import pcb_lambda_search
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
-from forgetlab.merge.workflow import (cards_frame, check_merge_name, evaluate_merge, merge_into_workspace, pool_recipe,
-                                      saved_merges)
+from forgetlab.merge.workflow import (cards_frame, check_merge_name, merge_and_evaluate, pool_recipe, saved_merges,
+                                      workspace_merge_dir)
 from forgetlab.plots.merge import scorecard_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
                           workspace_home)
@@ -78,22 +78,22 @@ with right:
     cache = st.session_state.setdefault(CACHE_KEY, {})
 
     def work(progress):
-        """(λ search,) merge into merges/<name>, evaluate beside base and parents: the page's report."""
+        """(λ search,) merge into merges/<name> and evaluate it beside base and parents, all or nothing (the path
+        `forgetlab merge --eval` takes): the page's report."""
         from forgetlab.ui.executor import session_executor
 
         found, merge_params = None, dict(params)
         if search:
-            lam0 = params["lam"][0] if isinstance(params["lam"], list) else params["lam"]
-            found = search_pool_lambdas(pool, models, keep=params["keep"], lam=float(lam0), scope=params["scope"],
-                                        budget=int(budget), max_task=int(max_task), device=device,
-                                        executor=session_executor(), progress=scaled(progress, 0.0, 0.4))
+            start_recipe = pool_recipe(pool, method, models, params, dtype=out_dtype)
+            found = pcb_lambda_search(pool, start_recipe, budget=int(budget), max_task=int(max_task), device=device,
+                                      executor=session_executor(), progress=scaled(progress, 0.0, 0.4))[0]
             merge_params["lam"] = [round(v, 6) for v in found.lambdas]
         recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
-        result = merge_into_workspace(recipe, name, device=device, pool=pool,
-                                      progress=scaled(progress, 0.4 if search else 0.0, 0.7))
-        cards = evaluate_merge(pool, result.out_dir, models, device=device, max_general=int(max_general),
-                               max_task=int(max_task), cache=cache, benchmarks=bench_settings.get("benchmarks"),
-                               progress=scaled(progress, 0.7, 1.0))
+        recipe.name = name
+        result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, device=device,
+                                           max_general=int(max_general), max_task=int(max_task), cache=cache,
+                                           benchmarks=bench_settings.get("benchmarks"),
+                                           progress=scaled(progress, 0.4 if search else 0.0, 1.0))
         return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
                 "seconds": result.seconds, "search": found}
 

@@ -234,7 +234,7 @@ def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(r
     and on a Ray worker, and the CLI names the worker processes."""
     import yaml
 
-    from forgetlab.analysis.search import pcb_lambda_search
+    from forgetlab.analysis.lambda_search import pcb_lambda_search
     from forgetlab.cli import main
     from forgetlab.merge.workflow import pool_recipe
 

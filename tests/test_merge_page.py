@@ -184,3 +184,31 @@ def test_merge_page_search_needs_a_method_with_per_model_weights(tiny_llama, tmp
     assert at.button(key="merge_search_run").disabled                     # WiSE-FT: one α, nothing per model
     assert any("wise_ft has no per-model weight" in (b.help or "") for b in at.button
                if b.key == "merge_search_run")
+
+
+def test_merge_page_is_all_or_nothing_like_the_cli(tiny_llama, tmp_path, monkeypatch):
+    """The page merges through merge_and_evaluate (the CLI's `merge --eval` path): when the evaluation fails, no
+    merge folder is left under merges/ and the page shows the message."""
+    from forgetlab.core.errors import ProbeDataError
+    from forgetlab.merge import workflow
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    calls = []
+
+    def failing_evaluate(*a, **k):
+        calls.append(k.get("name"))
+        raise ProbeDataError("the probe data went away during the evaluation")
+
+    monkeypatch.setattr(workflow, "evaluate", failing_evaluate)
+    at = open_page("merge", tiny_llama.pool_yaml)
+    at.run()
+    at.text_input(key="merge_name_ties").set_value("half")
+    at.number_input(key="merge_max_general").set_value(2)
+    at.number_input(key="merge_max_task").set_value(2)
+    at.button(key="merge_run").click().run()
+    finish_jobs(at, "merge")
+    assert not at.exception, at.exception
+    assert calls, "the page did not evaluate through merge.workflow"
+    assert any("probe data went away" in e.value for e in at.error)
+    assert not (tmp_path / "merges" / "half").exists()
+    assert not [p for p in (tmp_path / "merges").iterdir()] if (tmp_path / "merges").exists() else True

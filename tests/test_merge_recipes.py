@@ -10,7 +10,7 @@ import yaml
 from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import merge_state_dicts
-from forgetlab.merge.lambda_search import compose, pcb_components, probe_loss, search_pcb_lambdas
+from forgetlab.analysis.lambda_search import cma_lambdas, compose, pcb_components, probe_loss
 from forgetlab.merge.recipes import Recipe, load_recipe
 
 
@@ -147,7 +147,7 @@ def test_cma_search_finds_the_minimum_of_a_known_loss_within_budget():
         calls.append(1)
         return sum((a - b) ** 2 for a, b in zip(lams, target))
 
-    res = search_pcb_lambdas(base, fts, loss, loss_of="lambdas", budget=60, seed=1)
+    res = cma_lambdas(base, fts, loss, loss_of="lambdas", budget=60, seed=1)
     assert len(calls) == res.n_evals <= 60
     assert res.loss < res.initial_loss
     assert all(abs(a - b) < 0.15 for a, b in zip(res.lambdas, target))
@@ -161,7 +161,7 @@ def test_cma_search_with_a_state_dict_loss_and_probe_data(tiny_llama):
     base = open_checkpoint(tiny_llama.base).state_dict()
     fts = [open_checkpoint(p).state_dict() for p in tiny_llama.finetuned.values()]
     loss = probe_loss(pool, max_task=4)
-    res = search_pcb_lambdas(base, fts, loss, budget=5, seed=0)
+    res = cma_lambdas(base, fts, loss, budget=5, seed=0)
     assert res.n_evals == 5 and math.isfinite(res.loss) and res.loss <= res.initial_loss
     # the loss really depends on the weights: the base and the start merge (λ = 1) score differently
     assert loss(base) != pytest.approx(res.history[0][1])

@@ -214,13 +214,6 @@ class _SearchFactory(PoolWorkerFactory):
 # ---------------------------------------------------------------------------------------------- driver
 
 
-def _ref(pool, ref: str) -> str:
-    """A recipe's model reference: a pool member's name ("base" included) or a path / hub id."""
-    if ref == "base":
-        return pool.base_ref
-    if ref in pool.model_names:
-        return pool.entries[ref].ref
-    return ref
 
 
 def _label(pool, ref: str) -> str:
@@ -330,9 +323,9 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     highs = [hi] * len(start) + [1.0] * int(hma_blocks)
     models = [_label(pool, m.model) for m in recipe.models]
     eval_kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task)
+    refs = [pool.resolve_ref(m.model) for m in recipe.models]
     factory = _SearchFactory(pool, recipe.method, base_params, pspec.name if pspec else None,
-                             _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models], device, eval_kw,
-                             benchmarks)
+                             pool.resolve_ref(recipe.base), refs, device, eval_kw, benchmarks)
     executor = make_executor(executor)
     settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi],
                     hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw,
@@ -456,102 +449,6 @@ def load_search(path) -> SearchResult:
         return SearchResult.from_dict(run.results)
     except (KeyError, TypeError, ValueError) as exc:
         raise WorkspaceError(f"The search in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
-
-
-# ------------------------------------------------------------------------------------ PCB λ search on workers
-
-
-class _PcbState:
-    """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
-
-    def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
-                 device: Optional[str]):
-        from forgetlab.core.checkpoints import open_checkpoint
-        from forgetlab.merge.lambda_search import pcb_components, probe_loss
-
-        base = open_checkpoint(base_ref)
-        self.base = base.state_dict()
-        fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
-        self.comps = pcb_components(self.base, fts, keep, scope)
-        del fts
-        self.loss = probe_loss(pool, device=device)
-
-    def __call__(self, lambdas, progress: Progress = None) -> float:
-        from forgetlab.merge.lambda_search import compose
-
-        return float(self.loss(compose(self.base, self.comps, lambdas)))
-
-
-class _PcbFactory(_SearchFactory):
-    """Builds a `_PcbState` on a worker."""
-
-    def build(self, pool) -> _PcbState:
-        return _PcbState(pool, *self.args)
-
-
-class pcb_batch_loss:
-    """Context manager giving `batch_loss(list of λ vectors) -> losses` for `search_pcb_lambdas`, evaluated on an
-    executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
-
-    def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None):
-        from forgetlab.executors import make_executor
-
-        self.executor = make_executor(executor)
-        self.factory = _PcbFactory(pool, _ref(pool, recipe.base), [_ref(pool, m.model) for m in recipe.models],
-                                   float(keep), scope, device)
-        self.workers_used: list[dict] = []
-
-    def __enter__(self):
-        self._workers = self.executor.workers(self.factory)
-
-        def batch(lams: list[list[float]]) -> list[float]:
-            outs = self._workers.map(lams)
-            self.workers_used += [dict(o.worker or {}) for o in outs]
-            return [o.value if o.ok else float("nan") for o in outs]
-        return batch
-
-    def __exit__(self, *exc) -> None:
-        self._workers.close()
-
-
-def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task: Optional[int] = 32,
-                      device: Optional[str] = None, executor=None, progress: Progress = None):
-    """PCB's per-task λ search (CMA-ES, `forgetlab.merge.lambda_search.search_pcb_lambdas`) for a pcb `recipe`
-    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split — in this
-    process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
-    Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.executors import make_executor, worker_id
-    from forgetlab.merge.lambda_search import probe_loss, search_pcb_lambdas
-
-    if recipe.method != "pcb":
-        raise ParameterError(f"The λ search is PCB's; this recipe uses {recipe.method}.")
-    p = recipe.validated_params()
-    lam0 = float(p["lam"][0] if isinstance(p["lam"], (list, tuple)) else p["lam"])
-    base = open_checkpoint(_ref(pool, recipe.base))
-    fts = [open_checkpoint(_ref(pool, m.model), base=base).state_dict() for m in recipe.models]
-    kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress)
-    executor = make_executor(executor)
-    if executor.name == "local":
-        loss = probe_loss(pool, max_task=max_task, device=device)
-        return search_pcb_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
-    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device)
-    with on as batch:
-        res = search_pcb_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
-    return res, on.workers_used
-
-
-def search_pool_lambdas(pool, models: Sequence[str], *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
-                        budget: int = 20, max_task: int | None = 32, seed: int = 0, device: str | None = None,
-                        executor=None, progress: Progress = None):
-    """PCB per-task λ search (CMA-ES) for pool models, minimising the mean answer loss on the pool tasks'
-    probe split (`pcb_lambda_search`, on `executor`'s workers when given). Returns a
-    LambdaSearchResult (λ in the order of `models`)."""
-    from forgetlab.merge.workflow import pool_recipe
-
-    recipe = pool_recipe(pool, "pcb", models, {"keep": keep, "lam": lam, "scope": scope})
-    return pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
-                             executor=executor, progress=progress)[0]
 
 
 # ------------------------------------------------------------------------------------------ the verbs

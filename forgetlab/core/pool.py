@@ -45,7 +45,7 @@ class NonFiniteWeightsWarning(UserWarning):
 
 
 @dataclass(frozen=True)
-class ModelEntry:
+class PoolMember:
     """How a pool member is stored: a full model folder, or an adapter applied to the base."""
 
     name: str
@@ -138,7 +138,7 @@ class ModelPool:
         self.probes = probes or Probes()
         self.base_ref = str(base)
         self.base = open_checkpoint(base)
-        self.entries: dict[str, ModelEntry] = {}
+        self.entries: dict[str, PoolMember] = {}
         self._checkpoints: dict[str, Checkpoint] = {BASE: self.base}
         self._loaded: dict[tuple[str, str, torch.dtype], Any] = {}
         self._tokenizer = None
@@ -163,7 +163,7 @@ class ModelPool:
         if isinstance(ckpt, LoraCheckpoint):
             adapter = True
         check_compatible(self.base, ckpt, name)
-        self.entries[name] = ModelEntry(name, str(ref), adapter)
+        self.entries[name] = PoolMember(name, str(ref), adapter)
         self._checkpoints[name] = ckpt
         if scan_nonfinite:
             self._warn_nonfinite(name, ckpt)
@@ -193,6 +193,15 @@ class ModelPool:
         except KeyError:
             known = ", ".join([BASE, *self.entries])
             raise ForgetlabError(f"The pool has no model {name!r}; its models are: {known}.") from None
+
+    def resolve_ref(self, ref: str) -> str:
+        """The checkpoint reference behind `ref`: a member's name ("base" included) gives its folder, file or hub
+        id; anything else (a path, a hub id) is returned as it is."""
+        if ref == BASE:
+            return self.base_ref
+        if ref in self.entries:
+            return self.entries[ref].ref
+        return ref
 
     def load(self, name: str, device: str | None = None, dtype: torch.dtype = torch.float32):
         """The model for forward passes, loaded once per (name, device, dtype) and cached."""

@@ -14,6 +14,9 @@ __all__ = ["METHODS", "MethodSpec", "ParamSpec", "PrepareContext", "TensorJob", 
 
 
 def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs):
-    """Merge checkpoints on disk by a recipe into an HF folder (see forgetlab.merge.engine.run)."""
+    """Merge checkpoints on disk by a recipe (a Recipe, a dict, YAML text or a recipe file, parsed once here) into
+    an HF folder (see forgetlab.merge.engine.run)."""
     from forgetlab.merge.engine import run as _run
-    return _run(recipe, out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)
+    from forgetlab.merge.recipes import load_recipe
+
+    return _run(load_recipe(recipe), out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)

@@ -23,7 +23,7 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import check_output_dir
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors
-from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.recipes import Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
@@ -62,28 +62,33 @@ def _check_device(device: str) -> str:
     return ck.check_device(device or "cpu")
 
 
-def open_sources(recipe: Recipe):
-    """Open the recipe's base and models lazily; returns (base checkpoint, base source, model sources)."""
+@dataclass
+class Sources:
+    """A recipe's checkpoints, opened once (headers only; tensors are read lazily): the base checkpoint, the base
+    and fine-tuned models as merge sources, and every file or folder the merge reads (`inputs`: an output
+    folder that holds one of them is never replaced)."""
+
+    base_ck: Any
+    base: CheckpointSource
+    models: list[CheckpointSource]
+    inputs: list[Path]
+
+
+def open_sources(recipe: Recipe) -> Sources:
+    """Open the recipe's base and models lazily (warning about fine-tunes stored in a lower precision)."""
+    from forgetlab.core.pool import warn_dtype_mismatch
+
     base_ck = ck.open_checkpoint(recipe.base)
     base = CheckpointSource(base_ck, str(recipe.base))
     models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
-    from forgetlab.core.pool import warn_dtype_mismatch
-
     for m in models:
         if not m.is_lora:
             warn_dtype_mismatch(base_ck, m.ckpt, m.label)
-    return base_ck, base, models
-
-
-def recipe_inputs(recipe: Recipe) -> list[Path]:
-    """`merge_inputs` of a recipe, its checkpoints opened lazily (headers only)."""
-    base_ck = ck.open_checkpoint(recipe.base)
-    return merge_inputs(base_ck, [ck.open_checkpoint(m.model, base=base_ck) for m in recipe.models], recipe)
+    return Sources(base_ck, base, models, merge_inputs(base_ck, [m.ckpt for m in models], recipe))
 
 
 def merge_inputs(base_ck, model_cks, recipe: Recipe) -> list[Path]:
-    """Every file or folder a merge reads (base, models, adapters' bases, the pool file): an output folder
-    that holds one of them is never replaced."""
+    """Every file or folder a merge reads (base, models, adapters' bases, the pool file)."""
     paths = [Path(base_ck.path)]
     for m in model_cks:
         paths.append(Path(m.path))
@@ -95,10 +100,14 @@ def merge_inputs(base_ck, model_cks, recipe: Recipe) -> list[Path]:
     return paths
 
 
-def run(recipe: Recipe | str | Path | Mapping, out_dir: str | Path, progress: Progress = None,
-        overwrite: bool = False, device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
-        max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS) -> MergeResult:
-    """Merge the recipe's checkpoints into an HF folder at `out_dir` (see the module docstring).
+def run(recipe: Recipe, out_dir: str | Path, progress: Progress = None, overwrite: bool = False,
+        device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
+        max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS,
+        sources: Sources | None = None) -> MergeResult:
+    """Merge the checkpoints of a parsed `recipe` (`forgetlab.merge.recipes.load_recipe`; `forgetlab.merge.run`
+    takes a file or dict too) into an HF folder at `out_dir` (see the module docstring). `sources`: the
+    recipe's checkpoints already opened (`open_sources`), so that a caller that needed them first (to know the
+    inputs an output must not hold) does not open them again.
 
     An existing `out_dir` is refused unless `overwrite`. `device` ("cpu" or "cuda") is where the arithmetic
     runs. Methods with a `prepare` hook (e.g. submodule-linearity merging) need `pool` (a ModelPool with
@@ -106,23 +115,25 @@ def run(recipe: Recipe | str | Path | Mapping, out_dir: str | Path, progress: Pr
     afterwards; None keeps the caller's setting): see DEFAULT_THREADS.
     """
     if threads is None:
-        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes)
+        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes, sources)
     old = torch.get_num_threads()
     torch.set_num_threads(int(threads))
     try:
-        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes)
+        return _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes, sources)
     finally:
         torch.set_num_threads(old)
 
 
-def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes) -> MergeResult:
+def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes, sources) -> MergeResult:
     t0 = time.perf_counter()
-    recipe = load_recipe(recipe)
+    if not isinstance(recipe, Recipe):
+        raise ParameterError("internal: the merge engine takes a parsed Recipe (forgetlab.merge.recipes.load_recipe); "
+                             "forgetlab.merge.run also takes a file or a dict.")
     spec = get_method(recipe.method)
     params = recipe.validated_params()
     device = _check_device(device)
-    base_ck, base, models = open_sources(recipe)          # headers only: cheap, and the inputs are then known
-    inputs = merge_inputs(base_ck, [m.ckpt for m in models], recipe)
+    sources = sources or open_sources(recipe)          # headers only: cheap, and the inputs are then known
+    base_ck, base, models, inputs = sources.base_ck, sources.base, sources.models, sources.inputs
     out = check_output_dir(out_dir, overwrite, inputs)
     entries = check_compatible(base, models)
     cfg_file = Path(base_ck.config_dir) / "config.json"

@@ -73,10 +73,15 @@ def check_merge_name(name: str) -> str:
     return name
 
 
+def workspace_merge_dir(name: str, home: str | Path | None = None) -> Path:
+    """`<workspace>/merges/<name>`, the name checked (`check_merge_name`)."""
+    return workspace.merges_dir(home) / check_merge_name(name)
+
+
 def merge_into_workspace(recipe: Recipe, name: str, *, home: str | Path | None = None, overwrite: bool = False,
                          device: str = "cpu", pool=None, progress: Progress = None) -> MergeResult:
     """Run the recipe into `<workspace>/merges/<name>` (atomic; an existing merge is kept unless `overwrite`)."""
-    out = workspace.merges_dir(home) / check_merge_name(name)
+    out = workspace_merge_dir(name, home)
     recipe.name = name
     return run(recipe, out, progress=progress, overwrite=overwrite, device=device, pool=pool)
 
@@ -156,19 +161,21 @@ def recipe_parents(pool, recipe: Recipe) -> list[str]:
 
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
                        device: str = "cpu", max_general: int | None = 32, max_task: int | None = 50,
-                       benchmarks=None, benchmark_manager=None,
+                       benchmarks=None, benchmark_manager=None, cache: dict | None = None,
                        progress: Progress = None) -> tuple[MergeResult, list[Scorecard]]:
     """Merge `recipe` into `out_dir` and score it beside the pool's base and the recipe's parents
     (`evaluate_merge`, with `benchmarks`' lm-eval metrics in every card), as one output: the folder appears
     complete with its scorecards.json, or not at all. Parents, tasks, include folder and limit are checked
     before the merge starts; a failed evaluation leaves nothing (an existing `out_dir`, replaced only with
     `overwrite`, stays as it was). `benchmark_manager`: the lm-eval TaskManager of `benchmarks`, if already
-    made. Returns the MergeResult (its out_dir the final folder) and the cards."""
+    made; `cache` reuses the base's and parents' scorecards between calls (`evaluate_merge`). Returns the
+    MergeResult (its out_dir the final folder) and the cards. The CLI (`merge --eval`) and the Merge page both
+    take this path."""
     from dataclasses import replace
 
     from forgetlab.core.benchmarks import checked_manager
     from forgetlab.core.outputs import atomic_output_dir, check_output_dir
-    from forgetlab.merge.engine import recipe_inputs
+    from forgetlab.merge.engine import open_sources
     from forgetlab.merge.recipes import load_recipe
 
     recipe = load_recipe(recipe)
@@ -176,15 +183,16 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
     parents = recipe_parents(pool, recipe)
     manager = benchmark_manager or checked_manager(benchmarks)
-    out = check_output_dir(out_dir, overwrite)
-    with atomic_output_dir(out, overwrite, inputs=recipe_inputs(recipe), kind="merge") as tmp:
+    sources = open_sources(recipe)                       # opened once: for the inputs here and for the merge
+    out = check_output_dir(out_dir, overwrite, sources.inputs)
+    with atomic_output_dir(out, overwrite, inputs=sources.inputs, kind="merge") as tmp:
         inner = tmp / out.name
-        result = run(recipe, inner, progress=scaled(progress, 0.0, 0.4), device=device, pool=pool)
+        result = run(recipe, inner, progress=scaled(progress, 0.0, 0.4), device=device, pool=pool, sources=sources)
         for f in inner.iterdir():               # the merged folder's files become the output's own
             f.replace(tmp / f.name)
         inner.rmdir()
         cards = evaluate_merge(pool, tmp, parents, device=device, max_general=max_general, max_task=max_task,
-                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name,
+                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name, cache=cache,
                                progress=scaled(progress, 0.4, 1.0))
     return replace(result, out_dir=out), cards
 

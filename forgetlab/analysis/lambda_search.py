@@ -1,4 +1,5 @@
-"""PCB per-task λ search with CMA-ES (docs/methods.md#pcb; seed pcb-merging-rebuttal.txt).
+"""PCB's per-task λ search with CMA-ES (docs/methods.md#pcb-lambda-search): `pcb_lambda_search(pool, recipe)`,
+for the CLI (`forgetlab pcb-search`), the Merge page and scripts, in this process or on an executor's workers.
 
 θ(λ) = θ0 + Σi λi·Ci with Ci = β̂i ⊙ τi / Σj β̂j: the balance matrices β̂ do not depend on λ, so they are
 computed once (`pcb_components`) and every evaluation is a cheap weighted sum. CMA-ES (the `cma` package)
@@ -10,15 +11,16 @@ pool's tasks' probe split (forgetlab.core.evaluate.task_score), on one working c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 import torch
 
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.merge.methods import pcb as pcbmod
+from forgetlab.executors import PoolWorkerFactory
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
+from forgetlab.merge.methods import pcb as pcbmod
 from forgetlab.merge.registry import get_method, validate_params
 
 
@@ -87,7 +89,7 @@ def compose(base: Mapping[str, torch.Tensor], components: Sequence[Mapping[str, 
     return out
 
 
-def search_pcb_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
+def cma_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
                        validation_loss: Callable, *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
                        budget: int = 30, sigma0: float = 0.3, bounds: tuple[float, float] = (0.0, 3.0),
                        seed: int = 0, loss_of: str = "state_dict", progress: Progress = None,
@@ -172,3 +174,88 @@ def probe_loss(pool, tasks: Sequence[str] | None = None, split: str = "probe", m
         return float(sum(vals) / len(vals))
 
     return loss
+
+
+# ------------------------------------------------------------------------------------ PCB λ search on workers
+
+
+class _PcbState:
+    """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
+
+    def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
+                 device: Optional[str]):
+        from forgetlab.core.checkpoints import open_checkpoint
+
+        base = open_checkpoint(base_ref)
+        self.base = base.state_dict()
+        fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
+        self.comps = pcb_components(self.base, fts, keep, scope)
+        del fts
+        self.loss = probe_loss(pool, device=device)
+
+    def __call__(self, lambdas, progress: Progress = None) -> float:
+        return float(self.loss(compose(self.base, self.comps, lambdas)))
+
+
+class _PcbFactory(PoolWorkerFactory):
+    """Builds a `_PcbState` on a worker."""
+
+    members: Sequence[str] = ()
+
+    def __init__(self, pool, *args):
+        super().__init__(pool)
+        self.args = args
+
+    def build(self, pool) -> _PcbState:
+        return _PcbState(pool, *self.args)
+
+
+class pcb_batch_loss:
+    """Context manager giving `batch_loss(list of λ vectors) -> losses` for `cma_lambdas`, evaluated on an
+    executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
+
+    def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None):
+        from forgetlab.executors import make_executor
+
+        self.executor = make_executor(executor)
+        refs = [pool.resolve_ref(m.model) for m in recipe.models]
+        self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device)
+        self.workers_used: list[dict] = []
+
+    def __enter__(self):
+        self._workers = self.executor.workers(self.factory)
+
+        def batch(lams: list[list[float]]) -> list[float]:
+            outs = self._workers.map(lams)
+            self.workers_used += [dict(o.worker or {}) for o in outs]
+            return [o.value if o.ok else float("nan") for o in outs]
+        return batch
+
+    def __exit__(self, *exc) -> None:
+        self._workers.close()
+
+
+def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task: Optional[int] = 32,
+                      device: Optional[str] = None, executor=None, progress: Progress = None):
+    """PCB's per-task λ search (CMA-ES, `cma_lambdas`) for a pcb `recipe`
+    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split — in this
+    process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
+    Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
+    from forgetlab.core.checkpoints import open_checkpoint
+    from forgetlab.executors import make_executor, worker_id
+
+    if recipe.method != "pcb":
+        raise ParameterError(f"The λ search is PCB's; this recipe uses {recipe.method}.")
+    p = recipe.validated_params()
+    lam0 = float(p["lam"][0] if isinstance(p["lam"], (list, tuple)) else p["lam"])
+    base = open_checkpoint(pool.resolve_ref(recipe.base))
+    fts = [open_checkpoint(pool.resolve_ref(m.model), base=base).state_dict() for m in recipe.models]
+    kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress)
+    executor = make_executor(executor)
+    if executor.name == "local":
+        loss = probe_loss(pool, max_task=max_task, device=device)
+        return cma_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
+    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device)
+    with on as batch:
+        res = cma_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
+    return res, on.workers_used
