@@ -402,7 +402,7 @@ def test_counts_refuse_zero(parsers, capsys):
 OUTPUT_OPTIONS = {
     "attribution": ["--out"], "features": ["--out", "--distances"], "finetune": ["--out"],
     "linearity": ["--out", "--curves"], "slwm-weights": ["--out"], "merge-export": ["--out"],
-    "pcb-search": ["--out"], "taskvec": ["--out"], "eval": ["--out"], "search": ["--out"],
+    "pcb-search": ["--out"], "taskvec": ["--out"], "eval": ["--out"], "search": ["--out", "--save-recipe"],
     "sweep alpha": ["--out"], "sweep pruning": ["--out"], "sweep density": ["--out"], "sweep hma": ["--out"],
     "zoo show": ["--out"],
 }

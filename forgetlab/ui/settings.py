@@ -51,11 +51,9 @@ def device_settings() -> tuple[str, "torch.dtype"]:
 
 def workspace_home() -> Path:
     """The workspace folder: `forgetlab.core.workspace.home()` (FORGETLAB_HOME, default ~/.forgetlab)."""
-    try:
-        from forgetlab.core.workspace import home
-        return Path(home())
-    except ImportError:  # workspace module not present yet: same rule, read directly
-        return Path(os.environ.get("FORGETLAB_HOME", "~/.forgetlab")).expanduser()
+    from forgetlab.core.workspace import home
+
+    return Path(home())
 
 
 def zoo_presets() -> dict[str, Path]:
@@ -63,11 +61,9 @@ def zoo_presets() -> dict[str, Path]:
 
     Known presets come first in a fixed order (pico, smol), then the others alphabetically.
     """
-    try:
-        from forgetlab.core.workspace import zoo_dir
-        root = Path(zoo_dir())
-    except ImportError:
-        root = workspace_home() / "zoo"
+    from forgetlab.core.workspace import zoo_dir
+
+    root = Path(zoo_dir())
     if not root.is_dir():
         return {}
     found = {p.parent.name: p for p in sorted(root.glob("*/pool.yaml"))}

@@ -5,7 +5,6 @@ Also the first-run panel: with no pool anywhere, offer to build the pico demo zo
 """
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import streamlit as st
@@ -84,54 +83,24 @@ def render_sidebar() -> str | None:
 SIZE_NOTES = {"tiny": "tiny — about a minute, for a first look", "default": "default — a few minutes, clearer effects"}
 
 
-def _zoo_build():
-    try:
-        from forgetlab.zoo import build
-    except ImportError:
-        return None
-    return build
-
-
-def zoo_sizes() -> list[str]:
-    """The sizes `forgetlab.zoo.build` accepts, read from its signature/constants when it says."""
-    try:
-        import forgetlab.zoo as zoo
-    except ImportError:
-        return []
-    sizes = getattr(zoo, "SIZES", None) or getattr(zoo, "PICO_SIZES", None)
-    if isinstance(sizes, dict):
-        return list(sizes)
-    if isinstance(sizes, (list, tuple)):
-        return list(sizes)
-    return []
-
-
 def render_first_run() -> None:
     """With no pool at all: explain, and offer to build the pico demo zoo in the background, then open it."""
-    build = _zoo_build()
+    from forgetlab.zoo import SIZES, build
+
     st.subheader("Welcome to forgetlab")
     st.write("forgetlab shows what fine-tuning changed in a language model and what it cost. It needs a "
              "**model pool**: a base model, fine-tuned versions of it, and probe data. Build the small demo "
              "zoo (a pico Llama pre-trained on a Wikipedia sample and fine-tuned on three tasks, entirely "
              "offline), or enter the path of your own pool.yaml in the sidebar.")
-    if build is None:
-        st.warning("The zoo builder (forgetlab.zoo.build) is not available in this installation.")
-        return
-    sizes = zoo_sizes()
-    size = (st.selectbox("Zoo size", sizes, index=sizes.index("default") if "default" in sizes else 0,
-                         format_func=lambda s: SIZE_NOTES.get(s, s), key="app_zoo_size") if sizes else None)
+    sizes = list(SIZES)
+    size = st.selectbox("Zoo size", sizes, index=sizes.index("default") if "default" in sizes else 0,
+                        format_func=lambda s: SIZE_NOTES.get(s, s), key="app_zoo_size")
     home = workspace_home()
     key = job_key("zoo-build", str(home), "pico", size)
     clicked = st.button("Build the pico demo zoo", type="primary", key="app_zoo_build")
 
     def work(progress):
-        kwargs = {"preset": "pico", "progress": progress}
-        params = inspect.signature(build).parameters
-        if size is not None and "size" in params:
-            kwargs["size"] = size
-        if "home" in params:
-            kwargs["home"] = home
-        return build(**kwargs)
+        return build(preset="pico", size=size, home=home, progress=progress)
 
     result = run_once(key, work, start=clicked, label="Building the pico zoo")
     if result is not None:
