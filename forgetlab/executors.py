@@ -496,15 +496,15 @@ class PoolWorkerFactory:
     """Builds a worker's resident state around a model pool: the one picklable pool factory of every analysis
     that runs on workers (sweeps, searches, fine-tunes). Pickled for a Ray worker, the pool is replaced by
     `pool_spec(pool, members)` (plain data) and reopened there with `open_pool`; in this process the pool itself
-    is used. A subclass sets `members` (the pool members the worker needs: None for all, [] for the base only),
-    fields that must not travel in `local_only` (they are None on a worker), and builds its state in
-    `build(pool)`."""
+    is used. `args` are kept for `build`. A subclass sets `members` (the pool members the worker needs: None for
+    all, () for the base only), fields that must not travel in `local_only` (they are None on a worker), and
+    builds its state in `build(pool)`."""
 
     members: Optional[Sequence[str]] = None
     local_only: tuple[str, ...] = ()
 
-    def __init__(self, pool):
-        self.pool = pool
+    def __init__(self, pool, *args):
+        self.pool, self.args = pool, args
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)

@@ -4,21 +4,20 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.analysis import attribution as A
-from forgetlab.analysis.sweeps import default_task
 from forgetlab.analysis.measures import pareto_mask
+from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
                           workspace_home)
 from forgetlab.ui.measure import speciality_measure
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Attribution")
-st.caption("Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — what "
-           "that part alone buys and costs against the base. *Leave one out*: the fine-tune without that part — "
-           "what removing it gives back and loses against the fine-tune. Red: general loss up (forgetting).")
+page_header("Attribution",
+            "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — what "
+            "that part alone buys and costs against the base. *Leave one out*: the fine-tune without that part — "
+            "what removing it gives back and loses against the fine-tune. Red: general loss up (forgetting).")
 
 pool = require_pool()
 require_finetuned(pool, "map")

@@ -7,14 +7,13 @@ from forgetlab.analysis import features
 from forgetlab.core.errors import ParameterError
 from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Features")
-st.caption("One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
-           "token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, the symbol "
-           "the model.")
+page_header("Features",
+            "One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
+            "token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, the symbol "
+            "the model.")
 
 pool = require_pool()
 require_tasks(pool, "a feature map")

@@ -11,14 +11,13 @@ from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_po
                           show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
-from forgetlab.ui.navigation import require_app
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Fine-tune")
-st.caption("Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
-           "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "
-           "data, steps and seed.")
+page_header("Fine-tune",
+            "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
+            "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "
+            "data, steps and seed.")
 
 pool = require_pool()
 require_tasks(pool, "fine-tuning")

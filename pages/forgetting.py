@@ -13,14 +13,13 @@ from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetun
                           workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Forgetting")
-st.caption("Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
-           "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "
-           "front marks the settings that no other setting beats on both.")
+page_header("Forgetting",
+            "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
+            "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "
+            "front marks the settings that no other setting beats on both.")
 
 pool = require_pool()
 require_finetuned(pool, "sweep")

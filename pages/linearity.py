@@ -8,14 +8,13 @@ from forgetlab.core.errors import ParameterError, parse_floats
 from forgetlab.core.submodules import CAPTURES
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Linearity")
-st.caption("Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
-           "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "
-           "relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = 0.")
+page_header("Linearity",
+            "Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
+            "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "
+            "relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = 0.")
 
 pool = require_pool()
 if not pool.model_names or not pool.task_names:

@@ -18,14 +18,13 @@ from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetun
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Merge")
-st.caption("Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
-           "scored at once beside the base and its parents: general-text loss (generality) and, per task, exact "
-           "match or answer loss (speciality).")
+page_header("Merge",
+            "Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
+            "scored at once beside the base and its parents: general-text loss (generality) and, per task, exact "
+            "match or answer loss (speciality).")
 
 pool = require_pool()
 require_finetuned(pool, "merge")

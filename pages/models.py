@@ -9,14 +9,13 @@ import streamlit as st
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
-from forgetlab.ui.navigation import require_app
+from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_claims import render_zoo_claims
 
-require_app()     # a page opened by its URL on a fresh server: go through app.py
-st.title("Models")
-st.caption("What is in the pool, how good is each model at its task and at general text, "
-           "and where in the network did fine-tuning move the weights?")
+page_header("Models",
+            "What is in the pool, how good is each model at its task and at general text, "
+            "and where in the network did fine-tuning move the weights?")
 
 pool = require_pool()
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)

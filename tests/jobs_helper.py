@@ -35,3 +35,20 @@ def finish_jobs(at, prefix: str = "", timeout: float = 180.0):
     for job in running_jobs(prefix):
         assert job.wait(max(0.0, deadline - time.monotonic())), f"{job.label} still running after {timeout} s"
     return at.run()
+
+
+def start_page(name: str, pool_yaml, home, monkeypatch, timeout: float = 180):
+    """`open_page` with the workspace at `home` (FORGETLAB_HOME), run once and checked to have raised nothing."""
+    monkeypatch.setenv("FORGETLAB_HOME", str(home))
+    at = open_page(name, pool_yaml, timeout)
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def finish_cleanly(at, prefix: str = "", timeout: float = 180.0):
+    """`finish_jobs`, then check that the page raised nothing and shows no error; returns `at`."""
+    finish_jobs(at, prefix, timeout)
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at

@@ -2,23 +2,18 @@
 turn chosen submodules into a recipe that the Merge page opens."""
 from __future__ import annotations
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, open_page, start_page
 
 
 def test_attribution_page_maps_reopen_and_recipe(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("attribution", tiny_llama.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("attribution", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.title[0].value == "Attribution"
     assert any("Compute the maps" in i.value for i in at.info)
     at.radio(key="attribution_level").set_value("layer")
     at.number_input(key="attribution_max_general").set_value(1)
     at.number_input(key="attribution_max_task").set_value(2)
     at.button(key="attribution_run").click().run()
-    finish_jobs(at, "attribution")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "attribution")
     assert len(at.get("plotly_chart")) == 3                 # two heatmaps + the trade-off scatter
     table = at.dataframe[1].value
     assert set(table["map"]) == {"only_this", "leave_one_out"}

@@ -1,22 +1,17 @@
 """The Features page: a t-SNE map of a submodule's features on a tiny pool, cluster distances, CSV."""
 from __future__ import annotations
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, start_page
 
 
 def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("features", tiny_gpt2.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("features", tiny_gpt2.pool_yaml, tmp_path, monkeypatch)
     assert at.title[0].value == "Features"
     assert any("Map features" in i.value for i in at.info)
     at.number_input(key="features_samples").set_value(5)
     at.number_input(key="features_perplexity").set_value(5.0)
     at.button(key="features_run").click().run()
-    finish_jobs(at, "features")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "features")
     summary = at.dataframe[0].value
     assert list(summary["model"]) == ["base", "ft0", "ft1"] and (summary["mean distance pca"] > 0).all()
     runs = [p.name for p in (tmp_path / "runs").iterdir()]
@@ -28,7 +23,5 @@ def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypa
     at.multiselect(key="features_models").set_value(["ft0"])
     at.radio(key="features_pooling").set_value("last")
     at.button(key="features_run").click().run()
-    finish_jobs(at, "features")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "features")
     assert list(at.dataframe[0].value["model"]) == ["ft0"]

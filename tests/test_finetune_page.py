@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, finish_jobs, open_page
 
 from forgetlab.core.pool import ModelPool
 
@@ -25,9 +25,7 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="finetune_max_general").set_value(1)
     at.radio(key="finetune_optimizer").set_value("mofo")
     at.button(key="finetune_run").click().run()
-    finish_jobs(at, "finetune")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "finetune")
     table = at.dataframe[0].value
     assert list(table["label"]) == ["mofo-0.2"] and table["steps"].item() == 4
     assert len(at.get("plotly_chart")) == 3
@@ -53,9 +51,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="finetune_max_general").set_value(1)
     at.number_input(key="finetune_max_task").set_value(2)
     at.button(key="finetune_run").click().run()
-    finish_jobs(at, "finetune")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "finetune")
     assert list(at.dataframe[0].value["label"]) == ["adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"]
     assert len(list((tmp_path / "runs").iterdir())) == 1
     import json

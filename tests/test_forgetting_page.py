@@ -1,14 +1,11 @@
 """The Forgetting page: run a sweep on a tiny pool, see curves, scatter and table; reopen saved sweeps."""
 from __future__ import annotations
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, open_page, start_page
 
 
 def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("forgetting", tiny_llama.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("forgetting", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.title[0].value == "Forgetting"
     assert any("Run a sweep" in i.value for i in at.info)
     assert at.radio(key="forgetting_measure").value == "answer_loss"     # no scorecards: what always moves
@@ -17,9 +14,7 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     at.number_input(key="forgetting_max_general").set_value(2)
     at.number_input(key="forgetting_max_task").set_value(3)
     at.button(key="forgetting_run").click().run()
-    finish_jobs(at, "forgetting")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "forgetting")
     table = at.dataframe[0].value
     assert list(table["α"]) == [0.0, 0.5, 1.0]                       # friendly headers
     assert table["on the Pareto front"].any()
@@ -54,9 +49,7 @@ def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch)
     at.number_input(key="forgetting_max_general").set_value(1)
     at.number_input(key="forgetting_max_task").set_value(2)
     at.button(key="forgetting_run").click().run()
-    finish_jobs(at, "forgetting")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "forgetting")
     assert set(at.dataframe[0].value["series"]) == {"fapm", "magnitude"}
     at.text_input(key="forgetting_ratios").set_value("0, 1.5")
     at.button(key="forgetting_run").click().run()

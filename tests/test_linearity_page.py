@@ -1,23 +1,18 @@
 """The Linearity page: compute scores on a tiny pool; heatmap, bars, curves, table, CSV; cached per settings."""
 from __future__ import annotations
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, open_page, start_page
 
 
 def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("linearity", tiny_llama.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("linearity", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.title[0].value == "Linearity"
     assert any("Compute scores" in i.value for i in at.info)
     at.selectbox(key="linearity_model").set_value("ft1")
     at.number_input(key="linearity_samples_math").set_value(3)
     at.text_input(key="linearity_alphas").set_value("0, 0.25, 0.5, 0.75")
     at.button(key="linearity_run").click().run()
-    finish_jobs(at, "linearity")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "linearity")
     table = at.dataframe[0].value
     assert list(table["level"].unique()) == ["model", "layer", "attn", "mlp", "head"]
     assert len(table) == 1 + 3 * 2 + 4 * 2 and table["NLS mean"].notna().all()

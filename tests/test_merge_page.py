@@ -1,14 +1,11 @@
 """The Merge page (AppTest): compose a merge, run it, see the scorecard; reopen and compare saved merges."""
 from __future__ import annotations
 
-from tests.jobs_helper import finish_jobs, open_page, running_jobs
+from tests.jobs_helper import finish_cleanly, finish_jobs, open_page, running_jobs, start_page
 
 
 def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkeypatch):
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("merge", tiny_llama.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.title[0].value == "Merge"
     assert any("Compose a merge" in i.value for i in at.info)
     # parameters come from the registry with their defaults
@@ -19,9 +16,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     at.number_input(key="merge_max_general").set_value(2)
     at.number_input(key="merge_max_task").set_value(3)
     at.button(key="merge_run").click().run()
-    finish_jobs(at, "merge")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge")
     table = at.dataframe[0].value
     assert list(table["model"]) == ["base", "ft0", "ft1", "first"]
     assert list(table["role"]) == ["base", "parent", "parent", "merge"]
@@ -38,9 +33,7 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     at.number_input(key="merge_wise_ft_alpha").set_value(0.3)
     at.text_input(key="merge_name_wise_ft").set_value("second")
     at.button(key="merge_run").click().run()
-    finish_jobs(at, "merge")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge")
     again = open_page("merge", tiny_llama.pool_yaml)
     again.run()
     assert not again.exception, again.exception
@@ -82,9 +75,7 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     at.number_input(key="merge_max_general").set_value(1)
     at.number_input(key="merge_max_task").set_value(2)
     at.button(key="merge_run").click().run()
-    finish_jobs(at, "merge")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge")
     search = at.dataframe[1].value
     assert len(search) == 3 and {"lam 0", "lam 1", "loss"} <= set(search.columns)     # friendly headers
     import yaml
@@ -94,8 +85,8 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
 
 def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges_the_best(tiny_llama, tmp_path,
                                                                                        monkeypatch):
-    """The CMA-ES weight search on the page gives the points `forgetlab.analysis.search.search` gives for the same recipe
-    and seed, each with the worker (this process, host:pid) that computed it; it is saved to Runs; 'merge the
+    """The CMA-ES weight search on the page gives the points `forgetlab.analysis.search.search` gives for the same
+    recipe and seed, each with the worker (this process, host:pid) that computed it; it is saved to Runs; 'merge the
     best' writes the best recipe into merges/ and scores it; 'use the best' puts it into the form."""
     import json
     import os
@@ -107,18 +98,13 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import pool_recipe
 
-    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
-    at = open_page("merge", tiny_llama.pool_yaml)
-    at.run()
-    assert not at.exception, at.exception
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.number_input(key="merge_search_budget").value == 30        # the CLI's default (~15 s on pico)
     at.number_input(key="merge_max_general").set_value(2)
     at.number_input(key="merge_max_task").set_value(3)
     at.number_input(key="merge_search_budget").set_value(4)
     at.button(key="merge_search_run").click().run()
-    finish_jobs(at, "merge-search")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge-search")
     table = at.dataframe[0].value
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = pool_recipe(pool, "ties", ["ft0", "ft1"], {"keep": 0.2, "scope": "tensor", "lam": 1.0,
@@ -136,9 +122,7 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     assert len(at.get("plotly_chart")) == 1                               # the search's trade-off chart
     best = direct.best_recipe
     at.button(key="merge_search_merge_best").click().run()
-    finish_jobs(at, "merge")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge")
     assert not at.warning, [w.value for w in at.warning]
     merged = [p for p in (tmp_path / "merges").iterdir() if p.name.startswith("ties-search-best-")]
     assert len(merged) == 1
@@ -168,9 +152,7 @@ def test_merge_page_search_refuses_a_budget_of_zero_and_keeps_working(tiny_llama
     at.number_input(key="merge_max_task").set_value(2)
     at.number_input(key="merge_search_budget").set_value(2)
     at.button(key="merge_search_run").click().run()
-    finish_jobs(at, "merge-search")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "merge-search")
     assert len(at.dataframe[0].value) == 2
 
 

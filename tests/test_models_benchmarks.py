@@ -12,7 +12,7 @@ import yaml
 
 pytest.importorskip("lm_eval")
 
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, finish_jobs, open_page
 from tests.test_benchmarks import write_task
 
 
@@ -79,9 +79,7 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
     assert any("No benchmark results" in i.value for i in at.info) and not _bench_frames(at)
     at.number_input(key="models_bench_limit").set_value(5)
     at.button(key="models_bench_run").click().run()
-    finish_jobs(at, "models")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "models")
     frames = _bench_frames(at)
     assert len(frames) == 1
     table = frames[0]

@@ -6,7 +6,7 @@ import json
 import shutil
 
 from forgetlab.core.evaluate import Scorecard, TaskScore
-from tests.jobs_helper import finish_jobs, open_page
+from tests.jobs_helper import finish_cleanly, finish_jobs, open_page
 
 
 def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
@@ -28,9 +28,7 @@ def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
     at.multiselect(key="models_chosen").set_value(["base", "ft0"])
     at.number_input(key="models_max_task").set_value(4)
     at.button(key="models_eval").click().run()
-    finish_jobs(at, "models")
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
+    finish_cleanly(at, "models")
     scores = at.dataframe[1].value
     assert list(scores["model"]) == ["base", "ft0"]
     assert {"general loss ↓", "math exact match ↑", "copy answer loss ↓"} <= set(scores.columns)   # friendly

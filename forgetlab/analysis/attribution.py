@@ -21,8 +21,8 @@ Passing ``alphas`` evaluates every part along a line of α values instead of the
 (`AttributionResult.additivity`) compares Σk d over the parts with the whole: fine-tune − base for only_this,
 base − fine-tune for leave_one_out (a ratio of 1 means the parts add up exactly).
 
-Memory and cost: ONE working copy (`forgetlab.merge.working_copy.WorkingCopy`) is rewritten in place, and only the tensors
-whose α changes between two evaluations are rewritten (read lazily from θ0/θ1). A part whose τ is zero is not
+Memory and cost: ONE working copy (`forgetlab.merge.working_copy.WorkingCopy`) is rewritten in place, and only the
+tensors whose α changes between two evaluations are rewritten (read lazily from θ0/θ1). A part whose τ is zero is not
 evaluated (its model is the reference bit for bit, so both d are 0); its rows are flagged ``zero_tau``. The
 result reports the seconds and the number of evaluations.
 """
@@ -37,8 +37,8 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, options, register
-from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
+from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.methods.interpolation import wise_ft
@@ -526,25 +526,12 @@ def save_attribution(result: AttributionResult, home_path: str | Path | None = N
 
 def load_attribution(path: str | Path) -> AttributionResult:
     """Reopen a map saved by `save_attribution`."""
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != KIND:
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not an attribution map.")
-    try:
-        return AttributionResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The attribution map in {path} is unreadable ({exc}); delete it or rerun it.") from None
+    return load_result(path, KIND, AttributionResult, "an attribution map")
 
 
 def list_attributions(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
     """Saved attribution maps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    from forgetlab.core.workspace import list_runs
-
-    runs = [r for r in list_runs(home_path) if r.kind == KIND]
-    if model is not None:
-        runs = [r for r in runs if r.recipe.get("model") == model]
-    return runs
+    return list_results(home_path, KIND, model=model)
 
 
 __all__ = ["LEVELS", "MAPS", "Part", "AttributionRow", "AttributionResult", "parts_of", "check_level", "check",

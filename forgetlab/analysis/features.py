@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, options, register
+from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, pool_source, register
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
@@ -353,31 +353,19 @@ def save_features(result: TsneResult, home_path: str | Path | None = None, pool=
     and the per-model cluster summary as CSV)."""
     from forgetlab.core.workspace import save_run
 
-    source = getattr(pool, "source", None) if pool is not None else None
-    recipe = {"pool": str(Path(source).resolve()) if source else getattr(pool, "name", None), **result.meta,
+    recipe = {"pool": pool_source(pool), **result.meta,
               "perplexity": result.perplexity, "seed": result.seed, "pca_dims": result.pca_dims}
     return save_run("features", recipe, result.to_dict(), frame=result.cluster_summary(), home_path=home_path)
 
 
 def load_features(path: str | Path) -> TsneResult:
     """Reopen a feature map saved by `save_features`."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != "features":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not a feature map.")
-    try:
-        return TsneResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The feature map in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+    return load_result(path, "features", TsneResult, "a feature map")
 
 
 def list_features(home_path: str | Path | None = None) -> list:
     """Saved feature maps (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    from forgetlab.core.workspace import list_runs
-
-    return list_runs(home_path, kind="features")
+    return list_results(home_path, "features")
 
 
 ANALYSIS = register(Analysis("features", FeaturesSettings, check_settings, run_settings, save_features,

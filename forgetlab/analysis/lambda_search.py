@@ -202,10 +202,6 @@ class _PcbFactory(PoolWorkerFactory):
 
     members: Sequence[str] = ()
 
-    def __init__(self, pool, *args):
-        super().__init__(pool)
-        self.args = args
-
     def build(self, pool) -> _PcbState:
         return _PcbState(pool, *self.args)
 

@@ -35,15 +35,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, options, register
+from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, pool_source, register
 from forgetlab.core.anatomy import LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report
-from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias,
-                                       attention_from_projections, attention_is_affine, attention_projections,
-                                       capture_inputs, check_head_decomposition, check_same_structure, encode_samples,
-                                       last_hidden, mlp_from_projections, mlp_projections, param_dict, run_submodule,
-                                       select_pairs, split_heads)
+from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias, attention_from_projections,
+                                       attention_is_affine, attention_projections, capture_inputs,
+                                       check_head_decomposition, check_same_structure, encode_samples, last_hidden,
+                                       mlp_from_projections, mlp_projections, param_dict, run_submodule, select_pairs,
+                                       split_heads)
 from forgetlab.merge.working_copy import WorkingCopy
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
@@ -558,8 +558,7 @@ def save_linearity(result: NonlinearityResult, home_path: str | Path | None = No
     are written 'd(α0);d(α1);…'); `pool` (its file) is recorded in the recipe."""
     from forgetlab.core.workspace import save_run
 
-    source = getattr(pool, "source", None) if pool is not None else None
-    recipe = {"pool": str(Path(source).resolve()) if source else getattr(pool, "name", None), "task": result.task,
+    recipe = {"pool": pool_source(pool), "task": result.task,
               "model": result.model, "levels": list(result.levels), "alphas": list(result.alphas),
               "samples": result.samples, "capture": result.capture}
     return save_run("linearity", recipe, result.to_dict(), frame=result.flat_frame(), home_path=home_path)
@@ -567,24 +566,12 @@ def save_linearity(result: NonlinearityResult, home_path: str | Path | None = No
 
 def load_linearity(path: str | Path) -> NonlinearityResult:
     """Reopen scores saved by `save_linearity`."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != "linearity":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not linearity scores.")
-    try:
-        return NonlinearityResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The scores in {path} are unreadable ({exc}); delete the folder or rerun them.") from None
+    return load_result(path, "linearity", NonlinearityResult, "linearity scores")
 
 
 def list_linearity(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
     """Saved linearity runs (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    from forgetlab.core.workspace import list_runs
-
-    runs = list_runs(home_path, kind="linearity")
-    return [r for r in runs if model is None or r.recipe.get("model") == model]
+    return list_results(home_path, "linearity", model=model)
 
 
 ANALYSIS = register(Analysis("linearity", LinearitySettings, check_settings, run_settings, save_linearity,

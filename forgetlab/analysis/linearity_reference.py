@@ -14,9 +14,9 @@ from forgetlab.analysis.linearity import (DEFAULT_ALPHAS, DEFAULT_LEVELS, Nonlin
                                           _check_levels, _Curve, _make_score, check_alphas, resolve_models)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import Progress, report
 from forgetlab.core.submodules import (CAPTURES, capture_inputs, check_same_structure, encode_samples, first_tensor,
                                        last_hidden, param_dict, run_submodule, select_pairs)
-from forgetlab.core.progress import Progress, report
 from forgetlab.merge.methods.interpolation import wise_ft
 from forgetlab.merge.working_copy import WorkingCopy
 

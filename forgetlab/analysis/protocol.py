@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from forgetlab.core.errors import ParameterError
@@ -76,6 +77,41 @@ def options(settings: Any, names: Optional[set] = None) -> dict[str, Any]:
     that the analysis' own defaults apply."""
     return {f.name: getattr(settings, f.name) for f in fields(settings)
             if getattr(settings, f.name) is not None and (names is None or f.name in names)}
+
+
+def load_result(path, kind, cls: type, what: str):
+    """The result saved under the workspace's runs/ at `path` (`cls.from_dict` of its results), refusing a run
+    of another kind (`kind`: the run kind, or a function saying whether a kind fits) with a message naming
+    `what` it should have been, and an unreadable one with what to do."""
+    from forgetlab.core.errors import WorkspaceError
+    from forgetlab.core.workspace import load_run
+
+    run = load_run(path)
+    fits = kind(str(run.kind)) if callable(kind) else run.kind == kind
+    if not fits:
+        raise WorkspaceError(f"{path} holds a {run.kind} run, not {what}.")
+    try:
+        return cls.from_dict(run.results)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WorkspaceError(f"The {what} in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+
+
+def list_results(home_path, kind, **recipe) -> list:
+    """Saved runs (`forgetlab.core.workspace.SavedRun`s, newest first) of `kind` (a run kind, or a function of
+    it), optionally only those whose recipe has the given values (e.g. model="math"; None matches all)."""
+    from forgetlab.core.workspace import list_runs
+
+    fits = kind if callable(kind) else (lambda k: k == kind)
+    return [r for r in list_runs(home_path) if fits(str(r.kind))
+            and all(v is None or r.recipe.get(k) == v for k, v in recipe.items())]
+
+
+def pool_source(pool) -> Optional[str]:
+    """What a saved run records as its pool: the pool file's absolute path, else the pool's name."""
+    if pool is None:
+        return None
+    source = getattr(pool, "source", None)
+    return str(Path(source).resolve()) if source else getattr(pool, "name", None)
 
 
 class _Checked(Exception):

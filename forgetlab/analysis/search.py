@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 
 from forgetlab.analysis.measures import higher_is_better
-from forgetlab.analysis.protocol import Analysis, options, register
+from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.executors import PoolWorkerFactory
@@ -202,10 +202,6 @@ class _SearchFactory(PoolWorkerFactory):
     itself, so only the pool's base and probe data travel)."""
 
     members: Sequence[str] = ()
-
-    def __init__(self, pool, *args):
-        super().__init__(pool)
-        self.args = args
 
     def build(self, pool) -> _SearchState:
         return _SearchState(pool, *self.args)
@@ -439,16 +435,7 @@ def save_search(result: SearchResult, home_path=None):
 
 def load_search(path) -> SearchResult:
     """Reopen a search saved by `save_search` (a `runs/<id>/` folder of kind `search`)."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != "search":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not a merge search.")
-    try:
-        return SearchResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The search in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+    return load_result(path, "search", SearchResult, "a merge search")
 
 
 # ------------------------------------------------------------------------------------------ the verbs
@@ -497,9 +484,7 @@ def run_settings(pool, settings: SearchSettings, progress: Progress = None, exec
 
 def list_searches(home_path=None) -> list:
     """Saved merge searches (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    from forgetlab.core.workspace import list_runs
-
-    return list_runs(home_path, kind="search")
+    return list_results(home_path, "search")
 
 
 ANALYSIS = register(Analysis("search", SearchSettings, check_settings, run_settings, save_search, load_search,

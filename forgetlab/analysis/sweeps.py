@@ -43,7 +43,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import pandas as pd
 
 from forgetlab.analysis.measures import check_general_measure, check_measure, is_benchmark, pareto_front
-from forgetlab.analysis.protocol import Analysis, checked_before_work, options, register
+from forgetlab.analysis.protocol import Analysis, checked_before_work, list_results, load_result, options, register
 from forgetlab.core.benchmarks import pick
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
@@ -550,26 +550,12 @@ def save_sweep(result: SweepResult, home_path: str | Path | None = None) -> Path
 
 def load_sweep(path: str | Path) -> SweepResult:
     """Reopen a sweep saved by `save_sweep`."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if not str(run.kind).startswith("sweep-"):
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not a sweep.")
-    try:
-        return SweepResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The sweep in {path} is unreadable ({exc}); delete the folder or rerun it.") from None
+    return load_result(path, lambda kind: kind.startswith("sweep-"), SweepResult, "a sweep")
 
 
 def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
     """Saved sweeps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    from forgetlab.core.workspace import list_runs
-
-    runs = [r for r in list_runs(home_path) if str(r.kind).startswith("sweep-")]
-    if model is not None:
-        runs = [r for r in runs if r.recipe.get("model") == model]
-    return runs
+    return list_results(home_path, lambda kind: kind.startswith("sweep-"), model=model)
 
 
 # ------------------------------------------------------------------------------------------ the verbs

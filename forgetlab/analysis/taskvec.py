@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, register
+from forgetlab.analysis.protocol import Analysis, list_results, load_result, pool_source, register
 from forgetlab.core.checkpoints import Checkpoint, LoraCheckpoint
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.errors import ParameterError
@@ -232,31 +232,19 @@ def save_taskvec(result: TaskvecResult, home_path=None, pool=None) -> Path:
     """Save task-vector norms (and cosines) under the workspace's runs/ (kind `taskvec`)."""
     from forgetlab.core.workspace import save_run
 
-    source = getattr(pool, "source", None) if pool is not None else None
-    recipe = {"pool": str(Path(source).resolve()) if source else getattr(pool, "name", None),
-              "models": [n.model for n in result.norms], "cosines": result.cosine is not None}
+    recipe = {"pool": pool_source(pool), "models": [n.model for n in result.norms],
+              "cosines": result.cosine is not None}
     return save_run("taskvec", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
 
 
 def load_taskvec(path) -> TaskvecResult:
     """Reopen task-vector norms saved by `save_taskvec`."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != "taskvec":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not task-vector norms.")
-    try:
-        return TaskvecResult.from_dict(run.results)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise WorkspaceError(f"The norms in {path} are unreadable ({exc}); delete the folder or rerun them.") from None
+    return load_result(path, "taskvec", TaskvecResult, "task-vector norms")
 
 
 def list_taskvec(home_path=None) -> list:
     """Saved task-vector runs (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    from forgetlab.core.workspace import list_runs
-
-    return list_runs(home_path, kind="taskvec")
+    return list_results(home_path, "taskvec")
 
 
 ANALYSIS = register(Analysis("taskvec", TaskvecSettings, check_settings, run_settings, save_taskvec, load_taskvec,

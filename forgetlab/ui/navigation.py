@@ -84,3 +84,14 @@ def render_menu(pages: Sequence) -> None:
         for page in pages:
             st.page_link(page, label=page.title, icon=page.icon)
     st.divider()
+
+
+def page_header(title: str, caption: str | None = None) -> None:
+    """What every page starts with: `require_app` (a page opened by its URL on a fresh server goes through app.py),
+    then the page's title and the caption that says what it answers."""
+    import streamlit as st
+
+    require_app()
+    st.title(title)
+    if caption:
+        st.caption(caption)
