@@ -2,7 +2,7 @@
 
 `run(recipe, out_dir)` opens the base and the fine-tuned models lazily (`forgetlab.core.checkpoints`; LoRA
 adapters read as base + ΔW), checks names and shapes from the headers, runs the method's global first pass
-when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.stats), then
+when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.select.RadixSelect), then
 merges one tensor at a time into `write_hf_folder` (sharded safetensors + index, config and tokenizer from
 the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. The output appears only
 when complete (a temporary folder renamed into place); a failure removes it and leaves inputs untouched.

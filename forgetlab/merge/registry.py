@@ -7,7 +7,7 @@ builds its forms from it; `validate_params` checks user input against it.
 Hooks for methods that need more than the tensors of one name:
 
 - **Global first pass** — `collector(n_tasks, total_entries, params) -> StatsCollector` (see
-  `forgetlab.merge.stats`): the engine streams every tensor through the collector for `collector.passes`
+  `forgetlab.merge.select.RadixSelect`): the engine streams every tensor through the collector for `collector.passes`
   sweeps before merging and hands `collector.result()` to every `TensorJob` as `job.stats`. Used by
   `ties` with scope="global" and `pcb` with scope="global"; `MethodSpec.needs_global_pass(params)` says
   when it applies.
