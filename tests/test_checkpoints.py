@@ -392,3 +392,40 @@ def test_nan_in_an_adapter_factor_warns_naming_the_factor_without_a_product_per_
     with pytest.warns(NonFiniteWeightsWarning, match=re.escape(bad)):
         pool = ModelPool(tiny_llama.base, {"lora": {"adapter": tmp_path / "lora"}})
     assert "lora has NaN/Inf values in 1 tensor(s)" in pool.warnings[0]
+
+
+def test_a_folder_is_read_as_transformers_reads_it_and_extra_weight_files_are_named(tiny_llama, tmp_path):
+    """Shards + index beside a stale model.safetensors: transformers loads the single file, so forgetlab reads it
+    too (merge, taskvec and eval agree) and warns about the shards; a backup copy beside model.safetensors is
+    never read."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from forgetlab.core.checkpoints.opening import ExtraWeightFilesWarning
+
+    ckpt = open_checkpoint(tiny_llama.base)
+    out = write_hf_folder(tmp_path / "sharded", ckpt.iter_tensors(dtype=None), ckpt.config,
+                          plan=list(ckpt.infos().values()), tokenizer_from=ckpt, max_shard_bytes=20_000)
+    stale = {n: t + 0.5 for n, t in load_file(tiny_llama.base / "model.safetensors").items()}
+    save_file(stale, str(out / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.warns(ExtraWeightFilesWarning, match=r"model-00001-of-\d+\.safetensors.*not read.*model\.safetensors"):
+        again = open_checkpoint(out)
+    name = "model.layers.0.mlp.up_proj.weight"
+    loaded = dict(load_model(out, device="cpu").named_parameters())[name].detach()
+    assert torch.equal(again.read(name), loaded) and torch.equal(loaded, stale[name])
+
+    backup = tmp_path / "backup"
+    shutil.copytree(tiny_llama.base, backup)
+    save_file(stale, str(backup / "model_backup.safetensors"), metadata={"format": "pt"})   # sorts before model.
+    with pytest.warns(ExtraWeightFilesWarning, match="model_backup.safetensors"):
+        b = open_checkpoint(backup)
+    assert torch.equal(b.read(name), ckpt.read(name))
+
+    ambiguous = tmp_path / "ambiguous"
+    ambiguous.mkdir()
+    shutil.copy(tiny_llama.base / "config.json", ambiguous)
+    save_file(stale, str(ambiguous / "a.safetensors"), metadata={"format": "pt"})
+    save_file(stale, str(ambiguous / "b.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="neither model.safetensors nor model.safetensors.index.json"):
+        open_checkpoint(ambiguous)

@@ -72,6 +72,47 @@ def _adapter_base(path: Path, chain: tuple[Path, ...]) -> str:
     return base
 
 
+SAFE_WEIGHTS = "model.safetensors"
+BIN_WEIGHTS = "pytorch_model.bin"
+
+
+class ExtraWeightFilesWarning(UserWarning):
+    """A model folder holds weight files besides the ones read (a stale single file, a backup, a .bin copy)."""
+
+
+def transformers_weights(path: Path) -> tuple[str, list[Path]] | None:
+    """The weight files transformers' `from_pretrained` reads from the folder `path`, in its order of preference:
+    model.safetensors, then model.safetensors.index.json's shards, then pytorch_model.bin, then
+    pytorch_model.bin.index.json's shards. Returns ("safetensors" | "bin", files), or None when there are none."""
+    if (path / SAFE_WEIGHTS).is_file():
+        return "safetensors", [path / SAFE_WEIGHTS]
+    if (path / SAFETENSORS_INDEX).is_file():
+        return "safetensors", _index_files(path, SAFETENSORS_INDEX)
+    if (path / BIN_WEIGHTS).is_file():
+        return "bin", [path / BIN_WEIGHTS]
+    if (path / BIN_INDEX).is_file():
+        return "bin", _index_files(path, BIN_INDEX)
+    return None
+
+
+def _warn_unread(path: Path, files: list[Path]) -> None:
+    """Warn (ExtraWeightFilesWarning) about weight files in `path` that are not `files`: forgetlab reads what
+    transformers loads, so a stale model.safetensors beside shards, or a backup copy, is not merged or compared."""
+    import warnings
+
+    read = {f.resolve() for f in files}
+    index = path / SAFETENSORS_INDEX
+    others = sorted(p.name for p in [*path.glob("*.safetensors"), *path.glob("*.bin")]
+                    if p.resolve() not in read and p.name != "training_args.bin")
+    if others:
+        listing = index.name if index.is_file() else BIN_INDEX
+        used = files[0].name if len(files) == 1 else f"the {len(files)} shards of {listing}"
+        shown = ", ".join(others[:5]) + (" …" if len(others) > 5 else "")
+        warnings.warn(f"{path} also holds {shown}, which are not read: forgetlab reads {used}, as transformers does. "
+                      "Move the other weight files away if they are stale, or rename the ones you mean.",
+                      ExtraWeightFilesWarning, stacklevel=3)
+
+
 def open_checkpoint(ref: str | Path | Checkpoint, base: str | Path | Checkpoint | None = None,
                     *, _adapters: tuple[Path, ...] = ()) -> Checkpoint:
     """Open a model reference: HF folder (safetensors, sharded or not; `.bin`), GGUF file, LoRA adapter
@@ -113,16 +154,20 @@ def open_checkpoint(ref: str | Path | Checkpoint, base: str | Path | Checkpoint 
                 "folder instead: --base on the command line, `base:` in the pool file (the adapter then applies "
                 "to it), or edit base_model_name_or_path.") from None
         return LoraCheckpoint(ref, path, base_ckpt)
-    if (path / SAFETENSORS_INDEX).exists():
-        return SafetensorsCheckpoint(ref, path, _index_files(path, SAFETENSORS_INDEX))
+    chosen = transformers_weights(path)
+    if chosen is not None:
+        kind, files = chosen
+        _warn_unread(path, files)
+        return (SafetensorsCheckpoint if kind == "safetensors" else BinCheckpoint)(ref, path, files)
     st = sorted(path.glob("*.safetensors"))
-    if st:
+    if len(st) == 1:   # one weights file under another name: transformers would not load it, forgetlab reads it
         return SafetensorsCheckpoint(ref, path, st)
-    if (path / BIN_INDEX).exists():
-        return BinCheckpoint(ref, path, _index_files(path, BIN_INDEX))
-    bins = sorted(path.glob("pytorch_model*.bin"))
-    if bins:
-        return BinCheckpoint(ref, path, bins)
+    if st:
+        raise CheckpointError(
+            f"{path} holds {len(st)} safetensors files ({', '.join(p.name for p in st[:4])}) but neither "
+            f"{SAFE_WEIGHTS} nor {SAFETENSORS_INDEX}, so it is not clear which are the model's weights (transformers "
+            f"would not load it either). Rename the weights file to {SAFE_WEIGHTS}, or add the index that lists "
+            "the shards.")
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
         return GGUFCheckpoint(ref, path, ggufs[0])
