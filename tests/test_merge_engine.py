@@ -276,3 +276,23 @@ def test_output_dtype_from_the_recipe(tiny_llama, tmp_path):
     exp = _in_memory(tiny_llama, "task_arithmetic", {"lam": 0.5})
     k = "model.layers.0.mlp.down_proj.weight"
     assert torch.equal(got[k], exp[k].to(torch.bfloat16))
+
+
+def test_a_fine_tune_of_another_architecture_is_refused_by_merge_as_by_the_pool(tiny_llama, tmp_path):
+    """A 'Mistral' fine-tune with exactly the Llama base's tensor names and shapes: the pool refused it, the merge
+    merged it. Both now run one check (forgetlab.core.pool.check_same_architecture)."""
+    import json
+    import shutil
+
+    from forgetlab.core.pool import ModelPool
+
+    other = tmp_path / "mistral-ft"
+    shutil.copytree(tiny_llama.finetuned["ft0"], other)
+    cfg = json.loads((other / "config.json").read_text())
+    cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
+    (other / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="is a mistral model but the base is a llama model"):
+        run({"method": "task_arithmetic", "base": str(tiny_llama.base), "models": [str(other)]}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(IncompatibleModelsError, match="is a mistral model but the base is a llama model"):
+        ModelPool(str(tiny_llama.base), {"m": str(other)})

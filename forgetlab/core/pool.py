@@ -87,25 +87,49 @@ def warn_dtype_mismatch(base: Checkpoint, other: Checkpoint, other_name: str) ->
     return msg
 
 
-def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
-    """Raise IncompatibleModelsError naming the first difference between `other` and `base`.
+def _config_value(ckpt: Checkpoint, key: str):
+    """`key` of the checkpoint's config: read from config.json as plain JSON when there is one (no transformers
+    import: the merge engine avoids it), else from the config transformers builds (a GGUF file)."""
+    import json
 
-    Checks the architecture family, the vocabulary size, the set of tensor names (a tied lm_head that one
-    file stores and the other omits is not a difference) and every tensor's shape.
-    """
-    bt, ot = base.config.model_type, other.config.model_type
-    if bt != ot:
+    folder = getattr(ckpt, "config_dir", None)
+    if folder is not None and (Path(folder) / "config.json").is_file():
+        try:
+            data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                return data.get(key)
+        except (OSError, ValueError):
+            pass
+    return getattr(ckpt.config, key, None)
+
+
+def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
+    """Raise IncompatibleModelsError when `other` is another architecture family (config's model_type) or has
+    another vocabulary size than `base`. The one check of this kind that pools and merges share: a Llama base
+    and a Mistral fine-tune of identical shapes are still two architectures."""
+    bt, ot = _config_value(base, "model_type"), _config_value(other, "model_type")
+    if bt and ot and bt != ot:
         raise IncompatibleModelsError(
             f"{other_name} is a {ot} model but the base is a {bt} model: task vectors need the same "
             "architecture. Pick a fine-tune of this base."
         )
-    bv, ov = getattr(base.config, "vocab_size", None), getattr(other.config, "vocab_size", None)
+    bv, ov = _config_value(base, "vocab_size"), _config_value(other, "vocab_size")
     if bv is not None and ov is not None and bv != ov:
         raise IncompatibleModelsError(
             f"{other_name} has a vocabulary of {ov} tokens but the base has {bv}: the embeddings differ in "
             "size, so the models cannot be compared entry by entry. Resize the embeddings of one model "
             "(e.g. model.resize_token_embeddings) or use a fine-tune that kept the base tokenizer."
         )
+
+
+def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
+    """Raise IncompatibleModelsError naming the first difference between `other` and `base`.
+
+    Checks the architecture family and the vocabulary size (`check_same_architecture`), the set of tensor
+    names (a tied lm_head that one file stores and the other omits is not a difference) and every tensor's
+    shape.
+    """
+    check_same_architecture(base, other, other_name)
     bi, oi = base.infos(), other.infos()
     ignore = {_TIED_HEAD} if (_is_tied(base) or _is_tied(other)) else set()
     missing = sorted(set(bi) - set(oi) - ignore)

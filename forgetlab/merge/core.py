@@ -15,6 +15,7 @@ import torch
 
 from forgetlab.core.checkpoints import TensorInfo
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, ParameterError
+from forgetlab.core.pool import check_same_architecture
 from forgetlab.core.progress import Progress, report
 from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
@@ -190,7 +191,10 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
         raise CheckpointError(
             f"The base {base.label} holds no tensors: a merge of it would be an empty, model-looking folder. "
             "Point the base at the folder (or file) that holds the model's weights.")
+    base_ck = getattr(base, "ckpt", None)
     for m in models:
+        if base_ck is not None and getattr(m, "ckpt", None) is not None and not m.is_lora:
+            check_same_architecture(base_ck, m.ckpt, m.label)        # the pool's check too
         ent = m.entries()
         if tied is not None:
             ent.pop(tied, None)
