@@ -296,3 +296,48 @@ def test_a_fine_tune_of_another_architecture_is_refused_by_merge_as_by_the_pool(
     assert not (tmp_path / "out").exists()
     with pytest.raises(IncompatibleModelsError, match="is a mistral model but the base is a llama model"):
         ModelPool(str(tiny_llama.base), {"m": str(other)})
+
+
+def test_tied_tensors_are_one_tensor_in_memory_as_on_disk(tiny_gpt2, tmp_path):
+    """A tied model's state dict names the embedding twice (wte and lm_head): DARE drew a mask per name, so the
+    in-memory merge disagreed with the streamed one (which merges the tied tensor once)."""
+    from safetensors.torch import load_file
+
+    from forgetlab.core.checkpoints import load_model
+
+    base = load_model(tiny_gpt2.base).state_dict()
+    fts = [load_model(p).state_dict() for p in tiny_gpt2.finetuned.values()]
+    assert base["lm_head.weight"].data_ptr() == base["transformer.wte.weight"].data_ptr()   # really tied
+    merged = merge_state_dicts("dare_linear", base, fts, drop=0.5, seed=3)
+    assert merged["lm_head.weight"] is merged["transformer.wte.weight"]
+    run({"method": "dare_linear", "base": str(tiny_gpt2.base), "models": [str(p) for p in tiny_gpt2.finetuned.values()],
+         "params": {"drop": 0.5, "seed": 3}}, tmp_path / "streamed")
+    streamed = load_file(tmp_path / "streamed" / "model.safetensors")
+    assert torch.equal(merged["transformer.wte.weight"], streamed["transformer.wte.weight"])
+
+
+def test_a_fine_tune_that_unties_the_head_of_a_tied_base_is_refused(tiny_gpt2, tmp_path):
+    """Its own head would be dropped without a word (the merged logits were 15.3 away from the fine-tune's)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from forgetlab.core.checkpoints import load_model
+
+    untied = tmp_path / "untied"
+    shutil.copytree(tiny_gpt2.finetuned["ft0"], untied)
+    weights = load_file(untied / "model.safetensors")
+    weights["lm_head.weight"] = weights["transformer.wte.weight"] * 1.5
+    save_file(weights, str(untied / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((untied / "config.json").read_text())
+    cfg["tie_word_embeddings"] = False
+    (untied / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleModelsError, match="unties it .*would keep the base's tied head"):
+        run({"method": "task_arithmetic", "base": str(tiny_gpt2.base), "models": [str(untied)]}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    base = load_model(tiny_gpt2.base).state_dict()
+    ft = {k: v.clone() for k, v in base.items()}
+    ft["lm_head.weight"] = base["lm_head.weight"] * 1.5
+    with pytest.raises(IncompatibleModelsError, match="has its own lm_head.weight"):
+        merge_state_dicts("task_arithmetic", base, [ft])

@@ -87,7 +87,7 @@ def warn_dtype_mismatch(base: Checkpoint, other: Checkpoint, other_name: str) ->
     return msg
 
 
-def _config_value(ckpt: Checkpoint, key: str):
+def config_value(ckpt: Checkpoint, key: str):
     """`key` of the checkpoint's config: read from config.json as plain JSON when there is one (no transformers
     import: the merge engine avoids it), else from the config transformers builds (a GGUF file)."""
     import json
@@ -107,13 +107,13 @@ def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str
     """Raise IncompatibleModelsError when `other` is another architecture family (config's model_type) or has
     another vocabulary size than `base`. The one check of this kind that pools and merges share: a Llama base
     and a Mistral fine-tune of identical shapes are still two architectures."""
-    bt, ot = _config_value(base, "model_type"), _config_value(other, "model_type")
+    bt, ot = config_value(base, "model_type"), config_value(other, "model_type")
     if bt and ot and bt != ot:
         raise IncompatibleModelsError(
             f"{other_name} is a {ot} model but the base is a {bt} model: task vectors need the same "
             "architecture. Pick a fine-tune of this base."
         )
-    bv, ov = _config_value(base, "vocab_size"), _config_value(other, "vocab_size")
+    bv, ov = config_value(base, "vocab_size"), config_value(other, "vocab_size")
     if bv is not None and ov is not None and bv != ov:
         raise IncompatibleModelsError(
             f"{other_name} has a vocabulary of {ov} tokens but the base has {bv}: the embeddings differ in "

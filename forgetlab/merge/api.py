@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from forgetlab.core.errors import ParameterError
+from forgetlab.core.errors import IncompatibleModelsError, ParameterError
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats, merge_tensors
 from forgetlab.merge.registry import get_method, validate_params
@@ -31,6 +31,8 @@ def merge_state_dicts(method: str, base: Mapping[str, torch.Tensor],
     if spec.needs_pool and prepared is None:
         raise ParameterError(f"{spec.name} needs coefficients prepared from a model pool with probe data: pass "
                              "prepared=… (or use forgetlab.merge.run with pool=…).")
+    aliases = tied_aliases(base)
+    base, finetuned = _without_aliases(base, finetuned, aliases)
     base_src = DictSource(base, "the base")
     models = [DictSource(sd, f"fine-tuned model {i + 1}") for i, sd in enumerate(finetuned)]
     entries = check_compatible(base_src, models)
@@ -38,4 +40,40 @@ def merge_state_dicts(method: str, base: Mapping[str, torch.Tensor],
     stats = collect_stats(spec, p, base_src, models, entries, device, scaled(progress, 0.0, 0.5 if glob else 0.0))
     it = merge_tensors(spec, p, base_src, models, entries, stats=stats, prepared=prepared, config=config,
                        device=device, progress=scaled(progress, 0.5 if glob else 0.0, 1.0))
-    return dict(it)
+    merged = dict(it)
+    for alias, name in aliases.items():     # tied tensors are one tensor: merged once, shared again
+        merged[alias] = merged[name]
+    return merged
+
+
+def tied_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Names of a state dict that are another name's tensor (tied weights, e.g. lm_head and the embedding of a
+    model with tie_word_embeddings): alias → the first name holding that tensor."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for name, t in state.items():
+        if not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
+def _without_aliases(base, finetuned, aliases):
+    """The state dicts without the base's tied aliases; a fine-tune whose alias is not its tied tensor (it untied
+    the head) is refused by name: merging it would silently drop its head."""
+    if not aliases:
+        return base, finetuned
+    for i, sd in enumerate(finetuned):
+        for alias, name in aliases.items():
+            if alias in sd and name in sd and not torch.equal(sd[alias], sd[name]):
+                raise IncompatibleModelsError(
+                    f"In the base, {alias} is tied to {name} (one tensor), but fine-tuned model {i + 1} has its own "
+                    f"{alias}: the merge would keep one of the two and drop the other. Merge fine-tunes that kept "
+                    "the weights tied, or untie the base first (give it its own copy of the tensor).")
+    base = {n: t for n, t in base.items() if n not in aliases}
+    finetuned = [{n: t for n, t in sd.items() if n not in aliases} for sd in finetuned]
+    return base, finetuned

@@ -177,6 +177,13 @@ def tied_head(source) -> str | None:
     return TIED_HEAD if getattr(config, "tie_word_embeddings", False) else None
 
 
+def _unties_head(ckpt, head: str) -> bool:
+    """Whether a checkpoint's config unties its output head and its file stores one."""
+    from forgetlab.core.pool import config_value
+
+    return config_value(ckpt, "tie_word_embeddings") is False and head in ckpt.names()
+
+
 def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
     """The base's tensors in storage order, after checking that every model has the same names and shapes.
 
@@ -195,6 +202,12 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
     for m in models:
         if base_ck is not None and getattr(m, "ckpt", None) is not None and not m.is_lora:
             check_same_architecture(base_ck, m.ckpt, m.label)        # the pool's check too
+            if tied is not None and _unties_head(m.ckpt, tied):
+                raise IncompatibleModelsError(
+                    f"The base {base.label} ties {tied} to the input embedding (tie_word_embeddings: true), but "
+                    f"{m.label} unties it (tie_word_embeddings: false) and stores a head of its own: the merge "
+                    "would keep the base's tied head and drop the fine-tuned one. Merge fine-tunes that kept the "
+                    "head tied, or untie the base first (save it with tie_word_embeddings=False).")
         ent = m.entries()
         if tied is not None:
             ent.pop(tied, None)
