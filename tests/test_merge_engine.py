@@ -341,3 +341,30 @@ def test_a_fine_tune_that_unties_the_head_of_a_tied_base_is_refused(tiny_gpt2, t
     ft["lm_head.weight"] = base["lm_head.weight"] * 1.5
     with pytest.raises(IncompatibleModelsError, match="has its own lm_head.weight"):
         merge_state_dicts("task_arithmetic", base, [ft])
+
+
+def test_a_bin_fine_tune_storing_its_tied_head_is_merged_in_memory_as_on_disk(tiny_gpt2, tmp_path):
+    """`search` and `pcb-search` (in-memory merges of checkpoint state dicts) refused a `.bin` fine-tune that stores
+    its tied head, which `merge` accepts, with "…that the base the base lacks"."""
+    import shutil
+
+    from forgetlab.analysis.lambda_search import pcb_components
+    from forgetlab.core.checkpoints import load_model, open_checkpoint
+
+    ft_bin = tmp_path / "ft-bin"
+    ft_bin.mkdir()
+    for f in tiny_gpt2.finetuned["ft0"].iterdir():
+        if not f.name.endswith(".safetensors"):
+            shutil.copy(f, ft_bin / f.name)
+    torch.save(load_model(tiny_gpt2.finetuned["ft0"]).state_dict(), ft_bin / "pytorch_model.bin")
+    base = open_checkpoint(tiny_gpt2.base)
+    ft = open_checkpoint(ft_bin, base=base).state_dict()
+    assert "lm_head.weight" in ft and "lm_head.weight" not in base.state_dict()
+    merged = merge_state_dicts("task_arithmetic", base.state_dict(), [ft])
+    assert "lm_head.weight" not in merged
+    assert torch.equal(merged["transformer.wte.weight"], ft["transformer.wte.weight"])   # λ = 1, one model
+    assert len(pcb_components(base.state_dict(), [ft, ft], keep=0.5)) == 2
+    other = dict(ft)
+    other["extra.weight"] = torch.zeros(3)
+    with pytest.raises(IncompatibleModelsError, match=r"has a tensor 'extra.weight' that the base lacks"):
+        merge_state_dicts("task_arithmetic", base.state_dict(), [other])

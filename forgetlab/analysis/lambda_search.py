@@ -19,6 +19,7 @@ import torch
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.executors import PoolWorkerFactory
+from forgetlab.merge.api import without_tied_copies
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
 from forgetlab.merge.methods import pcb as pcbmod
 from forgetlab.merge.registry import get_method, validate_params
@@ -52,6 +53,7 @@ def pcb_components(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping
     """Ci = β̂i ⊙ τi / Σj β̂j per tensor and task (0 where Σ β̂ = 0): PCB's merged task vector is Σi λi·Ci."""
     spec = get_method("pcb")
     params = validate_params(spec, {"keep": keep, "scope": scope}, n_models=len(finetuned))
+    finetuned = without_tied_copies(base, finetuned)
     base_src = DictSource(base, "the base")
     models = [DictSource(sd, f"model {i + 1}") for i, sd in enumerate(finetuned)]
     entries = check_compatible(base_src, models)

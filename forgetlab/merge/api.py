@@ -33,6 +33,7 @@ def merge_state_dicts(method: str, base: Mapping[str, torch.Tensor],
                              "prepared=… (or use forgetlab.merge.run with pool=…).")
     aliases = tied_aliases(base)
     base, finetuned = _without_aliases(base, finetuned, aliases)
+    finetuned = without_tied_copies(base, finetuned)
     base_src = DictSource(base, "the base")
     models = [DictSource(sd, f"fine-tuned model {i + 1}") for i, sd in enumerate(finetuned)]
     entries = check_compatible(base_src, models)
@@ -60,6 +61,21 @@ def tied_aliases(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
         else:
             first[key] = name
     return aliases
+
+
+def without_tied_copies(base: Mapping[str, torch.Tensor],
+                        finetuned: Sequence[Mapping[str, torch.Tensor]]) -> list[Mapping[str, torch.Tensor]]:
+    """The fine-tuned state dicts without the tied copies they store and the base does not: a tensor the base
+    lacks that equals another tensor of the same fine-tune which the base has (a `.bin` fine-tune of a tied model
+    stores lm_head, a copy of its embedding, where the base's safetensors file stores the embedding once). Any
+    other tensor the base lacks stays, and the compatibility check names it."""
+    out = []
+    for sd in finetuned:
+        extra = [n for n in sd if n not in base]
+        drop = {n for n in extra if any(m in base and sd[m].shape == sd[n].shape and torch.equal(sd[m], sd[n])
+                                        for m in sd if m != n)}
+        out.append({n: t for n, t in sd.items() if n not in drop} if drop else sd)
+    return out
 
 
 def _without_aliases(base, finetuned, aliases):

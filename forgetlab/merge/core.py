@@ -184,6 +184,11 @@ def _unties_head(ckpt, head: str) -> bool:
     return config_value(ckpt, "tie_word_embeddings") is False and head in ckpt.names()
 
 
+def _base_name(base) -> str:
+    """How messages name the base: "the base <its path>" (a state dict's source is labelled "the base" already)."""
+    return base.label if str(base.label).startswith("the base") else f"the base {base.label}"
+
+
 def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
     """The base's tensors in storage order, after checking that every model has the same names and shapes.
 
@@ -216,17 +221,17 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
         missing = [n for n in base_entries if n not in ent]
         if missing:
             raise IncompatibleModelsError(
-                f"{m.label} has no tensor {missing[0]!r} (and {len(missing) - 1} more) that the base {base.label} "
+                f"{m.label} has no tensor {missing[0]!r} (and {len(missing) - 1} more) that {_base_name(base)} "
                 "has: the models do not share an architecture. Merge models fine-tuned from the same base.")
         extra = [n for n in ent if n not in base_entries]
         if extra:
             raise IncompatibleModelsError(
-                f"{m.label} has a tensor {extra[0]!r} that the base {base.label} lacks; merge models with the "
+                f"{m.label} has a tensor {extra[0]!r} that {_base_name(base)} lacks; merge models with the "
                 "same architecture as the base.")
         for n, e in base_entries.items():
             if ent[n].shape != e.shape:
                 raise IncompatibleModelsError(
-                    f"Tensor {n} has shape {e.shape} in the base {base.label} but {ent[n].shape} in {m.label}: "
+                    f"Tensor {n} has shape {e.shape} in {_base_name(base)} but {ent[n].shape} in {m.label}: "
                     "merge models fine-tuned from the same base.")
     return list(base_entries.values())
 
