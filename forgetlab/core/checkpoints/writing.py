@@ -11,8 +11,8 @@ from typing import Iterable, Sequence
 import torch
 
 from forgetlab.core.checkpoints.opening import open_checkpoint
-from forgetlab.core.checkpoints.readers import (_ST_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX, TOKENIZER_FILES,
-                                                Checkpoint, TensorInfo)
+from forgetlab.core.checkpoints.readers import (GGUFCheckpoint, _ST_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX,
+                                                TOKENIZER_FILES, Checkpoint, TensorInfo)
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
 from forgetlab.core.outputs import absolute, atomic_output_dir
 from forgetlab.core.progress import Progress, report
@@ -74,6 +74,23 @@ class _ShardStream:
             raise CheckpointError(f"internal: shard closed with {self.done} of {len(self.expected)} tensors.")
 
 
+def _write_tokenizer(source: Checkpoint, folder: Path) -> None:
+    """The tokenizer files of `source` copied into `folder`; a GGUF file (or an adapter on one) has none beside it,
+    so the tokenizer transformers builds from the GGUF is saved instead (then the output serves as a pool base
+    and loads with AutoTokenizer)."""
+    src = source.tokenizer_dir
+    if src is not None:
+        for f in TOKENIZER_FILES:
+            if (src / f).exists():
+                shutil.copy(src / f, folder / f)
+        return
+    root = getattr(source, "base", source)
+    if isinstance(source, GGUFCheckpoint) or isinstance(root, GGUFCheckpoint):
+        from forgetlab.core.checkpoints.loading import load_tokenizer
+
+        load_tokenizer(source).save_pretrained(str(folder))
+
+
 def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tensor]] | dict[str, torch.Tensor],
                     config=None, *, plan: Sequence[TensorInfo] | None = None,
                     tokenizer_from: str | Path | Checkpoint | None = None, overwrite: bool = False,
@@ -102,10 +119,7 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
             else:
                 config.save_pretrained(str(tmp))
         if tokenizer_from is not None:
-            src = open_checkpoint(tokenizer_from).tokenizer_dir
-            for f in TOKENIZER_FILES:
-                if src is not None and (src / f).exists():
-                    shutil.copy(src / f, tmp / f)
+            _write_tokenizer(open_checkpoint(tokenizer_from), tmp)
         it = iter(tensors)
         written = 0
         for shard, file in zip(shards, files):
