@@ -94,8 +94,19 @@ def _jsonl_records(p: Path, shape: str):
                                      f"{shape}.") from None
 
 
+def _pair(p: Path, lineno: int, prompt, answer) -> TaskPair:
+    """A pair read from line `lineno` of `p`; an empty (or null) answer is refused: it has no token to score,
+    so exact match would count it right and the answer loss would be NaN (or EOS alone)."""
+    if answer is None or str(answer) == "":
+        raise ProbeDataError(f"{p}, line {lineno} has an empty answer: an empty answer has no token to score "
+                             "(exact match would count it right, its answer loss would be NaN); give every row an "
+                             "answer, or delete that row.")
+    return TaskPair("" if prompt is None else str(prompt), str(answer))
+
+
 def read_task_pairs(path: str | Path) -> list[TaskPair]:
-    """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns)."""
+    """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns). A row whose answer
+    is empty (or JSON null) is refused, naming the file and its line."""
     p = _need_file(path, "task")
     pairs: list[TaskPair] = []
     if p.suffix.lower() == ".csv":
@@ -104,14 +115,14 @@ def read_task_pairs(path: str | Path) -> list[TaskPair]:
             if not reader.fieldnames or not {"prompt", "answer"} <= set(reader.fieldnames):
                 raise ProbeDataError(f"{p} must have a header with columns 'prompt' and 'answer'; "
                                      f"it has {reader.fieldnames}.")
-            for row in reader:
-                pairs.append(TaskPair(str(row["prompt"]), str(row["answer"])))
+            for row in reader:   # reader.line_num: the line the row ends on (a quoted field may span lines)
+                pairs.append(_pair(p, reader.line_num, row["prompt"], row["answer"]))
     else:
         shape = '{"prompt": "...", "answer": "..."}'
         for lineno, rec in _jsonl_records(p, shape):
             if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
                 raise ProbeDataError(f"{p}, line {lineno} lacks 'prompt' or 'answer'; each line must be {shape}.")
-            pairs.append(TaskPair(str(rec["prompt"]), str(rec["answer"])))
+            pairs.append(_pair(p, lineno, rec["prompt"], rec["answer"]))
     if not pairs:
         raise ProbeDataError(f"{p} holds no task pairs; add prompt/answer rows.")
     return pairs
