@@ -152,9 +152,26 @@ def read_general_text(path: str | Path) -> list[str]:
     return docs
 
 
+def check_template(tokenizer, template: str | None, *, where: str | None = None,
+                   tokenizer_of: str | None = None) -> None:
+    """ProbeDataError unless the tokenizer can apply the prompt template: `template="chat"` needs a tokenizer
+    with a chat template (base models usually have none). `where` names the setting (e.g. the pool file) and
+    `tokenizer_of` the model the tokenizer comes from, for the message."""
+    if template != "chat" or getattr(tokenizer, "chat_template", None):
+        return
+    whose = f"the tokenizer of {tokenizer_of}" if tokenizer_of else "the tokenizer"
+    raise ProbeDataError(f"{where or 'The prompt template `template: chat`'} wraps every prompt in the tokenizer's "
+                         f"chat template, but {whose} has no chat template (usual for a base model): remove "
+                         "`template: chat` from the pool file's probes to use the prompts as written, or use a "
+                         "tokenizer that has a chat template (`chat_template` in tokenizer_config.json, or a "
+                         "chat_template.jinja beside it).")
+
+
 def format_prompt(tokenizer, prompt: str, template: str | None = None) -> str:
-    """The text the model sees for a prompt: as is, or wrapped in the tokenizer's chat template."""
+    """The text the model sees for a prompt: as is, or wrapped in the tokenizer's chat template (ProbeDataError,
+    from `check_template`, when the tokenizer has none)."""
     if template == "chat":
+        check_template(tokenizer, template)
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
     return prompt
@@ -165,6 +182,7 @@ def encode_pairs(tokenizer, pairs: Sequence[TaskPair], max_length: int = 256,
     """Encode pairs as prompt + answer + EOS; labels only on answer and EOS. Long prompts lose their start."""
     if not pairs:
         raise ProbeDataError("No task pairs to encode.")
+    check_template(tokenizer, template)
     eos = tokenizer.eos_token_id
     out = []
     for pair in pairs:

@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from forgetlab.core.data import IGNORE, EncodedExample, Probes, TaskPair, collate, encode_pairs, encode_text
+from forgetlab.core.data import (IGNORE, EncodedExample, Probes, TaskPair, check_template, collate, encode_pairs,
+                                 encode_text)
 from forgetlab.core.errors import ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
 
@@ -181,6 +182,8 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
     was_training = model.training
     model.eval()
     names = list(tasks) if tasks is not None else list(probes.tasks)
+    if names:
+        check_template(tokenizer, probes.template)   # before the general loss, not after it
     bench_tasks = benchmarks.all_tasks if benchmarks is not None else []
     steps = 1 + len(names) + (1 if bench_tasks else 0)
     if probes.general:
