@@ -488,6 +488,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
     more_cases(r)
     second_pass_cases(r)
     second_pass_checkpoints(r)
+    second_pass_data(r)
 
 
 def dead_pid() -> int:
@@ -1060,6 +1061,90 @@ def second_pass_checkpoints(r: Replay) -> None:
         (w / "ft1" / "config.json").write_text(_json.dumps(cfg))
     r.cli("30.16 merge a Llama base with a Mistral fine-tune of the same shapes", merge + ["out"], prepare=mistral_ft,
           must_say="mistral model")
+
+
+def second_pass_data(r: Replay) -> None:
+    """Issue 30, second pass, probe data: empty answers (10), `template: chat` with a tokenizer that has no chat
+    template (12), a held-out file that is one 10 MB line (17)."""
+    ft = ["finetune", "pool.yaml", "--task", "math", "--steps", "2", "--max-general", "2", "--max-task", "2",
+          "--no-save"]
+    n_math = len((r.fixture / "data" / "math.jsonl").read_text().splitlines())
+
+    # 10. an empty answer has no token to score: refused, naming the file and the line
+    def empty_row(row):
+        def fn(w):
+            with open(w / "data" / "math.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        return fn
+
+    def names_line(w, out, err):
+        return [] if f"math.jsonl, line {n_math + 1} has an empty answer" in err else ["line not named"]
+    r.cli("30.10 eval with a row of empty prompt and empty answer", ["eval", "pool.yaml"],
+          prepare=empty_row({"prompt": "", "answer": ""}), must_say="give every row an answer", check=names_line)
+    r.cli("30.10 finetune on a train file with a null answer", ft, prepare=empty_row({"prompt": "9+9=", "answer": None}),
+          must_say="has an empty answer", check=names_line)
+
+    def empty_csv(w):
+        (w / "data" / "math.csv").write_text("prompt,answer\n1+2=,3\n4+4=,\n")
+        (w / "pool.yaml").write_text((w / "pool.yaml").read_text().replace("eval: data/math.jsonl",
+                                                                           "eval: data/math.csv"))
+    r.cli("30.10 eval with an empty answer in a CSV task file", ["eval", "pool.yaml"], prepare=empty_csv,
+          must_say="math.csv, line 3 has an empty answer")
+
+    # 12. template: chat needs a chat template: refused when the pool opens, before any evaluation or training
+    def chat(w):
+        (w / "pool.yaml").write_text((w / "pool.yaml").read_text().replace("probes:", "probes:\n  template: chat", 1))
+    r.cli("30.12 eval on a template: chat pool whose tokenizer has no chat template", ["eval", "pool.yaml"],
+          prepare=chat, must_say="remove `template: chat`")
+    r.cli("30.12 finetune on that pool", ft, prepare=chat, must_say="remove `template: chat`")
+
+    def chat_with_template(w):
+        chat(w)
+        cfg = json.loads((w / "base" / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+        (w / "base" / "tokenizer_config.json").write_text(json.dumps(cfg))
+    r.cli("30.12 eval on a template: chat pool whose tokenizer has one", ["eval", "pool.yaml", "--models", "base",
+                                                                        "--max-general", "1"],
+          expect=0, prepare=chat_with_template, must_say="math/exact_match")
+
+    # 17. a held-out text of one 10 MB line: only what --max-general needs is tokenized
+    def huge_line(w):
+        import random
+
+        words = (w / "data" / "general.txt").read_text().split()
+        rng = random.Random(0)
+        text = " ".join(rng.choice(words) for _ in range(2 * 2**20))[:10 * 2**20]
+        (w / "data" / "general.txt").write_text(text)
+        huge_line.start = time.time()
+
+    def quick(w, out, err):
+        took = time.time() - huge_line.start
+        return [] if took < 30 else [f"took {took:.0f} s (the whole line tokenized?)"]
+    r.cli("30.17 eval --max-general 100 on a 10 MB one-line held-out file", ["eval", "pool.yaml", "--max-general", "100"],
+          expect=0, prepare=huge_line, check=quick, must_say="general_loss")
+    r.cli("30.17 eval --general-loss documents --max-general 2 on that file",
+          ["eval", "pool.yaml", "--general-loss", "documents", "--max-general", "2"], expect=0, prepare=huge_line,
+          check=quick, must_say="general_loss")
+
+    def peak_memory(w):
+        measure = ("import resource, subprocess, sys, time; t = time.time(); p = subprocess.run(sys.argv[1:], "
+                   "capture_output=True); print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,"
+                   " time.time() - t)")
+        env = {**os.environ, "FORGETLAB_HOME": str(w / ".home"), "PYTHONWARNINGS": "ignore"}
+
+        def run():
+            p = subprocess.run([sys.executable, "-c", measure, *FORGETLAB, "eval", "pool.yaml", "--max-general", "100"],
+                               cwd=w, env=env, capture_output=True, text=True, timeout=600)
+            code, kib, seconds = p.stdout.split()
+            return int(code), int(kib) / 1024, float(seconds)
+        code0, mib0, s0 = run()
+        huge_line(w)
+        code1, mib1, s1 = run()
+        problems = [f"exit {c}" for c in (code0, code1) if c != 0]
+        problems += [] if mib1 < mib0 + 200 else [f"{mib1 - mib0:.0f} MiB more than with the ordinary file"]
+        return (f"`eval pool.yaml --max-general 100`: peak RSS {mib1:.0f} MiB, {s1:.1f} s with the 10 MB line; "
+                f"{mib0:.0f} MiB, {s0:.1f} s with the ordinary held-out file"), problems
+    r.api("30.17 peak memory of eval --max-general 100, 10 MB line vs ordinary file", peak_memory)
 
 
 def small_disk_inner(spec: dict) -> None:

@@ -94,8 +94,19 @@ def _jsonl_records(p: Path, shape: str):
                                      f"{shape}.") from None
 
 
+def _pair(p: Path, lineno: int, prompt, answer) -> TaskPair:
+    """A pair read from line `lineno` of `p`; an empty (or null) answer is refused: it has no token to score,
+    so exact match would count it right and the answer loss would be NaN (or EOS alone)."""
+    if answer is None or str(answer) == "":
+        raise ProbeDataError(f"{p}, line {lineno} has an empty answer: an empty answer has no token to score "
+                             "(exact match would count it right, its answer loss would be NaN); give every row an "
+                             "answer, or delete that row.")
+    return TaskPair("" if prompt is None else str(prompt), str(answer))
+
+
 def read_task_pairs(path: str | Path) -> list[TaskPair]:
-    """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns)."""
+    """Task pairs from JSONL (`prompt`, `answer` keys) or CSV (`prompt`, `answer` columns). A row whose answer
+    is empty (or JSON null) is refused, naming the file and its line."""
     p = _need_file(path, "task")
     pairs: list[TaskPair] = []
     if p.suffix.lower() == ".csv":
@@ -104,14 +115,14 @@ def read_task_pairs(path: str | Path) -> list[TaskPair]:
             if not reader.fieldnames or not {"prompt", "answer"} <= set(reader.fieldnames):
                 raise ProbeDataError(f"{p} must have a header with columns 'prompt' and 'answer'; "
                                      f"it has {reader.fieldnames}.")
-            for row in reader:
-                pairs.append(TaskPair(str(row["prompt"]), str(row["answer"])))
+            for row in reader:   # reader.line_num: the line the row ends on (a quoted field may span lines)
+                pairs.append(_pair(p, reader.line_num, row["prompt"], row["answer"]))
     else:
         shape = '{"prompt": "...", "answer": "..."}'
         for lineno, rec in _jsonl_records(p, shape):
             if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
                 raise ProbeDataError(f"{p}, line {lineno} lacks 'prompt' or 'answer'; each line must be {shape}.")
-            pairs.append(TaskPair(str(rec["prompt"]), str(rec["answer"])))
+            pairs.append(_pair(p, lineno, rec["prompt"], rec["answer"]))
     if not pairs:
         raise ProbeDataError(f"{p} holds no task pairs; add prompt/answer rows.")
     return pairs
@@ -141,9 +152,26 @@ def read_general_text(path: str | Path) -> list[str]:
     return docs
 
 
+def check_template(tokenizer, template: str | None, *, where: str | None = None,
+                   tokenizer_of: str | None = None) -> None:
+    """ProbeDataError unless the tokenizer can apply the prompt template: `template="chat"` needs a tokenizer
+    with a chat template (base models usually have none). `where` names the setting (e.g. the pool file) and
+    `tokenizer_of` the model the tokenizer comes from, for the message."""
+    if template != "chat" or getattr(tokenizer, "chat_template", None):
+        return
+    whose = f"the tokenizer of {tokenizer_of}" if tokenizer_of else "the tokenizer"
+    raise ProbeDataError(f"{where or 'The prompt template `template: chat`'} wraps every prompt in the tokenizer's "
+                         f"chat template, but {whose} has no chat template (usual for a base model): remove "
+                         "`template: chat` from the pool file's probes to use the prompts as written, or use a "
+                         "tokenizer that has a chat template (`chat_template` in tokenizer_config.json, or a "
+                         "chat_template.jinja beside it).")
+
+
 def format_prompt(tokenizer, prompt: str, template: str | None = None) -> str:
-    """The text the model sees for a prompt: as is, or wrapped in the tokenizer's chat template."""
+    """The text the model sees for a prompt: as is, or wrapped in the tokenizer's chat template (ProbeDataError,
+    from `check_template`, when the tokenizer has none)."""
     if template == "chat":
+        check_template(tokenizer, template)
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
     return prompt
@@ -154,6 +182,7 @@ def encode_pairs(tokenizer, pairs: Sequence[TaskPair], max_length: int = 256,
     """Encode pairs as prompt + answer + EOS; labels only on answer and EOS. Long prompts lose their start."""
     if not pairs:
         raise ProbeDataError("No task pairs to encode.")
+    check_template(tokenizer, template)
     eos = tokenizer.eos_token_id
     out = []
     for pair in pairs:
@@ -168,19 +197,81 @@ def encode_pairs(tokenizer, pairs: Sequence[TaskPair], max_length: int = 256,
     return out
 
 
-def encode_text(tokenizer, texts: Sequence[str], block_size: int = 128) -> list[EncodedExample]:
-    """Concatenate documents (EOS between) and cut into blocks of `block_size` tokens; labels = inputs."""
+# How far into a long document `leading_ids` tokenizes at first: this many characters per token needed (English
+# BPE averages about 4), and never less than _FIRST_CHARS; it reads four times further each time that was short.
+_CHARS_PER_TOKEN = 16
+_FIRST_CHARS = 4096
+# Tokens kept back from the end of a prefix: a token that reaches up to where the text was cut may differ from the
+# whole document's tokens there; those this far before the cut do not.
+_MARGIN = 32
+
+
+def _cut(text: str, chars: int) -> int:
+    """Where to cut `text` near `chars`: before the last whitespace of its second half (a word boundary, where
+    tokenizers split), else at `chars` (a text without spaces)."""
+    at = max(text.rfind(space, chars // 2, chars + 1) for space in (" ", "\n", "\t"))
+    return at if at > 0 else chars
+
+
+def leading_ids(tokenizer, text: str, need: int | None = None) -> tuple[list[int], bool]:
+    """(token ids, whole): the whole document's ids (`whole` True), or — when `need` tokens are all that is used
+    and the document is much longer — its first `need` ids, from tokenizing a prefix (`whole` False).
+
+    The prefix is cut at a word boundary (where tokenizers split words independently) and must give `need` + 32
+    tokens, so that the ids kept end well before the cut and are the whole document's (a text without any
+    whitespace has no such boundary; there only the 32-token margin separates them from the cut). The characters
+    tokenized stay in proportion to `need`: a 10 MB line is never tokenized whole for a few blocks."""
+    if need is not None:
+        chars = max(_FIRST_CHARS, _CHARS_PER_TOKEN * (need + _MARGIN))
+        while chars < len(text):
+            ids = tokenizer(text[:_cut(text, chars)], add_special_tokens=False)["input_ids"]
+            if len(ids) >= need + _MARGIN:
+                return list(ids[:need]), False
+            chars *= 4
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"]), True
+
+
+def encode_text(tokenizer, texts: Sequence[str], block_size: int = 128,
+                max_blocks: int | None = None) -> list[EncodedExample]:
+    """Concatenate documents (EOS between) and cut into blocks of `block_size` tokens; labels = inputs.
+
+    With `max_blocks`, the first `max_blocks` of those blocks, tokenizing only as far as they reach (documents
+    after them are not read, a long one only in part): the same blocks as cutting everything and keeping the
+    first `max_blocks`."""
     if not texts:
         raise ProbeDataError("No general text to encode.")
     eos = tokenizer.eos_token_id
+    limit = None if max_blocks is None else max_blocks * block_size
     stream: list[int] = []
     for t in texts:
-        stream.extend(tokenizer(t, add_special_tokens=False)["input_ids"])
-        if eos is not None:
+        if limit is not None and len(stream) >= limit:
+            break
+        ids, whole = leading_ids(tokenizer, t, None if limit is None else limit - len(stream))
+        stream.extend(ids)
+        if whole and eos is not None:
             stream.append(eos)
     blocks = [stream[i:i + block_size] for i in range(0, len(stream), block_size)]
     blocks = [b for b in blocks if len(b) >= 2]
-    return [EncodedExample(b, list(b)) for b in blocks]
+    return [EncodedExample(b, list(b)) for b in blocks[:max_blocks]]
+
+
+def encode_documents(tokenizer, texts: Sequence[str], block_size: int = 128,
+                     max_blocks: int | None = None) -> list[EncodedExample]:
+    """One sequence per document: its tokens and EOS, truncated to `block_size` (a document of fewer than two
+    tokens is left out); with `max_blocks`, the first `max_blocks` such sequences. Only the first `block_size`
+    tokens of a document are tokenized when it is much longer."""
+    if not texts:
+        raise ProbeDataError("No general text to encode.")
+    eos = tokenizer.eos_token_id
+    out: list[EncodedExample] = []
+    for t in texts:
+        if max_blocks is not None and len(out) >= max_blocks:
+            break
+        ids, whole = leading_ids(tokenizer, t, block_size)
+        seq = (ids + [eos] if whole and eos is not None else ids)[:block_size]
+        if len(seq) >= 2:
+            out.append(EncodedExample(seq, list(seq)))
+    return out
 
 
 def collate(examples: Sequence[EncodedExample], pad_id: int = 0) -> dict[str, torch.Tensor]:

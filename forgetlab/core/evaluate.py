@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from forgetlab.core.data import IGNORE, EncodedExample, Probes, TaskPair, collate, encode_pairs, encode_text
+from forgetlab.core.data import (IGNORE, EncodedExample, Probes, TaskPair, check_template, collate,
+                                 encode_documents, encode_pairs, encode_text)
 from forgetlab.core.errors import ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
 
@@ -131,12 +132,8 @@ def general_loss(model, tokenizer, texts: Sequence[str], *, block_size: int = 12
     if mode not in GENERAL_LOSS_MODES:
         from forgetlab.core.errors import ParameterError
         raise ParameterError(f"Unknown general-loss mode {mode!r}; choose one of {', '.join(GENERAL_LOSS_MODES)}.")
-    if mode == "documents":
-        blocks = [b for t in texts for b in encode_text(tokenizer, [t], block_size)[:1]]
-    else:
-        blocks = encode_text(tokenizer, texts, block_size)
-    if max_blocks is not None:
-        blocks = blocks[:max_blocks]
+    encode = encode_documents if mode == "documents" else encode_text
+    blocks = encode(tokenizer, texts, block_size, max_blocks)   # only as much text as max_blocks needs
     per = token_losses(model, blocks, batch_size, tokenizer.pad_token_id or 0, progress)
     total = torch.cat([p[0] for p in per])
     return float(total.mean()), int(total.numel())
@@ -181,6 +178,8 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
     was_training = model.training
     model.eval()
     names = list(tasks) if tasks is not None else list(probes.tasks)
+    if names:
+        check_template(tokenizer, probes.template)   # before the general loss, not after it
     bench_tasks = benchmarks.all_tasks if benchmarks is not None else []
     steps = 1 + len(names) + (1 if bench_tasks else 0)
     if probes.general:

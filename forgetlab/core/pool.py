@@ -32,7 +32,7 @@ import yaml
 
 from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, load_tokenizer, looks_like_hub_id,
                                         open_checkpoint)
-from forgetlab.core.data import Probes, TaskData, read_general_text, read_task_pairs
+from forgetlab.core.data import Probes, TaskData, check_template, read_general_text, read_task_pairs
 from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
 from forgetlab.core.yamlio import edit_yaml_file, load_file
 
@@ -162,10 +162,11 @@ class ModelPool:
         self.probes = probes or Probes()
         self.base_ref = str(base)
         self.base = open_checkpoint(base)
+        self._tokenizer = None
+        self._check_template()
         self.entries: dict[str, PoolMember] = {}
         self._checkpoints: dict[str, Checkpoint] = {BASE: self.base}
         self._loaded: dict[tuple[str, str, torch.dtype], Any] = {}
-        self._tokenizer = None
         self.warnings: list[str] = []
         self.probe_files: dict[str, Any] = {}
         for mname, spec in (models or {}).items():
@@ -173,6 +174,19 @@ class ModelPool:
         if scan_nonfinite:
             for mname, ckpt in self._checkpoints.items():
                 self._warn_nonfinite(mname, ckpt)
+
+    def _check_template(self) -> None:
+        """With `probes.template: chat`, the base's tokenizer must have a chat template: checked when the pool
+        opens (loading the tokenizer, which is kept), not after a first evaluation. A base without tokenizer
+        files is left to the first command that needs its tokenizer, which says so."""
+        if self.probes.template != "chat":
+            return
+        try:
+            tok = self.tokenizer
+        except CheckpointError:
+            return
+        where = f"`probes.template: chat` in {self.source}" if self.source else "The pool's `template: chat`"
+        check_template(tok, "chat", where=where, tokenizer_of=f"the base {self.base_ref}")
 
     # -- members
     def add(self, name: str, spec: Any, scan_nonfinite: bool = True) -> Checkpoint:
