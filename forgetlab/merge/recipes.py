@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import yaml
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.yamlio import safe_load
+from forgetlab.core.yamlio import YamlError, load_file, safe_load
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -299,24 +299,44 @@ def is_mergekit(d: Mapping[str, Any]) -> bool:
 
 
 def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
-    """A Recipe from a Recipe, a dict, a YAML string or a YAML file path; the format (ours or mergekit's) is
-    detected from the keys."""
+    """A Recipe from a Recipe, a dict, a YAML string or a recipe file; the format (ours or mergekit's) is detected
+    from the keys. A one-line string is a file path: a path that exists is read as a file whatever its name
+    (`recipe.yaml`, `recipe.txt`, `recipe`); a folder, a file that is not UTF-8 text, or a missing file is a
+    message naming it."""
     if isinstance(source, Recipe):
         return source
     if isinstance(source, Mapping):
-        d = source
-    else:
-        text = str(source)
+        return _from_any(source)
+    text = str(source)
+    if isinstance(source, Path) or "\n" not in text:
         path = Path(text).expanduser()
-        folder = None
-        if "\n" not in text and path.suffix in (".yaml", ".yml", ".json"):
-            if not path.exists():
-                raise ParameterError(f"Recipe file {path} does not exist.")
-            text = path.read_text()
-            folder = path.resolve().parent
-        d = safe_load(text, f"The recipe {path}" if folder is not None else "The recipe")
-        recipe = Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
-        return resolve_paths(recipe, folder, f"the recipe {path}") if folder is not None else recipe
+        if path.is_dir():
+            inside = path / "recipe.yaml"
+            hint = (f"this folder holds {inside} (a merge writes its recipe there): give that file" if inside.is_file()
+                    else "give the recipe's YAML file, not a folder")
+            raise ParameterError(f"The recipe {path} is a folder; {hint}.")
+        if path.exists():
+            d = load_file(path, "recipe")
+            if not isinstance(d, Mapping):
+                raise ParameterError(f"The recipe {path} must be a YAML mapping (forgetlab's method/base/models/params "
+                                     f"or mergekit's merge_method/base_model/models); it holds "
+                                     f"{'nothing' if d is None else 'a ' + type(d).__name__}.")
+            return resolve_paths(_from_any(d), path.resolve().parent, f"the recipe {path}")
+        try:
+            d = safe_load(text, "The recipe")
+        except YamlError:
+            if text.lstrip().startswith("{"):  # a one-line YAML mapping with a mistake in it
+                raise
+            d = None
+        if not isinstance(d, Mapping):  # a file name, not YAML text
+            raise ParameterError(f"Recipe file {path} does not exist. Check the path (relative paths start in the "
+                                 f"current folder, {Path.cwd()}).")
+        return _from_any(d)
+    return _from_any(safe_load(text, "The recipe"))
+
+
+def _from_any(d: Any) -> Recipe:
+    """Our recipe dict or mergekit's (detected by `merge_method`)."""
     return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
 
 
