@@ -79,8 +79,8 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
         load_recipe({"merge_method": "ties", "base_model": "b",
                      "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
     with pytest.raises(ParameterError, match="normalize"):
-        load_recipe({"merge_method": "task_arithmetic", "base_model": "b", "models": [{"model": "a"}],
-                     "parameters": {"normalize": True}})
+        load_recipe({"merge_method": "ties", "base_model": "b", "models": [{"model": "a"}],
+                     "parameters": {"normalize": False}})
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
         Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
     with pytest.raises(ParameterError, match="scope: tensor"):
@@ -203,3 +203,65 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
                           "models": [str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])]})
     with pytest.raises(ParameterError, match="lists the base among the models"):
         recipe_form(pool, linear)
+
+
+# -- issue 30, second pass: mergekit recipes imported and exported exactly, or refused by name ------------------
+
+def _mk(method="dare_ties", models=("/m/a", "/m/c"), base="/m/b", **top):
+    d = {"merge_method": method, "models": [{"model": m, "parameters": {"weight": 1.0, "density": 0.7}}
+                                            if method != "linear" else {"model": m, "parameters": {"weight": 1.0}}
+                                            for m in models]}
+    if base is not None:
+        d["base_model"] = base
+    d.update(top)
+    return d
+
+
+def test_dare_ties_is_mergekits_normalize_true_both_ways():
+    """forgetlab's dare_ties takes the disjoint mean: mergekit's `normalize: true`. mergekit 0.1.5's default for
+    dare_ties is normalize: false (a sum of the agreeing entries), which forgetlab does not have: refused by
+    name; `normalize: true` is imported; merge-export writes `normalize: true`."""
+    r = Recipe.from_mergekit(_mk(parameters={"normalize": True}))
+    assert (r.method, r.params["drop"]) == ("dare_ties", pytest.approx(0.3))
+    with pytest.raises(ParameterError, match=r"normalize: false.*sum.*`normalize: true`"):
+        Recipe.from_mergekit(_mk())                                   # mergekit's default: the sum
+    with pytest.raises(ParameterError, match=r"normalize: false.*`normalize: true`"):
+        Recipe.from_mergekit(_mk(parameters={"normalize": False}))
+    ours = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a", "/c"], "params": {"drop": 0.2}})
+    mk = ours.to_mergekit()
+    assert mk["parameters"]["normalize"] is True and mk["parameters"]["rescale"] is True
+    assert Recipe.from_mergekit(mk).validated_params() == ours.validated_params()
+
+
+def test_ties_normalize_maps_exactly_or_is_refused():
+    """ties: normalize defaults to true in mergekit (forgetlab's mean): imported, and exported as true;
+    normalize: false (a sum) is refused with the fix."""
+    assert Recipe.from_mergekit(_mk("ties")).method == "ties"
+    assert Recipe.from_mergekit(_mk("ties", parameters={"normalize": True})).method == "ties"
+    with pytest.raises(ParameterError, match=r"ties with normalize: false.*remove it or write `normalize: true`"):
+        Recipe.from_mergekit(_mk("ties", parameters={"normalize": False}))
+    ours = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/c"], "params": {"keep": 0.3}})
+    assert ours.to_mergekit()["parameters"]["normalize"] is True
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "dare_linear", "breadcrumbs"])
+def test_normalize_true_without_consensus_divides_the_weights_by_their_sum(method):
+    """mergekit's normalize: true for the methods without sign election divides Σ wt·τt by Σ wt: the same as
+    weights wt / Σ w (hand-computed here; the parity test compares task_arithmetic with mergekit's output)."""
+    d = _mk(method, parameters={"normalize": True})
+    d["models"][1]["parameters"]["weight"] = 0.5
+    if method == "task_arithmetic":
+        for e in d["models"]:
+            del e["parameters"]["density"]
+    r = Recipe.from_mergekit(d)
+    assert r.validated_params()["weights"] == pytest.approx([1 / 1.5, 0.5 / 1.5])
+    assert Recipe.from_mergekit(r.to_mergekit()).validated_params() == r.validated_params()
+
+
+def test_cli_refuses_mergekit_default_dare_ties_and_writes_nothing(tiny_llama, tmp_path, capsys):
+    mk = _mk(models=[str(p) for p in tiny_llama.finetuned.values()], base=str(tiny_llama.base))
+    (tmp_path / "mk.yaml").write_text(yaml.safe_dump(mk))
+    assert main(["merge", str(tmp_path / "mk.yaml"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "normalize: true" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]

@@ -221,31 +221,40 @@ class Recipe:
             return vals[0]
 
         params: dict[str, Any] = {}
-        weights = value("weight", 1.0)
+        weights = [float(w) for w in value("weight", 1.0)]
+        # mergekit 0.1.5's defaults (merge_methods/registry.py): normalize is true for linear and ties, false for
+        # task_arithmetic, dare_linear, dare_ties and breadcrumbs
+        normalize = bool(top.get("normalize", method in ("linear", "ties")))
+        density = 1.0 if method in ("linear", "task_arithmetic") else float(single("density", 1.0))
         if method == "linear":
-            params["normalize"] = bool(top.get("normalize", True))
+            params["normalize"] = normalize
         else:
-            lam = top.get("lambda", 1.0)
-            params["lam"] = float(lam)
-            normalize = bool(top.get("normalize", method == "ties"))
-            if method == "ties" and not normalize:
-                raise ParameterError("mergekit ties with normalize: false has no forgetlab counterpart (forgetlab's "
-                                     "TIES always takes the disjoint mean).")
-            if method != "ties" and normalize:
-                raise ParameterError(f"mergekit {method} with normalize: true has no forgetlab counterpart.")
+            params["lam"] = float(top.get("lambda", 1.0))
+            if method in ("ties", "dare_ties") and not normalize:
+                fix = ("remove it or write `normalize: true` (mergekit's default for ties)" if method == "ties"
+                       else "write `normalize: true` under `parameters`")
+                raise ParameterError(
+                    f"mergekit {method} with normalize: false{' (its default)' if 'normalize' not in top else ''} "
+                    f"adds up the entries that agree with the elected sign (a sum); forgetlab's {method} averages "
+                    f"them (the disjoint mean), which is mergekit's normalize: true. To import it as that mean, "
+                    f"{fix} (the merge then differs from mergekit's sum); for a plain sum without sign election use "
+                    f"{'task_arithmetic' if method == 'ties' else 'dare_linear'}.")
+            if method not in ("ties", "dare_ties") and normalize:
+                total = sum(weights)  # mergekit divides Σ wt·τt by Σ wt (by 1 when |Σ wt| < 1e-8)
+                if abs(total) >= 1e-8:
+                    weights = [w / total for w in weights]
         if method == "ties":
-            params["keep"] = float(single("density", 1.0))
+            params["keep"] = density
             params["scope"] = "tensor"
         elif method in ("dare_linear", "dare_ties"):
-            params["drop"] = 1.0 - float(single("density", 1.0))
+            params["drop"] = _complement(density)
             if not bool(top.get("rescale", True)):
                 raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab "
                                      "always rescales survivors by 1/(1 − drop)).")
         elif method == "breadcrumbs":
-            params["keep"] = float(single("density", 1.0))
+            params["keep"] = density
             params["gamma"] = float(single("gamma", 0.01))
-        models = [ModelEntry(m.model, {"weight": float(w)}) if w is not None and float(w) != 1.0 else m
-                  for m, w in zip(models, weights)]
+        models = [ModelEntry(m.model, {"weight": w}) if w != 1.0 else m for m, w in zip(models, weights)]
         dtype = d.get("out_dtype") or d.get("dtype")
         if dtype is not None and dtype not in DTYPES:
             raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
@@ -266,7 +275,7 @@ class Recipe:
             if self.method in ("ties", "breadcrumbs"):
                 mp["density"] = float(p["keep"])
             if self.method in ("dare_linear", "dare_ties"):
-                mp["density"] = 1.0 - float(p["drop"])
+                mp["density"] = _complement(p["drop"])
             if self.method == "breadcrumbs":
                 mp["gamma"] = float(p["gamma"])
             models.append({"model": _mergekit_ref(self.base, m.model), "parameters": mp})
@@ -277,12 +286,19 @@ class Recipe:
             if self.method == "ties" and p["scope"] != "tensor":
                 raise ParameterError("mergekit's TIES trims per tensor only; export a recipe with scope: tensor.")
             out["base_model"] = self.base
-            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method == "ties"}
+            # forgetlab's ties and dare_ties take the disjoint mean (mergekit's normalize: true); the others add
+            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method in ("ties", "dare_ties")}
             if self.method in ("dare_linear", "dare_ties"):
                 out["parameters"]["rescale"] = True
         out["models"] = models
         out["dtype"] = self.dtype or "float32"
         return out
+
+
+def _complement(x: float) -> float:
+    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly (1 − 0.8
+    is 0.19999999999999996 in floating point)."""
+    return float(f"{1.0 - float(x):.15g}")
 
 
 def _mergekit_ref(base: str, model: str) -> str:
