@@ -265,3 +265,58 @@ def test_cli_refuses_mergekit_default_dare_ties_and_writes_nothing(tiny_llama, t
     err = capsys.readouterr().err
     assert "normalize: true" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]
+
+
+def test_lora_entry_mapping_is_read_as_base_plus_adapter():
+    """mergekit's `model: {model: BASE, lora: ADAPTER}` is the same model as `BASE+ADAPTER` (it was read as BASE)."""
+    as_map = Recipe.from_mergekit(_mk("ties", models=[{"model": "/m/b", "lora": "/m/ad"}], parameters={}))
+    as_map_models = [m.model for m in as_map.models]
+    d = _mk("ties")
+    d["models"] = [{"model": {"model": "/m/b", "lora": "/m/ad"}, "parameters": {"weight": 1.0, "density": 0.5}},
+                   {"model": "/m/c", "parameters": {"weight": 1.0, "density": 0.5}}]
+    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    d["models"][0]["model"] = "/m/b+/m/ad"
+    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    d["base_model"] = {"model": "/m/b"}
+    assert Recipe.from_mergekit(d).base == "/m/b"
+    assert as_map_models == ["/m/b+/m/ad"]
+    d["models"][0]["model"] = {"model": {"path": "/m/b", "revision": "v2"}, "lora": "/m/ad"}
+    with pytest.raises(ParameterError, match=r"revision 'v2'"):
+        Recipe.from_mergekit(d)
+    d["models"][0]["model"] = {"model": "/m/b", "lora": "/m/ad", "override_architecture": "X"}
+    with pytest.raises(ParameterError, match="override_architecture"):
+        Recipe.from_mergekit(d)
+
+
+@pytest.fixture(scope="module")
+def lora_on_tiny(tiny_llama, tmp_path_factory):
+    """A PEFT adapter (q_proj, v_proj, random B) on the tiny Llama base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("lora") / "adapter"
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama.base))
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                     init_lora_weights=False)).save_pretrained(str(out))
+    return out
+
+
+def test_cli_lora_entry_mapping_merges_like_the_plus_form(tiny_llama, lora_on_tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    base, ft = str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])
+    outs = {}
+    for form, ref in [("map", {"model": base, "lora": str(lora_on_tiny)}), ("plus", f"{base}+{lora_on_tiny}")]:
+        mk = {"merge_method": "task_arithmetic", "base_model": base,
+              "models": [{"model": ref, "parameters": {"weight": 1.0}}, {"model": ft, "parameters": {"weight": 1.0}}],
+              "dtype": "float32"}
+        (tmp_path / f"{form}.yaml").write_text(yaml.safe_dump(mk))
+        assert main(["merge", str(tmp_path / f"{form}.yaml"), str(tmp_path / form)]) == 0
+        outs[form] = load_file(str(tmp_path / form / "model.safetensors"))
+    q = next(k for k in outs["map"] if "q_proj" in k)
+    base_q = load_file(str(tiny_llama.base / "model.safetensors"))[q]
+    ft_q = load_file(str(tiny_llama.finetuned["ft0"] / "model.safetensors"))[q]
+    assert not torch.allclose(outs["map"][q], ft_q)                    # the adapter's ΔW is in (not read as base)
+    assert not torch.allclose(outs["map"][q] - base_q, ft_q - base_q)
+    assert all(torch.equal(outs["map"][k], outs["plus"][k]) for k in outs["plus"])

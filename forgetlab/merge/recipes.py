@@ -170,7 +170,7 @@ class Recipe:
         if not entries:
             raise ParameterError("The mergekit recipe lists no models.")
         _check_models_list(entries, "The mergekit recipe's `models`")
-        base = d.get("base_model")
+        base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
         models: list[ModelEntry] = []
         per_model: list[dict] = []
         for e in entries:
@@ -178,19 +178,15 @@ class Recipe:
                 e = {"model": e}
             if not isinstance(e, Mapping) or not e.get("model"):
                 raise ParameterError(f"Each mergekit model entry is a path or a mapping with `model:`; got {e!r}.")
-            ref = e.get("model")
-            if isinstance(ref, Mapping):
-                ref = ref.get("model") or ref.get("path")
-            if not isinstance(ref, str) or not ref:
-                raise ParameterError(f"A mergekit model must name a path or hub id; got {e.get('model')!r}.")
+            ref = _mergekit_model(e["model"], "model")
             mp = e.get("parameters") or {}
             if not isinstance(mp, Mapping):
                 raise ParameterError(f"mergekit `parameters` of {ref} must be a mapping like {{weight: 1.0}}; "
                                      f"got {mp!r}.")
             mp = dict(mp)
-            if base is not None and str(ref) == str(base) and method != "linear":
+            if base is not None and ref == base and method != "linear":
                 continue  # mergekit lets the base appear among the models; its task vector is zero
-            models.append(ModelEntry(str(ref)))
+            models.append(ModelEntry(ref))
             per_model.append(mp)
         if base is None:
             if method != "linear":
@@ -293,6 +289,48 @@ class Recipe:
         out["models"] = models
         out["dtype"] = self.dtype or "float32"
         return out
+
+
+def _mergekit_path(value: Any, where: str) -> str:
+    """A mergekit ModelPath: a path or hub id, or {path: …, revision: …} (a revision is refused: forgetlab
+    opens what is at the path)."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("path"), str) and value["path"]:
+        extra = [k for k in value if k not in ("path", "revision")]
+        if extra:
+            raise ParameterError(f"mergekit model path {dict(value)!r} has unknown key(s) "
+                                 f"{', '.join(map(repr, extra))}; a path is {{path: …, revision: …}}.")
+        if value.get("revision") is not None:
+            raise ParameterError(f"mergekit {where} {value['path']} asks for revision {value['revision']!r}; forgetlab "
+                                 f"reads a model as it is on disk or the hub's default revision. Download that "
+                                 f"revision (huggingface-cli download {value['path']} --revision "
+                                 f"{value['revision']} --local-dir DIR) and give DIR.")
+        return value["path"]
+    raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+
+
+def _mergekit_model(value: Any, where: str) -> str:
+    """A mergekit model reference as forgetlab names it: `path`, or `BASE+ADAPTER` for a LoRA adapter on a model,
+    written either as that string or as {model: BASE, lora: ADAPTER} (mergekit's ModelReference)."""
+    if isinstance(value, str):
+        if not value:
+            raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+        return value
+    if not isinstance(value, Mapping) or "model" not in value:
+        raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+    if value.get("override_architecture") is not None:
+        raise ParameterError(f"mergekit override_architecture ({value['override_architecture']!r}) is not supported: "
+                             "forgetlab reads each model's architecture from its config.json. Remove it (and fix "
+                             "the model's config.json if it is wrong).")
+    extra = [k for k in value if k not in ("model", "lora", "override_architecture")]
+    if extra:
+        raise ParameterError(f"mergekit model {dict(value)!r} has unknown key(s) {', '.join(map(repr, extra))}; a "
+                             "model is a path, `BASE+ADAPTER`, or {model: BASE, lora: ADAPTER}.")
+    model = _mergekit_path(value["model"], where)
+    if value.get("lora") is None:
+        return model
+    return f"{model}+{_mergekit_path(value['lora'], where + ' lora')}"
 
 
 def _complement(x: float) -> float:
