@@ -2,8 +2,9 @@
 recipes give the same tensors to within 1e-6 for linear, task_arithmetic, ties (tensor scope, weights 1)
 and breadcrumbs. Each recipe is written once as mergekit YAML and imported by forgetlab from that file.
 Issue 30's mergekit settings are compared too: dare_ties with `normalize: true` (forgetlab's disjoint mean) at
-density 1 (no random mask: the tensors are determined) and task_arithmetic with `normalize: true` (weights
-divided by their sum).
+density 1 (no random mask: the tensors are determined), task_arithmetic with `normalize: true` (weights divided
+by their sum) and `tokenizer_source: base`, and linear with a `base_model` that mergekit averages in with the
+top-level weight.
 
 mergekit starts slowly (~14 s of imports on two cores), so TIES runs through `mergekit-yaml` and the other
 others through one `mergekit-multi` call (the same merge code, one interpreter start), both at once.
@@ -64,11 +65,16 @@ def _recipes(pool) -> dict[str, dict]:
         "task_arithmetic_normalize": {"merge_method": "task_arithmetic", "base_model": base,
                                       "models": [{"model": a, "parameters": {"weight": 1.0}},
                                                  {"model": b, "parameters": {"weight": 0.5}}],
-                                      "parameters": {"normalize": True}, "dtype": "float32"},
+                                      "parameters": {"normalize": True}, "tokenizer_source": "base",
+                                      "dtype": "float32"},
+        "linear_base": {"merge_method": "linear", "base_model": base,
+                        "models": [{"model": a, "parameters": {"weight": 1.0}},
+                                   {"model": b, "parameters": {"weight": 1.0}}],
+                        "parameters": {"weight": 2.0}, "dtype": "float32"},
     }
 
 
-MULTI = ("linear", "task_arithmetic", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize")
+MULTI = ("linear", "task_arithmetic", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize", "linear_base")
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +112,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties", "breadcrumbs", "dare_ties_normalize",
-                                    "task_arithmetic_normalize"])
+                                    "task_arithmetic_normalize", "linear_base"])
 def test_same_output_as_mergekit(mergekit_outputs, tmp_path, method):
     files, outs = mergekit_outputs
     ours = run(files[method], tmp_path / "ours")

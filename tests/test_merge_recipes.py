@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -244,6 +245,19 @@ def test_ties_normalize_maps_exactly_or_is_refused():
     assert ours.to_mergekit()["parameters"]["normalize"] is True
 
 
+def test_ties_and_breadcrumbs_rescale_true_is_refused_unless_nothing_is_trimmed():
+    """rescale: true (mergekit's L1 rescale of each trimmed task vector, default false) is refused by name for
+    ties and breadcrumbs unless nothing is trimmed (density 1)."""
+    with pytest.raises(ParameterError, match=r"rescale: true.*L1.*Remove `rescale`"):
+        Recipe.from_mergekit(_mk("ties", parameters={"rescale": True}))
+    with pytest.raises(ParameterError, match=r"rescale: true"):
+        Recipe.from_mergekit(_mk("breadcrumbs", parameters={"rescale": True}))
+    one = _mk("ties", parameters={"rescale": True})
+    for e in one["models"]:
+        e["parameters"]["density"] = 1.0
+    assert Recipe.from_mergekit(one).params["keep"] == 1.0            # nothing trimmed: nothing rescaled
+
+
 @pytest.mark.parametrize("method", ["task_arithmetic", "dare_linear", "breadcrumbs"])
 def test_normalize_true_without_consensus_divides_the_weights_by_their_sum(method):
     """mergekit's normalize: true for the methods without sign election divides Σ wt·τt by Σ wt: the same as
@@ -320,3 +334,82 @@ def test_cli_lora_entry_mapping_merges_like_the_plus_form(tiny_llama, lora_on_ti
     assert not torch.allclose(outs["map"][q], ft_q)                    # the adapter's ΔW is in (not read as base)
     assert not torch.allclose(outs["map"][q] - base_q, ft_q - base_q)
     assert all(torch.equal(outs["map"][k], outs["plus"][k]) for k in outs["plus"])
+
+
+def test_linear_with_a_base_model_averages_the_base_in():
+    """mergekit's linear adds base_model to the inputs (with the top-level weight) when the models do not list it."""
+    r = Recipe.from_mergekit(_mk("linear", parameters={"weight": 2.0}))
+    assert [m.model for m in r.models] == ["/m/a", "/m/c", "/m/b"]
+    assert r.validated_params()["weights"] == [1.0, 1.0, 2.0]
+    listed = _mk("linear", models=("/m/a", "/m/b"))                   # listed: counted once, with its own weight
+    assert [m.model for m in Recipe.from_mergekit(listed).models] == ["/m/a", "/m/b"]
+    with pytest.raises(ParameterError, match=r"base_model.*needs a weight.*parameters: \{weight"):
+        Recipe.from_mergekit(_mk("linear"))
+    assert [m.model for m in Recipe.from_mergekit(_mk("linear", base=None)).models] == ["/m/a", "/m/c"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"chat_template": "chatml"}, "chat_template"),
+    ({"tokenizer": {"source": "union"}}, "`tokenizer:`"),
+    ({"tokenizer_source": "union"}, "tokenizer_source: union"),
+    ({"tokenizer_source": "/m/a"}, "tokenizer_source"),
+    ({"modules": {"text_decoder": {"models": [{"model": "/m/a"}]}}}, "`modules`"),
+    ({"merge_methd": "ties"}, "merge_methd"),
+    ({"parameters": {"normalize": True, "epsilon": 0.1}}, "epsilon"),
+])
+def test_mergekit_settings_forgetlab_lacks_are_refused_by_name(extra, says):
+    with pytest.raises(ParameterError, match=re.escape(says)):
+        Recipe.from_mergekit(_mk(**{"parameters": {"normalize": True}, **extra}))
+
+
+def test_mergekit_settings_that_change_nothing_are_accepted():
+    r = Recipe.from_mergekit(_mk(tokenizer_source="base", name="m1", parameters={"normalize": True,
+                                                                                "int8_mask": True}))
+    assert r.method == "dare_ties" and r.name == "m1"
+
+
+def test_per_model_settings_mergekit_would_ignore_are_refused():
+    d = _mk(parameters={"normalize": True})
+    d["models"][0]["parameters"]["lambda"] = 0.5                      # shared in mergekit: a per-model one is ignored
+    with pytest.raises(ParameterError, match=r"lambda.*top-level `parameters`"):
+        Recipe.from_mergekit(d)
+    d = _mk(parameters={"normalize": True})
+    d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
+    with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
+        Recipe.from_mergekit(d)
+    d = _mk("task_arithmetic")                                        # density: task_arithmetic trims nothing
+    with pytest.raises(ParameterError, match=r"task_arithmetic.*density"):
+        Recipe.from_mergekit(d)
+
+
+@pytest.mark.parametrize("models", [("/m/a", "/m/a"), ("/m/b", "/m/b", "/m/a"),
+                                    ({"model": "/m/b", "lora": "/m/ad"}, "/m/b+/m/ad")])
+def test_a_model_listed_twice_is_refused_as_mergekit_does(models):
+    d = _mk("ties", models=models, parameters={})
+    with pytest.raises(ParameterError, match=r"twice.*once"):
+        Recipe.from_mergekit(d)
+    with pytest.raises(ParameterError, match=r"twice"):
+        Recipe.from_mergekit(_mk("linear", models=("/m/a", "/m/a"), base=None))
+
+
+def test_export_refuses_a_model_listed_twice():
+    r = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/a"]})
+    with pytest.raises(ParameterError, match=r"twice"):
+        r.to_mergekit()
+
+
+@pytest.mark.parametrize("extra, says", [({"parameters": {"rescale": True}}, "rescale: true"),
+                                         ({"chat_template": "chatml"}, "chat_template"),
+                                         ({"duplicate": True}, "twice")])
+def test_cli_refuses_mergekit_settings_by_name_and_writes_nothing(tiny_llama, tmp_path, capsys, extra, says):
+    fts = [str(p) for p in tiny_llama.finetuned.values()]
+    if extra.pop("duplicate", False):
+        fts = [fts[0], fts[0]]
+    mk = _mk("ties", models=fts, base=str(tiny_llama.base), **extra)
+    (tmp_path / "mk.yaml").write_text(yaml.safe_dump(mk))
+    for argv in (["merge", str(tmp_path / "mk.yaml"), str(tmp_path / "out")],
+                 ["merge-export", str(tmp_path / "mk.yaml"), "--to", "forgetlab", "--out", str(tmp_path / "r.yaml")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]

@@ -14,8 +14,14 @@ forgetlab recipe (parameter names of docs/methods.md; per-model values under eac
 
 mergekit YAML (detected by its `merge_method` key) is imported for linear, task_arithmetic, ties,
 dare_linear, dare_ties and breadcrumbs: `density` → `keep` (ties, breadcrumbs) or `drop = 1 − density`
-(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`.
-Semantic differences are listed in docs/merging.md (DARE's rescaling, TIES's scope, linear's base).
+(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`,
+`{model: BASE, lora: ADAPTER}` → `BASE+ADAPTER`. mergekit 0.1.5's defaults are read as mergekit reads them
+(`normalize` is true for linear and ties only, `rescale` true for dare_* only): forgetlab's ties and dare_ties
+are mergekit's `normalize: true`; `normalize: true` for task_arithmetic, dare_linear and breadcrumbs divides
+the weights by their sum; linear with a base_model averages the base in. Settings forgetlab cannot compute
+(a sum for ties/dare_ties, `rescale: true` for ties/breadcrumbs, chat_template, tokenizer, modules, slices,
+a model listed twice, parameters the method does not have …) are refused by name with what to write instead.
+The table and the remaining differences (DARE's rescaling, TIES's scope) are in docs/merging.md.
 """
 from __future__ import annotations
 
@@ -155,17 +161,19 @@ class Recipe:
     # -- mergekit
     @classmethod
     def from_mergekit(cls, d: Mapping[str, Any]) -> "Recipe":
-        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs)."""
+        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs) as the
+        forgetlab recipe that computes the same merge (mergekit 0.1.5's semantics, docs/merging.md); a setting
+        forgetlab cannot compute is refused by name, with what to write instead — never ignored."""
         method = d.get("merge_method")
         if method not in MERGEKIT_METHODS:
             raise ParameterError(f"mergekit method {method!r} has no forgetlab counterpart; importable methods: "
                                  f"{', '.join(MERGEKIT_METHODS)}.")
-        if "slices" in d:
-            raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
+        _check_mergekit_keys(d)
         top = d.get("parameters") or {}
         if not isinstance(top, Mapping):
             raise ParameterError(f"mergekit `parameters` must be a mapping like {{lambda: 1.0}}; got {top!r}.")
         top = dict(top)
+        _check_mergekit_params(method, top, None)
         entries = d.get("models") or []
         if not entries:
             raise ParameterError("The mergekit recipe lists no models.")
@@ -173,25 +181,49 @@ class Recipe:
         base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
         models: list[ModelEntry] = []
         per_model: list[dict] = []
+        seen: set[str] = set()
         for e in entries:
             if isinstance(e, str):
                 e = {"model": e}
             if not isinstance(e, Mapping) or not e.get("model"):
                 raise ParameterError(f"Each mergekit model entry is a path or a mapping with `model:`; got {e!r}.")
             ref = _mergekit_model(e["model"], "model")
+            extra = [k for k in e if k not in ("model", "parameters")]
+            if extra:
+                hint = ", ".join(f"{k}: {e[k]!r}" for k in extra)
+                raise ParameterError(f"The mergekit entry of {ref} has {', '.join(map(repr, extra))} beside `model` "
+                                     f"and `parameters`, where mergekit ignores it; put it under the entry's "
+                                     f"`parameters`, e.g. parameters: {{{hint}}}.")
+            if ref in seen:
+                raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses duplicate "
+                                     "inputs. List each model once (give it the weight it should have).")
+            seen.add(ref)
             mp = e.get("parameters") or {}
             if not isinstance(mp, Mapping):
                 raise ParameterError(f"mergekit `parameters` of {ref} must be a mapping like {{weight: 1.0}}; "
                                      f"got {mp!r}.")
             mp = dict(mp)
+            _check_mergekit_params(method, mp, ref)
             if base is not None and ref == base and method != "linear":
                 continue  # mergekit lets the base appear among the models; its task vector is zero
             models.append(ModelEntry(ref))
             per_model.append(mp)
+        if method == "linear" and base is not None and base not in seen:
+            # mergekit's linear averages base_model in as one more input, with the top-level parameters
+            if top.get("weight") is None:
+                raise ParameterError(f"mergekit's linear averages base_model ({base}) in with the models, so it needs "
+                                     f"a weight for it, which this recipe does not give (mergekit stops with 'Missing "
+                                     f"required parameter weight'). List it under `models` with parameters: "
+                                     f"{{weight: …}}, or remove base_model to average only the models listed.")
+            models.append(ModelEntry(base))
+            per_model.append({})
         if base is None:
             if method != "linear":
                 raise ParameterError(f"mergekit {method} needs a base_model.")
             base = models[0].model
+        if not models:
+            raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
+                                 "fine-tuned models to merge into it.")
         for k, v in list(top.items()):
             if not isinstance(v, (int, float, bool)):
                 raise ParameterError(f"mergekit parameter {k}={v!r} (gradients or filters) is not supported; "
@@ -219,8 +251,9 @@ class Recipe:
         params: dict[str, Any] = {}
         weights = [float(w) for w in value("weight", 1.0)]
         # mergekit 0.1.5's defaults (merge_methods/registry.py): normalize is true for linear and ties, false for
-        # task_arithmetic, dare_linear, dare_ties and breadcrumbs
+        # task_arithmetic, dare_linear, dare_ties and breadcrumbs; rescale is true for dare_*, false otherwise
         normalize = bool(top.get("normalize", method in ("linear", "ties")))
+        rescale = bool(top.get("rescale", method in ("dare_linear", "dare_ties")))
         density = 1.0 if method in ("linear", "task_arithmetic") else float(single("density", 1.0))
         if method == "linear":
             params["normalize"] = normalize
@@ -239,14 +272,24 @@ class Recipe:
                 total = sum(weights)  # mergekit divides Σ wt·τt by Σ wt (by 1 when |Σ wt| < 1e-8)
                 if abs(total) >= 1e-8:
                     weights = [w / total for w in weights]
+        if method == "task_arithmetic" and any(float(v) != 1.0 for v in value("density", 1.0)):
+            raise ParameterError("mergekit's task_arithmetic has a density parameter but trims nothing with it (it "
+                                 "is ignored there); remove density, or use ties, dare_linear or breadcrumbs to "
+                                 "sparsify the task vectors.")
+        if rescale and density < 1 and method in ("ties", "breadcrumbs"):
+            raise ParameterError(f"mergekit {method} with rescale: true scales each sparsified task vector back to "
+                                 f"its L1 norm; forgetlab's {method} does not rescale. Remove `rescale` (mergekit's "
+                                 f"default for {method} is false) to import it without the rescale, or use "
+                                 f"dare_ties/dare_linear, which rescale their survivors.")
+        if not rescale and density < 1 and method in ("dare_linear", "dare_ties"):
+            raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab always "
+                                 "rescales survivors by 1/(1 − drop)); remove `rescale` (mergekit's default for "
+                                 "DARE is true).")
         if method == "ties":
             params["keep"] = density
             params["scope"] = "tensor"
         elif method in ("dare_linear", "dare_ties"):
             params["drop"] = _complement(density)
-            if not bool(top.get("rescale", True)):
-                raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab "
-                                     "always rescales survivors by 1/(1 − drop)).")
         elif method == "breadcrumbs":
             params["keep"] = density
             params["gamma"] = float(single("gamma", 0.01))
@@ -254,7 +297,8 @@ class Recipe:
         dtype = d.get("out_dtype") or d.get("dtype")
         if dtype is not None and dtype not in DTYPES:
             raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
-        recipe = cls(method, str(base), models, params, dtype)
+        name = d.get("name")
+        recipe = cls(method, str(base), models, params, dtype, name=None if name is None else str(name))
         recipe.validated_params()  # an imported recipe is a valid forgetlab recipe, or a message now
         return recipe
 
@@ -264,6 +308,12 @@ class Recipe:
             raise ParameterError(f"{self.method} has no mergekit counterpart; exportable methods: "
                                  f"{', '.join(MERGEKIT_METHODS)}.")
         p = self.validated_params()
+        names = [m.model for m in self.models]
+        twice = sorted({m for m in names if names.count(m) > 1})
+        if twice:
+            raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
+                                 "List each model once (with the sum of its weights for linear, task_arithmetic "
+                                 "and ties) before exporting.")
         weights = p.get("weights") or [1.0] * len(self.models)
         models = []
         for m, w in zip(self.models, weights):
@@ -289,6 +339,65 @@ class Recipe:
         out["models"] = models
         out["dtype"] = self.dtype or "float32"
         return out
+
+
+# mergekit 0.1.5's settings: the top-level keys of MergeConfiguration that forgetlab reads (`slices`, `modules`,
+# `tokenizer`, `chat_template` and a tokenizer_source other than `base` are refused with their own messages), and
+# each method's parameters (merge_methods/registry.py, generalized_task_arithmetic.py, linear.py): shared ones
+# (one value for the merge) and per-model ones (per entry, or top-level for every model)
+MERGEKIT_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "name")
+_GTA_SHARED = ("lambda", "normalize", "rescale", "int8_mask")
+MERGEKIT_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (shared, per model)
+    "linear": (("normalize",), ("weight",)),
+    "task_arithmetic": (_GTA_SHARED, ("weight", "density")),
+    "ties": (_GTA_SHARED, ("weight", "density")),
+    "dare_linear": (_GTA_SHARED, ("weight", "density")),
+    "dare_ties": (_GTA_SHARED, ("weight", "density")),
+    "breadcrumbs": (_GTA_SHARED, ("weight", "density", "gamma")),
+}
+
+
+def _check_mergekit_keys(d: Mapping[str, Any]) -> None:
+    """Refuse, by name and with what to do, the top-level mergekit settings forgetlab cannot honour."""
+    if "slices" in d:
+        raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
+    if "modules" in d:
+        raise ParameterError("mergekit `modules` (a separate merge per module of a multimodal model) is not "
+                             "supported: forgetlab merges the whole model. Use `models:` with one merge for all "
+                             "tensors.")
+    if d.get("tokenizer") is not None:
+        raise ParameterError("mergekit `tokenizer:` (a merged vocabulary, token embeddings set by hand) is not "
+                             "supported: forgetlab writes the base's tokenizer and merges the embedding rows as "
+                             "they are, so the models must share the base's vocabulary. Remove `tokenizer:`.")
+    source = d.get("tokenizer_source")
+    if source is not None and source != "base":
+        raise ParameterError(f"mergekit tokenizer_source: {source} builds a new vocabulary and reorders the "
+                             f"embedding rows; forgetlab writes the base's tokenizer and merges the rows as they "
+                             f"are (mergekit's tokenizer_source: base when the models share the base's "
+                             f"vocabulary). Write tokenizer_source: base, or remove it.")
+    if d.get("chat_template") is not None:
+        raise ParameterError("mergekit chat_template is not supported: forgetlab writes the base's tokenizer with "
+                             "its own chat template. Remove chat_template, and set the template on the merged "
+                             "model's tokenizer afterwards (tokenizer.chat_template = …; "
+                             "tokenizer.save_pretrained(OUT)).")
+    unknown = [k for k in d if k not in MERGEKIT_KEYS]
+    if unknown:
+        raise ParameterError(f"Unknown mergekit setting(s) {', '.join(map(repr, unknown))}; forgetlab reads "
+                             f"{', '.join(MERGEKIT_KEYS)}. Fix the name or remove it.")
+
+
+def _check_mergekit_params(method: str, params: Mapping[str, Any], model: str | None) -> None:
+    """Refuse parameters that mergekit's `method` does not have (mergekit ignores them: usually a misspelling)
+    and, per model (`model` given), the shared ones that mergekit reads only at the top level."""
+    shared, per_model = MERGEKIT_PARAMS[method]
+    for k in params:
+        if model is not None and k in shared:
+            raise ParameterError(f"mergekit parameter {k} is one value for the whole merge; mergekit ignores it in "
+                                 f"the parameters of {model}. Give it in the top-level `parameters`.")
+        if k not in shared + per_model:
+            raise ParameterError(f"{k!r} is not a parameter of mergekit's {method} (its parameters: "
+                                 f"{', '.join(shared + per_model)}); mergekit would ignore it. Fix the name or "
+                                 "remove it.")
 
 
 def _mergekit_path(value: Any, where: str) -> str:
