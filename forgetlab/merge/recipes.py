@@ -195,8 +195,8 @@ class Recipe:
                                      f"and `parameters`, where mergekit ignores it; put it under the entry's "
                                      f"`parameters`, e.g. parameters: {{{hint}}}.")
             if ref in seen:
-                raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses duplicate "
-                                     "inputs. List each model once (give it the weight it should have).")
+                raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses "
+                                     "duplicate inputs. List each model once (give it the weight it should have).")
             seen.add(ref)
             mp = e.get("parameters") or {}
             if not isinstance(mp, Mapping):
@@ -443,8 +443,8 @@ def _mergekit_model(value: Any, where: str) -> str:
 
 
 def _complement(x: float) -> float:
-    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly (1 − 0.8
-    is 0.19999999999999996 in floating point)."""
+    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly
+    (1 − 0.8 is 0.19999999999999996 in floating point)."""
     return float(f"{1.0 - float(x):.15g}")
 
 
