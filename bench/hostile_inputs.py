@@ -489,6 +489,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
     second_pass_cases(r)
     second_pass_checkpoints(r)
     second_pass_data(r)
+    second_pass_recipes(r)
 
 
 def dead_pid() -> int:
@@ -1145,6 +1146,122 @@ def second_pass_data(r: Replay) -> None:
         return (f"`eval pool.yaml --max-general 100`: peak RSS {mib1:.0f} MiB, {s1:.1f} s with the 10 MB line; "
                 f"{mib0:.0f} MiB, {s0:.1f} s with the ordinary held-out file"), problems
     r.api("30.17 peak memory of eval --max-general 100, 10 MB line vs ordinary file", peak_memory)
+
+
+def second_pass_recipes(r: Replay) -> None:
+    """Issue 30, second pass, items 4, 5, 6 and 13: mergekit settings imported and exported as mergekit 0.1.5 reads
+    them or refused by name, and recipe files read whatever their name. Where a merge is honoured, its tensors
+    are checked against a reference computed here from the checkpoints (or PEFT's merge_and_unload)."""
+    import torch
+    import yaml
+
+    def mk(w, method="ties", models=None, with_base=None, **top):
+        """mk.yaml: a mergekit recipe of ft0 and ft1 (weights 1, density 1) on base, with `top`'s settings."""
+        entries = models if models is not None else [
+            {"model": m, "parameters": {"weight": 1.0, **({} if method in ("linear", "task_arithmetic")
+                                                          else {"density": 1.0})}} for m in ("ft0", "ft1")]
+        base = {"base_model": "base"} if (method != "linear" if with_base is None else with_base) else {}
+        write_yaml(w / "mk.yaml", {"merge_method": method, **base, "models": entries, **top, "dtype": "float32"})
+
+    def tensors(folder: Path) -> dict:
+        from safetensors.torch import load_file
+        out = {}
+        for f in sorted(folder.glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        return out
+
+    def matches(reference):
+        """A check: the merge in `out` equals reference(base, ft0, ft1) (float32 tensors) to within 1e-6."""
+        def check(w, out, err):
+            if not (w / "out").is_dir():
+                return ["no merge written"]
+            got, sds = tensors(w / "out"), [tensors(w / n) for n in ("base", "ft0", "ft1")]
+            worst = max(float((got[k].float() - reference(*(sd[k].float() for sd in sds))).abs().max()) for k in got)
+            return [] if worst <= 1e-6 else [f"max |merge − reference| = {worst:.2e}"]
+        return check
+
+    def disjoint_mean(b, a, c):  # TIES's sign election and mean of the agreeing entries, weights 1, nothing dropped
+        taus = torch.stack([a - b, c - b])
+        sign = torch.where(taus.sum(0) >= 0, 1.0, -1.0)
+        agree = torch.sign(taus) == sign
+        return b + (taus * agree).sum(0) / agree.sum(0).clamp_min(1)
+
+    # 4. dare_ties is mergekit's normalize: true (the disjoint mean); mergekit's default normalize: false is a sum
+    r.cli("30.4 mergekit dare_ties with normalize: true merges as forgetlab's disjoint mean (density 1, vs a "
+          "hand-computed mean)", ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
+          prepare=lambda w: mk(w, method="dare_ties", parameters={"normalize": True}), check=matches(disjoint_mean))
+    r.cli("30.4 mergekit dare_ties without normalize (mergekit's default: a sum) refused",
+          ["merge", "mk.yaml", "out"], prepare=lambda w: mk(w, method="dare_ties"), must_say="normalize: true")
+    r.cli("30.4 mergekit ties with normalize: false refused", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, parameters={"normalize": False}), must_say="normalize: true")
+
+    def dare_recipe(w):
+        write_yaml(w / "dt.yaml", {"method": "dare_ties", "base": "base", "models": ["ft0", "ft1"],
+                                   "params": {"drop": 0.2}})
+
+    def says_normalize_true(w, out, err):
+        p = (yaml.safe_load(out) or {}).get("parameters", {})
+        return [] if p.get("normalize") is True else [f"exported parameters {p}"]
+    r.cli("30.4 merge-export of a dare_ties recipe writes normalize: true", ["merge-export", "dt.yaml"], expect=0,
+          prepare=dare_recipe, check=says_normalize_true)
+
+    # 5. mergekit's {model: BASE, lora: ADAPTER} is BASE+ADAPTER (it was read as BASE)
+    peft_merged: dict = {}
+
+    def lora_map(w):
+        peft_merged.update(make_adapter(w / "base", w / "adp", target_modules=["q_proj", "v_proj"]))
+        mk(w, method="task_arithmetic", models=[{"model": {"model": "base", "lora": "adp"},
+                                                 "parameters": {"weight": 1.0}}])
+
+    def equals_peft(w, out, err):
+        if not (w / "out").is_dir():
+            return ["no merge written"]
+        got = tensors(w / "out")
+        worst = max(float((got[k].float() - peft_merged[k].float()).abs().max()) for k in got)
+        return [] if worst <= 1e-5 else [f"max |merge − PEFT merge_and_unload| = {worst:.2e}"]
+    r.cli("30.5 mergekit model {model: base, lora: adp} merges as base+adp (vs PEFT merge_and_unload)",
+          ["merge", "mk.yaml", "out"], expect=0, allowed=("out",), prepare=lora_map, check=equals_peft)
+
+    # 6. other settings: honoured, or refused by name
+    r.cli("30.6 mergekit ties with rescale: true refused", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, models=[{"model": m, "parameters": {"weight": 1.0, "density": 0.5}}
+                                          for m in ("ft0", "ft1")], parameters={"rescale": True}),
+          must_say="rescale: true")
+    r.cli("30.6 mergekit linear with a base_model and a weight for it averages the base in (vs hand-computed)",
+          ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
+          prepare=lambda w: mk(w, method="linear", with_base=True, parameters={"weight": 2.0}),
+          check=matches(lambda b, a, c: (a + c + 2 * b) / 4))
+    r.cli("30.6 mergekit linear with a base_model but no weight for it refused", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, method="linear", with_base=True), must_say="base_model")
+    for key, value, says in [("chat_template", "chatml", "chat_template"),
+                             ("tokenizer_source", "union", "tokenizer_source: union"),
+                             ("tokenizer", {"source": "union"}, "tokenizer:"),
+                             ("modules", {"text_decoder": {"models": [{"model": "ft0"}]}}, "modules")]:
+        shown = value if isinstance(value, str) else "{…}"
+        r.cli(f"30.6 mergekit `{key}: {shown}` refused", ["merge", "mk.yaml", "out"],
+              prepare=lambda w, key=key, value=value: mk(w, **{key: value}), must_say=says)
+    r.cli("30.6 mergekit tokenizer_source: base accepted (the base's tokenizer, as forgetlab writes it)",
+          ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
+          prepare=lambda w: mk(w, tokenizer_source="base"), check=matches(disjoint_mean))
+    r.cli("30.6 mergekit recipe listing the same model twice refused", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, models=["ft0", "ft0"]), must_say="twice")
+    r.cli("30.6 mergekit weight written beside parameters (ignored by mergekit) refused", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, models=[{"model": "ft0", "weight": 0.5}, "ft1"]), must_say="parameters")
+
+    # 13. a recipe path is a file to read whatever its name; a folder or a non-UTF-8 file is a message
+    def latin1(w):
+        (w / "latin1.yaml").write_bytes("# café\nmethod: ties\nbase: base\nmodels: [ft0, ft1]\n".encode("latin-1"))
+    r.cli("30.13 merge of a recipe that is not UTF-8", ["merge", "latin1.yaml", "out"], prepare=latin1,
+          must_say="not UTF-8")
+
+    def folder(w):
+        (w / "recipes.yaml").mkdir()
+    r.cli("30.13 merge of a recipe path that is a folder", ["merge", "recipes.yaml", "out"], prepare=folder,
+          must_say="is a folder")
+    for name in ("recipe.txt", "recipe"):
+        r.cli(f"30.13 merge of a recipe named {name}", ["merge", name, "out"], expect=0, allowed=("out",),
+              prepare=lambda w, name=name: shutil.copy(w / "ties.yaml", w / name),
+              check=lambda w, out, err: [] if (w / "out" / "recipe.yaml").is_file() else ["no merge written"])
 
 
 def small_disk_inner(spec: dict) -> None:

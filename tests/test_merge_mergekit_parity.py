@@ -1,9 +1,13 @@
 """Parity with mergekit 0.1.5 (installed in its own venv by tools/mergekit_env.sh): the same checkpoints and
 recipes give the same tensors to within 1e-6 for linear, task_arithmetic, ties (tensor scope, weights 1)
 and breadcrumbs. Each recipe is written once as mergekit YAML and imported by forgetlab from that file.
+Issue 30's mergekit settings are compared too: dare_ties with `normalize: true` (forgetlab's disjoint mean) at
+density 1 (no random mask: the tensors are determined), task_arithmetic with `normalize: true` (weights divided
+by their sum) and `tokenizer_source: base`, and linear with a `base_model` that mergekit averages in with the
+top-level weight.
 
 mergekit starts slowly (~14 s of imports on two cores), so TIES runs through `mergekit-yaml` and the other
-three through one `mergekit-multi` call (the same merge code, one interpreter start), both at once.
+others through one `mergekit-multi` call (the same merge code, one interpreter start), both at once.
 """
 from __future__ import annotations
 
@@ -54,7 +58,23 @@ def _recipes(pool) -> dict[str, dict]:
                         "models": [{"model": a, "parameters": {"weight": 1.0, "density": 0.3, "gamma": 0.05}},
                                    {"model": b, "parameters": {"weight": 1.0, "density": 0.3, "gamma": 0.05}}],
                         "parameters": {"lambda": 1.0}, "dtype": "float32"},
+        "dare_ties_normalize": {"merge_method": "dare_ties", "base_model": base,
+                                "models": [{"model": a, "parameters": {"weight": 1.0, "density": 1.0}},
+                                           {"model": b, "parameters": {"weight": 0.5, "density": 1.0}}],
+                                "parameters": {"lambda": 0.9, "normalize": True}, "dtype": "float32"},
+        "task_arithmetic_normalize": {"merge_method": "task_arithmetic", "base_model": base,
+                                      "models": [{"model": a, "parameters": {"weight": 1.0}},
+                                                 {"model": b, "parameters": {"weight": 0.5}}],
+                                      "parameters": {"normalize": True}, "tokenizer_source": "base",
+                                      "dtype": "float32"},
+        "linear_base": {"merge_method": "linear", "base_model": base,
+                        "models": [{"model": a, "parameters": {"weight": 1.0}},
+                                   {"model": b, "parameters": {"weight": 1.0}}],
+                        "parameters": {"weight": 2.0}, "dtype": "float32"},
     }
+
+
+MULTI = ("linear", "task_arithmetic", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize", "linear_base")
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +88,7 @@ def mergekit_outputs(tiny_llama, tmp_path_factory):
     flags = ["--no-write-model-card", "--no-copy-tokenizer", "--no-lazy-unpickle", "--quiet"]
     out = {"ties": root / "mk-ties"}
     multi = root / "multi.yaml"
-    multi.write_text(yaml.safe_dump_all([{**recipes[n], "name": f"out-{n}"} for n in ("linear", "task_arithmetic", "breadcrumbs")],
-                                        sort_keys=False))
+    multi.write_text(yaml.safe_dump_all([{**recipes[n], "name": f"out-{n}"} for n in MULTI], sort_keys=False))
     inter = root / "multi-out"
     # both mergekit processes at once: most of their time is interpreter start-up
     procs = [subprocess.Popen([str(MK_YAML), str(files["ties"]), str(out["ties"]), *flags], env=_env(),
@@ -80,7 +99,7 @@ def mergekit_outputs(tiny_llama, tmp_path_factory):
     for p in procs:
         log, _ = p.communicate(timeout=600)
         assert p.returncode == 0, f"{p.args[0]} failed:\n{log.decode(errors='replace')[-3000:]}"
-    for n in ("linear", "task_arithmetic", "breadcrumbs"):
+    for n in MULTI:
         out[n] = inter / f"out-{n}"  # a merge name equal to a method name would read as a dependency
     return files, out
 
@@ -92,11 +111,12 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     return t
 
 
-@pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties", "breadcrumbs"])
+@pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties", "breadcrumbs", "dare_ties_normalize",
+                                    "task_arithmetic_normalize", "linear_base"])
 def test_same_output_as_mergekit(mergekit_outputs, tmp_path, method):
     files, outs = mergekit_outputs
     ours = run(files[method], tmp_path / "ours")
-    assert ours.method == method
+    assert ours.method == yaml.safe_load(files[method].read_text())["merge_method"]
     a, b = _tensors(outs[method]), _tensors(ours.out_dir)
     assert set(a) == set(b)
     worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -79,8 +80,8 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
         load_recipe({"merge_method": "ties", "base_model": "b",
                      "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
     with pytest.raises(ParameterError, match="normalize"):
-        load_recipe({"merge_method": "task_arithmetic", "base_model": "b", "models": [{"model": "a"}],
-                     "parameters": {"normalize": True}})
+        load_recipe({"merge_method": "ties", "base_model": "b", "models": [{"model": "a"}],
+                     "parameters": {"normalize": False}})
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
         Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
     with pytest.raises(ParameterError, match="scope: tensor"):
@@ -203,3 +204,212 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
                           "models": [str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])]})
     with pytest.raises(ParameterError, match="lists the base among the models"):
         recipe_form(pool, linear)
+
+
+# -- issue 30, second pass: mergekit recipes imported and exported exactly, or refused by name ------------------
+
+def _mk(method="dare_ties", models=("/m/a", "/m/c"), base="/m/b", **top):
+    d = {"merge_method": method, "models": [{"model": m, "parameters": {"weight": 1.0, "density": 0.7}}
+                                            if method != "linear" else {"model": m, "parameters": {"weight": 1.0}}
+                                            for m in models]}
+    if base is not None:
+        d["base_model"] = base
+    d.update(top)
+    return d
+
+
+def test_dare_ties_is_mergekits_normalize_true_both_ways():
+    """forgetlab's dare_ties takes the disjoint mean: mergekit's `normalize: true`. mergekit 0.1.5's default for
+    dare_ties is normalize: false (a sum of the agreeing entries), which forgetlab does not have: refused by
+    name; `normalize: true` is imported; merge-export writes `normalize: true`."""
+    r = Recipe.from_mergekit(_mk(parameters={"normalize": True}))
+    assert (r.method, r.params["drop"]) == ("dare_ties", pytest.approx(0.3))
+    with pytest.raises(ParameterError, match=r"normalize: false.*sum.*`normalize: true`"):
+        Recipe.from_mergekit(_mk())                                   # mergekit's default: the sum
+    with pytest.raises(ParameterError, match=r"normalize: false.*`normalize: true`"):
+        Recipe.from_mergekit(_mk(parameters={"normalize": False}))
+    ours = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a", "/c"], "params": {"drop": 0.2}})
+    mk = ours.to_mergekit()
+    assert mk["parameters"]["normalize"] is True and mk["parameters"]["rescale"] is True
+    assert Recipe.from_mergekit(mk).validated_params() == ours.validated_params()
+
+
+def test_ties_normalize_maps_exactly_or_is_refused():
+    """ties: normalize defaults to true in mergekit (forgetlab's mean): imported, and exported as true;
+    normalize: false (a sum) is refused with the fix."""
+    assert Recipe.from_mergekit(_mk("ties")).method == "ties"
+    assert Recipe.from_mergekit(_mk("ties", parameters={"normalize": True})).method == "ties"
+    with pytest.raises(ParameterError, match=r"ties with normalize: false.*remove it or write `normalize: true`"):
+        Recipe.from_mergekit(_mk("ties", parameters={"normalize": False}))
+    ours = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/c"], "params": {"keep": 0.3}})
+    assert ours.to_mergekit()["parameters"]["normalize"] is True
+
+
+def test_ties_and_breadcrumbs_rescale_true_is_refused_unless_nothing_is_trimmed():
+    """rescale: true (mergekit's L1 rescale of each trimmed task vector, default false) is refused by name for
+    ties and breadcrumbs unless nothing is trimmed (density 1)."""
+    with pytest.raises(ParameterError, match=r"rescale: true.*L1.*Remove `rescale`"):
+        Recipe.from_mergekit(_mk("ties", parameters={"rescale": True}))
+    with pytest.raises(ParameterError, match=r"rescale: true"):
+        Recipe.from_mergekit(_mk("breadcrumbs", parameters={"rescale": True}))
+    one = _mk("ties", parameters={"rescale": True})
+    for e in one["models"]:
+        e["parameters"]["density"] = 1.0
+    assert Recipe.from_mergekit(one).params["keep"] == 1.0            # nothing trimmed: nothing rescaled
+
+
+@pytest.mark.parametrize("method", ["task_arithmetic", "dare_linear", "breadcrumbs"])
+def test_normalize_true_without_consensus_divides_the_weights_by_their_sum(method):
+    """mergekit's normalize: true for the methods without sign election divides Σ wt·τt by Σ wt: the same as
+    weights wt / Σ w (hand-computed here; the parity test compares task_arithmetic with mergekit's output)."""
+    d = _mk(method, parameters={"normalize": True})
+    d["models"][1]["parameters"]["weight"] = 0.5
+    if method == "task_arithmetic":
+        for e in d["models"]:
+            del e["parameters"]["density"]
+    r = Recipe.from_mergekit(d)
+    assert r.validated_params()["weights"] == pytest.approx([1 / 1.5, 0.5 / 1.5])
+    assert Recipe.from_mergekit(r.to_mergekit()).validated_params() == r.validated_params()
+
+
+def test_cli_refuses_mergekit_default_dare_ties_and_writes_nothing(tiny_llama, tmp_path, capsys):
+    mk = _mk(models=[str(p) for p in tiny_llama.finetuned.values()], base=str(tiny_llama.base))
+    (tmp_path / "mk.yaml").write_text(yaml.safe_dump(mk))
+    assert main(["merge", str(tmp_path / "mk.yaml"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "normalize: true" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]
+
+
+def test_lora_entry_mapping_is_read_as_base_plus_adapter():
+    """mergekit's `model: {model: BASE, lora: ADAPTER}` is the same model as `BASE+ADAPTER` (it was read as BASE)."""
+    as_map = Recipe.from_mergekit(_mk("ties", models=[{"model": "/m/b", "lora": "/m/ad"}], parameters={}))
+    as_map_models = [m.model for m in as_map.models]
+    d = _mk("ties")
+    d["models"] = [{"model": {"model": "/m/b", "lora": "/m/ad"}, "parameters": {"weight": 1.0, "density": 0.5}},
+                   {"model": "/m/c", "parameters": {"weight": 1.0, "density": 0.5}}]
+    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    d["models"][0]["model"] = "/m/b+/m/ad"
+    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    d["base_model"] = {"model": "/m/b"}
+    assert Recipe.from_mergekit(d).base == "/m/b"
+    assert as_map_models == ["/m/b+/m/ad"]
+    d["models"][0]["model"] = {"model": {"path": "/m/b", "revision": "v2"}, "lora": "/m/ad"}
+    with pytest.raises(ParameterError, match=r"revision 'v2'"):
+        Recipe.from_mergekit(d)
+    d["models"][0]["model"] = {"model": "/m/b", "lora": "/m/ad", "override_architecture": "X"}
+    with pytest.raises(ParameterError, match="override_architecture"):
+        Recipe.from_mergekit(d)
+
+
+@pytest.fixture(scope="module")
+def lora_on_tiny(tiny_llama, tmp_path_factory):
+    """A PEFT adapter (q_proj, v_proj, random B) on the tiny Llama base."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("lora") / "adapter"
+    torch.manual_seed(3)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_llama.base))
+    get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"],
+                                     init_lora_weights=False)).save_pretrained(str(out))
+    return out
+
+
+def test_cli_lora_entry_mapping_merges_like_the_plus_form(tiny_llama, lora_on_tiny, tmp_path):
+    from safetensors.torch import load_file
+
+    base, ft = str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])
+    outs = {}
+    for form, ref in [("map", {"model": base, "lora": str(lora_on_tiny)}), ("plus", f"{base}+{lora_on_tiny}")]:
+        mk = {"merge_method": "task_arithmetic", "base_model": base,
+              "models": [{"model": ref, "parameters": {"weight": 1.0}}, {"model": ft, "parameters": {"weight": 1.0}}],
+              "dtype": "float32"}
+        (tmp_path / f"{form}.yaml").write_text(yaml.safe_dump(mk))
+        assert main(["merge", str(tmp_path / f"{form}.yaml"), str(tmp_path / form)]) == 0
+        outs[form] = load_file(str(tmp_path / form / "model.safetensors"))
+    q = next(k for k in outs["map"] if "q_proj" in k)
+    base_q = load_file(str(tiny_llama.base / "model.safetensors"))[q]
+    ft_q = load_file(str(tiny_llama.finetuned["ft0"] / "model.safetensors"))[q]
+    assert not torch.allclose(outs["map"][q], ft_q)                    # the adapter's ΔW is in (not read as base)
+    assert not torch.allclose(outs["map"][q] - base_q, ft_q - base_q)
+    assert all(torch.equal(outs["map"][k], outs["plus"][k]) for k in outs["plus"])
+
+
+def test_linear_with_a_base_model_averages_the_base_in():
+    """mergekit's linear adds base_model to the inputs (with the top-level weight) when the models do not list it."""
+    r = Recipe.from_mergekit(_mk("linear", parameters={"weight": 2.0}))
+    assert [m.model for m in r.models] == ["/m/a", "/m/c", "/m/b"]
+    assert r.validated_params()["weights"] == [1.0, 1.0, 2.0]
+    listed = _mk("linear", models=("/m/a", "/m/b"))                   # listed: counted once, with its own weight
+    assert [m.model for m in Recipe.from_mergekit(listed).models] == ["/m/a", "/m/b"]
+    with pytest.raises(ParameterError, match=r"base_model.*needs a weight.*parameters: \{weight"):
+        Recipe.from_mergekit(_mk("linear"))
+    assert [m.model for m in Recipe.from_mergekit(_mk("linear", base=None)).models] == ["/m/a", "/m/c"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"chat_template": "chatml"}, "chat_template"),
+    ({"tokenizer": {"source": "union"}}, "`tokenizer:`"),
+    ({"tokenizer_source": "union"}, "tokenizer_source: union"),
+    ({"tokenizer_source": "/m/a"}, "tokenizer_source"),
+    ({"modules": {"text_decoder": {"models": [{"model": "/m/a"}]}}}, "`modules`"),
+    ({"merge_methd": "ties"}, "merge_methd"),
+    ({"parameters": {"normalize": True, "epsilon": 0.1}}, "epsilon"),
+])
+def test_mergekit_settings_forgetlab_lacks_are_refused_by_name(extra, says):
+    with pytest.raises(ParameterError, match=re.escape(says)):
+        Recipe.from_mergekit(_mk(**{"parameters": {"normalize": True}, **extra}))
+
+
+def test_mergekit_settings_that_change_nothing_are_accepted():
+    r = Recipe.from_mergekit(_mk(tokenizer_source="base", name="m1", parameters={"normalize": True,
+                                                                                "int8_mask": True}))
+    assert r.method == "dare_ties" and r.name == "m1"
+
+
+def test_per_model_settings_mergekit_would_ignore_are_refused():
+    d = _mk(parameters={"normalize": True})
+    d["models"][0]["parameters"]["lambda"] = 0.5                      # shared in mergekit: a per-model one is ignored
+    with pytest.raises(ParameterError, match=r"lambda.*top-level `parameters`"):
+        Recipe.from_mergekit(d)
+    d = _mk(parameters={"normalize": True})
+    d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
+    with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
+        Recipe.from_mergekit(d)
+    d = _mk("task_arithmetic")                                        # density: task_arithmetic trims nothing
+    with pytest.raises(ParameterError, match=r"task_arithmetic.*density"):
+        Recipe.from_mergekit(d)
+
+
+@pytest.mark.parametrize("models", [("/m/a", "/m/a"), ("/m/b", "/m/b", "/m/a"),
+                                    ({"model": "/m/b", "lora": "/m/ad"}, "/m/b+/m/ad")])
+def test_a_model_listed_twice_is_refused_as_mergekit_does(models):
+    d = _mk("ties", models=models, parameters={})
+    with pytest.raises(ParameterError, match=r"twice.*once"):
+        Recipe.from_mergekit(d)
+    with pytest.raises(ParameterError, match=r"twice"):
+        Recipe.from_mergekit(_mk("linear", models=("/m/a", "/m/a"), base=None))
+
+
+def test_export_refuses_a_model_listed_twice():
+    r = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/a"]})
+    with pytest.raises(ParameterError, match=r"twice"):
+        r.to_mergekit()
+
+
+@pytest.mark.parametrize("extra, says", [({"parameters": {"rescale": True}}, "rescale: true"),
+                                         ({"chat_template": "chatml"}, "chat_template"),
+                                         ({"duplicate": True}, "twice")])
+def test_cli_refuses_mergekit_settings_by_name_and_writes_nothing(tiny_llama, tmp_path, capsys, extra, says):
+    fts = [str(p) for p in tiny_llama.finetuned.values()]
+    if extra.pop("duplicate", False):
+        fts = [fts[0], fts[0]]
+    mk = _mk("ties", models=fts, base=str(tiny_llama.base), **extra)
+    (tmp_path / "mk.yaml").write_text(yaml.safe_dump(mk))
+    for argv in (["merge", str(tmp_path / "mk.yaml"), str(tmp_path / "out")],
+                 ["merge-export", str(tmp_path / "mk.yaml"), "--to", "forgetlab", "--out", str(tmp_path / "r.yaml")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]

@@ -81,8 +81,9 @@ def load_file(path: str | Path, what: str = "YAML file") -> Any:
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise YamlError(f"The {what} {p} is not UTF-8 text.") from None
+    except UnicodeDecodeError as exc:
+        raise YamlError(f"The {what} {p} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                        f"save it as UTF-8 (e.g. `iconv -f latin1 -t utf-8 {p.name} > new.yaml`).") from None
     except OSError as exc:
         raise YamlError(f"Cannot read the {what} {p} ({exc.strerror or exc}).") from None
     return safe_load(text, f"The {what} {p}")

@@ -14,8 +14,14 @@ forgetlab recipe (parameter names of docs/methods.md; per-model values under eac
 
 mergekit YAML (detected by its `merge_method` key) is imported for linear, task_arithmetic, ties,
 dare_linear, dare_ties and breadcrumbs: `density` → `keep` (ties, breadcrumbs) or `drop = 1 − density`
-(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`.
-Semantic differences are listed in docs/merging.md (DARE's rescaling, TIES's scope, linear's base).
+(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`,
+`{model: BASE, lora: ADAPTER}` → `BASE+ADAPTER`. mergekit 0.1.5's defaults are read as mergekit reads them
+(`normalize` is true for linear and ties only, `rescale` true for dare_* only): forgetlab's ties and dare_ties
+are mergekit's `normalize: true`; `normalize: true` for task_arithmetic, dare_linear and breadcrumbs divides
+the weights by their sum; linear with a base_model averages the base in. Settings forgetlab cannot compute
+(a sum for ties/dare_ties, `rescale: true` for ties/breadcrumbs, chat_template, tokenizer, modules, slices,
+a model listed twice, parameters the method does not have …) are refused by name with what to write instead.
+The table and the remaining differences (DARE's rescaling, TIES's scope) are in docs/merging.md.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from typing import Any, Mapping
 import yaml
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.yamlio import safe_load
+from forgetlab.core.yamlio import YamlError, load_file, safe_load
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -155,47 +161,69 @@ class Recipe:
     # -- mergekit
     @classmethod
     def from_mergekit(cls, d: Mapping[str, Any]) -> "Recipe":
-        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs)."""
+        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs) as the
+        forgetlab recipe that computes the same merge (mergekit 0.1.5's semantics, docs/merging.md); a setting
+        forgetlab cannot compute is refused by name, with what to write instead — never ignored."""
         method = d.get("merge_method")
         if method not in MERGEKIT_METHODS:
             raise ParameterError(f"mergekit method {method!r} has no forgetlab counterpart; importable methods: "
                                  f"{', '.join(MERGEKIT_METHODS)}.")
-        if "slices" in d:
-            raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
+        _check_mergekit_keys(d)
         top = d.get("parameters") or {}
         if not isinstance(top, Mapping):
             raise ParameterError(f"mergekit `parameters` must be a mapping like {{lambda: 1.0}}; got {top!r}.")
         top = dict(top)
+        _check_mergekit_params(method, top, None)
         entries = d.get("models") or []
         if not entries:
             raise ParameterError("The mergekit recipe lists no models.")
         _check_models_list(entries, "The mergekit recipe's `models`")
-        base = d.get("base_model")
+        base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
         models: list[ModelEntry] = []
         per_model: list[dict] = []
+        seen: set[str] = set()
         for e in entries:
             if isinstance(e, str):
                 e = {"model": e}
             if not isinstance(e, Mapping) or not e.get("model"):
                 raise ParameterError(f"Each mergekit model entry is a path or a mapping with `model:`; got {e!r}.")
-            ref = e.get("model")
-            if isinstance(ref, Mapping):
-                ref = ref.get("model") or ref.get("path")
-            if not isinstance(ref, str) or not ref:
-                raise ParameterError(f"A mergekit model must name a path or hub id; got {e.get('model')!r}.")
+            ref = _mergekit_model(e["model"], "model")
+            extra = [k for k in e if k not in ("model", "parameters")]
+            if extra:
+                hint = ", ".join(f"{k}: {e[k]!r}" for k in extra)
+                raise ParameterError(f"The mergekit entry of {ref} has {', '.join(map(repr, extra))} beside `model` "
+                                     f"and `parameters`, where mergekit ignores it; put it under the entry's "
+                                     f"`parameters`, e.g. parameters: {{{hint}}}.")
+            if ref in seen:
+                raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses "
+                                     "duplicate inputs. List each model once (give it the weight it should have).")
+            seen.add(ref)
             mp = e.get("parameters") or {}
             if not isinstance(mp, Mapping):
                 raise ParameterError(f"mergekit `parameters` of {ref} must be a mapping like {{weight: 1.0}}; "
                                      f"got {mp!r}.")
             mp = dict(mp)
-            if base is not None and str(ref) == str(base) and method != "linear":
+            _check_mergekit_params(method, mp, ref)
+            if base is not None and ref == base and method != "linear":
                 continue  # mergekit lets the base appear among the models; its task vector is zero
-            models.append(ModelEntry(str(ref)))
+            models.append(ModelEntry(ref))
             per_model.append(mp)
+        if method == "linear" and base is not None and base not in seen:
+            # mergekit's linear averages base_model in as one more input, with the top-level parameters
+            if top.get("weight") is None:
+                raise ParameterError(f"mergekit's linear averages base_model ({base}) in with the models, so it needs "
+                                     f"a weight for it, which this recipe does not give (mergekit stops with 'Missing "
+                                     f"required parameter weight'). List it under `models` with parameters: "
+                                     f"{{weight: …}}, or remove base_model to average only the models listed.")
+            models.append(ModelEntry(base))
+            per_model.append({})
         if base is None:
             if method != "linear":
                 raise ParameterError(f"mergekit {method} needs a base_model.")
             base = models[0].model
+        if not models:
+            raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
+                                 "fine-tuned models to merge into it.")
         for k, v in list(top.items()):
             if not isinstance(v, (int, float, bool)):
                 raise ParameterError(f"mergekit parameter {k}={v!r} (gradients or filters) is not supported; "
@@ -221,35 +249,56 @@ class Recipe:
             return vals[0]
 
         params: dict[str, Any] = {}
-        weights = value("weight", 1.0)
+        weights = [float(w) for w in value("weight", 1.0)]
+        # mergekit 0.1.5's defaults (merge_methods/registry.py): normalize is true for linear and ties, false for
+        # task_arithmetic, dare_linear, dare_ties and breadcrumbs; rescale is true for dare_*, false otherwise
+        normalize = bool(top.get("normalize", method in ("linear", "ties")))
+        rescale = bool(top.get("rescale", method in ("dare_linear", "dare_ties")))
+        density = 1.0 if method in ("linear", "task_arithmetic") else float(single("density", 1.0))
         if method == "linear":
-            params["normalize"] = bool(top.get("normalize", True))
+            params["normalize"] = normalize
         else:
-            lam = top.get("lambda", 1.0)
-            params["lam"] = float(lam)
-            normalize = bool(top.get("normalize", method == "ties"))
-            if method == "ties" and not normalize:
-                raise ParameterError("mergekit ties with normalize: false has no forgetlab counterpart (forgetlab's "
-                                     "TIES always takes the disjoint mean).")
-            if method != "ties" and normalize:
-                raise ParameterError(f"mergekit {method} with normalize: true has no forgetlab counterpart.")
+            params["lam"] = float(top.get("lambda", 1.0))
+            if method in ("ties", "dare_ties") and not normalize:
+                fix = ("remove it or write `normalize: true` (mergekit's default for ties)" if method == "ties"
+                       else "write `normalize: true` under `parameters`")
+                raise ParameterError(
+                    f"mergekit {method} with normalize: false{' (its default)' if 'normalize' not in top else ''} "
+                    f"adds up the entries that agree with the elected sign (a sum); forgetlab's {method} averages "
+                    f"them (the disjoint mean), which is mergekit's normalize: true. To import it as that mean, "
+                    f"{fix} (the merge then differs from mergekit's sum); for a plain sum without sign election use "
+                    f"{'task_arithmetic' if method == 'ties' else 'dare_linear'}.")
+            if method not in ("ties", "dare_ties") and normalize:
+                total = sum(weights)  # mergekit divides Σ wt·τt by Σ wt (by 1 when |Σ wt| < 1e-8)
+                if abs(total) >= 1e-8:
+                    weights = [w / total for w in weights]
+        if method == "task_arithmetic" and any(float(v) != 1.0 for v in value("density", 1.0)):
+            raise ParameterError("mergekit's task_arithmetic has a density parameter but trims nothing with it (it "
+                                 "is ignored there); remove density, or use ties, dare_linear or breadcrumbs to "
+                                 "sparsify the task vectors.")
+        if rescale and density < 1 and method in ("ties", "breadcrumbs"):
+            raise ParameterError(f"mergekit {method} with rescale: true scales each sparsified task vector back to "
+                                 f"its L1 norm; forgetlab's {method} does not rescale. Remove `rescale` (mergekit's "
+                                 f"default for {method} is false) to import it without the rescale, or use "
+                                 f"dare_ties/dare_linear, which rescale their survivors.")
+        if not rescale and density < 1 and method in ("dare_linear", "dare_ties"):
+            raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab always "
+                                 "rescales survivors by 1/(1 − drop)); remove `rescale` (mergekit's default for "
+                                 "DARE is true).")
         if method == "ties":
-            params["keep"] = float(single("density", 1.0))
+            params["keep"] = density
             params["scope"] = "tensor"
         elif method in ("dare_linear", "dare_ties"):
-            params["drop"] = 1.0 - float(single("density", 1.0))
-            if not bool(top.get("rescale", True)):
-                raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab "
-                                     "always rescales survivors by 1/(1 − drop)).")
+            params["drop"] = _complement(density)
         elif method == "breadcrumbs":
-            params["keep"] = float(single("density", 1.0))
+            params["keep"] = density
             params["gamma"] = float(single("gamma", 0.01))
-        models = [ModelEntry(m.model, {"weight": float(w)}) if w is not None and float(w) != 1.0 else m
-                  for m, w in zip(models, weights)]
+        models = [ModelEntry(m.model, {"weight": w}) if w != 1.0 else m for m, w in zip(models, weights)]
         dtype = d.get("out_dtype") or d.get("dtype")
         if dtype is not None and dtype not in DTYPES:
             raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
-        recipe = cls(method, str(base), models, params, dtype)
+        name = d.get("name")
+        recipe = cls(method, str(base), models, params, dtype, name=None if name is None else str(name))
         recipe.validated_params()  # an imported recipe is a valid forgetlab recipe, or a message now
         return recipe
 
@@ -259,6 +308,12 @@ class Recipe:
             raise ParameterError(f"{self.method} has no mergekit counterpart; exportable methods: "
                                  f"{', '.join(MERGEKIT_METHODS)}.")
         p = self.validated_params()
+        names = [m.model for m in self.models]
+        twice = sorted({m for m in names if names.count(m) > 1})
+        if twice:
+            raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
+                                 "List each model once (with the sum of its weights for linear, task_arithmetic "
+                                 "and ties) before exporting.")
         weights = p.get("weights") or [1.0] * len(self.models)
         models = []
         for m, w in zip(self.models, weights):
@@ -266,7 +321,7 @@ class Recipe:
             if self.method in ("ties", "breadcrumbs"):
                 mp["density"] = float(p["keep"])
             if self.method in ("dare_linear", "dare_ties"):
-                mp["density"] = 1.0 - float(p["drop"])
+                mp["density"] = _complement(p["drop"])
             if self.method == "breadcrumbs":
                 mp["gamma"] = float(p["gamma"])
             models.append({"model": _mergekit_ref(self.base, m.model), "parameters": mp})
@@ -277,12 +332,120 @@ class Recipe:
             if self.method == "ties" and p["scope"] != "tensor":
                 raise ParameterError("mergekit's TIES trims per tensor only; export a recipe with scope: tensor.")
             out["base_model"] = self.base
-            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method == "ties"}
+            # forgetlab's ties and dare_ties take the disjoint mean (mergekit's normalize: true); the others add
+            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method in ("ties", "dare_ties")}
             if self.method in ("dare_linear", "dare_ties"):
                 out["parameters"]["rescale"] = True
         out["models"] = models
         out["dtype"] = self.dtype or "float32"
         return out
+
+
+# mergekit 0.1.5's settings: the top-level keys of MergeConfiguration that forgetlab reads (`slices`, `modules`,
+# `tokenizer`, `chat_template` and a tokenizer_source other than `base` are refused with their own messages), and
+# each method's parameters (merge_methods/registry.py, generalized_task_arithmetic.py, linear.py): shared ones
+# (one value for the merge) and per-model ones (per entry, or top-level for every model)
+MERGEKIT_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "name")
+_GTA_SHARED = ("lambda", "normalize", "rescale", "int8_mask")
+MERGEKIT_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (shared, per model)
+    "linear": (("normalize",), ("weight",)),
+    "task_arithmetic": (_GTA_SHARED, ("weight", "density")),
+    "ties": (_GTA_SHARED, ("weight", "density")),
+    "dare_linear": (_GTA_SHARED, ("weight", "density")),
+    "dare_ties": (_GTA_SHARED, ("weight", "density")),
+    "breadcrumbs": (_GTA_SHARED, ("weight", "density", "gamma")),
+}
+
+
+def _check_mergekit_keys(d: Mapping[str, Any]) -> None:
+    """Refuse, by name and with what to do, the top-level mergekit settings forgetlab cannot honour."""
+    if "slices" in d:
+        raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
+    if "modules" in d:
+        raise ParameterError("mergekit `modules` (a separate merge per module of a multimodal model) is not "
+                             "supported: forgetlab merges the whole model. Use `models:` with one merge for all "
+                             "tensors.")
+    if d.get("tokenizer") is not None:
+        raise ParameterError("mergekit `tokenizer:` (a merged vocabulary, token embeddings set by hand) is not "
+                             "supported: forgetlab writes the base's tokenizer and merges the embedding rows as "
+                             "they are, so the models must share the base's vocabulary. Remove `tokenizer:`.")
+    source = d.get("tokenizer_source")
+    if source is not None and source != "base":
+        raise ParameterError(f"mergekit tokenizer_source: {source} builds a new vocabulary and reorders the "
+                             f"embedding rows; forgetlab writes the base's tokenizer and merges the rows as they "
+                             f"are (mergekit's tokenizer_source: base when the models share the base's "
+                             f"vocabulary). Write tokenizer_source: base, or remove it.")
+    if d.get("chat_template") is not None:
+        raise ParameterError("mergekit chat_template is not supported: forgetlab writes the base's tokenizer with "
+                             "its own chat template. Remove chat_template, and set the template on the merged "
+                             "model's tokenizer afterwards (tokenizer.chat_template = …; "
+                             "tokenizer.save_pretrained(OUT)).")
+    unknown = [k for k in d if k not in MERGEKIT_KEYS]
+    if unknown:
+        raise ParameterError(f"Unknown mergekit setting(s) {', '.join(map(repr, unknown))}; forgetlab reads "
+                             f"{', '.join(MERGEKIT_KEYS)}. Fix the name or remove it.")
+
+
+def _check_mergekit_params(method: str, params: Mapping[str, Any], model: str | None) -> None:
+    """Refuse parameters that mergekit's `method` does not have (mergekit ignores them: usually a misspelling)
+    and, per model (`model` given), the shared ones that mergekit reads only at the top level."""
+    shared, per_model = MERGEKIT_PARAMS[method]
+    for k in params:
+        if model is not None and k in shared:
+            raise ParameterError(f"mergekit parameter {k} is one value for the whole merge; mergekit ignores it in "
+                                 f"the parameters of {model}. Give it in the top-level `parameters`.")
+        if k not in shared + per_model:
+            raise ParameterError(f"{k!r} is not a parameter of mergekit's {method} (its parameters: "
+                                 f"{', '.join(shared + per_model)}); mergekit would ignore it. Fix the name or "
+                                 "remove it.")
+
+
+def _mergekit_path(value: Any, where: str) -> str:
+    """A mergekit ModelPath: a path or hub id, or {path: …, revision: …} (a revision is refused: forgetlab
+    opens what is at the path)."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("path"), str) and value["path"]:
+        extra = [k for k in value if k not in ("path", "revision")]
+        if extra:
+            raise ParameterError(f"mergekit model path {dict(value)!r} has unknown key(s) "
+                                 f"{', '.join(map(repr, extra))}; a path is {{path: …, revision: …}}.")
+        if value.get("revision") is not None:
+            raise ParameterError(f"mergekit {where} {value['path']} asks for revision {value['revision']!r}; forgetlab "
+                                 f"reads a model as it is on disk or the hub's default revision. Download that "
+                                 f"revision (huggingface-cli download {value['path']} --revision "
+                                 f"{value['revision']} --local-dir DIR) and give DIR.")
+        return value["path"]
+    raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+
+
+def _mergekit_model(value: Any, where: str) -> str:
+    """A mergekit model reference as forgetlab names it: `path`, or `BASE+ADAPTER` for a LoRA adapter on a model,
+    written either as that string or as {model: BASE, lora: ADAPTER} (mergekit's ModelReference)."""
+    if isinstance(value, str):
+        if not value:
+            raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+        return value
+    if not isinstance(value, Mapping) or "model" not in value:
+        raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+    if value.get("override_architecture") is not None:
+        raise ParameterError(f"mergekit override_architecture ({value['override_architecture']!r}) is not supported: "
+                             "forgetlab reads each model's architecture from its config.json. Remove it (and fix "
+                             "the model's config.json if it is wrong).")
+    extra = [k for k in value if k not in ("model", "lora", "override_architecture")]
+    if extra:
+        raise ParameterError(f"mergekit model {dict(value)!r} has unknown key(s) {', '.join(map(repr, extra))}; a "
+                             "model is a path, `BASE+ADAPTER`, or {model: BASE, lora: ADAPTER}.")
+    model = _mergekit_path(value["model"], where)
+    if value.get("lora") is None:
+        return model
+    return f"{model}+{_mergekit_path(value['lora'], where + ' lora')}"
+
+
+def _complement(x: float) -> float:
+    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly
+    (1 − 0.8 is 0.19999999999999996 in floating point)."""
+    return float(f"{1.0 - float(x):.15g}")
 
 
 def _mergekit_ref(base: str, model: str) -> str:
@@ -299,24 +462,44 @@ def is_mergekit(d: Mapping[str, Any]) -> bool:
 
 
 def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
-    """A Recipe from a Recipe, a dict, a YAML string or a YAML file path; the format (ours or mergekit's) is
-    detected from the keys."""
+    """A Recipe from a Recipe, a dict, a YAML string or a recipe file; the format (ours or mergekit's) is detected
+    from the keys. A one-line string is a file path: a path that exists is read as a file whatever its name
+    (`recipe.yaml`, `recipe.txt`, `recipe`); a folder, a file that is not UTF-8 text, or a missing file is a
+    message naming it."""
     if isinstance(source, Recipe):
         return source
     if isinstance(source, Mapping):
-        d = source
-    else:
-        text = str(source)
+        return _from_any(source)
+    text = str(source)
+    if isinstance(source, Path) or "\n" not in text:
         path = Path(text).expanduser()
-        folder = None
-        if "\n" not in text and path.suffix in (".yaml", ".yml", ".json"):
-            if not path.exists():
-                raise ParameterError(f"Recipe file {path} does not exist.")
-            text = path.read_text()
-            folder = path.resolve().parent
-        d = safe_load(text, f"The recipe {path}" if folder is not None else "The recipe")
-        recipe = Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
-        return resolve_paths(recipe, folder, f"the recipe {path}") if folder is not None else recipe
+        if path.is_dir():
+            inside = path / "recipe.yaml"
+            hint = (f"this folder holds {inside} (a merge writes its recipe there): give that file" if inside.is_file()
+                    else "give the recipe's YAML file, not a folder")
+            raise ParameterError(f"The recipe {path} is a folder; {hint}.")
+        if path.exists():
+            d = load_file(path, "recipe")
+            if not isinstance(d, Mapping):
+                raise ParameterError(f"The recipe {path} must be a YAML mapping (forgetlab's method/base/models/params "
+                                     f"or mergekit's merge_method/base_model/models); it holds "
+                                     f"{'nothing' if d is None else 'a ' + type(d).__name__}.")
+            return resolve_paths(_from_any(d), path.resolve().parent, f"the recipe {path}")
+        try:
+            d = safe_load(text, "The recipe")
+        except YamlError:
+            if text.lstrip().startswith("{"):  # a one-line YAML mapping with a mistake in it
+                raise
+            d = None
+        if not isinstance(d, Mapping):  # a file name, not YAML text
+            raise ParameterError(f"Recipe file {path} does not exist. Check the path (relative paths start in the "
+                                 f"current folder, {Path.cwd()}).")
+        return _from_any(d)
+    return _from_any(safe_load(text, "The recipe"))
+
+
+def _from_any(d: Any) -> Recipe:
+    """Our recipe dict or mergekit's (detected by `merge_method`)."""
     return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
 
 
