@@ -1,7 +1,7 @@
 """Colours and legend names: one colour per name on every chart, never shared by two names shown together."""
 from __future__ import annotations
 
-from forgetlab.analysis.sweeps import SweepPoint, SweepResult
+from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
 from forgetlab.core.evaluate import Scorecard, TaskScore
 from forgetlab.plots import FIXED, color_for, color_map
 from forgetlab.plots.forgetting import curves_figure, sweep_labels, tradeoff_figure

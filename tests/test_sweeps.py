@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forgetlab.analysis.sweeps import (SweepResult, _hma, _pruned, alpha_curve, density_curve, hma_grid, load_sweep,
-                                      pruning_curve, save_sweep)
 from forgetlab.analysis.measures import pareto_front, pareto_mask
+from forgetlab.analysis.sweep_results import SweepResult
+from forgetlab.analysis.sweeps import (_hma, _pruned, alpha_curve, density_curve, hma_grid, load_sweep, pruning_curve,
+                                       save_sweep)
 from forgetlab.core.errors import ForgetlabError, ParameterError
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.pool import ModelPool

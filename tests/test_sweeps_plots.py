@@ -1,7 +1,7 @@
 """Figures of sweeps and fine-tunes: the Pareto-front trace holds exactly the non-dominated points."""
 from __future__ import annotations
 
-from forgetlab.analysis.sweeps import SweepPoint, SweepResult
+from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
 from forgetlab.core.evaluate import Scorecard, TaskScore
 from forgetlab.plots import color_for
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure

@@ -8,8 +8,9 @@ from typing import Sequence
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.analysis.sweeps import SweepPoint, SweepResult
-from forgetlab.analysis.measures import MEASURES, check_general_measure, check_measure, higher_is_better, is_benchmark, pareto_mask
+from forgetlab.analysis.measures import (MEASURES, check_general_measure, check_measure, higher_is_better, is_benchmark,
+                                         pareto_mask)
+from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
 from forgetlab.plots import color_map, series_name
 
 AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio (share of τ zeroed)",
