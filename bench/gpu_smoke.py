@@ -157,18 +157,13 @@ def job_mofo_finetune(pool, models, device, dtype):
 
 
 def job_attribution(pool, models, device, dtype):
-    import importlib
+    from forgetlab.analysis.attribution import attribute
 
-    try:
-        attribution = importlib.import_module("forgetlab.analysis.attribution")
-    except ImportError:
-        return None                                           # not built yet: reported as skipped
-    fn = getattr(attribution, "attribution_map", None)
-    if fn is None:
-        return None
-    res = fn(pool, models[0], device=device)
+    res = attribute(pool, models[0], task=pool.task_names[0], level="layer", device=device, max_general=8,
+                    max_task=8)
     frame = res.to_frame()
-    return [float(frame.select_dtypes("number").abs().to_numpy().mean())]
+    cols = ["general_loss", "speciality", "answer_loss", "d_general_loss", "d_speciality", "d_answer_loss"]
+    return [float(v) for v in frame[cols].astype(float).to_numpy().ravel()]
 
 
 def job_ray_sweep(pool, models, device, dtype):
