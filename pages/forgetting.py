@@ -24,8 +24,8 @@ page_header("Forgetting",
 pool = require_pool()
 require_finetuned(pool, "sweep")
 
-KIND_LABELS = {"alpha": "WiSE-FT α curve", "pruning": "FAPM pruning curve (+ ablations)",
-               "density": "DARE / TIES density curve", "hma": "HMA grid (α per block)"}
+KIND_LABELS = {"alpha": "WiSE-FT α / SLERP t curve", "pruning": "FAPM pruning curve (+ ablations)",
+               "density": "DARE / TIES / DELLA / SCE density curve", "hma": "HMA grid (α per block)"}
 RESULT_KEY = "forgetting_result"
 
 
@@ -48,7 +48,10 @@ with left:
     with show_errors():
         if kind == "alpha":
             text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas")
-            extra = {"alphas": parse_floats(text, "the α values")}
+            series = st.multiselect("series", list(sweeps.ALPHA_METHODS), default=["wise-ft"],
+                                    key="forgetting_alpha_methods",
+                                    help="slerp: mergekit's SLERP of the base and the model at t = α")
+            extra = {"alphas": parse_floats(text, "the α values"), "methods": series}
         elif kind == "pruning":
             text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios")
             scores = st.multiselect("scores", list(sweeps.PRUNING_SCORES), default=list(sweeps.PRUNING_SCORES),
@@ -57,10 +60,15 @@ with left:
             extra = {"ratios": parse_floats(text, "the pruning ratios"), "scores": scores}
         elif kind == "density":
             drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops")
-            keeps = st.text_input("TIES keep fractions", _csv(sweeps.DEFAULT_KEEPS), key="forgetting_keeps")
-            seed = st.number_input("DARE seed", 0, 2**31 - 1, 0, key="forgetting_seed")
+            keeps = st.text_input("TIES keep fractions (DELLA / SCE densities)", _csv(sweeps.DEFAULT_KEEPS),
+                                  key="forgetting_keeps")
+            series = st.multiselect("series", list(sweeps.DENSITY_METHODS), default=list(sweeps.DEFAULT_DENSITY_METHODS),
+                                    key="forgetting_density_methods",
+                                    help="della: MAGPRUNE at each density; sce: SCE of this model and the pool's "
+                                         "other fine-tuned models at select_topk = each density")
+            seed = st.number_input("DARE / DELLA seed", 0, 2**31 - 1, 0, key="forgetting_seed")
             extra = {"drops": parse_floats(drops, "the drop rates"), "seed": int(seed),
-                     "keeps": parse_floats(keeps, "the keep fractions")}
+                     "keeps": parse_floats(keeps, "the keep fractions"), "methods": series}
         else:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)

@@ -120,11 +120,11 @@ def _check_della(params: dict, n: int) -> None:
 
 
 def _della_params(normalize: bool) -> tuple[ParamSpec, ...]:
-    return (_density_param(),
+    return (weights_param(), _density_param(),
             ParamSpec("epsilon", "float", 0.15, "Spread ε of DELLA's keep probabilities: density ± ε from the "
                       "smallest to the largest |τ| of a row (one number, or one per model).", UNIT,
                       per_model=True, model_key="epsilon"),
-            weights_param(), lam_param(), _normalize_param(normalize), _rescale_param(True), _int8_param(),
+            lam_param(), _normalize_param(normalize), _rescale_param(True), _int8_param(),
             seed_param())
 
 
@@ -162,10 +162,10 @@ def _breadcrumbs_parts(job: TensorJob) -> list[torch.Tensor]:
 
 @method("breadcrumbs_ties", "Model Breadcrumbs with TIES: drop each task vector's largest outliers and smallest "
         "entries, then TIES's sign election.",
-        (_density_param(),
+        (weights_param(), _density_param(),
          ParamSpec("gamma", "float", 0.01, "Fraction of largest-|τ| entries removed (one number, or one per "
                    "model).", UNIT, per_model=True, model_key="gamma"),
-         weights_param(), lam_param(), _normalize_param(False), _rescale_param(False), _int8_param()),
+         lam_param(), _normalize_param(False), _rescale_param(False), _int8_param()),
         mergekit="breadcrumbs_ties",
         formula="θ = θ0 + λ·Σt wt·breadcrumbs(τt)·[agree]")
 def _breadcrumbs_ties(job: TensorJob) -> torch.Tensor:
