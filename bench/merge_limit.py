@@ -9,7 +9,7 @@ reports each method's time as a share of that limit (limit time / method time: 1
 bytes). Each method then runs once more in its own process for its peak RSS, and mergekit 0.1.5 (its own
 venv) runs the methods it has, in its own process, for its wall time (including its start-up) and peak RSS.
 
-    python bench/merge_limit.py [--sizes 27M,100M] [--repeats 3] [--no-mergekit] [--no-rss] [--keep]
+    python bench/merge_limit.py [--sizes 27M,100M] [--repeats 3] [--no-mergekit] [--no-rss] [--keep] [--only ROWS]
 
 Prints one table, the torch threads used and the load average at the start and at the end (the machine is
 shared: compare shares, not seconds).
@@ -45,8 +45,24 @@ ROWS = [
     ("pcb tensor", "pcb", {"scope": "tensor"}, 3),
     ("pcb global", "pcb", {"scope": "global"}, 3),
     ("hma", "hma", {"alphas": [0.1, 0.2, 0.3]}, 1),
+    # mergekit 0.1.5's methods (issue 25), with mergekit's defaults unless a knob must be set to do any work
+    ("slerp t 0.5", "slerp", {"t": 0.5}, 1),
+    ("nuslerp", "nuslerp", {}, 2),
+    ("multislerp", "multislerp", {}, 3),
+    ("karcher", "karcher", {}, 3),
+    ("model_stock", "model_stock", {}, 3),
+    ("arcee_fusion", "arcee_fusion", {}, 1),
+    ("nearswap t 1e-4", "nearswap", {"t": 1e-4}, 1),
+    ("ram", "ram", {}, 3),
+    ("ramplus_tl", "ramplus_tl", {}, 3),
+    ("sce select_topk 0.5", "sce", {"select_topk": 0.5}, 3),
+    ("della density 0.5", "della", {"density": 0.5}, 3),
+    ("della_linear density 0.5", "della_linear", {"density": 0.5}, 3),
+    ("breadcrumbs_ties density 0.3", "breadcrumbs_ties", {"density": 0.3, "gamma": 0.01}, 3),
 ]
 GLOBAL = {"ties global", "pcb global"}
+# issue 25's aim for mergekit's methods: at least 0.3 of the limit
+MERGEKIT_NEW = {label for label, *_ in ROWS[ROWS.index(("slerp t 0.5", "slerp", {"t": 0.5}, 1)):]}
 
 # Model shapes (hidden, layers, vocabulary, intermediate): 27.5M and 106M parameters.
 SIZES = {"27M": (256, 14, 32000, 688), "100M": (768, 8, 32000, 2048), "smoke": (64, 3, 4000, 172)}
@@ -122,7 +138,8 @@ def bench_size(size: str, root: Path, args, env_fl: dict, env: dict) -> list[dic
     print(f"[{size}] Llama, {n_params / 1e6:.1f}M parameters, float32, base + {len(fts)} variants "
           f"({time.perf_counter() - t:.0f} s to create); load average {os.getloadavg()[0]:.1f}", flush=True)
     files = [str(p / "model.safetensors") for p in [base, *fts]]
-    rows = [(label, _recipe(m, p, base, fts, n)) for label, m, p, n in ROWS]
+    rows = [(label, _recipe(m, p, base, fts, n)) for label, m, p, n in ROWS
+            if not args.only or any(label.startswith(o) for o in args.only)]
     spec = {"files": files, "out_bytes": (base / "model.safetensors").stat().st_size, "rows": rows,
             "work": str(root), "repeats": args.repeats, "threads": args.threads}
     p = subprocess.run([sys.executable, "-c", TIMING_CHILD, json.dumps(spec)], env=env_fl, capture_output=True, text=True)
@@ -171,6 +188,8 @@ def main() -> None:
     ap.add_argument("--no-rss", dest="rss", action="store_false", help="Skip the per-method processes (peak RSS).")
     ap.add_argument("--workdir", help="Folder for the models (default: a temporary folder, removed at the end).")
     ap.add_argument("--keep", action="store_true", help="Keep the generated models.")
+    ap.add_argument("--only", type=lambda t: [x.strip() for x in t.split(",") if x.strip()], default=None,
+                    help="Run only the rows whose labels start with one of these (comma separated), e.g. slerp,della.")
     args = ap.parse_args()
     if args.mergekit and not (MK_VENV / "bin" / "mergekit-yaml").exists():
         raise SystemExit(f"mergekit venv missing at {MK_VENV}: run `bash tools/mergekit_env.sh` or pass --no-mergekit.")
@@ -198,7 +217,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         share = r["limit"] / r["seconds"]
-        aim = 0.2 if r["label"] in GLOBAL else 0.4
+        aim = 0.2 if r["label"] in GLOBAL else 0.3 if r["label"] in MERGEKIT_NEW else 0.4
         mk = f"{r['mk_s']:.1f}" if "mk_s" in r else "—"
         mk_share = f"{r['limit'] / r['mk_s']:.3f}" if "mk_s" in r else "—"
         fl_p = f"{r['fl_process_s']:.1f}" if "fl_process_s" in r else "—"

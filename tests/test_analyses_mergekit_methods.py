@@ -136,3 +136,30 @@ def test_merge_page_offers_and_runs_a_new_method(tiny_llama, tmp_path, monkeypat
     finish_cleanly(at, "merge")
     assert (tmp_path / "merges" / "d" / "recipe.yaml").exists()
     assert "della" in (tmp_path / "merges" / "d" / "recipe.yaml").read_text()
+
+
+def test_forgetting_page_draws_slerp_beside_wise_ft(tiny_llama, tmp_path, monkeypatch):
+    from tests.jobs_helper import finish_cleanly, start_page
+
+    at = start_page("forgetting", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
+    at.multiselect(key="forgetting_alpha_methods").set_value(["wise-ft", "slerp"]).run()
+    at.number_input(key="forgetting_max_general").set_value(2)
+    at.number_input(key="forgetting_max_task").set_value(2)
+    at.button(key="forgetting_run").click().run()
+    finish_cleanly(at, "forgetting")
+    assert len(at.dataframe[0].value) == 6                           # both series, end points shared
+    assert len(at.get("plotly_chart")) == 2
+    at.radio(key="forgetting_kind").set_value("density").run()
+    assert not at.exception, at.exception
+    picker = at.multiselect(key="forgetting_density_methods")
+    assert picker.value == ["dare", "ties"] and {"della", "sce"} <= set(picker.options)
+
+
+def test_every_new_method_has_its_docs_entry():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text()
+    for method in ("slerp", "nuslerp", "multislerp", "karcher", "model_stock", "arcee_fusion", "nearswap", "ram",
+                   "ramplus_tl", "sce", "della", "della_linear", "breadcrumbs_ties"):
+        assert f'<a id="{method}"></a>' in text, method
