@@ -221,7 +221,8 @@ def main() -> None:
         mk = f"{r['mk_s']:.1f}" if "mk_s" in r else "—"
         mk_share = f"{r['limit'] / r['mk_s']:.3f}" if "mk_s" in r else "—"
         fl_p = f"{r['fl_process_s']:.1f}" if "fl_process_s" in r else "—"
-        rss = (f"{r['fl_rss_mb']:.0f} / {r['mk_rss_mb']:.0f}" if "mk_rss_mb" in r else
+        rss = (f"{r['fl_rss_mb']:.0f} / {r['mk_rss_mb']:.0f}" if "mk_rss_mb" in r and "fl_rss_mb" in r else
+               f"— / {r['mk_rss_mb']:.0f}" if "mk_rss_mb" in r else
                (f"{r['fl_rss_mb']:.0f} / —" if "fl_rss_mb" in r else "—"))
         ratio = f"{r['fl_rss_mb'] / r['mk_rss_mb']:.2f}" if "mk_rss_mb" in r and "fl_rss_mb" in r else "—"
         print(f"| {r['label']} | {r['params_m']:.0f}M | {r['seconds']:.2f} | **{share:.2f}** | "

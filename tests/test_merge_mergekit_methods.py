@@ -66,6 +66,8 @@ CASES = [
     ("nuslerp-cols", "nuslerp", "near", 2, {"weights": [2.0, 1.0], "nuslerp_flatten": False,
                                             "nuslerp_row_wise": True},
      {"weight": [2.0, 1.0], "nuslerp_flatten": False, "nuslerp_row_wise": True}, True),
+    ("nuslerp-rowwise-flat", "nuslerp", "far", 2, {"weights": [1.0, 1.0], "nuslerp_row_wise": True},
+     {"weight": [1.0, 1.0], "nuslerp_row_wise": True}, True),
     ("nuslerp-nobase", "nuslerp", "far", 2, {"weights": [1.0, 1.0], "use_base": False},
      {"weight": [1.0, 1.0]}, False),
     ("multislerp", "multislerp", "near", 3, {"weights": [1.0, 2.0, 0.5]}, {"weight": [1.0, 2.0, 0.5]}, True),
@@ -349,7 +351,6 @@ def test_breadcrumbs_ties_rescale_keeps_l1_norm():
     ("nuslerp", 3, {}, "exactly two"),
     ("model_stock", 1, {}, "at least two"),
     ("della", 2, {"density": 0.1, "epsilon": 0.15}, "Lower epsilon"),
-    ("nuslerp", 2, {"nuslerp_row_wise": True}, "nuslerp_flatten: false"),
     ("multislerp", 2, {"weights": [1.0, -1.0]}, "normalize_weights"),
 ])
 def test_bad_input_says_what_to_change(method, n, params, says):

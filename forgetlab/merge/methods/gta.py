@@ -31,32 +31,32 @@ def rescale_l1(tau: torch.Tensor, masked: torch.Tensor, eps: float = 1e-7) -> to
     return masked.mul_(before / after)
 
 
-def magprune_probs(tau: torch.Tensor, density: float, epsilon: float) -> torch.Tensor:
-    """DELLA's keep probabilities, as mergekit computes them: along each row (the second axis; a 1-D tensor is one
-    row), the entries ranked by |τ| from the smallest (rank 0) to the largest (rank n − 1) get
-    p = (density − ε) + 2ε·rank/(n − 1) (p = density − ε for a row of one entry). Shape of τ as a ≥ 2-D tensor."""
-    t = tau if tau.dim() >= 2 else tau.unsqueeze(0)
-    n = t.shape[1]
-    order = torch.argsort(t.abs(), dim=1)
-    rank = torch.arange(n, dtype=torch.float32, device=t.device).mul_(2 * epsilon / max(n - 1, 1))
-    shape = [1] * t.dim()
-    shape[1] = n
-    probs = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-    probs.scatter_(1, order, rank.reshape(shape).expand(t.shape).contiguous())
-    return probs.add_(density - epsilon)
+def magprune_keep_probs(n: int, density: float, epsilon: float, device: str | torch.device = "cpu") -> torch.Tensor:
+    """DELLA's keep probabilities by rank, as mergekit computes them: in a row of n entries ranked by |τ| from the
+    smallest (rank 0) to the largest (rank n − 1), p = (density − ε) + 2ε·rank/(n − 1) (density − ε for n = 1)."""
+    rank = torch.arange(n, dtype=torch.float32, device=device)
+    return rank.mul_(2 * epsilon / max(n - 1, 1)).add_(density - epsilon)
 
 
 def della_magprune(tau: torch.Tensor, density: float, epsilon: float, rescale: bool,
                    generator: torch.Generator) -> torch.Tensor:
-    """MAGPRUNE: keep each entry of τ with its rank-dependent probability (`magprune_probs`), drawn from
-    `generator`; then `rescale_l1` when asked. density ≥ 1 returns τ, density ≤ 0 zeros."""
+    """MAGPRUNE: along each row (the second axis; a 1-D tensor is one row, as in mergekit) keep each entry with
+    the probability of its rank (`magprune_keep_probs`), drawn from `generator`; then `rescale_l1` when asked.
+    density ≥ 1 returns τ, density ≤ 0 zeros. The draws are made in rank order and scattered back (one sort,
+    no probability tensor of the full size)."""
     if density >= 1:
         return tau
     if density <= 0:
         return torch.zeros_like(tau)
-    probs = magprune_probs(tau, density, epsilon)
-    mask = torch.bernoulli(probs, generator=generator).reshape(tau.shape)
-    masked = tau * mask
+    t = tau if tau.dim() >= 2 else tau.unsqueeze(0)
+    n = t.shape[1]
+    order = torch.argsort(t.abs(), dim=1)
+    shape = [1] * t.dim()
+    shape[1] = n
+    probs = magprune_keep_probs(n, density, epsilon, t.device).reshape(shape)
+    kept_by_rank = torch.rand(t.shape, generator=generator, device=t.device) < probs
+    mask = torch.empty(t.shape, dtype=torch.bool, device=t.device).scatter_(1, order, kept_by_rank)
+    masked = tau * mask.reshape(tau.shape)
     return rescale_l1(tau, masked) if rescale else masked
 
 

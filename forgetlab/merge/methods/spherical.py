@@ -171,20 +171,14 @@ def _slerp(job: TensorJob) -> torch.Tensor:
     return slerp(job.params["t"], job.base, job.finetuned[0])
 
 
-def _check_nuslerp(params: dict, n: int) -> None:
-    if params["nuslerp_flatten"] and params["nuslerp_row_wise"]:
-        raise ParameterError("nuslerp: nuslerp_row_wise has no effect with nuslerp_flatten: true (the tensor is "
-                             "flattened); set nuslerp_flatten: false to interpolate row by row.")
-
-
 @method("nuslerp", "NuSLERP: spherical interpolation of two fine-tuned models (their task vectors), "
         "flattened or row by row.",
         (weights_param(), ParamSpec("nuslerp_flatten", "bool", True, "Interpolate the flattened tensors (one "
                                     "angle per tensor)."),
          ParamSpec("nuslerp_row_wise", "bool", False, "With nuslerp_flatten false: one angle per column vector "
-                   "(mergekit's dim 0) instead of per row."),
+                   "(mergekit's dim 0) instead of per row; ignored when flattening, as in mergekit."),
          _use_base_param()),
-        min_models=2, max_models=2, check=_check_nuslerp, mergekit="nuslerp", in_place=False,
+        min_models=2, max_models=2, mergekit="nuslerp", in_place=False,
         extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
         formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)")
 def _nuslerp(job: TensorJob) -> torch.Tensor:
@@ -210,6 +204,8 @@ def _check_multislerp(params: dict, n: int) -> None:
         formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|")
 def _multislerp(job: TensorJob) -> torch.Tensor:
     p = job.params
+    if len(job.finetuned) == 1:
+        return job.finetuned[0].clone()  # the method only reads the job's tensors (in_place=False)
     return multislerp(job.finetuned, p["weights"], job.base if p["use_base"] else None,
                       p["normalize_weights"], p["eps"])
 
