@@ -13,3 +13,4 @@ from forgetlab.merge.methods import consensus  # noqa: F401
 from forgetlab.merge.methods import pcb  # noqa: F401
 from forgetlab.merge.methods import fapm  # noqa: F401
 from forgetlab.merge.methods import submodule  # noqa: F401  submodule_alpha
+from forgetlab.merge.methods import passthrough  # noqa: F401
