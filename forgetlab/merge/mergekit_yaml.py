@@ -75,6 +75,8 @@ def _dialect(name: str) -> dict[str, MkParam] | None:
     if name == "linear":
         return {"weight": MkParam("weight", "weights", True, True, 1.0),
                 "normalize": MkParam("normalize", "normalize", False, False, True)}
+    if name == "passthrough":  # mergekit's per-input scale; forgetlab's passthrough has one input
+        return {"scale": MkParam("scale", "scale", True, False, 1.0)}
     if name not in _GTA_DEFAULTS:
         return None
     norm, resc = _GTA_DEFAULTS[name]
@@ -339,9 +341,8 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> R
             raise ParameterError(f"mergekit passthrough copies exactly one model (or layer ranges under `slices:`); "
                                  f"this recipe gives it {len(refs)} ({', '.join(r for r, _ in refs)}): keep one "
                                  "model, or write slices.")
-        params, _ = _to_forgetlab(method, table, {**top, **refs[0][1]}, [], "")
-        params.update({k: v for k, v in _to_forgetlab(method, _per_input_as_shared(table), {**top, **refs[0][1]},
-                                                      [], "")[0].items()})
+        params, _ = _to_forgetlab(method, _per_input_as_shared(table),
+                                  {**top, **{k: combine(v, top.get(k)) for k, v in refs[0][1].items()}}, [], "")
         return Recipe(method, refs[0][0], [], params)
     if base is None:
         if method in BASE_OPTIONAL:

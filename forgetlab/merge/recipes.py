@@ -185,6 +185,8 @@ class Recipe:
     def validated_params(self) -> dict[str, Any]:
         """`method_params()` checked against the registry (see validate_params). Values that vary by tensor are
         checked one by one (every value of every gradient and filter); the result holds the first of each."""
+        if self.slices is not None:
+            return [self.slice_recipe(i).validated_params() for i in range(len(self.slices))][0]
         out = validate_params(self.method, self.method_params(), n_models=len(self.models))
         if self.varying:
             for v in [*self.params.values(), *(x for m in self.models for x in m.params.values())]:
@@ -255,7 +257,7 @@ class Recipe:
             if k not in d or d[k] in (None, ""):
                 raise ParameterError(f"The recipe has no `{k}`.")
         spec = get_method(str(d["method"]))
-        if d.get("models") in (None, "", []) and spec.min_models > 0:
+        if d.get("models") in (None, "", []) and spec.min_models > 0 and d.get("slices") is None:
             raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
         models = []
         for m in _check_models_list(d.get("models") or [], "The recipe's `models`"):
@@ -278,6 +280,10 @@ class Recipe:
         recipe = cls(str(d["method"]), str(d["base"]), models, dict(params), dtype, check_seed(d.get("seed")),
                      d.get("name"), d.get("pool"), slices, tokenizer)
         if slices is not None:
+            for sl in slices:
+                for src in sl.sources:
+                    if src.model != recipe.base and src.model not in [m.model for m in recipe.models]:
+                        recipe.models.append(ModelEntry(src.model))
             check_slices(recipe)
         return recipe
 
