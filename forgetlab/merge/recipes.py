@@ -12,16 +12,13 @@ forgetlab recipe (parameter names of docs/methods.md; per-model values under eac
     dtype: float32        # optional: output dtype (default: the base's)
     seed: 0               # optional: for seeded methods (dare_*)
 
-mergekit YAML (detected by its `merge_method` key) is imported for linear, task_arithmetic, ties,
-dare_linear, dare_ties and breadcrumbs: `density` → `keep` (ties, breadcrumbs) or `drop = 1 − density`
-(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`,
-`{model: BASE, lora: ADAPTER}` → `BASE+ADAPTER`. mergekit 0.1.5's defaults are read as mergekit reads them
-(`normalize` is true for linear and ties only, `rescale` true for dare_* only): forgetlab's ties and dare_ties
-are mergekit's `normalize: true`; `normalize: true` for task_arithmetic, dare_linear and breadcrumbs divides
-the weights by their sum; linear with a base_model averages the base in. Settings forgetlab cannot compute
-(a sum for ties/dare_ties, `rescale: true` for ties/breadcrumbs, chat_template, tokenizer, modules, slices,
-a model listed twice, parameters the method does not have …) are refused by name with what to write instead.
-The table and the remaining differences (DARE's rescaling, TIES's scope) are in docs/merging.md.
+Values may vary by tensor: `{gradient: [0.2, 0.8]}` over the layers, or filter lists
+`[{filter: self_attn, value: 0.5}, {value: 1.0}]` (forgetlab.merge.settings). `slices` stack layer ranges of
+several models (forgetlab.merge.slicing); `tokenizer: {source: base | union | MODEL}` names the output
+vocabulary.
+
+mergekit YAML (detected by its `merge_method` key) is read and written by forgetlab.merge.mergekit_yaml for every
+method registered under a mergekit name, with mergekit 0.1.5's semantics and defaults (docs/merging.md).
 """
 from __future__ import annotations
 
