@@ -346,7 +346,7 @@ def _dare(drop: float, seed: int) -> TensorMerger:
         return _wise(1.0)
     if drop >= 1:
         return _wise(0.0)
-    return TensorMerger("dare_linear", {"drop": drop, "seed": seed})
+    return TensorMerger("dare_linear", {"drop": drop, "seed": seed, "rescale": "inverse"})  # the DARE paper's 1/(1 − p)
 
 
 def _ties(keep: float) -> TensorMerger:

@@ -19,3 +19,4 @@ from forgetlab.merge.methods import gated  # noqa: F401  nearswap, arcee_fusion
 from forgetlab.merge.methods import ram  # noqa: F401  ram, ramplus_tl
 from forgetlab.merge.methods import sce  # noqa: F401
 from forgetlab.merge.methods import gta  # noqa: F401  della, della_linear, breadcrumbs_ties
+from forgetlab.merge.methods import passthrough  # noqa: F401

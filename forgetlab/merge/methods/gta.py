@@ -18,17 +18,13 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.breadcrumbs import breadcrumbs_mask
-from forgetlab.merge.methods.common import UNIT, lam_param, seed_param, weights_param
+from forgetlab.merge.methods.common import UNIT, l1_norm, l1_scale, lam_param, seed_param, weights_param
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
-def rescale_l1(tau: torch.Tensor, masked: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
-    """mergekit's rescale of a masked task vector: masked·(|τ|₁ / |masked|₁), unchanged if either norm < eps."""
-    before = float(tau.abs().sum())
-    after = float(masked.abs().sum())
-    if before < eps or after < eps:
-        return masked
-    return masked.mul_(before / after)
+def rescale_l1(tau: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """mergekit's rescale of a masked task vector, in place: masked·(|τ|₁ / |masked|₁) (`common.l1_scale`)."""
+    return masked.mul_(l1_scale(l1_norm(tau), l1_norm(masked)))
 
 
 def magprune_keep_probs(n: int, density: float, epsilon: float, device: str | torch.device = "cpu") -> torch.Tensor:
