@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from forgetlab.core.checkpoints import open_checkpoint
-from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge import merge_state_dicts, run
 from forgetlab.merge.working_copy import TensorMerger
 
