@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from forgetlab.analysis.search import OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, search_scalars,
-                                     searchable_param
+from forgetlab.analysis.search import (OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, search_scalars,
+                                      searchable_param)
 from forgetlab.merge.workflow import pool_recipe, recipe_form
 from forgetlab.plots.merge import search_figure
 from forgetlab.ui import job_key, run_once, show_errors, workspace_home
