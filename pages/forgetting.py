@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis import sweeps
+from forgetlab.analysis.closed_form_sweeps import GRIDS
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
@@ -25,7 +26,8 @@ pool = require_pool()
 require_finetuned(pool, "sweep")
 
 KIND_LABELS = {"alpha": "WiSE-FT α / SLERP t curve", "pruning": "FAPM pruning curve (+ ablations)",
-               "density": "DARE / TIES / DELLA / SCE density curve", "hma": "HMA grid (α per block)"}
+               "density": "DARE / TIES / DELLA / SCE density curve", "hma": "HMA grid (α per block)",
+               **{k: g[2] for k, g in GRIDS.items()}}
 RESULT_KEY = "forgetting_result"
 
 
@@ -69,6 +71,10 @@ with left:
             seed = st.number_input("DARE / DELLA seed", 0, 2**31 - 1, 0, key="forgetting_seed")
             extra = {"drops": parse_floats(drops, "the drop rates"), "seed": int(seed),
                      "keeps": parse_floats(keeps, "the keep fractions"), "methods": series}
+        elif kind in GRIDS:
+            setting, default, _, label = GRIDS[kind]
+            text = st.text_input(label, _csv(default), key=f"forgetting_{setting}")
+            extra = {setting: parse_floats(text, f"the {label}")}
         else:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)

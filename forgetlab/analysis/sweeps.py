@@ -52,7 +52,7 @@ from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.executors import PoolWorkerFactory
 from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
 
-KINDS = ("alpha", "pruning", "density", "hma")
+KINDS = ("alpha", "pruning", "density", "hma", "lines", "rank", "iso")
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_RATIOS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
 PRUNING_SCORES = ("fapm", "magnitude", "relative")
@@ -68,6 +68,7 @@ HMA_TRIPLES = (
     (0.65, 0.8, 0.95), (0.7, 0.8, 0.9), (0.8, 0.8, 0.8), (0.9, 0.8, 0.7), (0.95, 0.8, 0.65),
 )
 X_NAMES = {"alpha": "alpha", "pruning": "ratio", "density": "density", "hma": "mean_alpha"}
+X_NAMES.update(lines="beta", rank="keep", iso="alpha")      # the closed-form curves (closed_form_sweeps)
 
 
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
@@ -464,6 +465,9 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
 
 
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
+from forgetlab.analysis.closed_form_sweeps import iso_curve, lines_curve, rank_curve  # noqa: E402
+
+SWEEPS.update(lines=lines_curve, rank=rank_curve, iso=iso_curve)
 
 
 def check(kind: str, pool, model: str, **settings) -> None:
@@ -522,6 +526,9 @@ class SweepSettings:
     methods: Optional[Sequence[str]] = None
     seed: Optional[int] = None
     grid: Optional[Sequence[Sequence[float]]] = None
+    betas: Optional[Sequence[float]] = None         # lines
+    ranks: Optional[Sequence[float]] = None         # rank (TSV keep)
+    iso_alphas: Optional[Sequence[float]] = None    # iso (Iso-C α)
     device: Optional[str] = None
     batch_size: Optional[int] = None
     max_general: Optional[int] = None
@@ -533,6 +540,7 @@ class SweepSettings:
 
 _GRID_SETTINGS = {"alpha": {"alphas", "methods"}, "pruning": {"ratios", "scores"},
                   "density": {"drops", "keeps", "methods", "seed"}, "hma": {"grid"}}
+_GRID_SETTINGS.update(lines={"betas"}, rank={"ranks"}, iso={"iso_alphas"})
 _EVAL_SETTINGS = {"task", "device", "batch_size", "max_general", "max_task", "tasks", "benchmarks", "dtype"}
 
 

@@ -68,6 +68,15 @@ def register(sub) -> None:
                    help="α tuples like 0.1,0.2,0.3 (default: the MoFO rebuttal's 15 triples)")
     k.set_defaults(func=cmd_sweep)
 
+    from forgetlab.analysis.closed_form_sweeps import GRIDS
+
+    for kind, (setting, default, label, help_) in GRIDS.items():   # the closed-form curves (issue 26)
+        k = kinds.add_parser(kind, help=label)
+        _common(k)
+        k.add_argument(f"--{setting.replace('_', '-')}", dest=setting, default=",".join(f"{v:g}" for v in default),
+                       help=f"{help_}, comma separated")
+        k.set_defaults(func=cmd_sweep)
+
 
 def measure_benchmarks(pool, measures, include, limit):
     """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
@@ -107,8 +116,13 @@ def cmd_sweep(args) -> int:
     elif args.kind == "density":
         extra = dict(drops=parse_floats(args.drops, "--drops"), keeps=parse_floats(args.keeps, "--keeps"),
                      methods=args.methods, seed=args.seed)
-    else:
+    elif args.kind == "hma":
         extra = dict(grid=[parse_floats(t, "--grid") for t in args.grid] if args.grid else sweeps.HMA_TRIPLES)
+    else:
+        from forgetlab.analysis.closed_form_sweeps import GRIDS
+
+        setting = GRIDS[args.kind][0]
+        extra = {setting: parse_floats(getattr(args, setting), "--" + setting.replace("_", "-"))}
     update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
     try:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)
