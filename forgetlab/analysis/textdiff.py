@@ -15,7 +15,8 @@ from tokens 0…i−1 (row 0 predicts nothing: its scores are empty). Per row:
 Summaries (`TextDiffResult`): the tokens and contexts (the 8 tokens up to and including the token) with the
 largest rise and KL, the rise per token class (`token_class`), the rise along the sequence, and a logit lens:
 the next-token loss when the residual stream after each layer is read through the final norm and the head, for
-both models (layer 0: the embeddings; the last layer gives the models' own loss).
+both models (layer 0: the embeddings; the last layer gives the models' own loss), read on the first `lens_blocks`
+sequences (64 by default: the lens costs a pass through the head per layer and model).
 
 Cost: one forward pass per model per batch of sequences, on the job's device. The logits of one sequence at a
 time are formed from the final hidden states and the log-softmax, KL and top-k are computed over the vocabulary
@@ -45,6 +46,7 @@ SPLITS = ("heldout",)
 TOP_K = 3
 CONTEXT = 8
 VOCAB_CHUNK = 32768
+LENS_BLOCKS = 64        # sequences the logit lens reads by default (it costs a head pass per layer and model)
 MEASURES = ("rise", "kl")
 BASE_COLUMNS = ["doc", "position", "token_id", "token", "token_class", "logp_base", "logp_model", "rise", "kl"]
 TOP_COLUMNS = [f"{what}{k}_{side}" for side in ("base", "model") for k in range(1, TOP_K + 1)
@@ -364,9 +366,10 @@ class _Accum:
 
 @torch.no_grad()
 def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_size: int, pad_id: int,
-           chunk: int, progress: Progress) -> _Accum:
+           chunk: int, progress: Progress, lens_blocks: Optional[int] = None) -> _Accum:
     """Forward both models over the sequences in batches (sorted by length, as the scorecard batches them) and
-    score every position of each sequence; positions of a sequence come out in order, sequences in input order."""
+    score every position of each sequence; positions of a sequence come out in order, sequences in input order.
+    The logit lens reads the first `lens_blocks` sequences (all when None)."""
     from forgetlab.core.data import EncodedExample, collate
 
     acc = _Accum()
@@ -395,7 +398,7 @@ def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_si
                           for r, o in zip(readers, outs)]
                 res = token_scores(logits[0], logits[1].to(dev), targets, chunk)
                 del logits
-                if lens:
+                if lens and (lens_blocks is None or i < lens_blocks):
                     for d in range(n_depth):
                         for r, o, tot in zip(readers, outs, (acc.lens_base, acc.lens_model)):
                             h = o[1][d][row, :n - 1]
@@ -537,8 +540,9 @@ class TextDiffResult:
 
     def lens_frame(self) -> pd.DataFrame:
         """The logit lens: per depth (0 = embeddings, i = after layer i) the mean next-token loss of the
-        reference and of the model read through the final norm and head, and its rise (model − reference)."""
-        cols = ["depth", "loss_base", "loss_model", "rise"]
+        reference and of the model read through the final norm and head, its rise (model − reference), and the
+        number of tokens it was read on (the first `lens_blocks` sequences)."""
+        cols = ["depth", "loss_base", "loss_model", "rise", "tokens"]
         return pd.DataFrame(self.lens, columns=cols) if self.lens else pd.DataFrame(columns=cols)
 
     def to_dict(self) -> dict:
@@ -595,14 +599,17 @@ def check(pool, model: str, *, against: str = "base", alpha: Optional[float] = N
 def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] = None, text=None,
              lines: Optional[Sequence[str]] = None, split: Optional[str] = None, max_general: Optional[int] = None,
              block_size: int = 128, general_mode: str = "blocks", batch_size: int = 16, device: Optional[str] = None,
-             lens: bool = True, vocab_chunk: int = VOCAB_CHUNK, home=None, progress: Progress = None) -> TextDiffResult:
+             lens: bool = True, lens_blocks: Optional[int] = LENS_BLOCKS, vocab_chunk: int = VOCAB_CHUNK, home=None,
+             progress: Progress = None) -> TextDiffResult:
     """Score every token of a text under `model` (at WiSE-FT point `alpha` when given) and `against` (see the
     module docstring). The text: the lines of the file `text`, the strings `lines`, or (the default, `split`
     "heldout") the scorecard's held-out blocks (`max_general`, `block_size`, `general_mode` as in
-    `forgetlab.core.evaluate.evaluate`). `lens=False` skips the logit lens."""
+    `forgetlab.core.evaluate.evaluate`). The logit lens reads the first `lens_blocks` sequences (None: all of
+    them; it costs one pass through the head per layer and model); `lens=False` skips it."""
     from forgetlab.core.evaluate import check_limits
 
-    check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk)
+    check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk,
+                 lens_blocks=lens_blocks)
     _sources(text, lines, split)
     start = time.perf_counter()
     mref = resolve_model(pool, model, alpha=alpha, home=home)
@@ -626,19 +633,21 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     if lens and not all(r.lens for r in readers):
         notes.append("no logit lens: this architecture has no final norm forgetlab knows how to read the residual "
                      "stream through")
-    acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97))
+    acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
+                 lens_blocks)
     frame = _frame(acc, tok)
     lens_rows = []
     if acc.lens_base is not None and acc.lens_tokens:
         for d in range(len(acc.lens_base)):
             lb, lm = float(acc.lens_base[d]) / acc.lens_tokens, float(acc.lens_model[d]) / acc.lens_tokens
-            lens_rows.append({"depth": d, "loss_base": lb, "loss_model": lm, "rise": lm - lb})
+            lens_rows.append({"depth": d, "loss_base": lb, "loss_model": lm, "rise": lm - lb,
+                              "tokens": acc.lens_tokens})
     from forgetlab.analysis.protocol import pool_source
 
     recipe = {"analysis": KIND, "pool": pool_source(pool), "pool_name": getattr(pool, "name", None), "model": model,
               "against": against, "alpha": mref.alpha, "model_label": mref.label, "source": source,
               "max_general": max_general, "block_size": block_size, "general_mode": general_mode,
-              "batch_size": batch_size, "lens": lens}
+              "batch_size": batch_size, "lens": lens, "lens_blocks": lens_blocks}
     result = TextDiffResult(model=mref.label, against=aref.label, source=source, tokens=frame,
                             docs=[s.name for s in seqs], lens=lens_rows, notes=notes,
                             seconds=time.perf_counter() - start, recipe=recipe)
@@ -686,6 +695,7 @@ class TextDiffSettings:
     batch_size: Optional[int] = None
     device: Optional[str] = None
     lens: Optional[bool] = None
+    lens_blocks: Optional[int] = None
 
 
 def check_settings(settings: TextDiffSettings, pool=None) -> None:

@@ -6,6 +6,7 @@ from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.evaluate import GENERAL_LOSS_MODES
 
+T_LENS_BLOCKS = 64      # forgetlab.analysis.textdiff.LENS_BLOCKS (not imported here: torch loads late)
 SHOWN_CONTEXTS = ["where", "position", "context", "rise", "kl", "top1_base", "top1_model"]
 
 
@@ -36,6 +37,9 @@ def register(sub) -> None:
     shared.add_batch_size(p, help="sequences per forward pass")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
     p.add_argument("--no-lens", action="store_true", help="skip the per-layer logit lens")
+    p.add_argument("--lens-blocks", type=int, default=T_LENS_BLOCKS,
+                   help=f"read the logit lens on the first N sequences (default {T_LENS_BLOCKS}; it costs a pass "
+                        "through the head per layer and model)")
     p.add_argument("--top", type=int, default=10, help="contexts shown per table (default 10)")
     shared.add_out(p, "write the token table to this CSV (or JSON) file")
     shared.add_no_save(p)
@@ -56,7 +60,8 @@ def cmd_textdiff(args) -> int:
     T.check(pool, args.model, **kw)
     update, close = tqdm_progress(f"textdiff {args.model}")
     try:
-        result = T.textdiff(pool, args.model, device=args.device, lens=not args.no_lens, progress=update, **kw)
+        result = T.textdiff(pool, args.model, device=args.device, lens=not args.no_lens, lens_blocks=args.lens_blocks,
+                            progress=update, **kw)
     finally:
         close()
     s = result.summary()
@@ -69,7 +74,8 @@ def cmd_textdiff(args) -> int:
     emit("rise per token class:")
     emit_frame(result.by_class())
     if result.lens:
-        emit("logit lens (next-token loss read after each layer; depth 0 = embeddings):")
+        emit(f"logit lens (next-token loss read after each layer on {result.lens[0]['tokens']} tokens; depth 0 = "
+             "embeddings):")
         emit_frame(result.lens_frame())
     for by in ("rise", "kl"):
         emit(f"contexts with the largest {by}:")
