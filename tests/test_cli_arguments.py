@@ -255,6 +255,24 @@ EXPECTED = {
         'grid': (('--grid',), None, False, None, None, '+', None),
     },
     'sweep': {},
+    'textdiff': {
+        'pool': ((), None, True, None, None, None, None),
+        'model': (('--model',), None, True, None, None, None, None),
+        'alpha': (('--alpha',), None, False, 'float', None, None, None),
+        'against': (('--against',), 'base', False, None, None, None, None),
+        'text': (('--text',), None, False, None, None, None, 'FILE'),
+        'split': (('--split',), None, False, None, ('heldout',), None, None),
+        'max_general': (('--max-general',), None, False, 'count', None, None, None),
+        'general_loss': (('--general-loss',), 'blocks', False, None, ('blocks', 'documents'), None, None),
+        'batch_size': (('--batch-size',), 16, False, 'count', None, None, None),
+        'device': (('--device',), None, False, '_device', None, None, None),
+        'no_lens': (('--no-lens',), False, False, None, None, 0, None),
+        'lens_blocks': (('--lens-blocks',), 64, False, 'int', None, None, None),
+        'top': (('--top',), 10, False, 'int', None, None, None),
+        'out': (('--out',), None, False, None, None, None, None),
+        'no_save': (('--no-save',), False, False, None, None, 0, None),
+        'overwrite': (('--overwrite',), False, False, None, None, 0, None),
+    },
     'zoo build': {
         **ZOO_COMMON,
         'force': (('--force',), False, False, None, None, 0, None),
@@ -274,7 +292,7 @@ POSITIONALS = {
     "attribution": ["pool"], "features": ["pool"], "finetune": ["pool"], "linearity": ["pool"],
     "slwm-weights": ["pool"], "merge": ["recipe", "out_dir"], "merge-export": ["recipe"], "pcb-search": ["recipe"],
     "inspect": ["ref"], "taskvec": ["pool"], "eval": ["pool"], "search": ["recipe"], "sweep alpha": ["pool"],
-    "sweep pruning": ["pool"], "sweep density": ["pool"], "sweep hma": ["pool"],
+    "sweep pruning": ["pool"], "sweep density": ["pool"], "sweep hma": ["pool"], "textdiff": ["pool"],
 }
 SUBCOMMANDS = {"": ("command", False), "sweep": ("kind", True), "zoo": ("zoo_command", False)}
 FUNCS = {
@@ -282,7 +300,8 @@ FUNCS = {
     "linearity": "cmd_linearity", "slwm-weights": "cmd_slwm_weights", "merge": "_merge", "methods": "_methods",
     "merge-export": "_export", "pcb-search": "_pcb_search", "inspect": "cmd_inspect", "taskvec": "cmd_taskvec",
     "eval": "cmd_eval", "search": "cmd_search", "sweep alpha": "cmd_sweep", "sweep pruning": "cmd_sweep",
-    "sweep density": "cmd_sweep", "sweep hma": "cmd_sweep", "sweep": None, "zoo build": "cmd_build",
+    "sweep density": "cmd_sweep", "sweep hma": "cmd_sweep", "sweep": None, "textdiff": "cmd_textdiff",
+    "zoo build": "cmd_build",
     "zoo show": "cmd_show", "zoo": "<lambda>", "": None,
 }
 # One wording per shared argument wherever it means the same thing; a per-command help only where the meaning
@@ -300,7 +319,7 @@ HELPS = {
 }
 # Commands whose --device default (None) ends on the CPU (ModelPool.load), and those where it means cuda when
 # available (load_model / check_device).
-CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval"}
+CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff"}
 CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma"}
 
 
@@ -404,7 +423,7 @@ OUTPUT_OPTIONS = {
     "linearity": ["--out", "--curves"], "slwm-weights": ["--out"], "merge-export": ["--out"],
     "pcb-search": ["--out"], "taskvec": ["--out"], "eval": ["--out"], "search": ["--out", "--save-recipe"],
     "sweep alpha": ["--out"], "sweep pruning": ["--out"], "sweep density": ["--out"], "sweep hma": ["--out"],
-    "zoo show": ["--out"],
+    "zoo show": ["--out"], "textdiff": ["--out"],
 }
 
 

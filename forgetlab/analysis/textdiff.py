@@ -611,6 +611,7 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk,
                  lens_blocks=lens_blocks)
     _sources(text, lines, split)
+    device = device or "cpu"            # as ModelPool.load: both sides on one device
     start = time.perf_counter()
     mref = resolve_model(pool, model, alpha=alpha, home=home)
     aref = resolve_model(pool, against, home=home, role="--against")

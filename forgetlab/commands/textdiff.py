@@ -31,7 +31,7 @@ def register(sub) -> None:
                      help="score each line of this UTF-8 file (a line longer than the context is split)")
     src.add_argument("--split", choices=["heldout"], default=None,
                      help="score the pool's held-out general text in the scorecard's blocks (the default)")
-    shared.add_eval_limits(p)
+    shared.add_max_general(p)
     p.add_argument("--general-loss", choices=GENERAL_LOSS_MODES, default="blocks",
                    help="held-out blocks as the scorecard cuts them: blocks (default) or documents")
     shared.add_batch_size(p, help="sequences per forward pass")
