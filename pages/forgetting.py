@@ -16,6 +16,7 @@ from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.textview import alpha_point_link
 
 page_header("Forgetting",
             "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -143,7 +144,10 @@ with right:
         for i, r in enumerate(results):
             st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}")
             r.mark_pareto()
-            st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}")
+            event = st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}", on_select="rerun",
+                                    selection_mode="points")
+            if r.kind == "alpha":
+                alpha_point_link(r.model, event, key=f"forgetting_text_{i}")
         frame = pd.concat([r.to_frame() for r in results], ignore_index=True)
         show_table(frame, key="forgetting_table")
         st.download_button("Download table (CSV)", frame.to_csv(index=False), file_name=f"forgetting-{model}.csv",

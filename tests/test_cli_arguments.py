@@ -267,6 +267,24 @@ EXPECTED = {
         'iso_alphas': (('--iso-alphas',), '0,0.25,0.5,0.75,1,1.25,1.5,2', False, None, None, None, None),
     },
     'sweep': {},
+    'textdiff': {
+        'pool': ((), None, True, None, None, None, None),
+        'model': (('--model',), None, True, None, None, None, None),
+        'alpha': (('--alpha',), None, False, 'float', None, None, None),
+        'against': (('--against',), 'base', False, None, None, None, None),
+        'text': (('--text',), None, False, None, None, None, 'FILE'),
+        'split': (('--split',), None, False, None, ('heldout',), None, None),
+        'max_general': (('--max-general',), None, False, 'count', None, None, None),
+        'general_loss': (('--general-loss',), 'blocks', False, None, ('blocks', 'documents'), None, None),
+        'batch_size': (('--batch-size',), 16, False, 'count', None, None, None),
+        'device': (('--device',), None, False, '_device', None, None, None),
+        'no_lens': (('--no-lens',), False, False, None, None, 0, None),
+        'lens_blocks': (('--lens-blocks',), 64, False, 'int', None, None, None),
+        'top': (('--top',), 10, False, 'int', None, None, None),
+        'out': (('--out',), None, False, None, None, None, None),
+        'no_save': (('--no-save',), False, False, None, None, 0, None),
+        'overwrite': (('--overwrite',), False, False, None, None, 0, None),
+    },
     'zoo build': {
         **ZOO_COMMON,
         'force': (('--force',), False, False, None, None, 0, None),
@@ -287,7 +305,7 @@ POSITIONALS = {
     "slwm-weights": ["pool"], "merge": ["recipe", "out_dir"], "merge-export": ["recipe"], "pcb-search": ["recipe"],
     "inspect": ["ref"], "taskvec": ["pool"], "eval": ["pool"], "search": ["recipe"], "sweep alpha": ["pool"],
     "sweep pruning": ["pool"], "sweep density": ["pool"], "sweep hma": ["pool"],
-    "sweep lines": ["pool"], "sweep rank": ["pool"], "sweep iso": ["pool"],
+    "sweep lines": ["pool"], "sweep rank": ["pool"], "sweep iso": ["pool"], "textdiff": ["pool"],
 }
 SUBCOMMANDS = {"": ("command", False), "sweep": ("kind", True), "zoo": ("zoo_command", False)}
 FUNCS = {
@@ -296,7 +314,8 @@ FUNCS = {
     "merge-export": "_export", "pcb-search": "_pcb_search", "inspect": "cmd_inspect", "taskvec": "cmd_taskvec",
     "eval": "cmd_eval", "search": "cmd_search", "sweep alpha": "cmd_sweep", "sweep pruning": "cmd_sweep",
     "sweep density": "cmd_sweep", "sweep hma": "cmd_sweep",
-    "sweep lines": "cmd_sweep", "sweep rank": "cmd_sweep", "sweep iso": "cmd_sweep", "sweep": None, "zoo build": "cmd_build",
+    "sweep lines": "cmd_sweep", "sweep rank": "cmd_sweep", "sweep iso": "cmd_sweep", "sweep": None,
+    "textdiff": "cmd_textdiff", "zoo build": "cmd_build",
     "zoo show": "cmd_show", "zoo": "<lambda>", "": None,
 }
 # One wording per shared argument wherever it means the same thing; a per-command help only where the meaning
@@ -314,7 +333,7 @@ HELPS = {
 }
 # Commands whose --device default (None) ends on the CPU (ModelPool.load), and those where it means cuda when
 # available (load_model / check_device).
-CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval"}
+CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff"}
 CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma",
                 "sweep lines", "sweep rank", "sweep iso"}
 
@@ -420,6 +439,7 @@ OUTPUT_OPTIONS = {
     "pcb-search": ["--out"], "taskvec": ["--out"], "eval": ["--out"], "search": ["--out", "--save-recipe"],
     "sweep alpha": ["--out"], "sweep pruning": ["--out"], "sweep density": ["--out"], "sweep hma": ["--out"],
     "sweep lines": ["--out"], "sweep rank": ["--out"], "sweep iso": ["--out"], "zoo show": ["--out"],
+    "textdiff": ["--out"],
 }
 
 
