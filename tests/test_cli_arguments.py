@@ -237,6 +237,7 @@ EXPECTED = {
     'sweep alpha': {
         **SWEEP_COMMON,
         'alphas': (('--alphas',), '0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1', False, None, None, None, None),
+        'methods': (('--methods',), ['wise-ft'], False, None, None, '+', None),
     },
     'sweep pruning': {
         **SWEEP_COMMON,
