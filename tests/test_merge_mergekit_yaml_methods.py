@@ -22,6 +22,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from forgetlab.cli import main
 from forgetlab.merge import run
 from forgetlab.merge.mergekit_yaml import from_mergekit, mergekit_methods, to_mergekit
 from forgetlab.merge.recipes import Recipe
@@ -144,9 +145,11 @@ def merged(pool3, tmp_path_factory):
         docs[f"mk-{name}"] = d
         ours[f"mk-{name}"] = run(d, root / "ours" / f"mk-{name}").out_dir
     for name, d in forgetlab_cases(pool3).items():
-        recipe = Recipe.from_dict(d)
-        docs[f"fl-{name}"] = to_mergekit(recipe)
-        ours[f"fl-{name}"] = run(recipe, root / "ours" / f"fl-{name}").out_dir
+        src, exported = root / f"fl-{name}.yaml", root / f"fl-{name}.mergekit.yaml"
+        src.write_text(yaml.safe_dump(d, sort_keys=False))
+        assert main(["merge-export", str(src), "--to", "mergekit", "--out", str(exported)]) == 0
+        docs[f"fl-{name}"] = yaml.safe_load(exported.read_text())
+        ours[f"fl-{name}"] = run(Recipe.from_dict(d), root / "ours" / f"fl-{name}").out_dir
     multi = root / "multi.yaml"
     multi.write_text(yaml.safe_dump_all([{**d, "name": f"out-{n}"} for n, d in docs.items()], sort_keys=False))
     proc = subprocess.run([str(MK_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
@@ -252,3 +255,23 @@ def test_nuslerp_without_base_interpolates_the_models(pool3):
     assert "base_model" not in to_mergekit(from_mergekit(cases["nuslerp_nobase"]))
     kb = from_mergekit(cases["karcher_base"])
     assert [m.model for m in kb.models][-1] == kb.base  # mergekit averages the base in as one more input
+
+
+def test_merge_export_round_trips_on_the_command_line(pool3, tmp_path):
+    """`forgetlab merge-export` both ways for every case: mergekit YAML → --to forgetlab → --to mergekit →
+    --to forgetlab gives the forgetlab recipe of the first step; forgetlab recipe → --to mergekit → --to forgetlab →
+    --to mergekit gives the mergekit YAML of the first step."""
+    def export(src: Path, to: str, out: Path) -> dict:
+        assert main(["merge-export", str(src), "--to", to, "--out", str(out)]) == 0
+        return yaml.safe_load(out.read_text())
+
+    docs = {**{f"mk-{k}": v for k, v in mergekit_cases(pool3).items()},
+            **{f"fl-{k}": v for k, v in forgetlab_cases(pool3).items()}}
+    for name, d in docs.items():
+        src = tmp_path / f"{name}.yaml"
+        src.write_text(yaml.safe_dump(d, sort_keys=False))
+        first, second = ("forgetlab", "mergekit") if name.startswith("mk-") else ("mergekit", "forgetlab")
+        one = export(src, first, tmp_path / f"{name}.1.yaml")
+        export(tmp_path / f"{name}.1.yaml", second, tmp_path / f"{name}.2.yaml")
+        three = export(tmp_path / f"{name}.2.yaml", first, tmp_path / f"{name}.3.yaml")
+        assert three == one, name

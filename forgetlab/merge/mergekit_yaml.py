@@ -555,9 +555,9 @@ def to_mergekit(recipe: Recipe) -> dict:
             out["models"] = [{"model": recipe.base, "parameters": {**top, **(per[0] if per else {})}}]
             top = {}
         else:
-            # linear, karcher: base_model is one more input (written when the base is listed); nuslerp,
-            # multislerp: base_model is use_base
-            if (recipe.base in names if recipe.method in BASE_IGNORED
+            # linear, karcher: base_model is one more input, written when the base is listed after the first
+            # model (mergekit's config donor is the first model without it); nuslerp, multislerp: it is use_base
+            if (recipe.base in names[1:] if recipe.method in BASE_IGNORED
                     else full.get("use_base", True)):
                 out["base_model"] = recipe.base
             out["models"] = [{"model": _mergekit_ref(recipe.base, m.model), "parameters": mp}
