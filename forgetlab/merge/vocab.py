@@ -39,7 +39,7 @@ def is_vocab_tensor(name: str) -> bool:
 
 def _config_vocab(ckpt) -> int | None:
     try:
-        return int(getattr(ckpt.config, "vocab_size"))
+        return int(ckpt.config.vocab_size)
     except Exception:
         return None
 
@@ -202,9 +202,6 @@ class VocabularyPlan:
                                  "that token; name a model that has it, or {kind: zero}.")
         return tensors[model][j]
 
-    def config_size(self) -> int:
-        return self.size
-
     def tokenizer_files(self) -> dict[str, bytes]:
         """The output tokenizer's files (tokenizer.save_pretrained), by name."""
         with tempfile.TemporaryDirectory() as d:
@@ -244,14 +241,6 @@ def _check_tokens(tokens: dict, refs: Sequence[str]) -> dict[str, dict]:
                                  "models.")
         out[str(tok)] = cfg
     return out
-
-
-def needs_plan(tokenizer: dict | None, vocabs_differ: bool) -> bool:
-    """Whether the merge must rebuild the vocabulary (rows permuted, filled or padded)."""
-    if not tokenizer:
-        return False
-    return vocabs_differ or bool(tokenizer.get("tokens")) or bool(tokenizer.get("pad_to_multiple_of")) \
-        or tokenizer["source"] not in ("base",)
 
 
 def build_plan(tokenizer: dict, base_ref: str | None, refs: dict[str, Any]) -> VocabularyPlan:
