@@ -71,3 +71,13 @@ def test_gta_kernels_equal_the_reference(method, params, ties):
     for i, shape in enumerate(SHAPES):
         fast, ref = _both(method, params, shape, seed=i, ties=ties)
         _assert_same(fast, ref)
+
+
+@pytest.mark.parametrize("params", [{"select_topk": 0.5}, {"select_topk": 1.0}, {"select_topk": 0.1},
+                                    {"select_topk": 0.0}, {"select_topk": 0.999}])
+@pytest.mark.parametrize("n_models", [2, 3, 4])
+@pytest.mark.parametrize("ties", [False, True])
+def test_sce_kernel_equals_the_reference(params, n_models, ties):
+    for i, shape in enumerate(SHAPES):
+        fast, ref = _both("sce", params, shape, n_models=n_models, seed=10 + i, ties=ties)
+        _assert_same(fast, ref)
