@@ -81,3 +81,13 @@ def test_sce_kernel_equals_the_reference(params, n_models, ties):
     for i, shape in enumerate(SHAPES):
         fast, ref = _both("sce", params, shape, n_models=n_models, seed=10 + i, ties=ties)
         _assert_same(fast, ref)
+
+
+@pytest.mark.parametrize("method,params", [("ram", {}), ("ram", {"epsilon": 1e-3}), ("ramplus_tl", {}),
+                                           ("ramplus_tl", {"r": 2.0, "alpha": 0.7, "epsilon": 5e-4})])
+@pytest.mark.parametrize("n_models", [2, 3])
+@pytest.mark.parametrize("ties", [False, True])
+def test_ram_kernels_equal_the_reference(method, params, n_models, ties):
+    for i, shape in enumerate(SHAPES):
+        fast, ref = _both(method, params, shape, n_models=n_models, seed=20 + i, ties=ties)
+        _assert_same(fast, ref)

@@ -16,14 +16,25 @@ CPU kernels (`fast_kernel`): `della_magprune_` (MAGPRUNE in place, rows ranked b
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge.methods.breadcrumbs import breadcrumbs_, breadcrumbs_counts, breadcrumbs_mask
-from forgetlab.merge.methods.common import UNIT, l1_norm, l1_scale, lam_param, seed_param, weights_param
+from forgetlab.merge.methods.breadcrumbs import (
+    breadcrumbs_,
+    breadcrumbs_counts,
+    breadcrumbs_mask,
+)
+from forgetlab.merge.methods.common import (
+    UNIT,
+    l1_norm,
+    l1_scale,
+    lam_param,
+    seed_param,
+    weights_param,
+)
 from forgetlab.merge.methods.ties import _sum_rows, ties_combine_into_
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges
