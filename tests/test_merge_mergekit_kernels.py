@@ -91,3 +91,15 @@ def test_ram_kernels_equal_the_reference(method, params, n_models, ties):
     for i, shape in enumerate(SHAPES):
         fast, ref = _both(method, params, shape, n_models=n_models, seed=20 + i, ties=ties)
         _assert_same(fast, ref)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_arcee_fusion_kernel_equals_the_reference(monkeypatch, ties):
+    from forgetlab.merge.methods import gated
+    for i, shape in enumerate(SHAPES + [(700, 300)]):
+        fast, ref = _both("arcee_fusion", {"seed": 3}, shape, n_models=1, seed=30 + i, ties=ties)
+        _assert_same(fast, ref)
+    monkeypatch.setattr(gated, "QUANTILE_SAMPLE_SIZE", 5000)  # the sampled quantiles (above 1e6 entries in use)
+    for i, shape in enumerate(SHAPES[:3]):
+        fast, ref = _both("arcee_fusion", {"seed": 4}, shape, n_models=1, seed=40 + i, ties=ties)
+        _assert_same(fast, ref)
