@@ -25,8 +25,8 @@ require_tasks(pool, "fine-tuning")
 
 RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
 # the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)
-DEFAULT_STEPS, DEFAULT_RECORDS, DEFAULT_GENERAL, DEFAULT_PAIRS = 60, 6, 16, 50
-DEFAULT_SECONDS = None
+DEFAULT_STEPS, DEFAULT_RECORDS, DEFAULT_GENERAL, DEFAULT_PAIRS = 20, 2, 16, 50
+DEFAULT_SECONDS = "61 s"      # 20 steps, 3 records each: CLI-equivalent run at load 1–4, 2026-12-04
 
 
 
@@ -92,8 +92,9 @@ with right:
     measure, general = measures.measure, measures.general_measure
     device, _dtype = device_settings()
     # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
+    # records score the fine-tuned task only (the charts show no other): a third of the evaluation time
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  device=device, **measures.settings)
+                  eval_tasks=[task], device=device, **measures.settings)
     if mode == "one run":
         label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
         label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
