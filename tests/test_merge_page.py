@@ -108,7 +108,8 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     table = at.dataframe[0].value
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = pool_recipe(pool, "ties", ["ft0", "ft1"], {"keep": 0.2, "scope": "tensor", "lam": 1.0,
-                                                        "weights": [1.0, 1.0]})
+                                                        "weights": [1.0, 1.0], "normalize": True,
+                                                        "rescale": False})
     direct = search(recipe, pool, budget=4, max_general=2, max_task=3, measure=at.session_state["app_measure"])
     assert len(table) == 4
     assert list(table["speciality"]) == [p.speciality for p in direct.points]
