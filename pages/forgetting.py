@@ -9,8 +9,8 @@ import streamlit as st
 from forgetlab.analysis import sweeps
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
+                          run_once, show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
@@ -65,7 +65,9 @@ with left:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
             extra = {"grid": [parse_floats(line, "the α tuple") for line in text.splitlines() if line.strip()]}
-    max_general, max_task = eval_limits("forgetting")
+    budget = eval_budget()
+    max_general, max_task = budget.max_general, budget.max_task
+    budget_caption(budget)
     run = st.button("Run sweep", type="primary", key="forgetting_run")
 
 with right:

@@ -13,8 +13,8 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     assert at.selectbox(key="merge_ties_scope").value == "tensor"
     at.number_input(key="merge_ties_keep").set_value(0.5)
     at.text_input(key="merge_name_ties").set_value("first")
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     table = at.dataframe[0].value
@@ -72,8 +72,8 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     at.checkbox(key="merge_pcb_search").check().run()
     at.number_input(key="merge_pcb_budget").set_value(3)
     at.text_input(key="merge_name_pcb").set_value("pcb-searched")
-    at.number_input(key="merge_max_general").set_value(1)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     search = at.dataframe[1].value
@@ -100,8 +100,8 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
 
     at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.number_input(key="merge_search_budget").value == 30        # the CLI's default (~15 s on pico)
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     at.number_input(key="merge_search_budget").set_value(4)
     at.button(key="merge_search_run").click().run()
     finish_cleanly(at, "merge-search")
@@ -148,8 +148,8 @@ def test_merge_page_search_refuses_a_budget_of_zero_and_keeps_working(tiny_llama
     assert [e.value for e in at.error] == ["budget must be at least 1 evaluation; got 0."]
     assert not running_jobs("merge-search")                               # checked before any job started
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    at.number_input(key="merge_max_general").set_value(1)                 # then a good budget runs
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1                 # then a good budget runs
+    at.session_state["app_max_task"] = 2
     at.number_input(key="merge_search_budget").set_value(2)
     at.button(key="merge_search_run").click().run()
     finish_cleanly(at, "merge-search")
@@ -185,8 +185,8 @@ def test_merge_page_is_all_or_nothing_like_the_cli(tiny_llama, tmp_path, monkeyp
     at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     at.text_input(key="merge_name_ties").set_value("half")
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 2
     at.button(key="merge_run").click().run()
     finish_jobs(at, "merge")
     assert not at.exception, at.exception
