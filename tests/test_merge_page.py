@@ -1,6 +1,8 @@
 """The Merge page (AppTest): compose a merge, run it, see the scorecard; reopen and compare saved merges."""
 from __future__ import annotations
 
+import pytest
+
 from tests.jobs_helper import finish_cleanly, finish_jobs, open_page, running_jobs, start_page
 
 
@@ -194,3 +196,65 @@ def test_merge_page_is_all_or_nothing_like_the_cli(tiny_llama, tmp_path, monkeyp
     assert any("probe data went away" in e.value for e in at.error)
     assert not (tmp_path / "merges" / "half").exists()
     assert not [p for p in (tmp_path / "merges").iterdir()] if (tmp_path / "merges").exists() else True
+
+
+def _named_pool(tiny_llama, root):
+    """The tiny pool with models named after their tasks (math, copy) and a LoRA adapter (lora-math)."""
+    import yaml
+
+    from tests.test_checkpoints import _make_lora
+
+    _make_lora(tiny_llama.base, root / "lora")
+    spec = yaml.safe_load(tiny_llama.pool_yaml.read_text())
+    spec["base"] = str(tiny_llama.base)
+    spec["models"] = {"math": str(tiny_llama.finetuned["ft0"]), "lora-math": {"adapter": str(root / "lora")},
+                      "copy": str(tiny_llama.finetuned["ft1"])}
+    spec["probes"]["general"] = str(tiny_llama.root / spec["probes"]["general"])
+    for files in spec["probes"]["tasks"].values():
+        for split, path in files.items():
+            files[split] = str(tiny_llama.root / path)
+    (root / "pool.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root / "pool.yaml"
+
+
+def test_merge_page_default_merges_the_full_fine_tunes_three_ways_and_judges_own_task_retention(
+        tiny_llama, tmp_path, monkeypatch):
+    """The default: the full fine-tunes (not the adapter), weight average beside TIES and task arithmetic, one
+    click; each merge saved with its scorecards at the app's budget; the chart and table show, per parent, the
+    share of its own-task gain each merge kept (analysis.retention), with axes from 0."""
+    import json
+
+    from forgetlab.analysis.retention import gain_share
+    from forgetlab.core.evaluate import Scorecard
+
+    pool_yaml = _named_pool(tiny_llama, tmp_path / "pool")
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("merge", pool_yaml)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3     # the sidebar's budget
+    at.run()
+    assert not at.exception, at.exception
+    assert at.multiselect(key="merge_default_models").value == ["math", "copy"]
+    assert at.multiselect(key="merge_default_methods").value == ["linear", "ties", "task_arithmetic"]
+    assert at.multiselect(key="merge_models").value == ["math", "copy"]               # the form's default too
+    assert not at.expander                                                           # nothing to open first
+    at.button(key="merge_default_run").click().run()
+    finish_cleanly(at, "merge")
+    merges = sorted((tmp_path / "home" / "merges").iterdir())
+    assert [p.name.split("-")[0] for p in merges] == ["linear", "task_arithmetic", "ties"]
+    saved = {p.name.split("-")[0]: json.loads((p / "scorecards.json").read_text()) for p in merges}
+    assert {(s["max_general"], s["max_task"]) for s in saved.values()} == {(2, 3)}   # the app's one budget
+    assert all(s["parents"] == ["math", "copy"] for s in saved.values())
+    base_losses = {s["cards"][0]["general_loss"] for s in saved.values()}
+    assert len(base_losses) == 1                                                     # one base number, cached
+    fig = json.loads(next(c for c in at.get("plotly_chart")).proto.spec)
+    assert {t.get("name") for t in fig["data"]} >= {"weight average", "TIES", "task arithmetic"}
+    assert fig["layout"]["yaxis"]["rangemode"] == "tozero" and fig["layout"]["yaxis2"]["rangemode"] == "tozero"
+    table = next(d.value for d in at.dataframe if "mean gain kept %" in d.value.columns)
+    assert table["model"].tolist() == ["math", "copy", "weight average", "TIES", "task arithmetic"]
+    cards = {c["model"]: Scorecard.from_dict(c) for c in saved["ties"]["cards"]}
+    ties_name = next(p.name for p in merges if p.name.startswith("ties"))
+    measure = at.session_state["app_measure"]
+    expected = 100 * gain_share(cards["base"], cards["math"], cards[ties_name], "math", measure)
+    got = table.loc[table["model"] == "TIES", "math: gain kept %"].iloc[0]
+    assert got == pytest.approx(expected, nan_ok=True)
+    assert "perplexity change" in table.columns or "forgetting" in table.columns

@@ -96,3 +96,28 @@ def test_the_evaluate_button_is_visible_without_expanding_anything(tiny_llama, t
     button = at.button(key="models_eval")
     assert button.label == "Evaluate" and not button.disabled
     finish_jobs(at, "models")
+
+
+def test_the_claims_table_is_shown_whole_and_says_its_budget(tiny_llama, tmp_path):
+    """All rows and the full "measured" text, in a static table (st.table: no inner scroll, no cut-off column);
+    its caption says whether it was measured at the app's budget."""
+    root = tmp_path / "zoo"
+    shutil.copytree(tiny_llama.root, root)
+    long = "math 47%, code 58%, translate 50% of the gain (mean 52%; weight average 95%); held-out loss 5.302 " * 2
+    claims = [{"key": f"k{i}", "claim": f"claim {i}", "source": "paper", "holds": i % 3 != 0, "numbers": f"{i}: {long}"}
+              for i in range(13)]
+    (root / "manifest.json").write_text(json.dumps({"claims": {"claims": claims, "settings": {"max_general": 7,
+                                                                                            "max_task": 9}}}))
+    at = open_page("models", root / tiny_llama.pool_yaml.name, timeout=120)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 7, 9
+    at.run()
+    assert not at.exception, at.exception
+    table = at.table[0].value
+    assert len(table) == 13 and list(table.columns) == ["holds", "claim", "measured", "source"]
+    assert table["measured"].tolist() == [c["numbers"] for c in claims]
+    assert table["holds"].tolist().count("✗") == 5
+    assert any("Same evaluation budget as the rest of the app" in c.value for c in at.caption)
+    at.session_state["app_max_general"] = 8
+    at.run()
+    assert any("Another evaluation budget than the app's" in c.value for c in at.caption)
+    finish_jobs(at, "models")
