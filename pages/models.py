@@ -116,7 +116,7 @@ if cards:
 
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
     show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
-else:
+elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
     st.info("No scorecards yet at this budget: press **Evaluate**.")
 
 render_benchmarks(pool, device)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks

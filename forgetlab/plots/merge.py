@@ -30,7 +30,8 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
     labels = dict(labels or {})
     name = lambda m: labels.get(m, m)        # noqa: E731
     fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12,
-                        subplot_titles=(f"each parent's own-task gain kept ({result.measure.replace('_', ' ')})",
+                        subplot_titles=(f"each parent's own-task gain kept ({result.measure.replace('_', ' ')}; "
+                                        "dashed: the parent)",
                                         "forgetting (Δ general loss vs base)"))
     colors = color_map(result.merges)
     parent_colors = color_map(result.parents)
@@ -48,8 +49,7 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
                        f"{abs(r.base):.3f} → {r.parent} {abs(r.parent_score):.3f}, merge {abs(r.merged):.3f}"
                        if r.retention == r.retention else f"{r.parent}: no own-task gain to keep" for r in rows],
             hoverinfo="text"), row=1, col=1)
-    fig.add_hline(y=100, line_dash="dash", line_color="#444444", row=1, col=1,
-                  annotation_text="parent = 100 %", annotation_position="top left")
+    fig.add_hline(y=100, line_dash="dash", line_color="#444444", row=1, col=1)    # the parent's own level
     forgetting = result.forgetting
     models = [*result.parents, *result.merges]
     fig.add_trace(go.Bar(

@@ -49,27 +49,29 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
     result = _retention(pool, cards, merged, measure, parents)
     by_name = {c.model: c for c in cards}
     tasks = list(dict.fromkeys(r.task for r in result.rows if r.task))
+    kept = [f"{t}: gain kept %" for t in tasks]
+    spec = f"mean {measure.replace('_', ' ')} on the parents' tasks"
     rows = []
     for m in [*result.parents, *result.merges]:
-        row = {"model": (labels or {}).get(m, m), "role": "merge" if m in result.merges else "parent"}
-        for r in result.rows:
-            if r.task and m in result.merges and r.merge == m:
-                row[f"{r.task}: gain kept %"] = 100 * r.retention
+        row = {"model": (labels or {}).get(m, m), "role": "merge" if m in result.merges else "parent",
+               **dict.fromkeys(kept, float("nan")), "mean gain kept %": float("nan")}
         if m in result.merges:
+            for r in result.rows:
+                if r.task and r.merge == m:
+                    row[f"{r.task}: gain kept %"] = 100 * r.retention
             row["mean gain kept %"] = 100 * result.mean_retention(m)
-        card = by_name[m]
-        values = [getattr(card.tasks[t], measure) for t in tasks if t in card.tasks]
-        row[f"mean {measure.replace('_', ' ')} on the parents' tasks"] = sum(values) / len(values) if values else None
+        values = [getattr(by_name[m].tasks[t], measure) for t in tasks if t in by_name[m].tasks]
+        row[spec] = sum(values) / len(values) if values else float("nan")
         row["forgetting"] = result.forgetting[m]
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["model", "role", *kept, "mean gain kept %", spec, "forgetting"])
 
 
 def render_compare(pool, measure: str, budget, device: str) -> None:
     """Draw the default comparison: the full fine-tunes, the three methods, one button, then its verdict."""
     st.subheader("What merging is for: one model that keeps every fine-tune's skill")
     choices = [m for m in COMPARE_METHODS if m in METHODS] + [m for m in METHODS if m not in COMPARE_METHODS]
-    c1, c2, c3 = st.columns([3, 3, 1.3], vertical_alignment="bottom")
+    c1, c2, c3 = st.columns([2.6, 2.6, 1.5], vertical_alignment="bottom")
     models = c1.multiselect("fine-tuned models", pool.model_names, default=default_merge_models(pool),
                             key="merge_default_models",
                             help="Default: the pool's full fine-tunes (its LoRA adapters left out), one per task.")
