@@ -16,11 +16,13 @@ def scorecard_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *
     return scorecards_figure(cards, measure, title=title, merged=merged)
 
 
-def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: str = "") -> go.Figure:
+def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: str = "",
+                     colors: Mapping[str, str] | None = None) -> go.Figure:
     """What merges kept (`forgetlab.analysis.retention.MergeRetention`), on two panels that both start at 0.
 
     Left: for each parent's own task, the share of that parent's gain over the base each merge kept, in %
-    (100 % = the parent's level, dashed; 0 = the base's), one bar per merge (`labels`: merge → legend name).
+    (100 % = the parent's level, dashed; 0 = the base's), one bar per merge (`labels`: merge → legend name;
+    `colors`: merge → colour, by default each merge name's own).
     Right: forgetting, general loss − the base's in nats (a delta view: 0 is the base), for every parent and
     merge, each bar labelled with the perplexity change it means (exp(Δ) − 1)."""
     from plotly.subplots import make_subplots
@@ -33,7 +35,7 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
                         subplot_titles=(f"each parent's own-task gain kept ({result.measure.replace('_', ' ')}; "
                                         "dashed: the parent)",
                                         "forgetting (Δ general loss vs base)"))
-    colors = color_map(result.merges)
+    colors = {**color_map(result.merges), **(colors or {})}
     parent_colors = color_map(result.parents)
     cats = {}
     for r in result.rows:

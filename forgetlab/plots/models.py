@@ -70,6 +70,7 @@ def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", 
                      row=1, col=1)
     fig.update_xaxes(title_text="speciality per task", row=1, col=2)
     fig.update_layout(barmode="group", title=title or None, height=420, legend_title_text="model",
+                      uniformtext=dict(minsize=9, mode="show"),      # the forgetting labels stay readable
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
                       margin=dict(t=50 if title else 20, l=60, r=20, b=40))
     return fig

@@ -29,14 +29,15 @@ def _retention(pool, cards, merged: Sequence[str], measure: str, parents: Option
 
 
 def judge_figure(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
-                 parents: Optional[Mapping[str, Sequence[str]]] = None, title: str = ""):
+                 parents: Optional[Mapping[str, Sequence[str]]] = None, title: str = "",
+                 colors: Optional[Mapping[str, str]] = None):
     """The figure that judges merges: own-task retention and forgetting (`plots.merge.retention_figure`) for
     exact match or answer loss; for an lm-eval measure (no own task to speak of) the scorecards' bars."""
     from forgetlab.plots.merge import retention_figure, scorecard_figure
 
     if measure not in MEASURES:
         return scorecard_figure(cards, measure, merged=merged, title=title)
-    return retention_figure(_retention(pool, cards, merged, measure, parents), labels, title=title)
+    return retention_figure(_retention(pool, cards, merged, measure, parents), labels, title=title, colors=colors)
 
 
 def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
@@ -122,6 +123,10 @@ def render_compare(pool, measure: str, budget, device: str) -> None:
     merged = [d["name"] for d in done]
     labels = {d["name"]: METHOD_NAMES.get(d["method"], d["method"]) for d in done}
     with show_errors():
-        st.plotly_chart(judge_figure(pool, cards, merged, measure, labels=labels), key="merge_default_chart")
+        from forgetlab.plots import color_for
+
+        colors = {d["name"]: color_for(d["method"]) for d in done}      # a method's colour, whatever the folder
+        st.plotly_chart(judge_figure(pool, cards, merged, measure, labels=labels, colors=colors),
+                        key="merge_default_chart")
         show_table(judge_frame(pool, cards, merged, measure, labels=labels), key="merge_default_table", precision=3)
     st.caption("Saved as " + ", ".join(f"`{d['name']}`" for d in done) + " (reopen them under *Earlier merges*).")
