@@ -104,3 +104,26 @@ def test_the_default_merge_set_is_the_full_fine_tunes(tiny_llama, tmp_path):
     assert default_merge_models(mixed) == ["math", "copy"]                              # the adapter left out
     one = ModelPool(tiny_llama.base, {"math": tiny_llama.finetuned["ft0"], "lora-math": {"adapter": tmp_path / "lora"}})
     assert default_merge_models(one) == ["math", "lora-math"]                           # one full: merge them all
+
+
+def test_the_cli_says_what_a_merge_kept(tiny_llama, tmp_path, capsys):
+    """`forgetlab merge --eval` prints each parent's own-task retention beside the scorecards (the Merge page's
+    verdict), computed from the saved scorecards the same way."""
+    from forgetlab.cli import main
+    from forgetlab.core.pool import ModelPool
+    from forgetlab.merge.workflow import load_merge, pool_recipe
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(pool_recipe(pool, "linear", ["ft0", "ft1"]).to_yaml())
+    out = tmp_path / "avg"
+    assert main(["merge", str(recipe), str(out), "--pool", str(tiny_llama.pool_yaml), "--eval", "--max-general", "2",
+                 "--max-task", "3"]) == 0
+    text = capsys.readouterr().out
+    saved = load_merge(out)
+    expected = merge_retention(saved.cards, ["avg"], own_tasks(pool, ["ft0", "ft1"], saved.cards))
+    mean = expected.mean_retention("avg")
+    line = next(li for li in text.splitlines() if li.startswith("own-task gain kept"))
+    assert (f"mean {100 * mean:.0f} %" if mean == mean else "mean nan %") in line
+    assert "nats (perplexity" in line
+    assert saved.budget == (2, 3)
