@@ -114,7 +114,7 @@ def test_the_base_general_loss_is_the_same_on_every_pages_code_path(tiny_llama, 
     assert abs(other - models) > 1e-3                                    # another budget: another number
 
 
-@pytest.mark.parametrize("page", ["models", "merge", "forgetting", "attribution", "finetune"])
+@pytest.mark.parametrize("page", ["models", "merge", "forgetting", "attribution", "finetune", "text"])
 def test_every_page_evaluates_at_the_sidebars_one_budget(page, tiny_llama, tmp_path, monkeypatch):
     """No page but Fine-tune has budget inputs of its own; each says which budget its numbers come from, and
     Fine-tune says that its in-training records use another."""
