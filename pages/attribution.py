@@ -8,8 +8,8 @@ from forgetlab.analysis.measures import pareto_mask
 from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
+                          run_once, show_errors, workspace_home)
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
@@ -39,7 +39,9 @@ with left:
                           "heads one by one. Embeddings, final norm and lm_head are parts of their own.")
     line = st.text_input("α line per part (optional)", "", key="attribution_alphas",
                          help="Empty: the 0/1 maps. Values such as 0, 0.5, 1 evaluate every part along a line.")
-    max_general, max_task = eval_limits("attribution", general=16, task=32)
+    budget = eval_budget()
+    max_general, max_task = budget.max_general, budget.max_task
+    budget_caption(budget)
     run = st.button("Compute the maps", type="primary", key="attribution_run")
 
 with right:

@@ -7,8 +7,8 @@ import streamlit as st
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
 from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig, compare, finetune,
                                   save_finetune_run, save_finetuned, standard_configs)
-from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
-                          show_errors, workspace_home)
+from forgetlab.ui import (budget_caption, clear_pool_cache, device_settings, job_key, require_pool, require_tasks,
+                          run_once, show_errors, workspace_home)
 from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
@@ -86,6 +86,9 @@ with left:
                                       "slowest part of a run")
     max_general = c4.number_input("general blocks (max)", 1, 4096, DEFAULT_GENERAL, key="finetune_max_general")
     max_task = c3.number_input("eval pairs (max)", 1, 4096, DEFAULT_PAIRS, key="finetune_max_task")
+    budget_caption(note=f" · this page's in-training records use their own, smaller budget ({int(max_general)} "
+                        f"blocks, {int(max_task)} pairs, above) to keep runs quick, so their general loss differs "
+                        "from the other pages'")
 
 with right:
     measures = sweep_measures("finetune", pool)

@@ -10,8 +10,8 @@ from forgetlab.analysis import sweeps
 from forgetlab.analysis.closed_form_sweeps import GRIDS
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
+                          run_once, show_errors, workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.glossary import explain, explain_group
@@ -89,7 +89,9 @@ with left:
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160,
                                 help=explain("hma") + "  \nOne line per point: the α of each block, first to last.")
             extra = {"grid": [parse_floats(line, "the α tuple") for line in text.splitlines() if line.strip()]}
-    max_general, max_task = eval_limits("forgetting")
+    budget = eval_budget()
+    max_general, max_task = budget.max_general, budget.max_task
+    budget_caption(budget)
     run = st.button("Run sweep", type="primary", key="forgetting_run")
 
 with right:

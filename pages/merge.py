@@ -10,11 +10,11 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
-from forgetlab.merge.workflow import (cards_frame, check_merge_name, merge_and_evaluate, pool_recipe, saved_merges,
-                                      workspace_merge_dir)
-from forgetlab.plots.merge import scorecard_figure
-from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
+                                      pool_recipe, saved_merges, workspace_merge_dir)
+from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
+                          run_once, show_errors, workspace_home)
+from forgetlab.ui.merge_compare import judge_figure, render_compare
 from forgetlab.ui.glossary import explain_group
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
@@ -24,24 +24,35 @@ from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import open_text_view
 
 page_header("Merge",
-            "Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
-            "scored at once beside the base and its parents: general-text loss (generality) and, per task, exact "
-            "match or answer loss (speciality).")
+            "Merge fine-tuned models into one; each merged model is written into the workspace and scored at once "
+            "beside the base and its parents: how much of each parent's gain on its own task it keeps "
+            "(speciality), and what it costs in general-text loss (generality).")
 
 pool = require_pool()
 require_finetuned(pool, "merge")
 
 load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
-CACHE_KEY = "merge_card_cache"
 
 incoming = st.session_state.pop("attribution_recipe", None)   # a recipe made on the Attribution page
 if incoming:   # preset the form's widgets with it (before they are drawn)
     preset_form(incoming["method"], incoming["models"], incoming["params"])
 
+budget = eval_budget()
+max_general, max_task = budget.max_general, budget.max_task
+measure = speciality_measure("merge", pool, benchmarks=True)
+# a benchmark measure (TASK/METRIC of the pool's lm-eval tasks) is run on base, parents and the merge
+bench_settings = SweepMeasures(pool, measure, "general_loss").settings
+device, _dtype = device_settings()
+budget_caption(budget)
+render_compare(pool, measure, budget, device)    # the default: the full fine-tunes three ways, one click
+
+st.divider()
+st.subheader("Compose a merge")
 left, right = st.columns([1, 2])
 with left:
-    models = st.multiselect("fine-tuned models", pool.model_names, default=pool.model_names, key="merge_models")
+    models = st.multiselect("fine-tuned models", pool.model_names, default=default_merge_models(pool),
+                            key="merge_models")
     method = st.selectbox("method", list(METHODS), index=list(METHODS).index("ties") if "ties" in METHODS else 0,
                           key="merge_method", help=explain_group("merge"))
     spec = METHODS[method]
@@ -60,15 +71,10 @@ with left:
     dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
     default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
-    max_general, max_task = eval_limits("merge")
     go = st.button("Merge and evaluate", type="primary", key="merge_run")
     go = st.session_state.pop(MERGE_BEST_KEY, False) or go
 
 with right:
-    measure = speciality_measure("merge", pool, benchmarks=True)
-    # a benchmark measure (TASK/METRIC of the pool's lm-eval tasks) is run on base, parents and the merge
-    bench_settings = SweepMeasures(pool, measure, "general_loss").settings
-    device, _dtype = device_settings()
     out_dtype = None if dtype.startswith("(") else dtype
     start = False
     if go:
@@ -76,7 +82,6 @@ with right:
             check_merge_name(name)
             pool_recipe(pool, method, models, params, dtype=out_dtype).validated_params()
             start = True
-    cache = st.session_state.setdefault(CACHE_KEY, {})
 
     def work(progress):
         """(λ search,) merge into merges/<name> and evaluate it beside base and parents, all or nothing (the path
@@ -92,7 +97,7 @@ with right:
         recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
         recipe.name = name
         result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, device=device,
-                                           max_general=int(max_general), max_task=int(max_task), cache=cache,
+                                           max_general=int(max_general), max_task=int(max_task),
                                            benchmarks=bench_settings.get("benchmarks"),
                                            progress=scaled(progress, 0.4 if search else 0.0, 1.0))
         return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
@@ -112,7 +117,8 @@ with right:
         st.subheader(f"{report['name']}")
         st.caption(f"merged in {report['seconds']:.1f} s into {report['path']}")
         frame = cards_frame(report["cards"], merged=[report["name"]])
-        st.plotly_chart(scorecard_figure(report["cards"], measure, merged=[report["name"]]), key="merge_chart")
+        with show_errors():
+            st.plotly_chart(judge_figure(pool, report["cards"], [report["name"]], measure), key="merge_chart")
         show_table(frame, key="merge_table")
         found = report.get("search")
         if found is not None:
@@ -158,9 +164,15 @@ else:
                     seen.add(label)
                     cards.append(c)
         frame = cards_frame(cards, merged=chosen)
-        st.plotly_chart(scorecard_figure(cards, measure, merged=chosen,
+        budgets = {m.budget for m in picked}
+        if len(budgets) > 1 or budgets != {(max_general, max_task)}:
+            st.warning("These merges were scored at other evaluation budgets than the sidebar's ("
+                       + "; ".join(f"{m.name}: {m.budget_text()}" for m in picked)
+                       + "): their numbers differ from the other pages' for the same model.")
+        with show_errors():
+            st.plotly_chart(judge_figure(pool, cards, chosen, measure, parents={m.name: m.parents for m in picked},
                                          title="saved merges beside their base and parents"),
-                        key="merge_compare_chart")
+                            key="merge_compare_chart")
         show_table(frame, key="merge_compare_table")
         for m in picked:
             with st.expander(f"recipe of {m.name}"):

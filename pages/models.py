@@ -6,10 +6,12 @@ import time
 import pandas as pd
 import streamlit as st
 
-from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.core.progress import scaled
+from forgetlab.core.scorecards import cached_scorecards
+from forgetlab.ui import budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.glossary import explain
-from forgetlab.ui.measure import speciality_measure, stored_scorecards
+from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_claims import render_zoo_claims
@@ -22,15 +24,6 @@ pool = require_pool()
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
 for warning in pool.warnings:
     st.warning(warning)
-
-CARDS_KEY = "models_cards"
-
-
-@st.cache_resource
-def _scorecards() -> dict:
-    """Scorecards by (pool, model, device, limits), shared by every session of this process."""
-    return {}
-
 
 @st.cache_resource
 def _anatomy() -> dict:
@@ -73,62 +66,59 @@ st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general t
            f"{len(pool.probes.general)} documents · architecture: {pool.config.model_type}")
 
 st.subheader("Scorecards", help=explain("general_loss", "exact_match", "answer_loss"))
-stored = stored_scorecards(pool)
+budget = eval_budget()
+device, _dtype = device_settings()
+remember_stored_scorecards(pool, budget, device)   # the zoo build's cards, when they were made at this budget
+names = ["base", *pool.model_names]
 measure = speciality_measure("models", pool)
-shown_for, evaluated = st.session_state.get(CARDS_KEY, (None, None))
-cards = evaluated if evaluated and shown_for == pool.key else stored
+c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
+chosen = c1.multiselect("models to evaluate", names, default=names, key="models_chosen")
+clicked = c2.button("Evaluate", type="primary", key="models_eval")
+budget_caption(budget, note="; each model is evaluated once per budget and shows these numbers on every page")
+
+
+def work(progress, which: list[str], save: bool):
+    """The scorecards of `which` at the app's budget (`forgetlab.core.scorecards`: each computed once per
+    pool, budget and device); a click saves the set to the workspace's runs/ (kind "scorecards")."""
+    from forgetlab.core.scorecards import pool_scorecard
+
+    out = [pool_scorecard(pool, n, budget, device=device, progress=scaled(progress, i / len(which),
+                                                                          (i + 1) / len(which)))
+           for i, n in enumerate(which)]
+    if not save:
+        return None
+    from forgetlab.core.workspace import save_run
+
+    recipe = {"pool": str(pool.source or pool.name), "models": list(which), "device": device,
+              **budget.to_dict(), "evaluated": time.time()}
+    return save_run("scorecards", recipe, {"cards": [c.to_dict() for c in out]},
+                    frame=pd.concat([c.to_frame() for c in out], ignore_index=True) if out else None)
+
+
+def keep(path) -> None:
+    if path is not None:
+        st.toast(f"Saved under {path}")
+    st.rerun()
+
+
+from forgetlab.ui.jobs import REGISTRY  # noqa: E402
+
+auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device)
+# a demo zoo (small models whose build stored cards) is scored at the app's budget on the first visit
+auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None
+        and len(cached_scorecards(pool, names, budget, device=device)) < len(names))
+run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool", on_done=keep)
+run_once(job_key("models", pool.key, chosen, budget.to_dict(), device), lambda progress: work(progress, list(chosen), True),
+         start=clicked and bool(chosen), label="Evaluating", slot="models", on_done=keep)
+cards = cached_scorecards(pool, names, budget, device=device)
 if cards:
     from forgetlab.core.evaluate import scorecards_frame
     from forgetlab.plots.models import scorecard_bars
 
-    st.caption("Evaluated in this session with the limits below." if cards is evaluated else
-               "Stored by the zoo build (its evaluation limits); **Evaluate** below re-runs them.")
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
     show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
-else:
-    st.info("No scorecards yet for this pool: press **Evaluate** below.")
-
-with st.expander("Evaluate again (limits, models)" if cards else "Evaluate", expanded=not cards):
-    device, _dtype = device_settings()
-    c1, c2 = st.columns(2)
-    max_general = c1.number_input("general-text blocks (max)", 8, 4096, 64, step=8, key="models_max_general")
-    max_task = c2.number_input("pairs per task (max)", 4, 4096, 100, step=4, key="models_max_task")
-    chosen = st.multiselect("models", ["base", *pool.model_names], default=["base", *pool.model_names],
-                            key="models_chosen")
-    clicked = st.button("Evaluate", type="primary", key="models_eval")
-cards_cache = _scorecards()
-limits = (device, int(max_general), int(max_task))
-
-
-def work(progress):
-    """(pool key, scorecards of the chosen models, saved run); each card is computed once per pool, device
-    and limits, and the set is saved to the workspace's runs/ (kind "scorecards")."""
-    from forgetlab.core.evaluate import evaluate
-    from forgetlab.core.workspace import save_run
-
-    out = []
-    for i, name in enumerate(chosen):
-        progress(i / max(1, len(chosen)), name)
-        if (pool.key, name, limits) not in cards_cache:
-            model = pool.load(name, device=device)
-            cards_cache[(pool.key, name, limits)] = evaluate(model, pool.tokenizer, pool.probes, name=name,
-                                                             max_general=limits[1], max_task=limits[2])
-        out.append(cards_cache[(pool.key, name, limits)])
-    recipe = {"pool": str(pool.source or pool.name), "models": list(chosen), "device": device,
-              "max_general": limits[1], "max_task": limits[2], "evaluated": time.time()}
-    path = save_run("scorecards", recipe, {"cards": [c.to_dict() for c in out]},
-                    frame=pd.concat([c.to_frame() for c in out], ignore_index=True) if out else None)
-    return pool.key, out, path
-
-
-def keep(done) -> None:
-    st.session_state[CARDS_KEY] = done[:2]
-    st.toast(f"Saved under {done[2]}")
-    st.rerun()
-
-
-run_once(job_key("models", pool.key, chosen, limits), work, start=clicked, label="Evaluating", slot="models",
-         on_done=keep)
+elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
+    st.info("No scorecards yet at this budget: press **Evaluate**.")
 
 render_benchmarks(pool, device)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
 

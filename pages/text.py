@@ -5,7 +5,8 @@ import streamlit as st
 
 from forgetlab.analysis import textdiff as T
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
-from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors, workspace_home
+from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors,
+                          workspace_home)
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
@@ -67,9 +68,8 @@ with left:
                              key="text_lines", height=140)
         lines = typed.splitlines()
     else:
-        max_general = int(st.number_input("held-out blocks", 1, 100000, 16, key="text_max_general",
-                                          help="the first N blocks of 128 tokens, as the scorecard with "
-                                               "--max-general N scores them"))
+        max_general = eval_budget().max_general    # the app's one budget: the rise is the scorecards' rise
+        budget_caption(note=": its held-out blocks are the text scored here")
     run = st.button("Score the text", type="primary", key="text_run") or bool(request)
 
 with right:

@@ -130,8 +130,8 @@ def test_merge_page_offers_and_runs_a_new_method(tiny_llama, tmp_path, monkeypat
     at.number_input(key="merge_della_density_ft0").set_value(0.5)
     at.number_input(key="merge_della_density_ft1").set_value(0.5)
     at.text_input(key="merge_name_della").set_value("d")
-    at.number_input(key="merge_max_general").set_value(1)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     assert (tmp_path / "merges" / "d" / "recipe.yaml").exists()
@@ -144,8 +144,8 @@ def test_forgetting_page_draws_slerp_beside_wise_ft(tiny_llama, tmp_path, monkey
     at = start_page("forgetting", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
     at.multiselect(key="forgetting_alpha_methods").set_value(["wise-ft", "slerp"]).run()
-    at.number_input(key="forgetting_max_general").set_value(2)
-    at.number_input(key="forgetting_max_task").set_value(2)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 2
     at.button(key="forgetting_run").click().run()
     finish_cleanly(at, "forgetting")
     assert len(at.dataframe[0].value) == 6                           # both series, end points shared

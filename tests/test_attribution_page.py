@@ -10,8 +10,8 @@ def test_attribution_page_maps_reopen_and_recipe(tiny_llama, tmp_path, monkeypat
     assert at.title[0].value == "Attribution"
     assert any("Compute the maps" in i.value for i in at.info)
     at.radio(key="attribution_level").set_value("layer")
-    at.number_input(key="attribution_max_general").set_value(1)
-    at.number_input(key="attribution_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
     at.button(key="attribution_run").click().run()
     finish_cleanly(at, "attribution")
     assert len(at.get("plotly_chart")) == 3                 # two heatmaps + the trade-off scatter

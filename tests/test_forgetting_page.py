@@ -11,8 +11,8 @@ def test_forgetting_page_runs_alpha_sweep_and_reopens(tiny_llama, tmp_path, monk
     assert at.radio(key="forgetting_measure").value == "answer_loss"     # no scorecards: what always moves
     at.radio(key="forgetting_measure").set_value("exact_match").run()
     at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
-    at.number_input(key="forgetting_max_general").set_value(2)
-    at.number_input(key="forgetting_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     at.button(key="forgetting_run").click().run()
     finish_cleanly(at, "forgetting")
     table = at.dataframe[0].value
@@ -46,8 +46,8 @@ def test_forgetting_page_pruning_and_bad_grid(tiny_llama, tmp_path, monkeypatch)
     at.radio(key="forgetting_kind").set_value("pruning").run()
     at.text_input(key="forgetting_ratios").set_value("0, 0.9, 1")
     at.multiselect(key="forgetting_scores").set_value(["fapm", "magnitude"])
-    at.number_input(key="forgetting_max_general").set_value(1)
-    at.number_input(key="forgetting_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
     at.button(key="forgetting_run").click().run()
     finish_cleanly(at, "forgetting")
     assert set(at.dataframe[0].value["series"]) == {"fapm", "magnitude"}
@@ -81,8 +81,8 @@ def test_forgetting_sweep_runs_in_the_background_shows_partial_attaches_and_canc
     at = open_page("forgetting", tiny_llama.pool_yaml)
     at.run()
     at.text_input(key="forgetting_alphas").set_value("0, 0.5, 1")
-    at.number_input(key="forgetting_max_general").set_value(2)
-    at.number_input(key="forgetting_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     try:
         at.button(key="forgetting_run").click().run()
         (job,) = running_jobs("forgetting")

@@ -1,6 +1,8 @@
 """The Merge page (AppTest): compose a merge, run it, see the scorecard; reopen and compare saved merges."""
 from __future__ import annotations
 
+import pytest
+
 from tests.jobs_helper import finish_cleanly, finish_jobs, open_page, running_jobs, start_page
 
 
@@ -13,8 +15,8 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     assert at.selectbox(key="merge_ties_scope").value == "tensor"
     at.number_input(key="merge_ties_keep").set_value(0.5)
     at.text_input(key="merge_name_ties").set_value("first")
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     table = at.dataframe[0].value
@@ -72,8 +74,8 @@ def test_merge_page_pcb_with_lambda_search(tiny_llama, tmp_path, monkeypatch):
     at.checkbox(key="merge_pcb_search").check().run()
     at.number_input(key="merge_pcb_budget").set_value(3)
     at.text_input(key="merge_name_pcb").set_value("pcb-searched")
-    at.number_input(key="merge_max_general").set_value(1)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     search = at.dataframe[1].value
@@ -100,8 +102,8 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
 
     at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
     assert at.number_input(key="merge_search_budget").value == 30        # the CLI's default (~15 s on pico)
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(3)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
     at.number_input(key="merge_search_budget").set_value(4)
     at.button(key="merge_search_run").click().run()
     finish_cleanly(at, "merge-search")
@@ -149,8 +151,8 @@ def test_merge_page_search_refuses_a_budget_of_zero_and_keeps_working(tiny_llama
     assert [e.value for e in at.error] == ["budget must be at least 1 evaluation; got 0."]
     assert not running_jobs("merge-search")                               # checked before any job started
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
-    at.number_input(key="merge_max_general").set_value(1)                 # then a good budget runs
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 1                 # then a good budget runs
+    at.session_state["app_max_task"] = 2
     at.number_input(key="merge_search_budget").set_value(2)
     at.button(key="merge_search_run").click().run()
     finish_cleanly(at, "merge-search")
@@ -186,8 +188,8 @@ def test_merge_page_is_all_or_nothing_like_the_cli(tiny_llama, tmp_path, monkeyp
     at = open_page("merge", tiny_llama.pool_yaml)
     at.run()
     at.text_input(key="merge_name_ties").set_value("half")
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 2
     at.button(key="merge_run").click().run()
     finish_jobs(at, "merge")
     assert not at.exception, at.exception
@@ -209,8 +211,8 @@ def test_merge_page_offers_and_runs_each_new_mergekit_method(tiny_llama, tmp_pat
     from forgetlab.merge import METHODS
 
     at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
-    at.number_input(key="merge_max_general").set_value(1)
-    at.number_input(key="merge_max_task").set_value(1)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 1, 1      # the sidebar's budget
+    at.run()
     for method in NEW_MERGEKIT:
         spec = METHODS[method]
         models = ["ft0"] if spec.max_models == 1 else ["ft0", "ft1"]
@@ -233,3 +235,65 @@ def test_merge_page_offers_and_runs_each_new_mergekit_method(tiny_llama, tmp_pat
         assert not at.error, (method, [e.value for e in at.error])
         recipe = yaml.safe_load((tmp_path / "merges" / f"page-{method}" / "recipe.yaml").read_text())
         assert recipe["method"] == method and len(recipe["models"]) == len(models)
+
+
+def _named_pool(tiny_llama, root):
+    """The tiny pool with models named after their tasks (math, copy) and a LoRA adapter (lora-math)."""
+    import yaml
+
+    from tests.test_checkpoints import _make_lora
+
+    _make_lora(tiny_llama.base, root / "lora")
+    spec = yaml.safe_load(tiny_llama.pool_yaml.read_text())
+    spec["base"] = str(tiny_llama.base)
+    spec["models"] = {"math": str(tiny_llama.finetuned["ft0"]), "lora-math": {"adapter": str(root / "lora")},
+                      "copy": str(tiny_llama.finetuned["ft1"])}
+    spec["probes"]["general"] = str(tiny_llama.root / spec["probes"]["general"])
+    for files in spec["probes"]["tasks"].values():
+        for split, path in files.items():
+            files[split] = str(tiny_llama.root / path)
+    (root / "pool.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))
+    return root / "pool.yaml"
+
+
+def test_merge_page_default_merges_the_full_fine_tunes_three_ways_and_judges_own_task_retention(
+        tiny_llama, tmp_path, monkeypatch):
+    """The default: the full fine-tunes (not the adapter), weight average beside TIES and task arithmetic, one
+    click; each merge saved with its scorecards at the app's budget; the chart and table show, per parent, the
+    share of its own-task gain each merge kept (analysis.retention), with axes from 0."""
+    import json
+
+    from forgetlab.analysis.retention import gain_share
+    from forgetlab.core.evaluate import Scorecard
+
+    pool_yaml = _named_pool(tiny_llama, tmp_path / "pool")
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("merge", pool_yaml)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3     # the sidebar's budget
+    at.run()
+    assert not at.exception, at.exception
+    assert at.multiselect(key="merge_default_models").value == ["math", "copy"]
+    assert at.multiselect(key="merge_default_methods").value == ["linear", "ties", "task_arithmetic"]
+    assert at.multiselect(key="merge_models").value == ["math", "copy"]               # the form's default too
+    assert not at.expander                                                           # nothing to open first
+    at.button(key="merge_default_run").click().run()
+    finish_cleanly(at, "merge")
+    merges = sorted((tmp_path / "home" / "merges").iterdir())
+    assert [p.name.split("-")[0] for p in merges] == ["linear", "task_arithmetic", "ties"]
+    saved = {p.name.split("-")[0]: json.loads((p / "scorecards.json").read_text()) for p in merges}
+    assert {(s["max_general"], s["max_task"]) for s in saved.values()} == {(2, 3)}   # the app's one budget
+    assert all(s["parents"] == ["math", "copy"] for s in saved.values())
+    base_losses = {s["cards"][0]["general_loss"] for s in saved.values()}
+    assert len(base_losses) == 1                                                     # one base number, cached
+    fig = json.loads(next(c for c in at.get("plotly_chart")).proto.spec)
+    assert {t.get("name") for t in fig["data"]} >= {"weight average", "TIES", "task arithmetic"}
+    assert fig["layout"]["yaxis"]["rangemode"] == "tozero" and fig["layout"]["yaxis2"]["rangemode"] == "tozero"
+    table = next(d.value for d in at.dataframe if "mean gain kept %" in d.value.columns)
+    assert table["model"].tolist() == ["math", "copy", "weight average", "TIES", "task arithmetic"]
+    cards = {c["model"]: Scorecard.from_dict(c) for c in saved["ties"]["cards"]}
+    ties_name = next(p.name for p in merges if p.name.startswith("ties"))
+    measure = at.session_state["app_measure"]
+    expected = 100 * gain_share(cards["base"], cards["math"], cards[ties_name], "math", measure)
+    got = table.loc[table["model"] == "TIES", "math: gain kept %"].iloc[0]
+    assert got == pytest.approx(expected, nan_ok=True)
+    assert "perplexity change" in table.columns or "forgetting" in table.columns

@@ -20,13 +20,14 @@ def test_scorecard_figure_has_generality_and_speciality_bars():
     fig = scorecard_figure(cards, merged=["m"])
     assert len(fig.data) == 6
     general = [t for t in fig.data if t.xaxis == "x"]
-    assert [float(t.y[0]) for t in general] == [3.0, 3.5, 3.2]
+    assert [round(float(t.y[0]), 6) for t in general] == [0.0, 0.5, 0.2]        # forgetting: Δ vs the base
     special = [t for t in fig.data if t.xaxis == "x2"]
     assert list(special[2].x) == ["math", "copy"] and list(special[2].y) == [0.7, 0.6]
     assert len({t.marker.color for t in general}) == 3
     assert [t.name for t in special] == ["base", "ft0", "m (merge)"]          # the merge is named and hatched
     assert special[2].marker.pattern.shape == "/" and not special[0].marker.pattern.shape
-    assert fig.layout.yaxis.title.text == "general loss ↓" and fig.layout.yaxis2.title.text == "exact match ↑"
+    assert fig.layout.yaxis.title.text == "Δ general loss vs base, nats ↓" and fig.layout.yaxis2.title.text == "exact match ↑"
+    assert fig.layout.yaxis.rangemode == "tozero"
     loss = scorecard_figure(cards, "answer_loss", merged=["m"])                  # the other measure, own axis
     assert [list(t.y) for t in loss.data if t.xaxis == "x2"][2] == [1.3, 1.4]
     assert loss.layout.yaxis2.title.text == "answer loss ↓"

@@ -222,8 +222,8 @@ def test_the_forgetting_page_sweeps_with_a_benchmark_measure_and_shows_its_value
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
     at = _open_with_measure("forgetting", pool_yaml)
     at.text_input(key="forgetting_alphas").set_value("0, 1")
-    at.number_input(key="forgetting_max_general").set_value(2)
-    at.number_input(key="forgetting_max_task").set_value(2)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 2
     _click_and_finish(at, "forgetting_run", "forgetting")
     table = at.dataframe[0].value
     assert set(table["measure"]) == {"tiny_cloze/acc_norm"}
@@ -251,8 +251,8 @@ def test_the_merge_page_scores_base_parents_and_merge_on_a_chosen_benchmark(tiny
     pool_yaml = _bench_pool(tiny_llama, tmp_path, limit=4)
     at = _open_with_measure("merge", pool_yaml)
     at.text_input(key="merge_name_ties").set_value("benchmarked")
-    at.number_input(key="merge_max_general").set_value(2)
-    at.number_input(key="merge_max_task").set_value(2)
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 2
     _click_and_finish(at, "merge_run", "merge")
     table = at.dataframe[0].value
     column = [c for c in table.columns if "tiny_cloze" in str(c) and "acc_norm" in str(c)]

@@ -26,7 +26,7 @@ def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
     assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 2  # no manifest: norms heatmap + cosine matrix, no scorecard yet
     at.multiselect(key="models_chosen").set_value(["base", "ft0"])
-    at.number_input(key="models_max_task").set_value(4)
+    at.session_state["app_max_task"] = 4                                      # the app's budget (sidebar)
     at.button(key="models_eval").click().run()
     finish_cleanly(at, "models")
     scores = at.dataframe[1].value
@@ -51,20 +51,30 @@ def _with_manifest(tiny_llama, tmp_path, exact_match: dict[str, float]):
     return pool_yaml
 
 
-def test_stored_scorecards_show_at_once_and_the_measure_defaults_to_what_moves(tiny_llama, tmp_path):
+def test_a_zoo_is_scored_at_the_app_budget_and_the_measure_defaults_to_what_moves(tiny_llama, tmp_path):
+    """A zoo's page scores its models by itself at the app's budget (not the cards its build stored at its own):
+    the numbers are the core cache's, the ones every page shows."""
+    from forgetlab.core.pool import ModelPool
+    from forgetlab.core.scorecards import Budget, pool_scorecard
+
     flat = _with_manifest(tiny_llama, tmp_path / "a", {"base": 0.0, "ft0": 0.11, "ft1": 0.0})    # the pico zoo's spread
     at = open_page("models", flat, timeout=120)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3
     at.run()
     assert not at.exception, at.exception
-    assert len(at.get("plotly_chart")) >= 1                     # the stored scorecards, before any click
-    finish_jobs(at, "models-anatomy")
+    finish_jobs(at, "models")
+    assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 3
-    assert list(at.dataframe[1].value["model"]) == ["base", "ft0", "ft1"]
+    table = at.dataframe[1].value
+    assert list(table["model"]) == ["base", "ft0", "ft1"]
+    direct = pool_scorecard(ModelPool.from_yaml(flat), "base", Budget(2, 3))
+    assert table["general loss ↓"].iloc[0] == direct.general_loss != 3.0       # computed, not the stored 3.0
     radio = at.radio(key="models_measure")
     assert radio.value == "answer_loss"                         # exact match is ~0 everywhere: answer loss
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
     assert fig["layout"]["yaxis2"]["title"]["text"] == "answer loss ↓"
-    assert fig["layout"]["yaxis"]["title"]["text"] == "general loss ↓"      # loss on its own axis
+    assert fig["layout"]["yaxis"]["title"]["text"] == "Δ general loss vs base, nats ↓"     # a delta view, from 0
+    assert fig["layout"]["yaxis"]["rangemode"] == "tozero"
     radio.set_value("exact_match").run()
     assert at.session_state["app_measure"] == "exact_match"     # the session-wide choice
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
@@ -74,3 +84,40 @@ def test_stored_scorecards_show_at_once_and_the_measure_defaults_to_what_moves(t
     at = open_page("models", moving, timeout=120)
     at.run()
     assert at.radio(key="models_measure").value == "exact_match"
+    finish_jobs(at, "models")
+
+
+def test_the_evaluate_button_is_visible_without_expanding_anything(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("models", tiny_llama.pool_yaml, timeout=120)
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.expander, [e.label for e in at.expander]      # nothing to open before the main action
+    button = at.button(key="models_eval")
+    assert button.label == "Evaluate" and not button.disabled
+    finish_jobs(at, "models")
+
+
+def test_the_claims_table_is_shown_whole_and_says_its_budget(tiny_llama, tmp_path):
+    """All rows and the full "measured" text, in a static table (st.table: no inner scroll, no cut-off column);
+    its caption says whether it was measured at the app's budget."""
+    root = tmp_path / "zoo"
+    shutil.copytree(tiny_llama.root, root)
+    long = "math 47%, code 58%, translate 50% of the gain (mean 52%; weight average 95%); held-out loss 5.302 " * 2
+    claims = [{"key": f"k{i}", "claim": f"claim {i}", "source": "paper", "holds": i % 3 != 0, "numbers": f"{i}: {long}"}
+              for i in range(13)]
+    (root / "manifest.json").write_text(json.dumps({"claims": {"claims": claims, "settings": {"max_general": 7,
+                                                                                            "max_task": 9}}}))
+    at = open_page("models", root / tiny_llama.pool_yaml.name, timeout=120)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 7, 9
+    at.run()
+    assert not at.exception, at.exception
+    table = at.table[0].value
+    assert len(table) == 13 and list(table.columns) == ["holds", "claim", "measured", "source"]
+    assert table["measured"].tolist() == [c["numbers"] for c in claims]
+    assert table["holds"].tolist().count("✗") == 5
+    assert any("Same evaluation budget as the rest of the app" in c.value for c in at.caption)
+    at.session_state["app_max_general"] = 8
+    at.run()
+    assert any("Another evaluation budget than the app's" in c.value for c in at.caption)
+    finish_jobs(at, "models")

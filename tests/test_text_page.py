@@ -50,7 +50,7 @@ def test_a_forgetting_point_opens_its_text_view_against_the_base(tiny_llama, tmp
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     at = open_page("text", tiny_llama.pool_yaml)
     at.session_state["text_request"] = {"model": "ft1", "alpha": 0.5, "against": "base"}
-    at.session_state["text_max_general"] = 2
+    at.session_state["app_max_general"] = 2
     at.run()
     finish_cleanly(at, "text")
     assert at.selectbox(key="text_model").value == "ft1" and at.checkbox(key="text_use_alpha").value
@@ -81,8 +81,8 @@ def test_a_merge_on_the_merge_page_opens_its_text_view(tiny_llama, tmp_path, mon
     at.multiselect(key="merge_models").set_value(["ft0"]).run()
     at.number_input(key="merge_wise_ft_alpha").set_value(0.5)
     at.text_input(key="merge_name_wise_ft").set_value("half")
-    at.number_input(key="merge_max_general").set_value(1)
-    at.number_input(key="merge_max_task").set_value(1)
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 1
     at.button(key="merge_run").click().run()
     finish_cleanly(at, "merge")
     at.button(key="merge_text").click().run()
@@ -91,7 +91,7 @@ def test_a_merge_on_the_merge_page_opens_its_text_view(tiny_llama, tmp_path, mon
     assert request == {"model": "half", "alpha": None, "against": "base"}
     text = open_page("text", tiny_llama.pool_yaml)
     text.session_state["text_request"] = request
-    text.session_state["text_max_general"] = 1
+    text.session_state["app_max_general"] = 1
     text.run()
     finish_cleanly(text, "text")
     merged = text.session_state["text_result"]

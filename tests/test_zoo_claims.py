@@ -143,9 +143,10 @@ def test_models_page_view_draws_the_claims_only_for_a_zoo(pico_zoo, tiny_llama):
     at = AppTest.from_function(page, args=(str(pico_zoo.pool_yaml),)).run(timeout=60)
     assert not at.exception
     assert [s.value for s in at.subheader] == ["What this zoo shows"]
-    assert at.text[-1].value == "drawn=True" and len(at.dataframe) == 1
-    shown = at.dataframe[0].value
+    assert at.text[-1].value == "drawn=True" and len(at.table) == 1 and not at.dataframe   # whole: no inner scroll
+    shown = at.table[0].value
     assert shown["claim"].tolist() == pico_zoo.claims().to_frame()["claim"].tolist()
+    assert shown["measured"].tolist() == pico_zoo.claims().to_frame()["measured"].tolist()
 
     at = AppTest.from_function(page, args=(str(tiny_llama.pool_yaml),)).run(timeout=60)
     assert not at.exception and not at.subheader and at.text[-1].value == "drawn=False"

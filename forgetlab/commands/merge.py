@@ -86,6 +86,15 @@ def _merge(args) -> int:
         from forgetlab.merge.workflow import SCORECARDS, cards_frame
 
         emit_frame(cards_frame(cards, merged=[cards[-1].model]))
+        if pool.task_names:
+            from forgetlab.analysis.retention import merge_retention, own_tasks
+            from forgetlab.core.evaluate import forgetting_text
+
+            merged = cards[-1].model
+            kept = merge_retention(cards, [merged], own_tasks(pool, [c.model for c in cards[1:-1]], cards))
+            emit(f"own-task gain kept (exact match, docs/methods.md#retention): mean "
+                 f"{100 * kept.mean_retention(merged):.0f} %; forgetting {forgetting_text(kept.forgetting[merged])}")
+            emit_frame(kept.to_frame().drop(columns=["merge"]))
         for card in cards:
             if card.benchmarks:
                 emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")

@@ -56,6 +56,10 @@ class Scorecard:
         """Generality lost against `base`: general loss(model) − general loss(base) (positive = forgot)."""
         return self.general_loss - base.general_loss
 
+    def perplexity_change(self, base: "Scorecard") -> float:
+        """The forgetting as a relative change of perplexity: exp(forgetting) − 1 (`perplexity_change`)."""
+        return perplexity_change(self.forgetting(base))
+
     def to_frame(self) -> pd.DataFrame:
         """One row: model, general_loss, perplexity, then `<task>/exact_match` and `<task>/answer_loss`, then
         `lm-eval:<task>/<metric>` for each benchmark metric."""
@@ -76,6 +80,32 @@ class Scorecard:
         tasks = {k: TaskScore(**v) for k, v in d.get("tasks", {}).items()}
         benchmarks = {t: {m: float(v) for m, v in ms.items()} for t, ms in (d.get("benchmarks") or {}).items()}
         return cls(d["model"], d["general_loss"], d["perplexity"], d["general_tokens"], tasks, benchmarks)
+
+
+def perplexity_change(delta_loss: float) -> float:
+    """A change of mean token loss Δ (nats) as the relative change of perplexity it means: exp(Δ) − 1
+    (docs/methods.md#perplexity-change); +0.049 nats → +0.050 (perplexity 5.0 % higher). NaN stays NaN."""
+    if delta_loss != delta_loss:
+        return float("nan")
+    return math.expm1(delta_loss) if delta_loss < 700 else math.inf     # exp overflows a float past ~709
+
+
+def perplexity_text(delta_loss: float) -> str:
+    """A change of held-out loss Δ (nats) as the relative change of perplexity, exp(Δ) − 1
+    (`perplexity_change`): "perplexity +5.0 %" (one decimal; "perplexity n/a" for NaN)."""
+    change = perplexity_change(float(delta_loss))
+    if change != change:
+        return "perplexity n/a"
+    return f"perplexity {100 * change:+.1f} %"
+
+
+def forgetting_text(delta_loss: float, digits: int = 3) -> str:
+    """A forgetting figure with its size: "+0.049 nats (perplexity +5.0 %)". Every page, chart and table that
+    shows a Δ of the general loss shows it this way (tables: a `perplexity change` column beside it,
+    `forgetlab.plots.perplexity_columns`)."""
+    if delta_loss != delta_loss:
+        return "n/a"
+    return f"{delta_loss:+.{digits}f} nats ({perplexity_text(delta_loss)})"
 
 
 def scorecards_frame(cards: Sequence[Scorecard]) -> pd.DataFrame:

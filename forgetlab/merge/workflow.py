@@ -20,6 +20,7 @@ import yaml
 from forgetlab.core import workspace
 from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
+from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
@@ -50,6 +51,18 @@ def pool_recipe(pool, method: str, models: Sequence[str], params: Mapping[str, A
             for e, v in zip(entries, values):
                 e.params[p.model_key or p.name] = v
     return Recipe(method, str(pool.base_ref), entries, params, dtype, seed, name)
+
+
+COMPARE_METHODS = ("linear", "ties", "task_arithmetic")
+"""What the Merge page compares by default: the plain weight average beside TIES and task arithmetic."""
+METHOD_NAMES = {"linear": "weight average", "ties": "TIES", "task_arithmetic": "task arithmetic"}
+
+
+def default_merge_models(pool) -> list[str]:
+    """The models a merge starts from: the pool's full fine-tunes (not its LoRA adapters) when there are at least
+    two of them — what merging papers merge, one model per task — else every fine-tuned model of the pool."""
+    full = [m for m in pool.model_names if not pool.entries[m].adapter]
+    return full if len(full) >= 2 else list(pool.model_names)
 
 
 def recipe_form(pool, recipe) -> tuple[str, list[str], dict[str, Any]]:
@@ -87,12 +100,13 @@ def merge_into_workspace(recipe: Recipe, name: str, *, home: str | Path | None =
 
 
 def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, device: str | None = None,
-                   max_general: int | None = 32, max_task: int | None = 50, cache: dict | None = None,
+                   max_general: int | None = 32, max_task: int | None = 50,
                    benchmarks=None, benchmark_manager=None, name: str | None = None,
                    progress: Progress = None) -> list[Scorecard]:
     """Scorecards of the base, the parents and the merged model (in that order) on the pool's probe data
-    (eval split); saves them as scorecards.json in the merged folder. `cache` (a dict) reuses the scorecards
-    of the base and parents between calls with the same settings. `benchmarks` (a BenchmarkSpec, e.g. the
+    (eval split); saves them as scorecards.json in the merged folder. The base's and parents' cards come from
+    the pool's scorecard cache (`forgetlab.core.scorecards.pool_scorecard`: computed once per budget, the
+    numbers every page shows for them). `benchmarks` (a BenchmarkSpec, e.g. the
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
     from forgetlab.core.checkpoints import load_model
@@ -108,18 +122,10 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
 
     manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
-    bench_key = json.dumps(benchmarks.to_dict(), sort_keys=True) if manager is not None else None
+    budget = Budget(max_general, max_task)
     for i, n in enumerate(names):
-        key = (getattr(pool, "key", ""), n, max_general, max_task, str(device), bench_key)
-        if cache is not None and key in cache:
-            cards.append(cache[key])
-            continue
-        model = pool.load(n, device=device)
-        card = evaluate(model, pool.tokenizer, pool.probes, name=n, max_general=max_general, max_task=max_task,
-                        progress=scaled(progress, i / steps, (i + 1) / steps), **bench)
-        if cache is not None:
-            cache[key] = card
-        cards.append(card)
+        cards.append(pool_scorecard(pool, n, budget, device=device, progress=scaled(progress, i / steps,
+                                                                                     (i + 1) / steps), **bench))
     model = load_model(merged_dir, device=device)
     cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name or merged_dir.name, max_general=max_general,
                           max_task=max_task, progress=scaled(progress, (steps - 1) / steps, 1.0), **bench))
@@ -161,14 +167,14 @@ def recipe_parents(pool, recipe: Recipe) -> list[str]:
 
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
                        device: str = "cpu", max_general: int | None = 32, max_task: int | None = 50,
-                       benchmarks=None, benchmark_manager=None, cache: dict | None = None,
+                       benchmarks=None, benchmark_manager=None,
                        progress: Progress = None) -> tuple[MergeResult, list[Scorecard]]:
     """Merge `recipe` into `out_dir` and score it beside the pool's base and the recipe's parents
     (`evaluate_merge`, with `benchmarks`' lm-eval metrics in every card), as one output: the folder appears
     complete with its scorecards.json, or not at all. Parents, tasks, include folder and limit are checked
     before the merge starts; a failed evaluation leaves nothing (an existing `out_dir`, replaced only with
     `overwrite`, stays as it was). `benchmark_manager`: the lm-eval TaskManager of `benchmarks`, if already
-    made; `cache` reuses the base's and parents' scorecards between calls (`evaluate_merge`). Returns the
+    made; the base's and parents' scorecards come from the pool's cache (`evaluate_merge`). Returns the
     MergeResult (its out_dir the final folder) and the cards. The CLI (`merge --eval`) and the Merge page both
     take this path."""
     from dataclasses import replace
@@ -192,7 +198,7 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
             f.replace(tmp / f.name)
         inner.rmdir()
         cards = evaluate_merge(pool, tmp, parents, device=device, max_general=max_general, max_task=max_task,
-                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name, cache=cache,
+                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name,
                                progress=scaled(progress, 0.4, 1.0))
     return replace(result, out_dir=out), cards
 
@@ -217,12 +223,23 @@ class SavedMerge:
     recipe: dict
     created: float
     cards: list[Scorecard] = field(default_factory=list)
+    budget: tuple = (None, None)            # (max_general, max_task) the cards were computed with
+
+    @property
+    def parents(self) -> list[str]:
+        """The pool names of the merge's parents: its cards are the base, the parents, then the merge."""
+        return [c.model for c in self.cards[1:-1]]
+
+    def budget_text(self) -> str:
+        """"32 blocks, 50 pairs" ("all" for no limit or when not recorded)."""
+        g, t = self.budget
+        return f"{'all' if g is None else g} blocks, {'all' if t is None else t} pairs"
 
     def to_row(self) -> dict:
         models = [Path(str(m.get("model") if isinstance(m, dict) else m)).name for m in self.recipe.get("models", [])]
         return {"name": self.name, "method": self.recipe.get("method"), "models": ", ".join(models),
                 "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created)),
-                "evaluated": bool(self.cards)}
+                "evaluated": bool(self.cards), "evaluation budget": self.budget_text() if self.cards else ""}
 
     def recipe_yaml(self) -> str:
         return yaml.safe_dump({k: v for k, v in self.recipe.items() if k != "forgetlab"}, sort_keys=False)
@@ -236,13 +253,16 @@ def load_merge(path: str | Path) -> SavedMerge:
     except ForgetlabError as exc:
         raise WorkspaceError(f"{path}/recipe.yaml is unreadable ({exc}).") from None
     cards: list[Scorecard] = []
+    budget = (None, None)
     sc = path / SCORECARDS
     if sc.exists():
         try:
-            cards = [Scorecard.from_dict(d) for d in json.loads(sc.read_text())["cards"]]
-        except (OSError, ValueError, KeyError, TypeError):
+            payload = json.loads(sc.read_text())
+            cards = [Scorecard.from_dict(d) for d in payload["cards"]]
+            budget = (payload.get("max_general"), payload.get("max_task"))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             cards = []
-    return SavedMerge(path.name, path, recipe, (path / "recipe.yaml").stat().st_mtime, cards)
+    return SavedMerge(path.name, path, recipe, (path / "recipe.yaml").stat().st_mtime, cards, budget)
 
 
 def saved_merges(home: str | Path | None = None) -> list[SavedMerge]:

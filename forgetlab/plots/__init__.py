@@ -78,6 +78,41 @@ def color_map(names) -> dict[str, str]:
     return {n: color_for(n) for n in names}
 
 
+# -- forgetting as a person reads it: the helpers live in forgetlab.core.evaluate (the zoo's claims use them
+# too); imported on call, so that importing forgetlab.plots does not import torch
+
+def perplexity_text(delta_loss: float) -> str:
+    """`forgetlab.core.evaluate.perplexity_text`: "perplexity +5.0 %" for Δ = +0.049 nats."""
+    from forgetlab.core.evaluate import perplexity_text as text
+
+    return text(delta_loss)
+
+
+def forgetting_text(delta_loss: float, digits: int = 3) -> str:
+    """`forgetlab.core.evaluate.forgetting_text`: "+0.049 nats (perplexity +5.0 %)"."""
+    from forgetlab.core.evaluate import forgetting_text as text
+
+    return text(delta_loss, digits)
+
+PERPLEXITY_COLUMNS = {"forgetting": "perplexity_change", "d_general_loss": "d_perplexity"}
+"""Columns holding a Δ of the general loss (nats) → the column of the relative perplexity change beside them."""
+
+
+def perplexity_columns(frame):
+    """`frame` with, right after each Δ-general-loss column (`PERPLEXITY_COLUMNS`), the relative change of
+    perplexity it means, exp(Δ) − 1, as a fraction (a copy; frames without such a column come back as they are)."""
+    from forgetlab.core.evaluate import perplexity_change
+
+    todo = [c for c in PERPLEXITY_COLUMNS if c in frame.columns and PERPLEXITY_COLUMNS[c] not in frame.columns]
+    if not todo:
+        return frame
+    frame = frame.copy()
+    for col in todo:
+        values = [perplexity_change(float(v)) if v is not None else float("nan") for v in frame[col]]
+        frame.insert(list(frame.columns).index(col) + 1, PERPLEXITY_COLUMNS[col], values)
+    return frame
+
+
 # -- names a person would write: table headers and legend entries
 
 _HEADERS = {"general_loss": "general loss ↓", "perplexity": "perplexity ↓", "exact_match": "exact match ↑",
@@ -85,7 +120,9 @@ _HEADERS = {"general_loss": "general loss ↓", "perplexity": "perplexity ↓", 
             "general_tokens": "general tokens", "pareto": "on the Pareto front", "speciality": "speciality",
             "train_loss": "training loss", "final_loss": "final training loss", "x": "setting",
             "mean_alpha": "mean α", "alpha": "α", "lam": "λ", "d_pca": "distance (PCA space)",
-            "d_tsne": "distance (t-SNE plane)"}
+            "d_tsne": "distance (t-SNE plane)", "forgetting": "forgetting (nats) ↓",
+            "d_general_loss": "Δ general loss (nats)", "perplexity_change": "perplexity change", "d_perplexity": "Δ perplexity",
+            "retention": "own-task gain kept"}
 
 
 def friendly_header(column: str) -> str:

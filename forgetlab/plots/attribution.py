@@ -9,9 +9,9 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from forgetlab.analysis.measures import pareto_mask
-from forgetlab.plots import color_for
+from forgetlab.plots import color_for, forgetting_text
 
-LABELS = {"d_general_loss": "Δ general loss (↓ better)", "d_speciality": "Δ exact match (↑ better)",
+LABELS = {"d_general_loss": "Δ general loss, nats (↓ better)", "d_speciality": "Δ exact match (↑ better)",
           "d_answer_loss": "Δ answer loss (↓ better)"}
 MAP_LABELS = {"only_this": "only this part of τ (θ0 + τk) vs the base",
               "leave_one_out": "all of τ but this part (θ0 + τ − τk) vs the fine-tune"}
@@ -48,7 +48,9 @@ def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_t
     for _, r in f.iterrows():
         i, j = rows.index(_row(r)), cols.index(_column(r))
         z[i][j] = float(r[measure])
-        text[i][j] = f"{r['key']}<br>{float(r[measure]):+.4f}" + ("<br>τ = 0" if r["zero_tau"] else "")
+        value = (forgetting_text(float(r[measure]), 4) if measure == "d_general_loss"
+                 else f"{float(r[measure]):+.4f}")
+        text[i][j] = f"{r['key']}<br>{value}" + ("<br>τ = 0" if r["zero_tau"] else "")
     # for a loss, red = worse: reverse the scale so that a rise of the loss is red, a rise of speciality blue
     scale = "RdBu_r" if measure != "d_speciality" else "RdBu"
     # the title names the measure; which map it is the page says once, above both heatmaps (a long title
@@ -93,7 +95,7 @@ def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_matc
     ylabel = LABELS["d_speciality"] if measure == "exact_match" else "−Δ answer loss (↑ better)"
     front = pareto_mask(list(y), list(f["d_general_loss"]))
     labels = pd.Series(outer_labels(f["key"], f["d_general_loss"], y), index=f.index)
-    hover = [f"{k}<br>Δ general loss {g:+.4f}<br>{ylabel}: {s:+.4f}<br>share of ‖τ‖²: {t:.3f}"
+    hover = [f"{k}<br>Δ general loss {forgetting_text(g, 4)}<br>{ylabel}: {s:+.4f}<br>share of ‖τ‖²: {t:.3f}"
              for k, g, s, t in zip(f["key"], f["d_general_loss"], y, f["tau_share"])]
     fig = go.Figure()
     if nls:

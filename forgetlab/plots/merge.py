@@ -1,7 +1,7 @@
 """Figures of the Merge page: generality and speciality of a merge beside its base and parents."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
 
@@ -16,11 +16,67 @@ def scorecard_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *
     return scorecards_figure(cards, measure, title=title, merged=merged)
 
 
+def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: str = "",
+                     colors: Mapping[str, str] | None = None) -> go.Figure:
+    """What merges kept (`forgetlab.analysis.retention.MergeRetention`), on two panels that both start at 0.
+
+    Left: for each parent's own task, the share of that parent's gain over the base each merge kept, in %
+    (100 % = the parent's level, dashed; 0 = the base's), one bar per merge (`labels`: merge → legend name;
+    `colors`: merge → colour, by default each merge name's own).
+    Right: forgetting, general loss − the base's in nats (a delta view: 0 is the base), for every parent and
+    merge, each bar labelled with the perplexity change it means (exp(Δ) − 1)."""
+    from plotly.subplots import make_subplots
+
+    from forgetlab.plots import color_map, forgetting_text, perplexity_text
+
+    labels = dict(labels or {})
+    name = lambda m: labels.get(m, m)        # noqa: E731
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12,
+                        subplot_titles=(f"each parent's own-task gain kept ({result.measure.replace('_', ' ')}; "
+                                        "dashed: the parent)",
+                                        "forgetting (Δ general loss vs base)"))
+    colors = {**color_map(result.merges), **(colors or {})}
+    parent_colors = color_map(result.parents)
+    cats = {}
+    for r in result.rows:
+        cats.setdefault((r.parent, r.task), f"{r.task or '?'} (parent {r.parent})")
+    for m in result.merges:
+        rows = [r for r in result.rows if r.merge == m]
+        ys = [100 * r.retention if r.retention == r.retention else None for r in rows]
+        fig.add_trace(go.Bar(
+            x=[cats[(r.parent, r.task)] for r in rows], y=ys, name=name(m), legendgroup=m,
+            marker=dict(color=colors[m], pattern=dict(shape="/")),
+            text=[f"{y:.0f} %" if y is not None else "n/a" for y in ys], textposition="outside", cliponaxis=False,
+            hovertext=[f"{name(m)} on {r.task}: {100 * r.retention:.0f} % of {r.parent}'s gain<br>base "
+                       f"{abs(r.base):.3f} → {r.parent} {abs(r.parent_score):.3f}, merge {abs(r.merged):.3f}"
+                       if r.retention == r.retention else f"{r.parent}: no own-task gain to keep" for r in rows],
+            hoverinfo="text"), row=1, col=1)
+    fig.add_hline(y=100, line_dash="dash", line_color="#444444", row=1, col=1)    # the parent's own level
+    forgetting = result.forgetting
+    models = [*result.parents, *result.merges]
+    fig.add_trace(go.Bar(
+        x=[name(m) for m in models], y=[forgetting[m] for m in models], showlegend=False,
+        marker=dict(color=[parent_colors.get(m) or colors[m] for m in models],
+                    pattern=dict(shape=["" if m in parent_colors else "/" for m in models])),
+        text=[f"{forgetting[m]:+.3f}<br>{perplexity_text(forgetting[m]).removeprefix('perplexity ')}" for m in models],
+        textposition="outside", cliponaxis=False,
+        hovertext=[f"{name(m)}: {forgetting_text(forgetting[m], 4)}" for m in models], hoverinfo="text"),
+        row=1, col=2)
+    fig.update_yaxes(title_text="% of the parent's own-task gain ↑", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(title_text=f"Δ general loss, nats ↓ (0 = base {result.base_general_loss:.3f})",
+                     rangemode="tozero", row=1, col=2)
+    fig.update_layout(barmode="group", title=title or None, height=460, legend_title_text="merge",
+                      legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0),
+                      margin=dict(t=60 if title else 40, l=60, r=20, b=40))
+    return fig
+
+
 def search_figure(result) -> go.Figure:
     """A merge search (`forgetlab.analysis.search.SearchResult`) on the speciality-vs-generality plane: every evaluated
     point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best point
     (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
     from forgetlab.executors import worker_label
+    from forgetlab.plots import forgetting_text
     from forgetlab.plots.forgetting import speciality_label
 
     ok = [p for p in result.points if p.error is None]
@@ -31,7 +87,7 @@ def search_figure(result) -> go.Figure:
                     colorbar=dict(title="order", thickness=12)),
         hovertext=[f"point {p.index}: {', '.join(f'{v:.3f}' for v in p.values)}"
                    + (f"; α {', '.join(f'{a:.2f}' for a in p.alphas)}" if p.alphas else "")
-                   + f"<br>speciality {p.speciality:.4f}, forgetting {p.forgetting:+.4f}"
+                   + f"<br>speciality {p.speciality:.4f}, forgetting {forgetting_text(p.forgetting, 4)}"
                    + (f"<br>worker {worker_label(p.worker)}" if p.worker else "") for p in ok],
         hoverinfo="text"))
     fig.add_trace(go.Scatter(x=[result.base_general_loss], y=[result.base_speciality], mode="markers", name="base",

@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 
 from forgetlab.analysis.taskvec import CosineMatrix
 from forgetlab.core.evaluate import Scorecard
-from forgetlab.plots import color_map
+from forgetlab.plots import color_map, forgetting_text, perplexity_text
 
 
 MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
@@ -27,38 +27,50 @@ def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", 
                       merged: Sequence[str] = ()) -> go.Figure:
     """Two panels with their own y axes, a bar per model (one colour per model on every chart, named in a
     legend below the chart rather than under each bar, so long names never crowd the axis):
-    held-out general loss (↓, left) and speciality per task in `measure` (exact match ↑ or answer loss ↓,
-    right; or an lm-eval `TASK/METRIC` from the cards' benchmarks). Models named in `merged` are marked
-    "(merge)" and drawn hatched."""
+    generality (left) and speciality per task in `measure` (exact match ↑ or answer loss ↓, right; or an
+    lm-eval `TASK/METRIC` from the cards' benchmarks). Both axes start at 0, so bar heights compare honestly.
+    Generality is the forgetting — general loss − the base's, in nats, each bar labelled with the perplexity
+    change it means — when the cards hold the base (a delta view, which its axis title says: a few hundredths
+    of a nat would be invisible on bars of ~5 nats from zero), else the general loss itself. Models named in
+    `merged` are marked "(merge)" and drawn hatched."""
     names = [c.model for c in cards]
     colors = color_map(names)
     benchmark = "/" in str(measure)     # an lm-eval TASK/METRIC: one group of bars, from each card's benchmarks
     tasks = [measure] if benchmark else list(dict.fromkeys(t for c in cards for t in c.tasks))
     label = MEASURE_TITLES.get(measure, measure)
+    base = next((c for c in cards if c.model == "base"), None)
+    delta = base is not None and base.general_loss == base.general_loss
     fig = make_subplots(rows=1, cols=2, column_widths=[0.28, 0.72], horizontal_spacing=0.1)
     for card in cards:
         name = f"{card.model} (merge)" if card.model in merged else card.model
         pattern = dict(shape="/") if card.model in merged else None
-        fig.add_trace(go.Bar(x=["held-out text"], y=[card.general_loss], name=name, legendgroup=name,
+        if delta:
+            d = card.forgetting(base)
+            general = dict(y=[d], text=[f"{d:+.3f}<br>{perplexity_text(d).removeprefix('perplexity ')}"],
+                           textposition="outside", cliponaxis=False,
+                           hovertemplate=(f"{name}<br>general loss {card.general_loss:.4f} (base "
+                                          f"{base.general_loss:.4f})<br>forgetting {forgetting_text(d, 4)}"
+                                          "<extra></extra>"))
+        else:
+            general = dict(y=[card.general_loss], hovertemplate=f"{name}<br>general loss %{{y:.4f}}<extra></extra>")
+        fig.add_trace(go.Bar(x=["held-out text"], name=name, legendgroup=name,
                              marker=dict(color=colors[card.model], pattern=pattern), showlegend=False,
-                             hovertemplate=f"{name}<br>general loss %{{y:.4f}}<extra></extra>"), row=1, col=1)
+                             **general), row=1, col=1)
         ys = ([_benchmark_value(card, measure)] if benchmark else
               [getattr(card.tasks[t], measure) if t in card.tasks else None for t in tasks])
         fig.add_trace(go.Bar(x=tasks, y=ys, name=name, legendgroup=name,
                              marker=dict(color=colors[card.model], pattern=pattern),
                              hovertemplate=f"{name}<br>%{{x}}: {label} %{{y:.4f}}<extra></extra>"), row=1, col=2)
-    fig.update_yaxes(title_text="general loss ↓", row=1, col=1)
-    losses = [c.general_loss for c in cards if c.general_loss == c.general_loss]
-    if losses:      # zoomed on the models' range: from zero, forgetting of a few hundredths of a nat is invisible
-        lo, hi = min(losses), max(losses)
-        pad = max(0.25 * (hi - lo), 0.005 * abs(hi), 1e-3)
-        fig.update_yaxes(range=[lo - pad, hi + pad], row=1, col=1)
+    general_title = "Δ general loss vs base, nats ↓" if delta else "general loss ↓"
+    fig.update_yaxes(title_text=general_title, row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text=label, row=1, col=2, rangemode="tozero")
     if measure == "exact_match":
         fig.update_yaxes(range=[0, 1.02], row=1, col=2)
-    fig.update_xaxes(title_text="generality", row=1, col=1)
+    fig.update_xaxes(title_text=f"forgetting (0 = base, {base.general_loss:.3f})" if delta else "generality",
+                     row=1, col=1)
     fig.update_xaxes(title_text="speciality per task", row=1, col=2)
     fig.update_layout(barmode="group", title=title or None, height=420, legend_title_text="model",
+                      uniformtext=dict(minsize=9, mode="show"),      # the forgetting labels stay readable
                       legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0),
                       margin=dict(t=50 if title else 20, l=60, r=20, b=40))
     return fig

@@ -3,7 +3,8 @@
 - `get_pool()` / `require_pool()`: the pool chosen in the sidebar, cached by (file, mtime).
 - `progress_bar(label)`: a `progress(fraction, message)` callback drawn as st.status + st.progress.
 - `show_errors()`: ForgetlabError → st.error with its message; anything else → short error + traceback.
-- `device_settings()`: the (device, dtype) chosen in the sidebar.
+- `device_settings()`: the (device, dtype) chosen in the sidebar; `eval_budget()`: the app's one evaluation
+  budget (held-out blocks, pairs per task), also chosen there.
 - `run_once(key, fn, start=...)`: a long job in a background thread, once per key, surviving page switches.
 - `speciality_measure()`: the session-wide "speciality measured by" choice (exact match ↑ / answer loss ↓).
 
@@ -21,7 +22,7 @@ _WHERE = {
     "clear_pool_cache": "pool", "get_pool": "pool", "require_finetuned": "pool", "require_pool": "pool",
     "require_tasks": "pool",
     "progress_bar": "progress",
-    "device_settings": "settings", "eval_limits": "settings", "pool_path": "settings",
+    "device_settings": "settings", "eval_budget": "settings", "budget_caption": "settings", "pool_path": "settings",
     "render_device_settings": "settings", "set_pool_path": "settings", "workspace_home": "settings",
     "zoo_presets": "settings",
     "speciality_measure": "measure", "default_measure": "measure", "measure_label": "measure",

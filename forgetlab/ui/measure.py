@@ -27,6 +27,7 @@ import streamlit as st
 
 if TYPE_CHECKING:  # pragma: no cover
     from forgetlab.core.evaluate import Scorecard
+    from forgetlab.core.scorecards import Budget
     from forgetlab.core.pool import ModelPool
 
 MEASURE_KEY = "app_measure"
@@ -65,6 +66,35 @@ def stored_scorecards(pool: "ModelPool") -> list["Scorecard"]:
             card.model = name
             cards.append(card)
     return cards
+
+
+def stored_budget(pool: "ModelPool") -> "Budget | None":
+    """The budget the zoo build computed its stored scorecards with (the manifest's `settings.evaluation`), when
+    it is one the app can reproduce (blocks of 128 tokens, `forgetlab.core.evaluate`'s default); else None."""
+    from forgetlab.core.scorecards import Budget
+
+    source = getattr(pool, "source", None)
+    path = Path(source).parent / MANIFEST if source else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        spec = json.loads(path.read_text(encoding="utf-8"))["settings"]["evaluation"]
+        if int(spec.get("block_size", 128)) != 128:
+            return None
+        return Budget(spec.get("max_general"), spec.get("max_task"))
+    except Exception:  # noqa: BLE001 - no usable record: the cards are simply not reused
+        return None
+
+
+def remember_stored_scorecards(pool: "ModelPool", budget: "Budget", device: str = "cpu") -> bool:
+    """Put the zoo build's stored scorecards into the pool's scorecard cache when they were computed at `budget`
+    on the CPU in float32 (what the build does), so they are not computed again; returns whether they were."""
+    if device != "cpu" or stored_budget(pool) != budget:
+        return False
+    from forgetlab.core.scorecards import remember
+
+    remember(pool, stored_scorecards(pool), budget, device=device)
+    return True
 
 
 def default_measure(cards: Sequence["Scorecard"]) -> str:

@@ -89,12 +89,14 @@ def render_search(pool, method: str, models: list[str], params: dict, *, out_dty
              label=f"Searching {param} of {len(models)} model(s) for {method}")
     found_search = st.session_state.get(SEARCH_KEY)
     if found_search is not None:
+        from forgetlab.plots import forgetting_text
+
         best = found_search.best_point
         st.plotly_chart(search_figure(found_search), key="merge_search_chart")
         if best is not None:
             st.caption(f"best: point {best.index} — {found_search.param} "
                        + ", ".join(f"{m} {v:.3f}" for m, v in zip(found_search.models, best.values))
-                       + f"; speciality {best.speciality:.4f}, forgetting {best.forgetting:+.4f} "
+                       + f"; speciality {best.speciality:.4f}, forgetting {forgetting_text(best.forgetting, 4)} "
                        + ("(no point met the forgetting bound: this is the one that forgot least) "
                           if found_search.objective == "constrained" and best.forgetting > found_search.max_forgetting
                           else "")

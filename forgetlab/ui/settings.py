@@ -1,15 +1,20 @@
-"""Session-wide settings chosen in the sidebar: the pool file, the device and the dtype.
+"""Session-wide settings chosen in the sidebar: the pool file, the device, the dtype and the evaluation budget.
 
 `app.py` draws the widgets once per run (`render_device_settings`, the pool chooser in `forgetlab.ui.sidebar`);
-pages only read the values (`device_settings()`, `pool_path()`), so a page never draws a duplicate widget.
+pages only read the values (`device_settings()`, `pool_path()`, `eval_budget()`), so a page never draws a duplicate
+widget.
 A page run on its own (e.g. in an AppTest) gets the defaults: CPU, float32, and the first zoo preset found.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
+
+if TYPE_CHECKING:  # pragma: no cover
+    from forgetlab.core.scorecards import Budget
 
 POOL_KEY = "forgetlab_pool_path"      # str path of the chosen pool.yaml (set by the sidebar or a test)
 DEVICE_KEY = "app_device"             # "cpu" | "cuda"
@@ -101,10 +106,57 @@ def reset_pool_choice() -> None:
     st.session_state.pop(POOL_KEY, None)
 
 
-def eval_limits(page: str, general: int = 32, task: int = 50) -> tuple[int, int]:
-    """Two inputs side by side, keyed by page: how many held-out general blocks and eval pairs per task an
-    evaluation uses (fewer: faster, noisier). Returns (max_general, max_task)."""
+BUDGET_GENERAL_KEY = "app_max_general"     # held-out blocks of the app's evaluation budget (sidebar)
+BUDGET_TASK_KEY = "app_max_task"           # eval pairs per task of the app's evaluation budget (sidebar)
+
+
+def default_budget(path: str | os.PathLike | None = None) -> "Budget":
+    """The budget the app starts with for the pool file `path` (default: the chosen pool): the one the zoo
+    measured its claims with (so "what this zoo shows" and every page give the base the same held-out loss),
+    else `forgetlab.core.scorecards.DEFAULT_BUDGET`."""
+    from forgetlab.core.scorecards import DEFAULT_BUDGET, Budget
+    from forgetlab.zoo.claims import stored_claims
+
+    path = pool_path() if path is None else path
+    claims = stored_claims(path) if path else None
+    if claims is not None:
+        try:
+            return Budget(claims.settings.get("max_general"), claims.settings.get("max_task"))
+        except Exception:  # noqa: BLE001 - a claim file with odd limits only loses the default
+            pass
+    return DEFAULT_BUDGET
+
+
+def render_budget_settings() -> None:
+    """Draw the app's one evaluation budget (held-out blocks, eval pairs per task); every page's evaluation uses
+    it (`eval_budget()`), so a model shows the same numbers on every page."""
+    if st.session_state.get(BUDGET_GENERAL_KEY) is None or st.session_state.get(BUDGET_TASK_KEY) is None:
+        budget = default_budget()
+        st.session_state.setdefault(BUDGET_GENERAL_KEY, budget.max_general or 4096)
+        st.session_state.setdefault(BUDGET_TASK_KEY, budget.max_task or 4096)
+    st.markdown("**Evaluation budget** (every page)")
     c1, c2 = st.columns(2)
-    max_general = c1.number_input("general blocks (max)", 1, 4096, general, key=f"{page}_max_general")
-    max_task = c2.number_input("pairs per task (max)", 1, 4096, task, key=f"{page}_max_task")
-    return int(max_general), int(max_task)
+    c1.number_input("held-out blocks", 1, 4096, key=BUDGET_GENERAL_KEY,
+                    help="General loss: the first N blocks of 128 tokens of the held-out text. More: a steadier "
+                         "number, slower evaluations. One budget for every page, so a model shows the same "
+                         "number everywhere; scorecards are computed once per model and budget.")
+    c2.number_input("pairs per task", 1, 4096, key=BUDGET_TASK_KEY,
+                    help="Speciality: the first N eval pairs of each task.")
+
+
+def eval_budget() -> "Budget":
+    """The app's evaluation budget (sidebar); `default_budget()` until one is chosen (e.g. a page run alone)."""
+    from forgetlab.core.scorecards import Budget
+
+    general, task = st.session_state.get(BUDGET_GENERAL_KEY), st.session_state.get(BUDGET_TASK_KEY)
+    if general is None or task is None:
+        fallback = default_budget()
+        general = fallback.max_general if general is None else general
+        task = fallback.max_task if task is None else task
+    return Budget(int(general), int(task))
+
+
+def budget_caption(budget: "Budget | None" = None, *, note: str = "") -> None:
+    """One line saying which budget a page's numbers come from (the sidebar's, unless told otherwise)."""
+    budget = budget or eval_budget()
+    st.caption(f"Evaluation budget: {budget.describe()} (sidebar, the same on every page){note}.")

@@ -1,4 +1,4 @@
-"""The app's sidebar (drawn by app.py on every run): workspace, pool choice, device, running jobs.
+"""The app's sidebar (drawn by app.py on every run): workspace, pool choice, device, evaluation budget, running jobs.
 
 Also the first-run panel: with no pool anywhere, offer to build the pico demo zoo in the background
 (`forgetlab.zoo.build`) and open it when it is done.
@@ -10,8 +10,8 @@ from pathlib import Path
 import streamlit as st
 
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
-from forgetlab.ui.settings import (POOL_KEY, pool_path, render_device_settings, set_pool_path, workspace_home,
-                                   zoo_presets)
+from forgetlab.ui.settings import (POOL_KEY, pool_path, render_budget_settings, render_device_settings, set_pool_path,
+                                   workspace_home, zoo_presets)
 
 OWN = "Your own pool.yaml…"
 CHOICE_KEY = "app_pool_choice"
@@ -74,6 +74,7 @@ def render_sidebar() -> str | None:
         render_workspace()
         path = render_pool_choice()
         render_device_settings()
+        render_budget_settings()
         from forgetlab.ui.executor import render_executor_settings
         render_executor_settings()
         render_jobs()

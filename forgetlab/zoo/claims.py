@@ -181,7 +181,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     task; linearity uses `nls_samples` probe pairs per model, slwm `slwm_samples` per task. Full fine-tunes
     (not adapters) are interpolated, pruned and merged.
     """
-    from forgetlab.core.evaluate import check_limits, evaluate
+    from forgetlab.core.evaluate import check_limits, evaluate, forgetting_text
 
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}; got {measure!r}.")
@@ -218,7 +218,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
             key=f"finetune:{name}", claim=f"fine-tuning {name} gains {task} and costs general ability",
             source=CLAIM_SOURCES["finetune"], holds=holds,
             numbers=(f"{task} EM {em0:.2f} → {em1:.2f}, answer loss {al0:.2f} → {al1:.2f}; held-out loss "
-                     f"{base.general_loss:.3f} → {cards[name].general_loss:.3f} ({cost:+.3f})"),
+                     f"{base.general_loss:.3f} → {cards[name].general_loss:.3f} ({forgetting_text(cost)})"),
             values={"task": task, "exact_match": [em0, em1], "answer_loss": [al0, al1],
                     "general_loss": [base.general_loss, cards[name].general_loss], "gain": gain,
                     "forgetting": cost}))
@@ -317,7 +317,8 @@ def _ratio_text(gain: float, forgetting: float) -> str:
 
 def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str, merges: Sequence[str],
                   slwm_samples: int, kw: Mapping[str, Any], progress: Progress) -> list[Claim]:
-    from forgetlab.core.evaluate import evaluate
+    from forgetlab.analysis.retention import gain_share
+    from forgetlab.core.evaluate import evaluate, forgetting_text
     from forgetlab.merge.api import merge_state_dicts
 
     names = list(full)
@@ -327,7 +328,6 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
     ft_sds = [_state_dict(pool.load(n)) for n in names]
     work = copy.deepcopy(base_model)
     base = cards["base"]
-    gains = {n: _spec(cards[n], full[n], measure) - _spec(base, full[n], measure) for n in names}
     methods = [REFERENCE_MERGE, *merges]
     shares: dict[str, dict[str, float]] = {}
     scored: dict[str, Any] = {}
@@ -344,8 +344,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
         work.load_state_dict(merged, strict=False)
         card = evaluate(work, pool.tokenizer, pool.probes, name=f"merge:{method}", tasks=tasks, **kw)
         scored[method] = card
-        shares[method] = {n: _share(_spec(card, full[n], measure) - _spec(base, full[n], measure), gains[n])
-                          for n in names}
+        shares[method] = {n: gain_share(base, cards[n], card, full[n], measure) for n in names}
     report(progress, 1.0, "merges scored")
     ref = shares[REFERENCE_MERGE]
     ref_mean = _mean(ref.values())
@@ -361,7 +360,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
             source=CLAIM_SOURCES["merge"], holds=holds,
             numbers=(", ".join(f"{full[n]} {_pct(s[n])}" for n in names) + f" of the gain (mean {_pct(mean)}; "
                      f"weight average {_pct(ref_mean)}); held-out loss {card.general_loss:.3f} "
-                     f"(base {base.general_loss:.3f})"),
+                     f"(base {base.general_loss:.3f}; {forgetting_text(card.general_loss - base.general_loss)})"),
             values={"shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
                     "general_loss": card.general_loss,
                     "speciality": {full[n]: _spec(card, full[n], measure) for n in names}}))

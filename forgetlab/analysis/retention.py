@@ -1,0 +1,131 @@
+"""What a merge kept: each parent's own-task gain retained by the merged model, and what it cost in generality.
+
+A merge of several fine-tunes is for keeping each one's skill in one model. Judged on all tasks at once, a merge
+looks fine wherever an off-task parent already scores high; judged on each parent's OWN task, it shows what it
+kept: retention r = (s(merge, t) − s(base, t)) / (s(parent, t) − s(base, t)), with speciality s oriented so
+that higher is better (answer loss negated): 1 = the parent's level, 0 = the base's (docs/methods.md#retention).
+Generality is the merge's forgetting, general loss − the base's, beside its parents'.
+
+`own_tasks(pool, models, cards)` says which task is each model's own; `merge_retention(cards, merged, tasks)`
+gives a `MergeRetention` (one row per merge × parent, `.to_frame()`), which `forgetlab.plots.merge` draws.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+import pandas as pd
+
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import Scorecard, perplexity_change
+
+MEASURES = ("exact_match", "answer_loss")
+
+
+def oriented_speciality(card: Scorecard, task: str, measure: str = "exact_match") -> float:
+    """Speciality of `card` on `task`, oriented so that higher is better: exact match, or −answer loss."""
+    score = card.tasks[task]
+    return score.exact_match if measure == "exact_match" else -score.answer_loss
+
+
+def gain_share(base: Scorecard, parent: Scorecard, other: Scorecard, task: str,
+               measure: str = "exact_match") -> float:
+    """The share of `parent`'s gain over `base` on `task` that `other` (a merge, an interpolation …) has:
+    (s(other) − s(base)) / (s(parent) − s(base)); NaN when the parent gained nothing (docs/methods.md#retention)."""
+    gain = oriented_speciality(parent, task, measure) - oriented_speciality(base, task, measure)
+    if not gain > 0:
+        return float("nan")
+    return (oriented_speciality(other, task, measure) - oriented_speciality(base, task, measure)) / gain
+
+
+def own_tasks(pool, models: Sequence[str], cards: Sequence[Scorecard] = ()) -> dict[str, Optional[str]]:
+    """Each model's own task: the pool task named in the model's name (the longest one it contains, as
+    `forgetlab.analysis.sweeps.default_task`), else — when `cards` hold the base and the model — the task on which
+    the model gained most exact match over the base (answer loss breaking ties); None when neither says."""
+    from forgetlab.analysis.sweeps import default_task
+
+    by_name = {c.model: c for c in cards}
+    base = by_name.get("base")
+    out: dict[str, Optional[str]] = {}
+    for m in models:
+        task = default_task(pool, m)
+        card = by_name.get(m)
+        if task is None and base is not None and card is not None:
+            gains = {t: (card.tasks[t].exact_match - base.tasks[t].exact_match,
+                         base.tasks[t].answer_loss - card.tasks[t].answer_loss)
+                     for t in card.tasks if t in base.tasks}
+            best = max(gains, key=gains.get) if gains else None
+            task = best if best is not None and max(gains[best]) > 0 else None
+        out[m] = task
+    return out
+
+
+@dataclass
+class RetentionRow:
+    """One parent of one merge: its own task, the base's / parent's / merge's oriented speciality there, the
+    retention, and both models' forgetting (nats) with its perplexity change."""
+
+    merge: str
+    parent: str
+    task: Optional[str]
+    base: float
+    parent_score: float
+    merged: float
+    retention: float
+    parent_forgetting: float
+    merge_forgetting: float
+
+
+@dataclass
+class MergeRetention:
+    """Per merge and parent, the share of the parent's own-task gain kept; and each model's forgetting."""
+
+    measure: str
+    base_general_loss: float
+    rows: list[RetentionRow] = field(default_factory=list)
+    forgetting: dict[str, float] = field(default_factory=dict)     # model (parents, then merges) → Δ general loss
+    merges: list[str] = field(default_factory=list)
+    parents: list[str] = field(default_factory=list)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per merge × parent: merge, parent, task, base / parent / merge speciality, retention, the
+        merge's forgetting and its perplexity change."""
+        return pd.DataFrame([{
+            "merge": r.merge, "parent": r.parent, "task": r.task, "base": r.base, "parent_score": r.parent_score,
+            "merged": r.merged, "retention": r.retention, "forgetting": r.merge_forgetting,
+            "perplexity_change": perplexity_change(r.merge_forgetting)} for r in self.rows])
+
+    def mean_retention(self, merge: str) -> float:
+        """The mean retention of `merge` over its parents whose retention is defined (NaN when none is)."""
+        vals = [r.retention for r in self.rows if r.merge == merge and math.isfinite(r.retention)]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+
+def merge_retention(cards: Sequence[Scorecard], merged: Sequence[str], tasks: Mapping[str, Optional[str]],
+                    measure: str = "exact_match", parents: Optional[Mapping[str, Sequence[str]]] = None
+                    ) -> MergeRetention:
+    """Retention of each merge in `merged` (card names) for each parent (`tasks`: parent → own task; every
+    parent of every merge unless `parents` maps a merge to its own), from `cards` holding the base ("base"),
+    the parents and the merges. ParameterError when a card is missing or `measure` is not a built-in one."""
+    if measure not in MEASURES:
+        raise ParameterError(f"Retention needs exact_match or answer_loss as the measure; got {measure!r}.")
+    by_name = {c.model: c for c in cards}
+    missing = [n for n in ["base", *tasks, *merged] if n not in by_name]
+    if missing:
+        raise ParameterError(f"No scorecard for {', '.join(missing)}: evaluate the base, the parents and the merges "
+                             "together.")
+    base = by_name["base"]
+    result = MergeRetention(measure, base.general_loss, merges=list(merged), parents=list(tasks))
+    for name in [*tasks, *merged]:
+        result.forgetting[name] = by_name[name].forgetting(base)
+    for m in merged:
+        for p in (parents or {}).get(m, list(tasks)):
+            t = tasks.get(p)
+            known = t is not None and all(t in by_name[n].tasks for n in ("base", p, m))
+            s = (lambda n: oriented_speciality(by_name[n], t, measure)) if known else (lambda n: float("nan"))
+            result.rows.append(RetentionRow(
+                merge=m, parent=p, task=t, base=s("base"), parent_score=s(p), merged=s(m),
+                retention=gain_share(base, by_name[p], by_name[m], t, measure) if known else float("nan"),
+                parent_forgetting=result.forgetting[p], merge_forgetting=result.forgetting[m]))
+    return result

@@ -1,0 +1,132 @@
+"""The Merge page's default view: the pool's full fine-tunes merged three ways — the plain weight average beside
+TIES and task arithmetic — with one click, and judged by what merging is for: how much of each parent's gain on
+ITS OWN task the merged model keeps (`forgetlab.analysis.retention`), and what it costs in held-out loss.
+
+`judge_figure` / `judge_frame` are also what the page's single merges and saved-merge comparisons are drawn with.
+"""
+from __future__ import annotations
+
+import time
+from typing import Mapping, Optional, Sequence
+
+import pandas as pd
+import streamlit as st
+
+from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks
+from forgetlab.core.progress import scaled
+from forgetlab.merge import METHODS
+from forgetlab.merge.workflow import (COMPARE_METHODS, METHOD_NAMES, default_merge_models, merge_and_evaluate,
+                                      pool_recipe, workspace_merge_dir)
+from forgetlab.ui import job_key, run_once, show_errors, workspace_home
+from forgetlab.ui.tables import show_table
+
+COMPARE_KEY = "merge_default_report"
+
+
+def _retention(pool, cards, merged: Sequence[str], measure: str, parents: Optional[Mapping[str, Sequence[str]]]):
+    parent_names = [c.model for c in cards if c.model != "base" and c.model not in merged]
+    return merge_retention(cards, merged, own_tasks(pool, parent_names, cards), measure, parents=parents)
+
+
+def judge_figure(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
+                 parents: Optional[Mapping[str, Sequence[str]]] = None, title: str = "",
+                 colors: Optional[Mapping[str, str]] = None):
+    """The figure that judges merges: own-task retention and forgetting (`plots.merge.retention_figure`) for
+    exact match or answer loss; for an lm-eval measure (no own task to speak of) the scorecards' bars."""
+    from forgetlab.plots.merge import retention_figure, scorecard_figure
+
+    if measure not in MEASURES:
+        return scorecard_figure(cards, measure, merged=merged, title=title)
+    return retention_figure(_retention(pool, cards, merged, measure, parents), labels, title=title, colors=colors)
+
+
+def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
+                parents: Optional[Mapping[str, Sequence[str]]] = None) -> pd.DataFrame:
+    """One row per parent and merge: the share of each parent's own-task gain kept (%), its mean, the mean
+    speciality over the parents' own tasks (where a merge should beat every single parent) and the forgetting;
+    empty for an lm-eval measure."""
+    if measure not in MEASURES:
+        return pd.DataFrame()
+    result = _retention(pool, cards, merged, measure, parents)
+    by_name = {c.model: c for c in cards}
+    tasks = list(dict.fromkeys(r.task for r in result.rows if r.task))
+    kept = [f"{t}: gain kept %" for t in tasks]
+    spec = f"mean {measure.replace('_', ' ')} on the parents' tasks"
+    rows = []
+    for m in [*result.parents, *result.merges]:
+        row = {"model": (labels or {}).get(m, m), "role": "merge" if m in result.merges else "parent",
+               **dict.fromkeys(kept, float("nan")), "mean gain kept %": float("nan")}
+        if m in result.merges:
+            for r in result.rows:
+                if r.task and r.merge == m:
+                    row[f"{r.task}: gain kept %"] = 100 * r.retention
+            row["mean gain kept %"] = 100 * result.mean_retention(m)
+        values = [getattr(by_name[m].tasks[t], measure) for t in tasks if t in by_name[m].tasks]
+        row[spec] = sum(values) / len(values) if values else float("nan")
+        row["forgetting"] = result.forgetting[m]
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["model", "role", *kept, "mean gain kept %", spec, "forgetting"])
+
+
+def render_compare(pool, measure: str, budget, device: str) -> None:
+    """Draw the default comparison: the full fine-tunes, the three methods, one button, then its verdict."""
+    st.subheader("What merging is for: one model that keeps every fine-tune's skill")
+    choices = [m for m in COMPARE_METHODS if m in METHODS] + [m for m in METHODS if m not in COMPARE_METHODS]
+    c1, c2, c3 = st.columns([2.6, 2.6, 1.5], vertical_alignment="bottom")
+    models = c1.multiselect("fine-tuned models", pool.model_names, default=default_merge_models(pool),
+                            key="merge_default_models",
+                            help="Default: the pool's full fine-tunes (its LoRA adapters left out), one per task.")
+    methods = c2.multiselect("methods", choices, default=[m for m in COMPARE_METHODS if m in METHODS],
+                             format_func=lambda m: METHOD_NAMES.get(m, m), key="merge_default_methods",
+                             help="Each with its default parameters; compose your own merge below.")
+    clicked = c3.button("Merge and compare", type="primary", key="merge_default_run",
+                        disabled=not models or not methods)
+    st.caption("Each merge is written into the workspace's merges/ and scored with the base and its parents. The "
+               "chart shows, for each parent's own task, how much of that parent's gain over the base the merge "
+               "keeps (100 % = as good as the parent), and what the merge costs in held-out loss.")
+    home = str(workspace_home())
+    if clicked:
+        st.session_state["merge_default_stamp"] = time.strftime("%m%d-%H%M%S")
+    stamp = st.session_state.get("merge_default_stamp", "")
+    names = {m: f"{m}-{'-'.join(models)}"[:80] + f"-{stamp}" for m in methods}
+
+    def work(progress):
+        """Each method's merge into merges/<method>-<models>-<time>, scored (merge_and_evaluate); the base's and
+        parents' cards are computed once (the pool's scorecard cache)."""
+        done = []
+        for i, method in enumerate(methods):
+            recipe = pool_recipe(pool, method, models, {}, name=names[method])
+            result, cards = merge_and_evaluate(recipe, workspace_merge_dir(names[method]), pool, device=device,
+                                               max_general=budget.max_general, max_task=budget.max_task,
+                                               progress=scaled(progress, i / len(methods), (i + 1) / len(methods)))
+            done.append({"method": method, "name": result.out_dir.name, "path": str(result.out_dir), "cards": cards})
+        return done
+
+    def keep(done) -> None:
+        st.session_state[COMPARE_KEY] = done
+        st.toast(f"Saved {len(done)} merges under {home}/merges")
+
+    start = False
+    if clicked:
+        with show_errors():
+            for method in methods:
+                pool_recipe(pool, method, models, {}).validated_params()
+            start = True
+    run_once(job_key("merge_default", home, pool.key, models, methods, budget.to_dict(), device, stamp), work,
+             start=start, slot="merge_default", on_done=keep,
+             label=f"Merging {len(models)} models {len(methods)} ways")
+    done = st.session_state.get(COMPARE_KEY)
+    if not done:
+        st.info("Press **Merge and compare**: about ten seconds on the pico zoo.")
+        return
+    cards = [*done[0]["cards"][:-1], *(d["cards"][-1] for d in done)]
+    merged = [d["name"] for d in done]
+    labels = {d["name"]: METHOD_NAMES.get(d["method"], d["method"]) for d in done}
+    with show_errors():
+        from forgetlab.plots import color_for
+
+        colors = {d["name"]: color_for(d["method"]) for d in done}      # a method's colour, whatever the folder
+        st.plotly_chart(judge_figure(pool, cards, merged, measure, labels=labels, colors=colors),
+                        key="merge_default_chart")
+        show_table(judge_frame(pool, cards, merged, measure, labels=labels), key="merge_default_table", precision=3)
+    st.caption("Saved as " + ", ".join(f"`{d['name']}`" for d in done) + " (reopen them under *Earlier merges*).")
