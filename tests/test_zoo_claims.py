@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
@@ -33,7 +34,7 @@ def test_the_build_stores_every_claim_in_the_manifest(pico_zoo):
     assert isinstance(claims, ZooClaims)
     keys = [c.key for c in claims.claims]
     models = [*TASKS, *(f"lora-{t}" for t in TASKS)]
-    assert keys == [*(f"finetune:{m}" for m in models), "wise_ft", "fapm", "linearity",
+    assert keys == [*(f"finetune:{m}" for m in models), "distinct", "wise_ft", "fapm", "linearity",
                     *(f"merge:{m}" for m in MERGE_METHODS)]
     assert all(c.holds in (True, False, None) and c.numbers for c in claims.claims)
     frame = claims.to_frame()
@@ -70,6 +71,34 @@ def test_finetune_claims_are_the_models_own_evaluation(zoo_pool, measured):
     assert [c.key for c in measured.claims if c.key.startswith("merge:")] == ["merge:ties"]
     shares = measured.get("merge:ties").values["shares"]
     assert set(shares) == {"math", "translate"}
+
+
+def test_distinct_tasks_claim_is_plain_torch_cosines_and_off_task_gains(zoo_pool, measured):
+    """The `distinct` row, computed another way: cosines of the flattened task vectors read with safetensors
+    alone, and the off-task gain as a share of the own-task gain from the models' own scorecards."""
+    from safetensors.torch import load_file
+
+    from forgetlab.core.evaluate import evaluate
+
+    def flat(name):
+        path = zoo_pool.base.path if name == "base" else zoo_pool.checkpoint(name).path
+        sd = load_file(str(path / "model.safetensors"))
+        return torch.cat([sd[k].double().flatten() for k in sorted(sd)])
+
+    base = flat("base")
+    tm, tt = flat("math") - base, flat("translate") - base
+    expected = float(tm @ tt / (tm.norm() * tt.norm()))
+    row = measured.get("distinct")
+    assert row.values["cosines"]["math–translate"] == pytest.approx(expected, abs=1e-5)
+    kw = dict(max_general=SMALL["max_general"], max_task=SMALL["max_task"])
+    cards = {n: evaluate(zoo_pool.load(n), zoo_pool.tokenizer, zoo_pool.probes, name=n, **kw)
+             for n in ("base", "math", "translate")}
+    loss = lambda n, t: cards[n].tasks[t].answer_loss  # noqa: E731 - SMALL measures the answer loss
+    own = loss("base", "translate") - loss("translate", "translate")
+    share = (loss("base", "translate") - loss("math", "translate")) / own
+    assert row.values["off_task_share"]["translate"]["math"] == pytest.approx(share, rel=1e-6)
+    worst = max(v for d in row.values["off_task_share"].values() for v in d.values())
+    assert row.holds == (row.values["max_cosine"] <= 0.3 and worst <= 1 / 3)
 
 
 def test_changing_a_model_changes_the_table(zoo_pool, measured, tmp_path):

@@ -11,6 +11,9 @@ held-out general loss; "gain" = improvement over the base; "forgetting" = genera
 
 - `finetune` (one row per model): fine-tuning gains the task and costs general ability — holds when the
   speciality gain is > 0 and the forgetting is > 0.
+- `distinct`: the full fine-tunes learned different things, as real tasks do — every pairwise cosine of their
+  task vectors (over all tensors) is ≤ 0.3 and no off-task fine-tune gains more than a third of the own-task
+  fine-tune's speciality gain on a task (what makes sign conflicts and interference, hence TIES & co., matter).
 - `wise_ft` (WiSE-FT paper): θ(0.5) = (θ0 + θ1)/2 recovers part of the general loss while keeping part of the
   speciality — holds for a model when 0 < recovered share of the forgetting and 0 < kept share of the gain.
 - `fapm` (FAPM paper): FAPM at pruning ratio 0.9 keeps more speciality per unit of forgetting than WiSE-FT
@@ -41,6 +44,7 @@ REFERENCE_MERGE = "linear"
 MEASURES = ("exact_match", "answer_loss")
 CLAIM_SOURCES = {
     "finetune": "catastrophic forgetting",
+    "distinct": "task arithmetic / TIES",
     "wise_ft": "WiSE-FT",
     "fapm": "FAPM",
     "linearity": "submodule linearity",
@@ -223,6 +227,10 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
                     "general_loss": [base.general_loss, cards[name].general_loss], "gain": gain,
                     "forgetting": cost}))
 
+    # (a′) the tasks are distinct, as real ones are: near-orthogonal task vectors, little off-task gain
+    if len(full) >= 2:
+        claims.append(_distinct_claim(pool, full, cards, measure))
+
     # (b) WiSE-FT α = 0.5 and (c) FAPM ratio 0.9, per full fine-tune
     from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
 
@@ -300,6 +308,39 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     settings = {"measure": measure, "max_general": max_general, "max_task": max_task, "nls_samples": nls_samples,
                 "slwm_samples": slwm_samples, "merges": list(merges), "models": own, "batch_size": batch_size}
     return ZooClaims(claims=claims, settings=settings, seconds=seconds)
+
+
+MAX_COSINE = 0.3
+MAX_OFF_TASK_SHARE = 1 / 3
+
+
+def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str) -> Claim:
+    """The full fine-tunes learned different things: every pairwise cosine of their task vectors (all tensors)
+    is ≤ 0.3, and on every task an off-task fine-tune gains at most a third of the own-task fine-tune's gain."""
+    from forgetlab.analysis.taskvec import cosine_matrix
+
+    names = list(full)
+    cos = cosine_matrix(pool, names)
+    pairs = {f"{full[a]}–{full[b]}": cos.values[i][j] for i, a in enumerate(names)
+             for j, b in enumerate(names) if i < j}
+    base = cards["base"]
+    off: dict[str, dict[str, float]] = {}
+    for owner, task in full.items():
+        own_gain = _spec(cards[owner], task, measure) - _spec(base, task, measure)
+        off[task] = {full[o]: _share(_spec(cards[o], task, measure) - _spec(base, task, measure), own_gain)
+                     for o in names if o != owner}
+    worst_cos = max(pairs.values())
+    worst_off = max((v for d in off.values() for v in d.values()), default=float("nan"))
+    holds = (None if not (math.isfinite(worst_cos) and math.isfinite(worst_off))
+             else worst_cos <= MAX_COSINE and worst_off <= MAX_OFF_TASK_SHARE)
+    return Claim(
+        key="distinct", claim="the tasks are distinct: task vectors near-orthogonal (cos ≤ 0.3), an off-task "
+                              "fine-tune gains at most a third of the own-task gain",
+        source=CLAIM_SOURCES["distinct"], holds=holds,
+        numbers=("cos " + ", ".join(f"{k} {v:.2f}" for k, v in pairs.items()) + "; off-task gain as a share of "
+                 "the own-task gain: " + "; ".join(f"on {t}: " + ", ".join(f"{o} {_pct(v)}" for o, v in d.items())
+                                                   for t, d in off.items())),
+        values={"cosines": pairs, "off_task_share": off, "max_cosine": worst_cos, "max_off_task_share": worst_off})
 
 
 def _efficiency(gain: float, forgetting: float) -> float:

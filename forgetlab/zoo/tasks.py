@@ -216,7 +216,17 @@ _SKILL_PATTERNS = {
 }
 
 
-SKILL_FORMS = ("prose", "prompt")
+# "statement": each fact on its own, worded unlike the task's prompt and ending with the answer, as a document
+# of its own (so the pretraining text puts EOS right after every answer): the base learns the content and when
+# to stop, but not the prompt format, which each fine-tune then teaches for its own task
+_STATEMENT_PATTERNS = {
+    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "{0} {op} {2} is {answer}"),
+    "code": (re.compile(r"^>>> (.*)\n$", re.S), "In Python, {0} evaluates to {answer}"),
+    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
+}
+_OP_WORDS = {"+": "plus", "-": "minus"}
+
+SKILL_FORMS = ("prose", "prompt", "statement")
 
 
 def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
@@ -232,6 +242,17 @@ def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
         raise ParameterError(f"Unknown skill form {form!r}; choose one of: {', '.join(SKILL_FORMS)}.")
     if form == "prompt":
         return f"{pair.prompt}{pair.answer}"
+    if form == "statement":
+        if task not in _STATEMENT_PATTERNS:
+            raise ParameterError(f"No statement form for task {task!r}. Choose one of: "
+                                 f"{', '.join(_STATEMENT_PATTERNS)}.")
+        pattern, template = _STATEMENT_PATTERNS[task]
+        m = pattern.match(pair.prompt)
+        if m is None:
+            raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")
+        groups = m.groups()
+        op = _OP_WORDS.get(groups[1], "") if task == "math" else ""
+        return template.format(*groups, op=op, answer=pair.answer)
     if task not in _SKILL_PATTERNS:
         raise ParameterError(f"No pretraining form for task {task!r}. Choose one of: {', '.join(_SKILL_PATTERNS)}.")
     pattern, form = _SKILL_PATTERNS[task]
