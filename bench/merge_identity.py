@@ -50,6 +50,15 @@ def cases(pool: dict) -> list[tuple[str, dict, bool]]:
         ("dare_linear drop=0.5 seed=3", {"method": "dare_linear", "models": three,
                                         "params": {"drop": 0.5, "seed": 3}}, False),
         ("dare_ties", {"method": "dare_ties", "models": three}, False),
+        # forgetlab's DARE before issue 25 (mergekit's defaults are now the methods' own): equal to main's
+        # "dare_linear" / "dare_linear drop=0.5 seed=3" / "dare_ties" hashes
+        ("dare_linear rescale=inverse", {"method": "dare_linear", "models": three,
+                                         "params": {"rescale": "inverse"}}, False),
+        ("dare_linear drop=0.5 seed=3 rescale=inverse", {"method": "dare_linear", "models": three,
+                                                         "params": {"drop": 0.5, "seed": 3, "rescale": "inverse"}},
+         False),
+        ("dare_ties normalize rescale=inverse", {"method": "dare_ties", "models": three,
+                                                "params": {"normalize": True, "rescale": "inverse"}}, False),
         ("breadcrumbs", {"method": "breadcrumbs", "models": three}, False),
         ("consensus", {"method": "consensus", "models": three}, False),
         ("pcb", {"method": "pcb", "models": three}, False),

@@ -7,6 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis import sweeps
+from forgetlab.analysis.closed_form_sweeps import GRIDS
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
@@ -15,6 +16,7 @@ from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.textview import alpha_point_link
 
 page_header("Forgetting",
             "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -24,8 +26,9 @@ page_header("Forgetting",
 pool = require_pool()
 require_finetuned(pool, "sweep")
 
-KIND_LABELS = {"alpha": "WiSE-FT α curve", "pruning": "FAPM pruning curve (+ ablations)",
-               "density": "DARE / TIES density curve", "hma": "HMA grid (α per block)"}
+KIND_LABELS = {"alpha": "WiSE-FT α / SLERP t curve", "pruning": "FAPM pruning curve (+ ablations)",
+               "density": "DARE / TIES / DELLA / SCE density curve", "hma": "HMA grid (α per block)",
+               **{k: g[2] for k, g in GRIDS.items()}}
 RESULT_KEY = "forgetting_result"
 
 
@@ -48,7 +51,10 @@ with left:
     with show_errors():
         if kind == "alpha":
             text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas")
-            extra = {"alphas": parse_floats(text, "the α values")}
+            series = st.multiselect("series", list(sweeps.ALPHA_METHODS), default=["wise-ft"],
+                                    key="forgetting_alpha_methods",
+                                    help="slerp: mergekit's SLERP of the base and the model at t = α")
+            extra = {"alphas": parse_floats(text, "the α values"), "methods": series}
         elif kind == "pruning":
             text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios")
             scores = st.multiselect("scores", list(sweeps.PRUNING_SCORES), default=list(sweeps.PRUNING_SCORES),
@@ -57,10 +63,19 @@ with left:
             extra = {"ratios": parse_floats(text, "the pruning ratios"), "scores": scores}
         elif kind == "density":
             drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops")
-            keeps = st.text_input("TIES keep fractions", _csv(sweeps.DEFAULT_KEEPS), key="forgetting_keeps")
-            seed = st.number_input("DARE seed", 0, 2**31 - 1, 0, key="forgetting_seed")
+            keeps = st.text_input("TIES keep fractions (DELLA / SCE densities)", _csv(sweeps.DEFAULT_KEEPS),
+                                  key="forgetting_keeps")
+            series = st.multiselect("series", list(sweeps.DENSITY_METHODS), default=list(sweeps.DEFAULT_DENSITY_METHODS),
+                                    key="forgetting_density_methods",
+                                    help="della: MAGPRUNE at each density; sce: SCE of this model and the pool's "
+                                         "other fine-tuned models at select_topk = each density")
+            seed = st.number_input("DARE / DELLA seed", 0, 2**31 - 1, 0, key="forgetting_seed")
             extra = {"drops": parse_floats(drops, "the drop rates"), "seed": int(seed),
-                     "keeps": parse_floats(keeps, "the keep fractions")}
+                     "keeps": parse_floats(keeps, "the keep fractions"), "methods": series}
+        elif kind in GRIDS:
+            setting, default, _, label = GRIDS[kind]
+            text = st.text_input(label, _csv(default), key=f"forgetting_{setting}")
+            extra = {setting: parse_floats(text, f"the {label}")}
         else:
             text = st.text_area("α tuples (one per line)",
                                 "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
@@ -129,7 +144,10 @@ with right:
         for i, r in enumerate(results):
             st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}")
             r.mark_pareto()
-            st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}")
+            event = st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}", on_select="rerun",
+                                    selection_mode="points")
+            if r.kind == "alpha":
+                alpha_point_link(r.model, event, key=f"forgetting_text_{i}")
         frame = pd.concat([r.to_frame() for r in results], ignore_index=True)
         show_table(frame, key="forgetting_table")
         st.download_button("Download table (CSV)", frame.to_csv(index=False), file_name=f"forgetting-{model}.csv",

@@ -20,6 +20,7 @@ from forgetlab.ui.merge_form import param_widget, preset_form
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.textview import open_text_view
 
 page_header("Merge",
             "Pick fine-tuned models and a merge method; the merged model is written into the workspace and "
@@ -127,6 +128,8 @@ with right:
         if mk is not None:
             d2.download_button("Download as mergekit YAML", mk, file_name=f"{report['name']}.mergekit.yaml",
                                key="merge_download_mk")
+        if st.button("Open this merge in the Text view (against the base)", key="merge_text"):
+            open_text_view(report["name"])
 
 st.divider()
 render_search(pool, method, models, params, out_dtype=out_dtype, measure=measure, bench_settings=bench_settings,

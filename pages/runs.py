@@ -47,6 +47,10 @@ def _downloads(figs, key: str) -> None:
 def show_run(run) -> None:
     """One run: its recipe, results table, charts and downloads."""
     st.subheader(run_label(run))
+    if run.kind == "textdiff" and st.button("Open in the Text view", key=f"runs_text_{run.id}"):
+        from forgetlab.ui.textview import open_saved_text_view
+
+        open_saved_text_view(run.path)
     with st.expander("Recipe", expanded=False):
         st.json(run.recipe)
     with show_errors():

@@ -276,7 +276,7 @@ def test_run_once_follows_the_slot_job_shows_partial_and_hands_the_result_over_o
 def test_pages_are_listed_in_the_fixed_order_when_they_exist(tmp_path):
     from forgetlab.ui.navigation import PAGE_ORDER, existing_pages
 
-    assert [p.stem for p in PAGE_ORDER] == ["models", "linearity", "forgetting", "attribution", "features",
+    assert [p.stem for p in PAGE_ORDER] == ["models", "linearity", "forgetting", "attribution", "text", "features",
                                             "merge", "finetune", "runs"]
     for stem in ["runs", "merge", "models", "notes"]:
         (tmp_path / f"{stem}.py").write_text("")

@@ -237,6 +237,7 @@ EXPECTED = {
     'sweep alpha': {
         **SWEEP_COMMON,
         'alphas': (('--alphas',), '0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1', False, None, None, None, None),
+        'methods': (('--methods',), ['wise-ft'], False, None, None, '+', None),
     },
     'sweep pruning': {
         **SWEEP_COMMON,
@@ -254,7 +255,37 @@ EXPECTED = {
         **SWEEP_COMMON,
         'grid': (('--grid',), None, False, None, None, '+', None),
     },
+    'sweep lines': {
+        **SWEEP_COMMON,
+        'betas': (('--betas',), '0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1', False, None, None, None, None),
+    },
+    'sweep rank': {
+        **SWEEP_COMMON,
+        'ranks': (('--ranks',), '1,0.5,0.25,0.1,0.05,0.02,0.01', False, None, None, None, None),
+    },
+    'sweep iso': {
+        **SWEEP_COMMON,
+        'iso_alphas': (('--iso-alphas',), '0,0.25,0.5,0.75,1,1.25,1.5,2', False, None, None, None, None),
+    },
     'sweep': {},
+    'textdiff': {
+        'pool': ((), None, True, None, None, None, None),
+        'model': (('--model',), None, True, None, None, None, None),
+        'alpha': (('--alpha',), None, False, 'float', None, None, None),
+        'against': (('--against',), 'base', False, None, None, None, None),
+        'text': (('--text',), None, False, None, None, None, 'FILE'),
+        'split': (('--split',), None, False, None, ('heldout',), None, None),
+        'max_general': (('--max-general',), None, False, 'count', None, None, None),
+        'general_loss': (('--general-loss',), 'blocks', False, None, ('blocks', 'documents'), None, None),
+        'batch_size': (('--batch-size',), 16, False, 'count', None, None, None),
+        'device': (('--device',), None, False, '_device', None, None, None),
+        'no_lens': (('--no-lens',), False, False, None, None, 0, None),
+        'lens_blocks': (('--lens-blocks',), 64, False, 'int', None, None, None),
+        'top': (('--top',), 10, False, 'int', None, None, None),
+        'out': (('--out',), None, False, None, None, None, None),
+        'no_save': (('--no-save',), False, False, None, None, 0, None),
+        'overwrite': (('--overwrite',), False, False, None, None, 0, None),
+    },
     'zoo build': {
         **ZOO_COMMON,
         'force': (('--force',), False, False, None, None, 0, None),
@@ -275,6 +306,7 @@ POSITIONALS = {
     "slwm-weights": ["pool"], "merge": ["recipe", "out_dir"], "merge-export": ["recipe"], "pcb-search": ["recipe"],
     "inspect": ["ref"], "taskvec": ["pool"], "eval": ["pool"], "search": ["recipe"], "sweep alpha": ["pool"],
     "sweep pruning": ["pool"], "sweep density": ["pool"], "sweep hma": ["pool"],
+    "sweep lines": ["pool"], "sweep rank": ["pool"], "sweep iso": ["pool"], "textdiff": ["pool"],
 }
 SUBCOMMANDS = {"": ("command", False), "sweep": ("kind", True), "zoo": ("zoo_command", False)}
 FUNCS = {
@@ -282,7 +314,9 @@ FUNCS = {
     "linearity": "cmd_linearity", "slwm-weights": "cmd_slwm_weights", "merge": "_merge", "methods": "_methods",
     "merge-export": "_export", "pcb-search": "_pcb_search", "inspect": "cmd_inspect", "taskvec": "cmd_taskvec",
     "eval": "cmd_eval", "search": "cmd_search", "sweep alpha": "cmd_sweep", "sweep pruning": "cmd_sweep",
-    "sweep density": "cmd_sweep", "sweep hma": "cmd_sweep", "sweep": None, "zoo build": "cmd_build",
+    "sweep density": "cmd_sweep", "sweep hma": "cmd_sweep",
+    "sweep lines": "cmd_sweep", "sweep rank": "cmd_sweep", "sweep iso": "cmd_sweep", "sweep": None,
+    "textdiff": "cmd_textdiff", "zoo build": "cmd_build",
     "zoo show": "cmd_show", "zoo": "<lambda>", "": None,
 }
 # One wording per shared argument wherever it means the same thing; a per-command help only where the meaning
@@ -300,8 +334,9 @@ HELPS = {
 }
 # Commands whose --device default (None) ends on the CPU (ModelPool.load), and those where it means cuda when
 # available (load_model / check_device).
-CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval"}
-CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma"}
+CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff"}
+CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma",
+                "sweep lines", "sweep rank", "sweep iso"}
 
 
 def _parsers():
@@ -404,7 +439,8 @@ OUTPUT_OPTIONS = {
     "linearity": ["--out", "--curves"], "slwm-weights": ["--out"], "merge-export": ["--out"],
     "pcb-search": ["--out"], "taskvec": ["--out"], "eval": ["--out"], "search": ["--out", "--save-recipe"],
     "sweep alpha": ["--out"], "sweep pruning": ["--out"], "sweep density": ["--out"], "sweep hma": ["--out"],
-    "zoo show": ["--out"],
+    "sweep lines": ["--out"], "sweep rank": ["--out"], "sweep iso": ["--out"], "zoo show": ["--out"],
+    "textdiff": ["--out"],
 }
 
 

@@ -67,14 +67,53 @@ def _recipes(pool) -> dict[str, dict]:
                                                  {"model": b, "parameters": {"weight": 0.5}}],
                                       "parameters": {"normalize": True}, "tokenizer_source": "base",
                                       "dtype": "float32"},
+        # issue 25: per-layer gradients, filters, mergekit's own defaults, slices with passthrough
+        "ties_gradient": {"merge_method": "ties", "base_model": base,
+                          "models": [{"model": a, "parameters": {"weight": [1.0, 0.5], "density": [0.2, 0.8]}},
+                                     {"model": b, "parameters": {"weight": 1.0, "density": [0.2, 0.8]}}],
+                          "parameters": {"lambda": [{"filter": "self_attn", "value": [0.5, 1.5]},
+                                                    {"filter": "mlp", "value": 0.7}, {"value": 1.0}]},
+                          "dtype": "float32"},
+        "ties_sum_rescale": {"merge_method": "ties", "base_model": base,
+                             "models": [{"model": a, "parameters": {"weight": 1.0, "density": 0.3}},
+                                        {"model": b, "parameters": {"weight": 0.5, "density": 0.3}}],
+                             "parameters": {"normalize": False, "rescale": True}, "dtype": "float32"},
+        "breadcrumbs_normalize": {"merge_method": "breadcrumbs", "base_model": base,
+                                  "models": [{"model": a, "parameters": {"weight": 1.0, "density": 0.3, "gamma": 0.05}},
+                                             {"model": b, "parameters": {"weight": 0.5, "density": 0.3,
+                                                                         "gamma": 0.05}}],
+                                  "parameters": {"normalize": True, "rescale": True}, "dtype": "float32"},
+        "passthrough_slices": {"merge_method": "passthrough", "base_model": base,
+                               "slices": [{"sources": [{"model": a, "layer_range": [0, 2]}]},
+                                          {"sources": [{"model": b, "layer_range": [1, 2]}],
+                                           "parameters": {"scale": [{"filter": "o_proj", "value": 0.0},
+                                                                    {"value": 1.0}]}}],
+                               "dtype": "float32"},
+        "task_arithmetic_slices": {"merge_method": "task_arithmetic", "base_model": base,
+                                   "slices": [{"sources": [{"model": base, "layer_range": [0, 2]},
+                                                           {"model": a, "layer_range": [0, 2],
+                                                            "parameters": {"weight": [0.2, 1.0]}},
+                                                           {"model": b, "layer_range": [0, 2],
+                                                            "parameters": {"weight": 0.5}}]}],
+                                   "dtype": "float32"},
         "linear_base": {"merge_method": "linear", "base_model": base,
                         "models": [{"model": a, "parameters": {"weight": 1.0}},
                                    {"model": b, "parameters": {"weight": 1.0}}],
                         "parameters": {"weight": 2.0}, "dtype": "float32"},
+        # mergekit's own defaults for dare_ties (normalize: false, rescale: true): random masks
+        "dare_ties_default": {"merge_method": "dare_ties", "base_model": base,
+                              "models": [{"model": a, "parameters": {"weight": 1.0, "density": 0.5}},
+                                         {"model": b, "parameters": {"weight": 1.0, "density": 0.5}}],
+                              "dtype": "float32"},
     }
 
 
-MULTI = ("linear", "task_arithmetic", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize", "linear_base")
+MULTI = ("linear", "task_arithmetic", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize", "linear_base",
+         "ties_gradient", "ties_sum_rescale", "breadcrumbs_normalize", "passthrough_slices", "task_arithmetic_slices",
+         "dare_ties_default")
+DETERMINISTIC = ("linear", "task_arithmetic", "ties", "breadcrumbs", "dare_ties_normalize", "task_arithmetic_normalize",
+                 "linear_base", "ties_gradient", "ties_sum_rescale", "breadcrumbs_normalize", "passthrough_slices",
+                 "task_arithmetic_slices")
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +150,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     return t
 
 
-@pytest.mark.parametrize("method", ["linear", "task_arithmetic", "ties", "breadcrumbs", "dare_ties_normalize",
-                                    "task_arithmetic_normalize", "linear_base"])
+@pytest.mark.parametrize("method", DETERMINISTIC)
 def test_same_output_as_mergekit(mergekit_outputs, tmp_path, method):
     files, outs = mergekit_outputs
     ours = run(files[method], tmp_path / "ours")
@@ -121,6 +159,10 @@ def test_same_output_as_mergekit(mergekit_outputs, tmp_path, method):
     assert set(a) == set(b)
     worst = max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
     assert worst <= 1e-6, f"{method}: max |mergekit − forgetlab| = {worst}"
+    if "slices" in method:
+        import json
+        cfg = [json.loads((d / "config.json").read_text())["num_hidden_layers"] for d in (outs[method], ours.out_dir)]
+        assert cfg[0] == cfg[1]
     # the merge did something (not a copy of the base), so equality is meaningful
     assert any(float((a[k] - _base_tensor(files, method, k)).abs().max()) > 1e-4 for k in list(a)[:5])
 
@@ -129,3 +171,20 @@ def _base_tensor(files, method, name):
     from forgetlab.core.checkpoints import open_checkpoint
     rec = yaml.safe_load(files[method].read_text())
     return open_checkpoint(rec.get("base_model") or rec["models"][0]["model"]).read(name)
+
+
+def test_dare_ties_default_matches_mergekit_statistically(mergekit_outputs, tmp_path):
+    """mergekit's dare_ties defaults (the sum of the agreeing entries, L1 rescale) with random masks: the share
+    of entries changed and the mean |merged − base| agree within a few per cent (issue 25's 0.293 vs 0.399 was
+    forgetlab's former disjoint mean)."""
+    files, outs = mergekit_outputs
+    ours = run(files["dare_ties_default"], tmp_path / "ours")
+    a, b = _tensors(outs["dare_ties_default"]), _tensors(ours.out_dir)
+    base = {k: _base_tensor(files, "dare_ties_default", k) for k in a}
+    big = [k for k in a if a[k].numel() >= 1000]
+    def stats(t):
+        d = torch.cat([(t[k].float() - base[k].float()).reshape(-1) for k in big])
+        return float((d != 0).float().mean()), float(d.abs().mean())
+    (fa, ma), (fb, mb) = stats(a), stats(b)
+    assert abs(fa - fb) < 0.03, (fa, fb)
+    assert abs(ma - mb) / ma < 0.05, (ma, mb)

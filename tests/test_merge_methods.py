@@ -87,11 +87,19 @@ def test_dare_hand_computed_against_the_generator():
 def test_dare_linear_and_dare_ties_in_state_dicts_follow_their_formulas():
     base = sd(w=[0.0] * 64)
     fts = [{"w": torch.randn(64, generator=torch.Generator().manual_seed(i))} for i in range(2)]
-    out = merge_state_dicts("dare_linear", base, fts, drop=0.3, seed=5)
+    # forgetlab's DARE before issue 25: survivors × 1/(1 − p), dare_ties the disjoint mean
+    out = merge_state_dicts("dare_linear", base, fts, drop=0.3, seed=5, rescale="inverse")
     parts = [dare(f["w"], 0.3, tensor_generator(5, "w", i)) for i, f in enumerate(fts)]
     assert torch.allclose(out["w"], parts[0] + parts[1])
-    out_t = merge_state_dicts("dare_ties", base, fts, drop=0.3, seed=5)
+    out_t = merge_state_dicts("dare_ties", base, fts, drop=0.3, seed=5, rescale="inverse", normalize=True)
     assert torch.allclose(out_t["w"], ties.ties_combine(parts))
+    # mergekit's defaults: survivors keep the L1 norm of τ, dare_ties sums the agreeing entries
+    l1 = [dare(f["w"], 0.3, tensor_generator(5, "w", i), "l1") for i, f in enumerate(fts)]
+    for f, part in zip(fts, l1):
+        assert torch.isclose(part.abs().sum(), f["w"].abs().sum())
+    assert torch.allclose(merge_state_dicts("dare_linear", base, fts, drop=0.3, seed=5)["w"], l1[0] + l1[1])
+    assert torch.allclose(merge_state_dicts("dare_ties", base, fts, drop=0.3, seed=5)["w"],
+                          ties.ties_combine(l1, normalize=False))
 
 
 def test_breadcrumbs_hand_computed():
@@ -202,7 +210,7 @@ def test_ties_one_model_keep_one_is_task_arithmetic():
 def test_dare_drop_zero_is_task_arithmetic_or_ties(method):
     b, fs = _rand_sd(0), [_rand_sd(1), _rand_sd(2)]
     ref = "task_arithmetic" if method == "dare_linear" else "ties"
-    extra = {} if method == "dare_linear" else {"keep": 1.0}
+    extra = {} if method == "dare_linear" else {"keep": 1.0, "normalize": False}  # mergekit's dare_ties: a sum
     out, exp = merge_state_dicts(method, b, fs, drop=0.0), merge_state_dicts(ref, b, fs, **extra)
     for k in b:
         assert torch.allclose(out[k], exp[k], atol=1e-6)

@@ -68,7 +68,7 @@ def test_mergekit_export_round_trips_through_import():
                           "params": {"keep": 0.25, "lam": 0.9}})
     mk = r.to_mergekit()
     assert mk["models"][0]["parameters"] == {"weight": 2.0, "density": 0.25}
-    assert mk["parameters"] == {"lambda": 0.9, "normalize": True}
+    assert mk["parameters"] == {"lambda": 0.9, "normalize": True, "rescale": False}
     back = Recipe.from_mergekit(mk)
     assert back.validated_params() == r.validated_params()
 
@@ -79,9 +79,6 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
     with pytest.raises(ParameterError, match="one value"):
         load_recipe({"merge_method": "ties", "base_model": "b",
                      "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
-    with pytest.raises(ParameterError, match="normalize"):
-        load_recipe({"merge_method": "ties", "base_model": "b", "models": [{"model": "a"}],
-                     "parameters": {"normalize": False}})
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
         Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
     with pytest.raises(ParameterError, match="scope: tensor"):
@@ -196,10 +193,12 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
     recipe = pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "weights": [0.25, 1.5]})
     method, models, params = recipe_form(pool, recipe.to_dict())
     assert (method, models) == ("ties", ["ft1", "ft0"])
-    assert params == {"keep": 0.3, "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5]}
+    assert params == {"keep": 0.3, "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5], "normalize": True,
+                      "rescale": False}
     assert pool_recipe(pool, method, models, params).to_dict() == \
         pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "lam": 1.0, "scope": "tensor",
-                                                   "weights": [0.25, 1.5]}).to_dict()
+                                                   "weights": [0.25, 1.5], "normalize": True,
+                                                   "rescale": False}).to_dict()
     linear = load_recipe({"method": "linear", "base": str(tiny_llama.base),
                           "models": [str(tiny_llama.base), str(tiny_llama.finetuned["ft0"])]})
     with pytest.raises(ParameterError, match="lists the base among the models"):
@@ -218,67 +217,45 @@ def _mk(method="dare_ties", models=("/m/a", "/m/c"), base="/m/b", **top):
     return d
 
 
-def test_dare_ties_is_mergekits_normalize_true_both_ways():
-    """forgetlab's dare_ties takes the disjoint mean: mergekit's `normalize: true`. mergekit 0.1.5's default for
-    dare_ties is normalize: false (a sum of the agreeing entries), which forgetlab does not have: refused by
-    name; `normalize: true` is imported; merge-export writes `normalize: true`."""
-    r = Recipe.from_mergekit(_mk(parameters={"normalize": True}))
-    assert (r.method, r.params["drop"]) == ("dare_ties", pytest.approx(0.3))
-    with pytest.raises(ParameterError, match=r"normalize: false.*sum.*`normalize: true`"):
-        Recipe.from_mergekit(_mk())                                   # mergekit's default: the sum
-    with pytest.raises(ParameterError, match=r"normalize: false.*`normalize: true`"):
-        Recipe.from_mergekit(_mk(parameters={"normalize": False}))
+def test_dare_ties_means_what_mergekit_means_both_ways():
+    """issue 25: mergekit's dare_ties defaults to normalize: false (the sum of the agreeing entries) and rescale:
+    true (the L1 rule); both are imported as such, normalize: true too, and merge-export writes them back."""
+    r = Recipe.from_mergekit(_mk())
+    assert (r.method, r.params["drop"], r.params["normalize"], r.params["rescale"]) == \
+        ("dare_ties", pytest.approx(0.3), False, "l1")
+    assert Recipe.from_mergekit(_mk(parameters={"normalize": True})).params["normalize"] is True
+    assert Recipe.from_mergekit(_mk(parameters={"rescale": False})).params["rescale"] == "none"
     ours = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a", "/c"], "params": {"drop": 0.2}})
     mk = ours.to_mergekit()
-    assert mk["parameters"]["normalize"] is True and mk["parameters"]["rescale"] is True
+    assert mk["parameters"]["normalize"] is False and mk["parameters"]["rescale"] is True
     assert Recipe.from_mergekit(mk).validated_params() == ours.validated_params()
+    former = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a"], "params": {"rescale": "inverse"}})
+    with pytest.raises(ParameterError, match=r"1/\(1 − p\).*rescale: l1"):
+        former.to_mergekit()
 
 
-def test_ties_normalize_maps_exactly_or_is_refused():
-    """ties: normalize defaults to true in mergekit (forgetlab's mean): imported, and exported as true;
-    normalize: false (a sum) is refused with the fix."""
-    assert Recipe.from_mergekit(_mk("ties")).method == "ties"
-    assert Recipe.from_mergekit(_mk("ties", parameters={"normalize": True})).method == "ties"
-    with pytest.raises(ParameterError, match=r"ties with normalize: false.*remove it or write `normalize: true`"):
-        Recipe.from_mergekit(_mk("ties", parameters={"normalize": False}))
+def test_ties_normalize_and_rescale_are_imported_and_exported():
+    """ties: normalize (default true: the disjoint mean; false: the sum) and rescale (L1) are read and written."""
+    assert Recipe.from_mergekit(_mk("ties")).params["normalize"] is True
+    assert Recipe.from_mergekit(_mk("ties", parameters={"normalize": False})).params["normalize"] is False
+    assert Recipe.from_mergekit(_mk("ties", parameters={"rescale": True})).params["rescale"] is True
+    assert Recipe.from_mergekit(_mk("breadcrumbs", parameters={"rescale": True})).params["rescale"] is True
     ours = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/c"], "params": {"keep": 0.3}})
     assert ours.to_mergekit()["parameters"]["normalize"] is True
 
 
-def test_ties_and_breadcrumbs_rescale_true_is_refused_unless_nothing_is_trimmed():
-    """rescale: true (mergekit's L1 rescale of each trimmed task vector, default false) is refused by name for
-    ties and breadcrumbs unless nothing is trimmed (density 1)."""
-    with pytest.raises(ParameterError, match=r"rescale: true.*L1.*Remove `rescale`"):
-        Recipe.from_mergekit(_mk("ties", parameters={"rescale": True}))
-    with pytest.raises(ParameterError, match=r"rescale: true"):
-        Recipe.from_mergekit(_mk("breadcrumbs", parameters={"rescale": True}))
-    one = _mk("ties", parameters={"rescale": True})
-    for e in one["models"]:
-        e["parameters"]["density"] = 1.0
-    assert Recipe.from_mergekit(one).params["keep"] == 1.0            # nothing trimmed: nothing rescaled
-
-
 @pytest.mark.parametrize("method", ["task_arithmetic", "dare_linear", "breadcrumbs"])
-def test_normalize_true_without_consensus_divides_the_weights_by_their_sum(method):
-    """mergekit's normalize: true for the methods without sign election divides Σ wt·τt by Σ wt: the same as
-    weights wt / Σ w (hand-computed here; the parity test compares task_arithmetic with mergekit's output)."""
+def test_normalize_true_without_consensus_is_the_methods_parameter(method):
+    """mergekit's normalize: true for the methods without sign election (Σ wt·τt / Σ wt) is the method's own
+    `normalize`; the weights stay as written, and the round trip keeps it."""
     d = _mk(method, parameters={"normalize": True})
     d["models"][1]["parameters"]["weight"] = 0.5
     if method == "task_arithmetic":
         for e in d["models"]:
             del e["parameters"]["density"]
     r = Recipe.from_mergekit(d)
-    assert r.validated_params()["weights"] == pytest.approx([1 / 1.5, 0.5 / 1.5])
+    assert r.validated_params()["weights"] == [1.0, 0.5] and r.validated_params()["normalize"] is True
     assert Recipe.from_mergekit(r.to_mergekit()).validated_params() == r.validated_params()
-
-
-def test_cli_refuses_mergekit_default_dare_ties_and_writes_nothing(tiny_llama, tmp_path, capsys):
-    mk = _mk(models=[str(p) for p in tiny_llama.finetuned.values()], base=str(tiny_llama.base))
-    (tmp_path / "mk.yaml").write_text(yaml.safe_dump(mk))
-    assert main(["merge", str(tmp_path / "mk.yaml"), str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err
-    assert "normalize: true" in err and "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mk.yaml"]
 
 
 def test_lora_entry_mapping_is_read_as_base_plus_adapter():
@@ -350,9 +327,8 @@ def test_linear_with_a_base_model_averages_the_base_in():
 
 @pytest.mark.parametrize("extra, says", [
     ({"chat_template": "chatml"}, "chat_template"),
-    ({"tokenizer": {"source": "union"}}, "`tokenizer:`"),
-    ({"tokenizer_source": "union"}, "tokenizer_source: union"),
-    ({"tokenizer_source": "/m/a"}, "tokenizer_source"),
+    ({"tokenizer_source": "/m/elsewhere"}, "not among the recipe's models"),
+    ({"tokenizer_source": "union", "tokenizer": {"source": "base"}}, "both tokenizer_source and tokenizer:"),
     ({"modules": {"text_decoder": {"models": [{"model": "/m/a"}]}}}, "`modules`"),
     ({"merge_methd": "ties"}, "merge_methd"),
     ({"parameters": {"normalize": True, "epsilon": 0.1}}, "epsilon"),
@@ -398,7 +374,7 @@ def test_export_refuses_a_model_listed_twice():
         r.to_mergekit()
 
 
-@pytest.mark.parametrize("extra, says", [({"parameters": {"rescale": True}}, "rescale: true"),
+@pytest.mark.parametrize("extra, says", [({"parameters": {"lambda": "x"}}, "lam must be a number"),
                                          ({"chat_template": "chatml"}, "chat_template"),
                                          ({"duplicate": True}, "twice")])
 def test_cli_refuses_mergekit_settings_by_name_and_writes_nothing(tiny_llama, tmp_path, capsys, extra, says):

@@ -1,6 +1,6 @@
 """The verbs every analysis shares, so that the app, the CLI and scripts drive each one the same way:
 
-    a = get("sweep")                      # or "linearity", "features", "attribution", "search", "taskvec"
+    a = get("sweep")                      # or "linearity", "features", "attribution", "search", "taskvec", "textdiff"
     settings = a.settings(kind="alpha", model="math")
     a.check(settings, pool)               # ForgetlabError for bad settings, before any model is loaded
     result = a.run(pool, settings, progress, executor)
@@ -22,7 +22,8 @@ from forgetlab.core.errors import ParameterError
 
 MODULES = {"sweep": "forgetlab.analysis.sweeps", "linearity": "forgetlab.analysis.linearity",
            "features": "forgetlab.analysis.features", "attribution": "forgetlab.analysis.attribution",
-           "search": "forgetlab.analysis.search", "taskvec": "forgetlab.analysis.taskvec"}
+           "search": "forgetlab.analysis.search", "taskvec": "forgetlab.analysis.taskvec",
+           "textdiff": "forgetlab.analysis.textdiff"}
 
 
 @dataclass(frozen=True)

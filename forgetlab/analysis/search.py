@@ -47,6 +47,7 @@ class SearchPoint:
     index: int
     values: list[float]
     alphas: Optional[list[float]] = None
+    scalars: Optional[list[float]] = None      # the searched method-wide parameters (`SearchResult.scalar_names`)
     speciality: float = float("nan")
     answer_loss: float = float("nan")
     general_loss: float = float("nan")
@@ -86,6 +87,7 @@ class SearchResult:
     settings: dict[str, Any] = field(default_factory=dict)      # budget, seed, sigma0, bounds, hma_blocks, task…
     executor: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    scalar_names: list[str] = field(default_factory=list)   # method-wide parameters searched (lines: alpha, beta)
 
     @property
     def best_point(self) -> Optional[SearchPoint]:
@@ -99,6 +101,8 @@ class SearchResult:
             row: dict[str, Any] = {"index": p.index}
             for m, v in zip(self.models, p.values):
                 row[f"{self.param}:{m}"] = v
+            for name, v in zip(self.scalar_names, p.scalars or []):
+                row[name] = v
             for b, a in enumerate(p.alphas or []):
                 row[f"alpha_{b + 1}"] = a
             row.update(speciality=p.speciality, answer_loss=p.answer_loss, general_loss=p.general_loss,
@@ -148,10 +152,12 @@ class _SearchState:
     """A search worker: base and fine-tuned weights resident (float32), one working copy of the model."""
 
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
-                 model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None):
+                 model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None,
+                 scalars: Sequence[str] = ()):
         from forgetlab.core.checkpoints import load_model, open_checkpoint
 
         self.pool, self.method, self.params, self.param = pool, method, dict(params), param
+        self.scalars = list(scalars)
         base = open_checkpoint(base_ref)
         self.base = base.state_dict(torch.float32)
         self.fts = [open_checkpoint(r, base=base).state_dict(torch.float32) for r in model_refs]
@@ -180,10 +186,11 @@ class _SearchState:
             self._write(self.base)
             name = "base"
         else:
-            values, alphas = item
+            values, scalars, alphas = item
             params = dict(self.params)
             if self.param is not None:
                 params[self.param] = [float(v) for v in values]
+            params.update({n: float(v) for n, v in zip(self.scalars, scalars)})
             merged = merge_state_dicts(self.method, self.base, self.fts, config=self.config, **params)
             if alphas:      # then HMA between the base and that merge: one α per block of layers
                 hma = TensorMerger("hma", {"alphas": list(alphas)}, config=self.config, names=list(self.base))
@@ -235,10 +242,26 @@ def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
     return (em if measure == "exact_match" else al), al
 
 
+def search_scalars(method: str, param: Optional[str] = None, scalars: Optional[Sequence[str]] = None) -> list[str]:
+    """The method-wide parameters a search tunes: `scalars` when given, else the method's own choice
+    (`MethodSpec.extra["search_scalars"]`: lines' α and β) when no per-model `param` is named."""
+    from forgetlab.merge.registry import get_method
+
+    spec = get_method(method)
+    if scalars is None:
+        return list(spec.extra.get("search_scalars", ())) if param is None else []
+    names = list(scalars)
+    for n in names:
+        p = spec.param(n)
+        if p.type != "float" or p.per_model:
+            raise ParameterError(f"{method}: {n} is not a single number that a search can tune.")
+    return names
+
+
 def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: Optional[str], param: Optional[str],
-             bounds: tuple[float, float], hma_blocks: int, benchmarks):
+             bounds: tuple[float, float], hma_blocks: int, benchmarks, scalars: Optional[Sequence[str]] = None):
     """The search's checks of its settings (see `check_search`); returns (recipe, the searched parameter's spec
-    or None, (low, high))."""
+    or None, (low, high), the searched method-wide parameters)."""
     from forgetlab.merge.recipes import load_recipe
 
     recipe = load_recipe(recipe)
@@ -264,24 +287,25 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
                              "and held-out general text (pool.yaml probes).")
     if task is not None and task not in pool.task_names:
         raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names)}.")
-    pspec = _per_model_param(recipe.method, param)
-    if pspec is None and not hma_blocks:
+    names = search_scalars(recipe.method, param, scalars)
+    pspec = None if (names and param is None) else _per_model_param(recipe.method, param)
+    if pspec is None and not hma_blocks and not names:
         raise ParameterError(f"{recipe.method} has no per-model weight to search; pick another method or search "
                              "per-block α with hma_blocks.")
     if pspec is not None and pspec.range and (lo < pspec.range[0] or hi > pspec.range[1]):
         raise ParameterError(f"bounds {bounds} leave {pspec.name}'s range {pspec.range}.")
     recipe.validated_params()
-    return recipe, pspec, (lo, hi)
+    return recipe, pspec, (lo, hi), names
 
 
 def check_search(recipe, pool, *, budget: int = 30, objective: str = "constrained", measure: str = "exact_match",
                  task: Optional[str] = None, param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0),
-                 hma_blocks: int = 0, benchmarks=None, **_ignored) -> None:
+                 hma_blocks: int = 0, benchmarks=None, scalars: Optional[Sequence[str]] = None, **_ignored) -> None:
     """Raise the ForgetlabError that `search(recipe, pool, ...)` would raise for these settings (recipe, budget,
     objective, measure, task, parameter, bounds, probe data), without loading a model: the app checks a search
     before starting it in the background. Other `search` keyword arguments are accepted and ignored."""
     _checked(recipe, pool, budget=budget, objective=objective, measure=measure, task=task, param=param,
-             bounds=bounds, hma_blocks=hma_blocks, benchmarks=benchmarks)
+             bounds=bounds, hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars)
 
 
 def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", max_forgetting: float = 0.05,
@@ -289,12 +313,15 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
            param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
            sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
            batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
-           executor=None, on_point=None, progress: Progress = None, benchmarks=None) -> SearchResult:
+           executor=None, on_point=None, progress: Progress = None, benchmarks=None,
+           scalars: Optional[Sequence[str]] = None) -> SearchResult:
     """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
     its per-model values (or the parameter's default) are the start. `budget` counts candidate evaluations
     (the start included; the base's own evaluation is extra). `on_point(point, result)` after each point.
     `measure` may be an lm-eval `TASK/METRIC` of the tasks in `benchmarks` (a BenchmarkSpec), run on every
-    candidate as mergekit-evolve scores merges."""
+    candidate as mergekit-evolve scores merges. `scalars`: method-wide numeric parameters searched too (default:
+    the method's choice, e.g. lines' α and β, searched instead of its per-model weights), within `bounds` and
+    their own ranges."""
     from forgetlab.executors import make_executor
     from forgetlab.merge.recipes import ModelEntry
 
@@ -304,9 +331,9 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
             import cma
     except ImportError:  # pragma: no cover - cma is a dependency
         raise MissingDependencyError("The merge search needs the cma package: pip install cma") from None
-    recipe, pspec, (lo, hi) = _checked(recipe, pool, budget=budget, objective=objective, measure=measure,
-                                       task=task, param=param, bounds=bounds, hma_blocks=hma_blocks,
-                                       benchmarks=benchmarks)
+    recipe, pspec, (lo, hi), scalar_names = _checked(recipe, pool, budget=budget, objective=objective,
+                                                     measure=measure, task=task, param=param, bounds=bounds,
+                                                     hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars)
     base_params = recipe.validated_params()
     n = len(recipe.models)
     start: list[float] = []
@@ -314,16 +341,23 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
         v = base_params.get(pspec.name, pspec.default)
         start = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v] * n)]
         start = [min(hi, max(lo, x)) for x in start]
-    x0 = start + [1.0] * int(hma_blocks)
-    lows = [lo] * len(start) + [0.0] * int(hma_blocks)
-    highs = [hi] * len(start) + [1.0] * int(hma_blocks)
+    from forgetlab.merge.registry import get_method
+
+    mspec = get_method(recipe.method)
+    s_lows = [max(lo, mspec.param(n).range[0]) if mspec.param(n).range else lo for n in scalar_names]
+    s_highs = [min(hi, mspec.param(n).range[1]) if mspec.param(n).range else hi for n in scalar_names]
+    s0 = [min(h, max(low, float(base_params[n]))) for n, low, h in zip(scalar_names, s_lows, s_highs)]
+    ns = len(start) + len(s0)
+    x0 = start + s0 + [1.0] * int(hma_blocks)
+    lows = [lo] * len(start) + s_lows + [0.0] * int(hma_blocks)
+    highs = [hi] * len(start) + s_highs + [1.0] * int(hma_blocks)
     models = [_label(pool, m.model) for m in recipe.models]
     eval_kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task)
     refs = [pool.resolve_ref(m.model) for m in recipe.models]
     factory = _SearchFactory(pool, recipe.method, base_params, pspec.name if pspec else None,
-                             pool.resolve_ref(recipe.base), refs, device, eval_kw, benchmarks)
+                             pool.resolve_ref(recipe.base), refs, device, eval_kw, benchmarks, scalar_names)
     executor = make_executor(executor)
-    settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi],
+    settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi], scalars=scalar_names,
                     hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw,
                     benchmarks=benchmarks.to_dict() if benchmarks is not None else None)
     t_start = time.perf_counter()
@@ -337,16 +371,18 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
         base_spec, _ = _scores(base_card, task, measure)
         result = SearchResult(recipe.method, pspec.name if pspec else None, models, objective, measure,
                               float(max_forgetting), float(forgetting_weight), base_card.general_loss, base_spec,
-                              recipe=recipe.to_dict(), settings=settings, executor={"name": executor.name})
+                              recipe=recipe.to_dict(), settings=settings, executor={"name": executor.name},
+                              scalar_names=scalar_names)
         sign = 1.0 if higher_is_better(measure) else -1.0
 
         def run(xs: list[list[float]]) -> list[float]:
-            items = [(x[: len(start)], x[len(start):] or None) for x in xs]
+            items = [(x[: len(start)], x[len(start):ns], x[ns:] or None) for x in xs]
             outs = workers.map(items, progress=None)
             js = []
             for x, out in zip(xs, outs):
                 p = SearchPoint(len(result.points), [float(v) for v in x[: len(start)]],
-                                [float(v) for v in x[len(start):]] or None, executor=executor.name,
+                                [float(v) for v in x[ns:]] or None, [float(v) for v in x[len(start):ns]] or None,
+                                executor=executor.name,
                                 seconds=out.seconds, worker=dict(out.worker or {}), error=out.error)
                 if out.ok:
                     card = out.value
@@ -388,6 +424,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
             key = pspec.model_key or pspec.name
             entries = [ModelEntry(m.model, {**m.params, key: round(v, 6)}) for m, v in zip(recipe.models, best.values)]
         params = {k: v for k, v in recipe.params.items() if pspec is None or k != pspec.name}
+        params.update({n: round(v, 6) for n, v in zip(scalar_names, best.scalars or [])})
         out = type(recipe)(recipe.method, recipe.base, entries, params, recipe.dtype, recipe.seed, recipe.name,
                            recipe.pool)
         result.best_recipe = out.to_dict()
@@ -456,6 +493,7 @@ class SearchSettings:
     param: Optional[str] = None
     bounds: Optional[tuple[float, float]] = None
     hma_blocks: Optional[int] = None
+    scalars: Optional[Sequence[str]] = None
     sigma0: Optional[float] = None
     popsize: Optional[int] = None
     seed: Optional[int] = None

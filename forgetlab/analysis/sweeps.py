@@ -3,12 +3,16 @@
 Each sweep takes a pool and one fine-tuned model θ1 (task vector τ = θ1 − θ0) and evaluates a series of
 models built from θ0 and θ1 (docs/methods.md):
 
-- `alpha_curve`   WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1, α ∈ {0, 0.1, …, 1} by default;
+- `alpha_curve`   WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1, α ∈ {0, 0.1, …, 1} by default, and beside it (series
+                  "slerp") mergekit's SLERP of θ0 and θ1 at t = α (docs/methods.md#slerp);
 - `pruning_curve` FAPM θ = θ0 + mask ⊙ τ over pruning ratios, with the "magnitude" and "relative" ablations
                   as extra series on the same axes;
 - `density_curve` DARE (drop rate p, survivors rescaled by 1/(1 − p)) and TIES trimming (keep fraction by
                   |τ|; with one task vector sign election and the disjoint mean leave the trimmed τ as is),
-                  both plotted against the density (share of τ's entries that survive: 1 − p, or keep);
+                  both plotted against the density (share of τ's entries that survive: 1 − p, or keep),
+                  and beside them DELLA (MAGPRUNE at density d, docs/methods.md#della) and SCE (select_topk = d;
+                  SCE's selection needs the variance across task vectors, so that series merges θ1 with the
+                  pool's other fine-tuned models, docs/methods.md#sce) over the keeps grid;
 - `hma_grid`      HMA: one α per block of decoder layers, over a list of α tuples (the MoFO rebuttal's 15
                   triples by default).
 
@@ -48,19 +52,23 @@ from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.executors import PoolWorkerFactory
 from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
 
-KINDS = ("alpha", "pruning", "density", "hma")
+KINDS = ("alpha", "pruning", "density", "hma", "lines", "rank", "iso")
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 DEFAULT_RATIOS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
 PRUNING_SCORES = ("fapm", "magnitude", "relative")
 DEFAULT_DROPS = (0.0, 0.5, 0.7, 0.9, 0.95, 0.99)
 DEFAULT_KEEPS = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.01)
-DENSITY_METHODS = ("dare", "ties")
+DENSITY_METHODS = ("dare", "ties", "della", "sce")
+DEFAULT_DENSITY_METHODS = ("dare", "ties")
+ALPHA_METHODS = ("wise-ft", "slerp")
+DELLA_EPSILON = 0.15  # mergekit's default ε, narrowed where density ± ε would leave (0, 1)
 HMA_TRIPLES = (
     (0.05, 0.2, 0.35), (0.1, 0.2, 0.3), (0.2, 0.2, 0.2), (0.3, 0.2, 0.1), (0.35, 0.2, 0.05),
     (0.3, 0.5, 0.7), (0.4, 0.5, 0.6), (0.5, 0.5, 0.5), (0.6, 0.5, 0.4), (0.7, 0.5, 0.3),
     (0.65, 0.8, 0.95), (0.7, 0.8, 0.9), (0.8, 0.8, 0.8), (0.9, 0.8, 0.7), (0.95, 0.8, 0.65),
 )
 X_NAMES = {"alpha": "alpha", "pruning": "ratio", "density": "density", "hma": "mean_alpha"}
+X_NAMES.update(lines="beta", rank="keep", iso="alpha")      # the closed-form curves (closed_form_sweeps)
 
 
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
@@ -77,6 +85,7 @@ class _Spec:
     fn: TensorMerger
     same_as: Optional[str] = None   # key of an identical model already evaluated (shared endpoints)
     key: Optional[str] = None
+    others: tuple[str, ...] = ()    # further fine-tuned models the merge takes after θ1 (SCE)
 
 
 def _check_model(pool, model: str) -> None:
@@ -162,7 +171,7 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
             for j in [i, *copies[i]]:
                 on_point(slots[j], result)
 
-    executor.map(factory, [(specs[i].fn, f"{model}:{labels[i]}") for i in run], on_result=landed,
+    executor.map(factory, [(specs[i].fn, f"{model}:{labels[i]}", specs[i].others) for i in run], on_result=landed,
                  progress=progress)
     result.executor = executor.describe()
     result.seconds = time.perf_counter() - start
@@ -200,10 +209,15 @@ class _SweepState:
             self.benchmarks = benchmarks
             self.manager = manager or task_manager(benchmarks.include, benchmarks.all_tasks)
 
+    def _targets(self, others: Sequence[str]) -> list:
+        from forgetlab.merge.working_copy import LazyTensors
+
+        return [self.work.tuned, *(LazyTensors(self.pool.checkpoint(m), self.work.names) for m in others)]
+
     def __call__(self, item, progress: Progress = None) -> tuple[Scorecard, float]:
-        fn, name = item
+        fn, name, *rest = item
         report(progress, 0.0, f"{name.partition(':')[2]}: writing weights")
-        self.work.set(fn, [self.work.tuned])
+        self.work.set(fn, self._targets(rest[0] if rest else ()))
         dist = _distance(self.work)
         card = evaluate(self.work.model, self.pool.tokenizer, self.pool.probes, name=name,
                         benchmarks=self.benchmarks, benchmark_manager=self.manager,
@@ -238,19 +252,48 @@ def _wise(alpha: float) -> TensorMerger:
     return TensorMerger("wise_ft", {"alpha": alpha})
 
 
-def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, task: Optional[str] = None,
-                device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
-                max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
-                progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
-    """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1).
+def _slerp(t: float) -> TensorMerger:
+    """SLERP of θ0 and θ1 at t (the registry's `slerp`, mergekit's); t = 0 is θ0 and t = 1 is θ1, exactly."""
+    if t <= 0 or t >= 1:
+        return _wise(1.0 if t >= 1 else 0.0)
+    return TensorMerger("slerp", {"t": t})
 
-    α = 0 is the base and α = 1 the fine-tuned model, bit for bit. `on_point(point, result)` is called after
-    each point with the result so far.
+
+def _check_methods(methods: Sequence[str], choices: Sequence[str], what: str) -> list[str]:
+    methods = list(methods or [])
+    if not methods:
+        raise ParameterError(f"Give at least one {what}: {', '.join(choices)}.")
+    for m in methods:
+        if m not in choices:
+            raise ParameterError(f"Unknown {what} {m!r}; choose from {', '.join(choices)}.")
+    return methods
+
+
+def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, methods: Sequence[str] = ("wise-ft",),
+                task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
+                max_general: Optional[int] = None, max_task: Optional[int] = None,
+                tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
+                progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
+    """WiSE-FT curve: evaluate θ(α) = (1 − α)·θ0 + α·θ1 at each α of `alphas` (default 0, 0.1, …, 1); with
+    "slerp" in `methods`, also SLERP(θ0, θ1, t = α) (mergekit's: the angle between each pair of whole tensors,
+    linear where they are nearly parallel, docs/methods.md#slerp) as a second series on the same axis.
+
+    α = 0 is the base and α = 1 the fine-tuned model, bit for bit (shared by both series, evaluated once).
+    `on_point(point, result)` is called after each point with the result so far.
     """
     grid = _check_grid("alpha", alphas)
-    specs = [_Spec("wise-ft", a, {"alpha": a}, _wise(a)) for a in grid]
-    recipe = _recipe(pool, model, "alpha", alphas=grid, task=task, max_general=max_general, max_task=max_task,
-                     tasks=list(tasks) if tasks is not None else None)
+    methods = _check_methods(methods, ALPHA_METHODS, "interpolation")
+    specs = []
+    for m in methods:
+        for a in grid:
+            key = "base" if a <= 0 else ("ft" if a >= 1 else None)
+            seen = any(sp.key == key for sp in specs) if key else False
+            settings = {"alpha": a} if m == "wise-ft" else {"t": a}
+            specs.append(_Spec(m, a, settings, _wise(a) if m == "wise-ft" else _slerp(a),
+                               same_as=key if seen else None, key=key))
+    extra = {} if methods == ["wise-ft"] else {"methods": methods}
+    recipe = _recipe(pool, model, "alpha", alphas=grid, **extra, task=task, max_general=max_general,
+                     max_task=max_task, tasks=list(tasks) if tasks is not None else None)
     return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
@@ -304,7 +347,7 @@ def _dare(drop: float, seed: int) -> TensorMerger:
         return _wise(1.0)
     if drop >= 1:
         return _wise(0.0)
-    return TensorMerger("dare_linear", {"drop": drop, "seed": seed})
+    return TensorMerger("dare_linear", {"drop": drop, "seed": seed, "rescale": "inverse"})  # the DARE paper's 1/(1 − p)
 
 
 def _ties(keep: float) -> TensorMerger:
@@ -317,33 +360,73 @@ def _ties(keep: float) -> TensorMerger:
     return TensorMerger("ties", {"keep": keep, "scope": "tensor"})
 
 
+def della_epsilon(density: float) -> float:
+    """ε for a DELLA point at `density`: mergekit's default 0.15, narrowed to half the distance to 0 or 1 so that
+    density ± ε stays inside (0, 1)."""
+    return min(DELLA_EPSILON, density / 2, (1 - density) / 2)
+
+
+def _della(density: float, seed: int) -> TensorMerger:
+    """DELLA's MAGPRUNE of τ at `density` (the registry's `della`, one model: λ = 1, L1 rescale, ε from
+    `della_epsilon`, masks seeded per tensor); density 1 is θ1 and 0 is θ0, exactly."""
+    if density >= 1:
+        return _wise(1.0)
+    if density <= 0:
+        return _wise(0.0)
+    return TensorMerger("della", {"density": density, "epsilon": della_epsilon(density), "seed": seed})
+
+
+def _sce(select_topk: float, n_models: int) -> TensorMerger:
+    """SCE of θ1 and the pool's other fine-tuned models at `select_topk` (the registry's `sce`); 0 is θ0, exactly."""
+    if select_topk <= 0:
+        return _wise(0.0)
+    return TensorMerger("sce", {"select_topk": select_topk}, n_models=n_models)
+
+
 def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
-                  keeps: Sequence[float] = DEFAULT_KEEPS, methods: Sequence[str] = DENSITY_METHODS, seed: int = 0,
+                  keeps: Sequence[float] = DEFAULT_KEEPS, methods: Sequence[str] = DEFAULT_DENSITY_METHODS, seed: int = 0,
                   task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
                   max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
                   progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """Density curves of one task vector: DARE θ0 + dare(τ, p) (drop each entry with probability p, rescale
     survivors by 1/(1 − p), seeded per tensor) over `drops`, and TIES θ0 + trim(τ, keep) (top keep fraction
-    by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model."""
-    methods = list(methods)
-    for m in methods:
-        if m not in DENSITY_METHODS:
-            raise ParameterError(f"Unknown density method {m!r}; choose from {', '.join(DENSITY_METHODS)}.")
-    if not methods:
-        raise ParameterError("Give at least one density method: dare, ties.")
+    by |τ|) over `keeps`; x = density = 1 − p for DARE, keep for TIES. Density 1 is the fine-tuned model.
+    "della" adds DELLA at density = each keep (`_della`), "sce" SCE at select_topk = each keep, merging θ1
+    with the pool's other fine-tuned models (`_sce`; it needs at least one more)."""
+    methods = _check_methods(methods, DENSITY_METHODS, "density method")
+    others: tuple[str, ...] = ()
+    if "sce" in methods:
+        _check_model(pool, model)
+        others = tuple(m for m in pool.model_names if m != model)
+        if not others:
+            raise ParameterError("SCE's density curve merges the model with the pool's other fine-tuned models "
+                                 "(its selection needs the variance across task vectors), and the pool has no "
+                                 "other; add one to the pool or leave sce out.")
     specs = []
     drop_grid = _check_grid("drop", drops) if "dare" in methods else []
-    keep_grid = _check_grid("keep", keeps) if "ties" in methods else []
+    keep_grid = _check_grid("keep", keeps) if {"ties", "della", "sce"} & set(methods) else []
     for p in drop_grid:
         key = "ft" if p <= 0 else ("base" if p >= 1 else None)
         seen = any(sp.key == key for sp in specs) if key else False
         specs.append(_Spec("dare", 1.0 - p, {"drop": p, "seed": int(seed)}, _dare(p, int(seed)),
                            same_as=key if seen else None, key=key))
-    for k in keep_grid:
-        key = "ft" if k >= 1 else ("base" if k <= 0 else None)
-        seen = any(sp.key == key for sp in specs) if key else False
-        specs.append(_Spec("ties", k, {"keep": k}, _ties(k), same_as=key if seen else None, key=key))
+    for m in ("ties", "della", "sce"):
+        if m not in methods:
+            continue
+        for k in keep_grid:
+            key = "base" if k <= 0 else ("ft" if k >= 1 and m != "sce" else None)
+            seen = any(sp.key == key for sp in specs) if key else False
+            if m == "ties":
+                spec = _Spec("ties", k, {"keep": k}, _ties(k))
+            elif m == "della":
+                spec = _Spec("della", k, {"density": k, "epsilon": della_epsilon(k), "seed": int(seed)},
+                             _della(k, int(seed)))
+            else:
+                spec = _Spec("sce", k, {"select_topk": k, "models": [model, *others]}, _sce(k, 1 + len(others)),
+                             others=others)
+            spec.same_as, spec.key = (key if seen else None), key
+            specs.append(spec)
     recipe = _recipe(pool, model, "density", drops=drop_grid, keeps=keep_grid, methods=methods, seed=int(seed),
                      task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
@@ -382,6 +465,9 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
 
 
 SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
+from forgetlab.analysis.closed_form_sweeps import iso_curve, lines_curve, rank_curve  # noqa: E402
+
+SWEEPS.update(lines=lines_curve, rank=rank_curve, iso=iso_curve)
 
 
 def check(kind: str, pool, model: str, **settings) -> None:
@@ -426,7 +512,7 @@ def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None
 @dataclass
 class SweepSettings:
     """What a forgetting sweep runs: its `kind` (alpha, pruning, density, hma), the fine-tuned `model`, the
-    kind's own grid (alpha: `alphas`; pruning: `ratios`, `scores`; density: `drops`, `keeps`, `methods`, `seed`;
+    kind's own grid (alpha: `alphas`, `methods`; pruning: `ratios`, `scores`; density: `drops`, `keeps`, `methods`, `seed`;
     hma: `grid`) and the evaluation settings. A setting left None takes the sweep's default."""
 
     kind: str = "alpha"
@@ -440,6 +526,9 @@ class SweepSettings:
     methods: Optional[Sequence[str]] = None
     seed: Optional[int] = None
     grid: Optional[Sequence[Sequence[float]]] = None
+    betas: Optional[Sequence[float]] = None         # lines
+    ranks: Optional[Sequence[float]] = None         # rank (TSV keep)
+    iso_alphas: Optional[Sequence[float]] = None    # iso (Iso-C α)
     device: Optional[str] = None
     batch_size: Optional[int] = None
     max_general: Optional[int] = None
@@ -449,8 +538,9 @@ class SweepSettings:
     dtype: Any = None
 
 
-_GRID_SETTINGS = {"alpha": {"alphas"}, "pruning": {"ratios", "scores"},
+_GRID_SETTINGS = {"alpha": {"alphas", "methods"}, "pruning": {"ratios", "scores"},
                   "density": {"drops", "keeps", "methods", "seed"}, "hma": {"grid"}}
+_GRID_SETTINGS.update(lines={"betas"}, rank={"ranks"}, iso={"iso_alphas"})
 _EVAL_SETTINGS = {"task", "device", "batch_size", "max_general", "max_task", "tasks", "benchmarks", "dtype"}
 
 

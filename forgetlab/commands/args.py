@@ -67,10 +67,15 @@ def add_no_save(p) -> None:
     p.add_argument("--no-save", action="store_true", help="do not save the run under the workspace's runs/")
 
 
+def add_max_general(p, *, prefix: str = "") -> None:
+    """`--max-general N`: how many general-text blocks an evaluation reads (default: all)."""
+    p.add_argument("--max-general", type=int, default=None, help=f"{prefix}at most this many general-text blocks")
+
+
 def add_eval_limits(p, *, pairs: str = "eval", prefix: str = "") -> None:
     """`--max-general N` and `--max-task N`: how many general-text blocks and task pairs (of the `pairs` split)
     an evaluation reads (default: all). `prefix` tells when they apply (e.g. "--eval: ")."""
-    p.add_argument("--max-general", type=int, default=None, help=f"{prefix}at most this many general-text blocks")
+    add_max_general(p, prefix=prefix)
     p.add_argument("--max-task", type=int, default=None, help=f"{prefix}at most this many {pairs} pairs per task")
 
 

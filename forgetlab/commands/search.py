@@ -71,7 +71,7 @@ def cmd_search(args) -> int:
                      max_task=args.max_task, executor=executor, progress=update, benchmarks=benchmarks)
     finally:
         close()
-    emit(f"{res.method} search over {res.param or 'block α'} of {', '.join(res.models)}: {len(res.points)} points in "
+    emit(f"{res.method} search over {', '.join(res.scalar_names) or res.param or 'block α'} of {', '.join(res.models)}: {len(res.points)} points in "
          f"{res.seconds:.1f} s (objective {res.objective}; base general loss {res.base_general_loss:.4f}, "
          f"base speciality {res.base_speciality:.4f})")
     for line in executor_lines(res.executor, res.points):

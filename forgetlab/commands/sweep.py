@@ -31,7 +31,7 @@ def _common(p) -> None:
 
 def register(sub) -> None:
     """Add `forgetlab sweep alpha|pruning|density|hma` to the CLI."""
-    p = sub.add_parser("sweep", help="forgetting curves: WiSE-FT α, FAPM pruning, DARE/TIES density, HMA grid",
+    p = sub.add_parser("sweep", help="forgetting curves: WiSE-FT α (and SLERP t), FAPM pruning, DARE/TIES/DELLA/SCE density, HMA grid",
                        description="Evaluate generality and speciality along a post-hoc fix's setting, with "
                                    "D(θ, θ0) and the Pareto front. One working copy of the model is rewritten "
                                    "in place per point.")
@@ -41,6 +41,8 @@ def register(sub) -> None:
     _common(k)
     k.add_argument("--alphas", default="0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1",
                    help="α grid, comma separated (default 0,0.1,…,1)")
+    k.add_argument("--methods", nargs="+", default=["wise-ft"],
+                   help="series: wise-ft slerp (SLERP of θ0 and θ1 at t = α, mergekit's)")
     k.set_defaults(func=cmd_sweep)
 
     k = kinds.add_parser("pruning", help="FAPM pruning ratios, with magnitude/relative ablations")
@@ -50,12 +52,14 @@ def register(sub) -> None:
                    help="series: fapm magnitude relative")
     k.set_defaults(func=cmd_sweep)
 
-    k = kinds.add_parser("density", help="DARE drop rates and TIES keep fractions against density")
+    k = kinds.add_parser("density", help="DARE drop rates, TIES keep fractions, DELLA and SCE densities against density")
     _common(k)
     k.add_argument("--drops", default="0,0.5,0.7,0.9,0.95,0.99", help="DARE drop rates p")
-    k.add_argument("--keeps", default="1,0.5,0.3,0.2,0.1,0.05,0.01", help="TIES keep fractions")
-    k.add_argument("--methods", nargs="+", default=["dare", "ties"], help="dare ties")
-    k.add_argument("--seed", type=int, default=0, help="DARE seed")
+    k.add_argument("--keeps", default="1,0.5,0.3,0.2,0.1,0.05,0.01",
+                   help="TIES keep fractions (also DELLA's densities and SCE's select_topk)")
+    k.add_argument("--methods", nargs="+", default=["dare", "ties"],
+                   help="dare ties della sce (sce merges the model with the pool's other fine-tuned models)")
+    k.add_argument("--seed", type=int, default=0, help="DARE and DELLA seed")
     k.set_defaults(func=cmd_sweep)
 
     k = kinds.add_parser("hma", help="HMA: one α per block of layers, over a grid of α tuples")
@@ -63,6 +67,15 @@ def register(sub) -> None:
     k.add_argument("--grid", nargs="+", default=None,
                    help="α tuples like 0.1,0.2,0.3 (default: the MoFO rebuttal's 15 triples)")
     k.set_defaults(func=cmd_sweep)
+
+    from forgetlab.analysis.closed_form_sweeps import GRIDS
+
+    for kind, (setting, default, label, help_) in GRIDS.items():   # the closed-form curves (issue 26)
+        k = kinds.add_parser(kind, help=label)
+        _common(k)
+        k.add_argument(f"--{setting.replace('_', '-')}", dest=setting, default=",".join(f"{v:g}" for v in default),
+                       help=f"{help_}, comma separated")
+        k.set_defaults(func=cmd_sweep)
 
 
 def measure_benchmarks(pool, measures, include, limit):
@@ -97,14 +110,19 @@ def cmd_sweep(args) -> int:
                   dtype=getattr(torch, args.dtype),
                   benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
-        extra = dict(alphas=parse_floats(args.alphas, "--alphas"))
+        extra = dict(alphas=parse_floats(args.alphas, "--alphas"), methods=args.methods)
     elif args.kind == "pruning":
         extra = dict(ratios=parse_floats(args.ratios, "--ratios"), scores=args.scores)
     elif args.kind == "density":
         extra = dict(drops=parse_floats(args.drops, "--drops"), keeps=parse_floats(args.keeps, "--keeps"),
                      methods=args.methods, seed=args.seed)
-    else:
+    elif args.kind == "hma":
         extra = dict(grid=[parse_floats(t, "--grid") for t in args.grid] if args.grid else sweeps.HMA_TRIPLES)
+    else:
+        from forgetlab.analysis.closed_form_sweeps import GRIDS
+
+        setting = GRIDS[args.kind][0]
+        extra = {setting: parse_floats(getattr(args, setting), "--" + setting.replace("_", "-"))}
     update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
     try:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)

@@ -420,15 +420,18 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
 def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], *, stats: Any = None,
                   prepared: Mapping[str, Any] | None = None, config=None, device: str = "cpu",
                   out_dtype: torch.dtype | None = None, progress: Progress = None,
-                  fast_io: bool = False, reader: TensorReader | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                  fast_io: bool = False, reader: TensorReader | None = None,
+                  params_for=None, n_layers: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, merged tensor) for every base tensor in order, cast to `out_dtype` (default: the base's
     dtype) on the CPU. Non-floating tensors (e.g. integer buffers) are copied from the base.
 
     `fast_io=True` (the engine) reads through reused slots with a prefetching thread (`TensorReader`): a
     yielded tensor may then be a view of a read slot, valid until the consumer asks for the next one —
-    the engine writes each tensor before asking for the next; a caller that keeps them must leave it off."""
+    the engine writes each tensor before asking for the next; a caller that keeps them must leave it off.
+    `params_for(name, layer, n_layers)`: the parameters of one tensor, where they vary by tensor (gradients,
+    filters: forgetlab.merge.settings); `n_layers` overrides the layer count (a slice's)."""
     names = [e.name for e in entries]
-    n_layers = num_layers_of(config, names)
+    n_layers = n_layers or num_layers_of(config, names)
     locate = layer_locator(config)
     reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
     floats = iter(reader(_float_entries(entries)))
@@ -437,9 +440,10 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
             yield e.name, base.read_raw(e.name)
             continue
         _, base_t, fts = next(floats)
+        layer = locate(e.name)
         job = TensorJob(name=e.name, base=base_t, finetuned=fts,
-                        params=params, stats=stats, prepared=None if prepared is None else prepared.get(e.name),
-                        layer=locate(e.name), num_layers=n_layers, device=device,
+                        params=params if params_for is None else params_for(e.name, layer, n_layers), stats=stats, prepared=None if prepared is None else prepared.get(e.name),
+                        layer=layer, num_layers=n_layers, device=device,
                         adapters=tuple(bool(getattr(m, "is_lora", False)) for m in models))
         merged = spec.apply(job)
         if tuple(merged.shape) != e.shape:

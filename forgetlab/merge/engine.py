@@ -23,7 +23,8 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import check_output_dir
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors
-from forgetlab.merge.recipes import Recipe
+from forgetlab.merge import settings
+from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
@@ -135,11 +136,24 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     sources = sources or open_sources(recipe)          # headers only: cheap, and the inputs are then known
     base_ck, base, models, inputs = sources.base_ck, sources.base, sources.models, sources.inputs
     out = check_output_dir(out_dir, overwrite, inputs)
+    tokenizer_from = check_tokenizer_source(recipe, base_ck, [m.ckpt for m in models])
+    if recipe.slices is not None:
+        return _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes,
+                           tokenizer_from, t0)
     entries = check_compatible(base, models)
+    params_for = None
+    if recipe.varying:
+        if spec.needs_global_pass(params) or spec.needs_pool:
+            raise ParameterError(f"{spec.name} with these settings computes one statistic over the whole model, so "
+                                 "its parameters cannot vary by tensor; give plain values instead of gradients or "
+                                 "filters (or scope: tensor).")
+        cache: dict = {}
+        params_for = (lambda name, layer, n: recipe.params_at(name, settings.layer_t(layer, n), cache=cache))
     cfg_file = Path(base_ck.config_dir) / "config.json"
     # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions
     # or the folder has no config.json to copy (GGUF).
-    config = base_ck.config if (spec.needs_layers or spec.needs_pool or not cfg_file.exists()) else None
+    config = base_ck.config if (spec.needs_layers or spec.needs_pool or recipe.varying or not cfg_file.exists()) \
+        else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
             from forgetlab.core.pool import ModelPool
@@ -174,16 +188,80 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
             config.dtype = recipe.dtype
         cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
-                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader)
+                           device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
+                           params_for=params_for)
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}},
                                  sort_keys=False)
-    ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=base_ck, overwrite=overwrite,
+    ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
                        extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes,
                        inputs=inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
                        time.perf_counter() - t0, glob, stats)
+
+
+def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> Any:
+    """The checkpoint whose tokenizer the output gets (the base's unless `tokenizer.source` names a model). A
+    `union` or model source is honoured when every model has the base's vocabulary (the same tokens at the same
+    ids and as many embedding rows): mergekit's permutation is then the identity. Mixed vocabularies (added
+    tokens, resized embeddings) are refused with what to do: forgetlab does not yet rebuild the vocabulary."""
+    tok = recipe.tokenizer
+    if not tok or (tok["source"] == "base" and not tok.get("tokens") and not tok.get("pad_to_multiple_of")):
+        return base_ck
+    refs = {recipe.base: base_ck, **{m.model: c for m, c in zip(recipe.models, model_cks)}}
+    if tok["source"] not in TOKENIZER_SOURCES and tok["source"] not in refs:
+        raise ParameterError(f"tokenizer source {tok['source']!r} is not among the recipe's models "
+                             f"({', '.join(refs)}); write base, union, or one of those paths as written under models.")
+    if tok.get("tokens") or tok.get("pad_to_multiple_of"):
+        raise ParameterError("tokenizer tokens / pad_to_multiple_of (embeddings set by hand, a padded vocabulary) "
+                             "are not supported yet; remove them (write tokenizer_source: base | union | MODEL).")
+    from forgetlab.core.checkpoints import load_tokenizer
+    vocab = None
+    for ref, c in refs.items():
+        if getattr(c, "kind", "hf") == "lora":
+            continue
+        try:
+            v = load_tokenizer(str(c.config_dir) if hasattr(c, "config_dir") else ref).get_vocab()
+        except Exception:
+            continue
+        if vocab is None:
+            vocab = v
+        elif v != vocab:
+            raise ParameterError(f"tokenizer source {tok['source']!r}: {ref} has another vocabulary than the base "
+                                 f"({len(v)} against {len(vocab)} tokens). Merging mixed vocabularies (mergekit's "
+                                 "union, rows filled from the models that have them) is not supported yet: merge "
+                                 "models that share the base's tokenizer, or resize them to it first.")
+    src = tok["source"]
+    return base_ck if src in TOKENIZER_SOURCES else refs[src]
+
+
+def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes, tokenizer_from,
+                t0) -> MergeResult:
+    """A recipe with `slices` (forgetlab.merge.slicing): layers re-indexed, the output config's layer count set."""
+    from forgetlab.merge.slicing import output_layers, sliced_stream
+
+    if spec.needs_global_pass(params) or spec.needs_pool:
+        raise ParameterError(f"{spec.name} with these settings computes statistics over whole models, which slices "
+                             "do not have; use scope: tensor or a per-tensor method.")
+    by_ref = {recipe.base: sources.base, **{m.model: s for m, s in zip(recipe.models, sources.models)}}
+    out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
+    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype)
+    cfg_file = Path(sources.base_ck.config_dir) / "config.json"
+    cfg_json = json.loads(cfg_file.read_text())
+    keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]
+    cfg_json[keys[0]] = output_layers(recipe)
+    if recipe.dtype:
+        cfg_json["dtype"] = recipe.dtype
+        if "torch_dtype" in cfg_json:
+            cfg_json["torch_dtype"] = recipe.dtype
+    recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
+                                                                    "resolved_params": params}}, sort_keys=False)
+    ck.write_hf_folder(out, stream, None, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
+                       extra_files={"config.json": json.dumps(cfg_json, indent=2) + "\n", "recipe.yaml": recipe_text},
+                       max_shard_bytes=max_shard_bytes, inputs=sources.inputs, kind="merge")
+    report(progress, 1.0, f"merged into {out}")
+    return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False)
 
 
 def _version() -> str:

@@ -12,16 +12,13 @@ forgetlab recipe (parameter names of docs/methods.md; per-model values under eac
     dtype: float32        # optional: output dtype (default: the base's)
     seed: 0               # optional: for seeded methods (dare_*)
 
-mergekit YAML (detected by its `merge_method` key) is imported for linear, task_arithmetic, ties,
-dare_linear, dare_ties and breadcrumbs: `density` → `keep` (ties, breadcrumbs) or `drop = 1 − density`
-(dare_*), `lambda` → `lam`, `weight` → `weight`, `gamma` → `gamma`, `out_dtype`/`dtype` → `dtype`,
-`{model: BASE, lora: ADAPTER}` → `BASE+ADAPTER`. mergekit 0.1.5's defaults are read as mergekit reads them
-(`normalize` is true for linear and ties only, `rescale` true for dare_* only): forgetlab's ties and dare_ties
-are mergekit's `normalize: true`; `normalize: true` for task_arithmetic, dare_linear and breadcrumbs divides
-the weights by their sum; linear with a base_model averages the base in. Settings forgetlab cannot compute
-(a sum for ties/dare_ties, `rescale: true` for ties/breadcrumbs, chat_template, tokenizer, modules, slices,
-a model listed twice, parameters the method does not have …) are refused by name with what to write instead.
-The table and the remaining differences (DARE's rescaling, TIES's scope) are in docs/merging.md.
+Values may vary by tensor: `{gradient: [0.2, 0.8]}` over the layers, or filter lists
+`[{filter: self_attn, value: 0.5}, {value: 1.0}]` (forgetlab.merge.settings). `slices` stack layer ranges of
+several models (forgetlab.merge.slicing); `tokenizer: {source: base | union | MODEL}` names the output
+vocabulary.
+
+mergekit YAML (detected by its `merge_method` key) is read and written by forgetlab.merge.mergekit_yaml for every
+method registered under a mergekit name, with mergekit 0.1.5's semantics and defaults (docs/merging.md).
 """
 from __future__ import annotations
 
@@ -33,10 +30,17 @@ import yaml
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.yamlio import YamlError, load_file, safe_load
+from forgetlab.merge import settings
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-MERGEKIT_METHODS = ("linear", "task_arithmetic", "ties", "dare_linear", "dare_ties", "breadcrumbs")
+
+
+def __getattr__(name: str):
+    if name == "MERGEKIT_METHODS":  # the registered methods of a mergekit name (forgetlab.merge.mergekit_yaml)
+        from forgetlab.merge.mergekit_yaml import mergekit_methods
+        return mergekit_methods()
+    raise AttributeError(name)
 
 
 def check_seed(value: Any, where: str = "seed") -> int | None:
@@ -74,8 +78,53 @@ class ModelEntry:
 
 
 @dataclass
+class SliceSource:
+    """One source of an output slice: layers [start, end) of `model`, with per-model parameters."""
+
+    model: str
+    layer_range: tuple[int, int]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "layer_range": list(self.layer_range), **self.params}
+
+
+@dataclass
+class Slice:
+    """An output slice (mergekit's `slices`): equally long layer ranges of its sources, merged layer by layer and
+    appended to the output stack; `params` override the recipe's for its tensors."""
+
+    sources: list[SliceSource]
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return self.sources[0].layer_range[1] - self.sources[0].layer_range[0]
+
+    def to_dict(self) -> dict:
+        d: dict[str, Any] = {"sources": [s.to_dict() for s in self.sources]}
+        if self.params:
+            d["params"] = dict(self.params)
+        return d
+
+
+def combine(high: Any, low: Any) -> Any:
+    """A setting of higher precedence backed by one of lower precedence, as mergekit resolves them: the higher
+    one unless it is a filter list that matches nothing for a tensor, then the lower one."""
+    if high is None:
+        return low
+    if low is None or not settings.is_filter_list(high) or settings.has_catch_all(high):
+        return high
+    return list(high) + (list(low) if settings.is_filter_list(low) else [{"value": low}])
+
+
+@dataclass
 class Recipe:
-    """A merge: method, base, fine-tuned models (with per-model parameters), global parameters, dtype, seed."""
+    """A merge: method, base, fine-tuned models (with per-model parameters), global parameters, dtype, seed;
+    optionally `slices` (layer ranges stacked into a new model, mergekit's frankenmerges) and `tokenizer`
+    (the output vocabulary: {source: base | union | MODEL, tokens: …, pad_to_multiple_of: N}).
+
+    Parameter values may vary by tensor (per-layer gradients, name filters: forgetlab.merge.settings)."""
 
     method: str
     base: str
@@ -85,20 +134,41 @@ class Recipe:
     seed: int | None = None
     name: str | None = None
     pool: str | None = None
+    slices: list[Slice] | None = None
+    tokenizer: dict[str, Any] | None = None
 
     # -- parameters
-    def method_params(self) -> dict[str, Any]:
-        """Parameters for the method: global ones, per-model ones gathered into lists, and the seed."""
+    @property
+    def varying(self) -> bool:
+        """Whether a parameter varies by tensor (a gradient or a filter list, globally or for a model)."""
+        values = list(self.params.values()) + [v for m in self.models for v in m.params.values()]
+        return any(settings.is_setting(v) for v in values)
+
+    def method_params(self, tensor: str | None = None, t: float = 0.0, model_tensor: str | None = None,
+                      pick=None) -> dict[str, Any]:
+        """Parameters for the method: global ones, per-model ones gathered into lists, and the seed. Values that
+        vary by tensor are evaluated for `tensor` at layer position `t` (per-model values for `model_tensor`, the
+        name in that model, default `tensor`); without a tensor, `pick(setting)` chooses the value (default: its
+        first). A filter list that matches nothing leaves the parameter at the method's default."""
         spec = get_method(self.method)
-        out = dict(self.params)
+        if tensor is None:
+            pick = pick or (lambda v: settings.leaves(v)[0])
+            ev = (lambda v, _name: pick(v) if settings.is_setting(v) else v)
+        else:
+            ev = (lambda v, name: settings.evaluate(v, name, t))
+        out = {}
+        for k, v in self.params.items():
+            v = ev(v, tensor)
+            if v is not None:
+                out[k] = v
         by_key = {(p.model_key or p.name): p for p in spec.params if p.per_model}
         for key, p in by_key.items():
             values = [m.params.get(key) for m in self.models]
             if any(v is not None for v in values):
                 if p.name in self.params:
                     raise ParameterError(f"{p.name} is given both globally and per model; give it in one place.")
-                default = p.default
-                out[p.name] = [default if v is None else v for v in values]
+                values = [None if v is None else ev(v, model_tensor or tensor) for v in values]
+                out[p.name] = [p.default if v is None else v for v in values]
         for m in self.models:
             unknown = [k for k in m.params if k not in by_key]
             if unknown:
@@ -110,14 +180,58 @@ class Recipe:
         return out
 
     def validated_params(self) -> dict[str, Any]:
-        """`method_params()` checked against the registry (see validate_params)."""
-        return validate_params(self.method, self.method_params(), n_models=len(self.models))
+        """`method_params()` checked against the registry (see validate_params). Values that vary by tensor are
+        checked one by one (every value of every gradient and filter); the result holds the first of each."""
+        if self.slices is not None:
+            return [self.slice_recipe(i).validated_params() for i in range(len(self.slices))][0]
+        out = validate_params(self.method, self.method_params(), n_models=len(self.models))
+        if self.varying:
+            for v in [*self.params.values(), *(x for m in self.models for x in m.params.values())]:
+                if settings.is_setting(v):
+                    for leaf in settings.leaves(v)[1:]:
+                        validate_params(self.method, self.method_params(
+                            pick=lambda s, v=v, leaf=leaf: leaf if s is v else settings.leaves(s)[0]),
+                            n_models=len(self.models))
+        return out
+
+    def params_at(self, tensor: str, t: float, model_tensor: str | None = None, cache: dict | None = None) -> dict:
+        """The validated parameters for one tensor (see method_params); `cache` (a dict) reuses the validation of
+        equal raw values."""
+        raw = self.method_params(tensor, t, model_tensor)
+        key = repr(sorted(raw.items()))
+        if cache is not None and key in cache:
+            return cache[key]
+        out = validate_params(self.method, raw, n_models=len(self.models))
+        if cache is not None:
+            cache[key] = out
+        return out
+
+    def slice_recipe(self, index: int) -> "Recipe":
+        """The recipe of output slice `index`: its sources as base (the source that is the recipe's base, for
+        methods that take one; else the first source) and models, its parameters over the recipe's."""
+        sl = self.slices[index]
+        spec = get_method(self.method)
+        srcs = list(sl.sources)
+        base_i = next((i for i, s in enumerate(srcs) if s.model == self.base), None)
+        if spec.min_models == 0 and len(srcs) == 1:
+            base_i = 0
+        if base_i is None:
+            raise ParameterError(f"Slice {index + 1} does not take layers from the base {self.base}, which "
+                                 f"{self.method} merges the other models into: add the base to the slice's sources "
+                                 "with the same layer range.")
+        params = {k: combine(sl.params.get(k), self.params.get(k)) for k in {*self.params, *sl.params}}
+        models = [ModelEntry(s.model, dict(s.params)) for i, s in enumerate(srcs) if i != base_i]
+        if spec.min_models == 0 and srcs[base_i].params:  # passthrough: its one input's parameters are its own
+            params.update({k: combine(v, params.get(k)) for k, v in srcs[base_i].params.items()})
+        return Recipe(self.method, srcs[base_i].model, models, params, self.dtype, self.seed, self.name, self.pool)
 
     # -- (de)serialisation
     def to_dict(self) -> dict:
         d: dict[str, Any] = {"method": self.method, "base": self.base,
                              "models": [m.to_dict() for m in self.models], "params": dict(self.params)}
-        for k in ("dtype", "seed", "name", "pool"):
+        if self.slices is not None:
+            d["slices"] = [s.to_dict() for s in self.slices]
+        for k in ("tokenizer", "dtype", "seed", "name", "pool"):
             if getattr(self, k) is not None:
                 d[k] = getattr(self, k)
         return d
@@ -130,23 +244,25 @@ class Recipe:
         """Build from forgetlab's recipe dict (checks the keys; the method must be registered)."""
         if not isinstance(d, Mapping):
             raise ParameterError("A recipe must be a YAML mapping with method, base, models and params.")
-        allowed = {"method", "base", "models", "params", "dtype", "seed", "name", "pool", "forgetlab"}
+        allowed = {"method", "base", "models", "params", "dtype", "seed", "name", "pool", "slices", "tokenizer",
+                   "forgetlab"}
         unknown = [k for k in d if k not in allowed]
         if unknown:
             raise ParameterError(f"Unknown recipe key(s) {', '.join(map(repr, unknown))}; a recipe has "
                                  f"{', '.join(sorted(allowed - {'forgetlab'}))}.")
-        for k in ("method", "base", "models"):
-            if k not in d or d[k] in (None, "", []):
-                if k == "models":
-                    raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
+        for k in ("method", "base"):
+            if k not in d or d[k] in (None, ""):
                 raise ParameterError(f"The recipe has no `{k}`.")
-        get_method(str(d["method"]))
+        spec = get_method(str(d["method"]))
+        if d.get("models") in (None, "", []) and spec.min_models > 0 and d.get("slices") is None:
+            raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
         models = []
-        for m in _check_models_list(d["models"], "The recipe's `models`"):
+        for m in _check_models_list(d.get("models") or [], "The recipe's `models`"):
             if isinstance(m, str):
                 models.append(ModelEntry(m))
             elif isinstance(m, Mapping) and "model" in m:
-                models.append(ModelEntry(str(m["model"]), {k: v for k, v in m.items() if k != "model"}))
+                models.append(ModelEntry(str(m["model"]), {k: _checked(v, f"{m['model']}: {k}")
+                                                           for k, v in m.items() if k != "model"}))
             else:
                 raise ParameterError(f"Each entry of `models` is a path or a mapping with `model:`; got {m!r}.")
         dtype = d.get("dtype")
@@ -155,305 +271,117 @@ class Recipe:
         params = d.get("params") or {}
         if not isinstance(params, Mapping):
             raise ParameterError("`params` must be a mapping of parameter names to values.")
-        return cls(str(d["method"]), str(d["base"]), models, dict(params), dtype,
-                   check_seed(d.get("seed")), d.get("name"), d.get("pool"))
+        params = {k: _checked(v, f"params.{k}") for k, v in params.items()}
+        slices = None if d.get("slices") is None else _slices(d["slices"])
+        tokenizer = None if d.get("tokenizer") is None else check_tokenizer(d["tokenizer"])
+        recipe = cls(str(d["method"]), str(d["base"]), models, dict(params), dtype, check_seed(d.get("seed")),
+                     d.get("name"), d.get("pool"), slices, tokenizer)
+        if slices is not None:
+            for sl in slices:
+                for src in sl.sources:
+                    if src.model != recipe.base and src.model not in [m.model for m in recipe.models]:
+                        recipe.models.append(ModelEntry(src.model))
+            check_slices(recipe)
+        return recipe
 
     # -- mergekit
     @classmethod
     def from_mergekit(cls, d: Mapping[str, Any]) -> "Recipe":
-        """Import a mergekit YAML dict (linear, task_arithmetic, ties, dare_linear, dare_ties, breadcrumbs) as the
-        forgetlab recipe that computes the same merge (mergekit 0.1.5's semantics, docs/merging.md); a setting
-        forgetlab cannot compute is refused by name, with what to write instead — never ignored."""
-        method = d.get("merge_method")
-        if method not in MERGEKIT_METHODS:
-            raise ParameterError(f"mergekit method {method!r} has no forgetlab counterpart; importable methods: "
-                                 f"{', '.join(MERGEKIT_METHODS)}.")
-        _check_mergekit_keys(d)
-        top = d.get("parameters") or {}
-        if not isinstance(top, Mapping):
-            raise ParameterError(f"mergekit `parameters` must be a mapping like {{lambda: 1.0}}; got {top!r}.")
-        top = dict(top)
-        _check_mergekit_params(method, top, None)
-        entries = d.get("models") or []
-        if not entries:
-            raise ParameterError("The mergekit recipe lists no models.")
-        _check_models_list(entries, "The mergekit recipe's `models`")
-        base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
-        models: list[ModelEntry] = []
-        per_model: list[dict] = []
-        seen: set[str] = set()
-        for e in entries:
-            if isinstance(e, str):
-                e = {"model": e}
-            if not isinstance(e, Mapping) or not e.get("model"):
-                raise ParameterError(f"Each mergekit model entry is a path or a mapping with `model:`; got {e!r}.")
-            ref = _mergekit_model(e["model"], "model")
-            extra = [k for k in e if k not in ("model", "parameters")]
-            if extra:
-                hint = ", ".join(f"{k}: {e[k]!r}" for k in extra)
-                raise ParameterError(f"The mergekit entry of {ref} has {', '.join(map(repr, extra))} beside `model` "
-                                     f"and `parameters`, where mergekit ignores it; put it under the entry's "
-                                     f"`parameters`, e.g. parameters: {{{hint}}}.")
-            if ref in seen:
-                raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses "
-                                     "duplicate inputs. List each model once (give it the weight it should have).")
-            seen.add(ref)
-            mp = e.get("parameters") or {}
-            if not isinstance(mp, Mapping):
-                raise ParameterError(f"mergekit `parameters` of {ref} must be a mapping like {{weight: 1.0}}; "
-                                     f"got {mp!r}.")
-            mp = dict(mp)
-            _check_mergekit_params(method, mp, ref)
-            if base is not None and ref == base and method != "linear":
-                continue  # mergekit lets the base appear among the models; its task vector is zero
-            models.append(ModelEntry(ref))
-            per_model.append(mp)
-        if method == "linear" and base is not None and base not in seen:
-            # mergekit's linear averages base_model in as one more input, with the top-level parameters
-            if top.get("weight") is None:
-                raise ParameterError(f"mergekit's linear averages base_model ({base}) in with the models, so it needs "
-                                     f"a weight for it, which this recipe does not give (mergekit stops with 'Missing "
-                                     f"required parameter weight'). List it under `models` with parameters: "
-                                     f"{{weight: …}}, or remove base_model to average only the models listed.")
-            models.append(ModelEntry(base))
-            per_model.append({})
-        if base is None:
-            if method != "linear":
-                raise ParameterError(f"mergekit {method} needs a base_model.")
-            base = models[0].model
-        if not models:
-            raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
-                                 "fine-tuned models to merge into it.")
-        for k, v in list(top.items()):
-            if not isinstance(v, (int, float, bool)):
-                raise ParameterError(f"mergekit parameter {k}={v!r} (gradients or filters) is not supported; "
-                                     "give plain numbers.")
-
-        def value(key, default=None):
-            vals = [mp.get(key, top.get(key, default)) for mp in per_model]
-            for v in vals:
-                if v is not None and not isinstance(v, (int, float)):
-                    raise ParameterError(f"mergekit parameter {key}={v!r} (gradients or filters) is not supported.")
-            return vals
-
-        def single(key, default):
-            vals = value(key, default)
-            if key == "density":
-                for v in vals:
-                    if not (0.0 <= float(v) <= 1.0):
-                        raise ParameterError(f"mergekit density must lie in [0, 1] (the share of each task vector "
-                                             f"kept); got {v}.")
-            if len(set(vals)) > 1:
-                raise ParameterError(f"mergekit gives {key} per model ({vals}); forgetlab's {method} takes one value "
-                                     f"for all models.")
-            return vals[0]
-
-        params: dict[str, Any] = {}
-        weights = [float(w) for w in value("weight", 1.0)]
-        # mergekit 0.1.5's defaults (merge_methods/registry.py): normalize is true for linear and ties, false for
-        # task_arithmetic, dare_linear, dare_ties and breadcrumbs; rescale is true for dare_*, false otherwise
-        normalize = bool(top.get("normalize", method in ("linear", "ties")))
-        rescale = bool(top.get("rescale", method in ("dare_linear", "dare_ties")))
-        density = 1.0 if method in ("linear", "task_arithmetic") else float(single("density", 1.0))
-        if method == "linear":
-            params["normalize"] = normalize
-        else:
-            params["lam"] = float(top.get("lambda", 1.0))
-            if method in ("ties", "dare_ties") and not normalize:
-                fix = ("remove it or write `normalize: true` (mergekit's default for ties)" if method == "ties"
-                       else "write `normalize: true` under `parameters`")
-                raise ParameterError(
-                    f"mergekit {method} with normalize: false{' (its default)' if 'normalize' not in top else ''} "
-                    f"adds up the entries that agree with the elected sign (a sum); forgetlab's {method} averages "
-                    f"them (the disjoint mean), which is mergekit's normalize: true. To import it as that mean, "
-                    f"{fix} (the merge then differs from mergekit's sum); for a plain sum without sign election use "
-                    f"{'task_arithmetic' if method == 'ties' else 'dare_linear'}.")
-            if method not in ("ties", "dare_ties") and normalize:
-                total = sum(weights)  # mergekit divides Σ wt·τt by Σ wt (by 1 when |Σ wt| < 1e-8)
-                if abs(total) >= 1e-8:
-                    weights = [w / total for w in weights]
-        if method == "task_arithmetic" and any(float(v) != 1.0 for v in value("density", 1.0)):
-            raise ParameterError("mergekit's task_arithmetic has a density parameter but trims nothing with it (it "
-                                 "is ignored there); remove density, or use ties, dare_linear or breadcrumbs to "
-                                 "sparsify the task vectors.")
-        if rescale and density < 1 and method in ("ties", "breadcrumbs"):
-            raise ParameterError(f"mergekit {method} with rescale: true scales each sparsified task vector back to "
-                                 f"its L1 norm; forgetlab's {method} does not rescale. Remove `rescale` (mergekit's "
-                                 f"default for {method} is false) to import it without the rescale, or use "
-                                 f"dare_ties/dare_linear, which rescale their survivors.")
-        if not rescale and density < 1 and method in ("dare_linear", "dare_ties"):
-            raise ParameterError("mergekit DARE with rescale: false has no forgetlab counterpart (forgetlab always "
-                                 "rescales survivors by 1/(1 − drop)); remove `rescale` (mergekit's default for "
-                                 "DARE is true).")
-        if method == "ties":
-            params["keep"] = density
-            params["scope"] = "tensor"
-        elif method in ("dare_linear", "dare_ties"):
-            params["drop"] = _complement(density)
-        elif method == "breadcrumbs":
-            params["keep"] = density
-            params["gamma"] = float(single("gamma", 0.01))
-        models = [ModelEntry(m.model, {"weight": w}) if w != 1.0 else m for m, w in zip(models, weights)]
-        dtype = d.get("out_dtype") or d.get("dtype")
-        if dtype is not None and dtype not in DTYPES:
-            raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
-        name = d.get("name")
-        recipe = cls(method, str(base), models, params, dtype, name=None if name is None else str(name))
-        recipe.validated_params()  # an imported recipe is a valid forgetlab recipe, or a message now
-        return recipe
+        """Import a mergekit YAML dict as the forgetlab recipe that computes the same merge (mergekit 0.1.5's
+        semantics and defaults; see forgetlab.merge.mergekit_yaml)."""
+        from forgetlab.merge.mergekit_yaml import from_mergekit
+        return from_mergekit(d)
 
     def to_mergekit(self) -> dict:
         """The equivalent mergekit YAML dict (refused for methods or settings mergekit does not have)."""
-        if self.method not in MERGEKIT_METHODS:
-            raise ParameterError(f"{self.method} has no mergekit counterpart; exportable methods: "
-                                 f"{', '.join(MERGEKIT_METHODS)}.")
-        p = self.validated_params()
-        names = [m.model for m in self.models]
+        from forgetlab.merge.mergekit_yaml import to_mergekit
+        return to_mergekit(self)
+
+
+def _checked(value: Any, where: str) -> Any:
+    """A parameter value of forgetlab's YAML: plain, `{gradient: [...]}` or a filter list (checked)."""
+    return settings.check(value, where) if (isinstance(value, Mapping) or settings.is_filter_list(value)) else value
+
+
+def _layer_range(value: Any, where: str) -> tuple[int, int]:
+    ok = (isinstance(value, (list, tuple)) and len(value) == 2
+          and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
+    if not ok or not (0 <= value[0] < value[1]):
+        raise ParameterError(f"{where}: layer_range is [START, END) with 0 ≤ START < END (whole numbers), e.g. "
+                             f"[0, 8]; got {value!r}.")
+    return int(value[0]), int(value[1])
+
+
+def _slices(value: Any) -> list[Slice]:
+    """forgetlab's `slices`: [{sources: [{model, layer_range, <per-model params>}], params: {…}}]."""
+    if not isinstance(value, list) or not value:
+        raise ParameterError("`slices` is a non-empty list of {sources: [{model: PATH, layer_range: [START, END]}]}.")
+    out = []
+    for i, sl in enumerate(value):
+        where = f"slice {i + 1}"
+        if not isinstance(sl, Mapping) or not isinstance(sl.get("sources"), list) or not sl["sources"]:
+            raise ParameterError(f"{where}: a slice is {{sources: [{{model: PATH, layer_range: [START, END]}}]}}; "
+                                 f"got {sl!r}.")
+        extra = [k for k in sl if k not in ("sources", "params")]
+        if extra:
+            raise ParameterError(f"{where}: unknown key(s) {', '.join(map(repr, extra))}; a slice has sources and "
+                                 "params.")
+        sources = []
+        for src in sl["sources"]:
+            if not isinstance(src, Mapping) or not src.get("model") or "layer_range" not in src:
+                raise ParameterError(f"{where}: each source is {{model: PATH, layer_range: [START, END]}}; got "
+                                     f"{src!r}.")
+            sources.append(SliceSource(str(src["model"]), _layer_range(src["layer_range"], where),
+                                       {k: _checked(v, f"{where} {src['model']}: {k}")
+                                        for k, v in src.items() if k not in ("model", "layer_range")}))
+        params = sl.get("params") or {}
+        if not isinstance(params, Mapping):
+            raise ParameterError(f"{where}: params must be a mapping of parameter names to values.")
+        out.append(Slice(sources, {k: _checked(v, f"{where} params.{k}") for k, v in params.items()}))
+    return out
+
+
+def check_slices(recipe: "Recipe") -> None:
+    """Every slice's sources span the same number of layers, list each model once, and (for methods that merge
+    into a base) include the base; each slice's parameters are valid for the method."""
+    for i, sl in enumerate(recipe.slices or []):
+        lengths = {s.layer_range[1] - s.layer_range[0] for s in sl.sources}
+        if len(lengths) > 1:
+            raise ParameterError(f"Slice {i + 1} takes {sorted(lengths)} layers from its sources; every source of a "
+                                 "slice must span the same number of layers (they are merged layer by layer).")
+        names = [s.model for s in sl.sources]
         twice = sorted({m for m in names if names.count(m) > 1})
         if twice:
-            raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
-                                 "List each model once (with the sum of its weights for linear, task_arithmetic "
-                                 "and ties) before exporting.")
-        weights = p.get("weights") or [1.0] * len(self.models)
-        models = []
-        for m, w in zip(self.models, weights):
-            mp: dict[str, Any] = {"weight": float(w)}
-            if self.method in ("ties", "breadcrumbs"):
-                mp["density"] = float(p["keep"])
-            if self.method in ("dare_linear", "dare_ties"):
-                mp["density"] = _complement(p["drop"])
-            if self.method == "breadcrumbs":
-                mp["gamma"] = float(p["gamma"])
-            models.append({"model": _mergekit_ref(self.base, m.model), "parameters": mp})
-        out: dict[str, Any] = {"merge_method": self.method}
-        if self.method == "linear":
-            out["parameters"] = {"normalize": bool(p["normalize"])}
-        else:
-            if self.method == "ties" and p["scope"] != "tensor":
-                raise ParameterError("mergekit's TIES trims per tensor only; export a recipe with scope: tensor.")
-            out["base_model"] = self.base
-            # forgetlab's ties and dare_ties take the disjoint mean (mergekit's normalize: true); the others add
-            out["parameters"] = {"lambda": float(p["lam"]), "normalize": self.method in ("ties", "dare_ties")}
-            if self.method in ("dare_linear", "dare_ties"):
-                out["parameters"]["rescale"] = True
-        out["models"] = models
-        out["dtype"] = self.dtype or "float32"
-        return out
+            raise ParameterError(f"Slice {i + 1} lists {', '.join(twice)} twice; list each model once per slice.")
+        recipe.slice_recipe(i).validated_params()
 
 
-# mergekit 0.1.5's settings: the top-level keys of MergeConfiguration that forgetlab reads (`slices`, `modules`,
-# `tokenizer`, `chat_template` and a tokenizer_source other than `base` are refused with their own messages), and
-# each method's parameters (merge_methods/registry.py, generalized_task_arithmetic.py, linear.py): shared ones
-# (one value for the merge) and per-model ones (per entry, or top-level for every model)
-MERGEKIT_KEYS = ("merge_method", "base_model", "models", "parameters", "dtype", "out_dtype", "tokenizer_source", "name")
-_GTA_SHARED = ("lambda", "normalize", "rescale", "int8_mask")
-MERGEKIT_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # method: (shared, per model)
-    "linear": (("normalize",), ("weight",)),
-    "task_arithmetic": (_GTA_SHARED, ("weight", "density")),
-    "ties": (_GTA_SHARED, ("weight", "density")),
-    "dare_linear": (_GTA_SHARED, ("weight", "density")),
-    "dare_ties": (_GTA_SHARED, ("weight", "density")),
-    "breadcrumbs": (_GTA_SHARED, ("weight", "density", "gamma")),
-}
+TOKENIZER_SOURCES = ("base", "union")
 
 
-def _check_mergekit_keys(d: Mapping[str, Any]) -> None:
-    """Refuse, by name and with what to do, the top-level mergekit settings forgetlab cannot honour."""
-    if "slices" in d:
-        raise ParameterError("mergekit `slices` (layer ranges) are not supported; use `models:`.")
-    if "modules" in d:
-        raise ParameterError("mergekit `modules` (a separate merge per module of a multimodal model) is not "
-                             "supported: forgetlab merges the whole model. Use `models:` with one merge for all "
-                             "tensors.")
-    if d.get("tokenizer") is not None:
-        raise ParameterError("mergekit `tokenizer:` (a merged vocabulary, token embeddings set by hand) is not "
-                             "supported: forgetlab writes the base's tokenizer and merges the embedding rows as "
-                             "they are, so the models must share the base's vocabulary. Remove `tokenizer:`.")
-    source = d.get("tokenizer_source")
-    if source is not None and source != "base":
-        raise ParameterError(f"mergekit tokenizer_source: {source} builds a new vocabulary and reorders the "
-                             f"embedding rows; forgetlab writes the base's tokenizer and merges the rows as they "
-                             f"are (mergekit's tokenizer_source: base when the models share the base's "
-                             f"vocabulary). Write tokenizer_source: base, or remove it.")
-    if d.get("chat_template") is not None:
-        raise ParameterError("mergekit chat_template is not supported: forgetlab writes the base's tokenizer with "
-                             "its own chat template. Remove chat_template, and set the template on the merged "
-                             "model's tokenizer afterwards (tokenizer.chat_template = …; "
-                             "tokenizer.save_pretrained(OUT)).")
-    unknown = [k for k in d if k not in MERGEKIT_KEYS]
-    if unknown:
-        raise ParameterError(f"Unknown mergekit setting(s) {', '.join(map(repr, unknown))}; forgetlab reads "
-                             f"{', '.join(MERGEKIT_KEYS)}. Fix the name or remove it.")
-
-
-def _check_mergekit_params(method: str, params: Mapping[str, Any], model: str | None) -> None:
-    """Refuse parameters that mergekit's `method` does not have (mergekit ignores them: usually a misspelling)
-    and, per model (`model` given), the shared ones that mergekit reads only at the top level."""
-    shared, per_model = MERGEKIT_PARAMS[method]
-    for k in params:
-        if model is not None and k in shared:
-            raise ParameterError(f"mergekit parameter {k} is one value for the whole merge; mergekit ignores it in "
-                                 f"the parameters of {model}. Give it in the top-level `parameters`.")
-        if k not in shared + per_model:
-            raise ParameterError(f"{k!r} is not a parameter of mergekit's {method} (its parameters: "
-                                 f"{', '.join(shared + per_model)}); mergekit would ignore it. Fix the name or "
-                                 "remove it.")
-
-
-def _mergekit_path(value: Any, where: str) -> str:
-    """A mergekit ModelPath: a path or hub id, or {path: …, revision: …} (a revision is refused: forgetlab
-    opens what is at the path)."""
-    if isinstance(value, str) and value:
-        return value
-    if isinstance(value, Mapping) and isinstance(value.get("path"), str) and value["path"]:
-        extra = [k for k in value if k not in ("path", "revision")]
-        if extra:
-            raise ParameterError(f"mergekit model path {dict(value)!r} has unknown key(s) "
-                                 f"{', '.join(map(repr, extra))}; a path is {{path: …, revision: …}}.")
-        if value.get("revision") is not None:
-            raise ParameterError(f"mergekit {where} {value['path']} asks for revision {value['revision']!r}; forgetlab "
-                                 f"reads a model as it is on disk or the hub's default revision. Download that "
-                                 f"revision (huggingface-cli download {value['path']} --revision "
-                                 f"{value['revision']} --local-dir DIR) and give DIR.")
-        return value["path"]
-    raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
-
-
-def _mergekit_model(value: Any, where: str) -> str:
-    """A mergekit model reference as forgetlab names it: `path`, or `BASE+ADAPTER` for a LoRA adapter on a model,
-    written either as that string or as {model: BASE, lora: ADAPTER} (mergekit's ModelReference)."""
-    if isinstance(value, str):
-        if not value:
-            raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
-        return value
-    if not isinstance(value, Mapping) or "model" not in value:
-        raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
-    if value.get("override_architecture") is not None:
-        raise ParameterError(f"mergekit override_architecture ({value['override_architecture']!r}) is not supported: "
-                             "forgetlab reads each model's architecture from its config.json. Remove it (and fix "
-                             "the model's config.json if it is wrong).")
-    extra = [k for k in value if k not in ("model", "lora", "override_architecture")]
+def check_tokenizer(value: Any) -> dict[str, Any]:
+    """forgetlab's `tokenizer`: {source: base | union | MODEL, tokens: {TOKEN: {source: …, force: …}},
+    pad_to_multiple_of: N} (mergekit's `tokenizer:` block; `tokenizer_source: X` is {source: X})."""
+    if not isinstance(value, Mapping) or not value.get("source"):
+        raise ParameterError(f"`tokenizer` is {{source: base | union | MODEL}} (optionally tokens and "
+                             f"pad_to_multiple_of); got {value!r}.")
+    extra = [k for k in value if k not in ("source", "tokens", "pad_to_multiple_of")]
     if extra:
-        raise ParameterError(f"mergekit model {dict(value)!r} has unknown key(s) {', '.join(map(repr, extra))}; a "
-                             "model is a path, `BASE+ADAPTER`, or {model: BASE, lora: ADAPTER}.")
-    model = _mergekit_path(value["model"], where)
-    if value.get("lora") is None:
-        return model
-    return f"{model}+{_mergekit_path(value['lora'], where + ' lora')}"
-
-
-def _complement(x: float) -> float:
-    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly
-    (1 − 0.8 is 0.19999999999999996 in floating point)."""
-    return float(f"{1.0 - float(x):.15g}")
-
-
-def _mergekit_ref(base: str, model: str) -> str:
-    """How mergekit names a model: a PEFT adapter folder as `base+adapter` (mergekit's LoRA syntax), any other
-    model as its path."""
-    if (Path(str(model)).expanduser() / "adapter_config.json").is_file():
-        return f"{base}+{model}"
-    return str(model)
+        raise ParameterError(f"`tokenizer` has unknown key(s) {', '.join(map(repr, extra))}; it has source, tokens "
+                             "and pad_to_multiple_of.")
+    out: dict[str, Any] = {"source": str(value["source"])}
+    pad = value.get("pad_to_multiple_of")
+    if pad is not None:
+        if not isinstance(pad, int) or isinstance(pad, bool) or pad < 1:
+            raise ParameterError(f"tokenizer pad_to_multiple_of must be a whole number ≥ 1 (e.g. 64); got {pad!r}.")
+        out["pad_to_multiple_of"] = pad
+    tokens = value.get("tokens")
+    if tokens:
+        if not isinstance(tokens, Mapping):
+            raise ParameterError("tokenizer tokens is a mapping TOKEN: {source: MODEL | {kind: zero} | "
+                                 "{kind: model_token, model: M, token: T}, force: false}.")
+        out["tokens"] = {str(k): dict(v or {}) for k, v in tokens.items()}
+    return out
 
 
 def is_mergekit(d: Mapping[str, Any]) -> bool:
@@ -530,6 +458,11 @@ def resolve_paths(recipe: Recipe, folder: Path, where: str) -> Recipe:
     recipe.base = ref(recipe.base)
     for m in recipe.models:
         m.model = ref(m.model)
+    for sl in recipe.slices or []:
+        for s in sl.sources:
+            s.model = ref(s.model)
+    if recipe.tokenizer and recipe.tokenizer["source"] not in TOKENIZER_SOURCES:
+        recipe.tokenizer["source"] = ref(recipe.tokenizer["source"])
     if recipe.pool:
         recipe.pool = one(str(recipe.pool))
     return recipe

@@ -316,13 +316,15 @@ def validate_params(method: str | MethodSpec, params: Mapping[str, Any], n_model
         raise ParameterError(f"{spec.name} has no parameter {', '.join(map(repr, unknown))}; its parameters "
                              f"are {', '.join(spec.param_names) or '(none)'}.")
     if n_models is not None:
-        if n_models < 1:
+        if n_models < 1 and spec.min_models >= 1:
             raise ParameterError(f"{spec.name} needs at least one fine-tuned model; none was given.")
+        hint = spec.extra.get("models_hint")  # a method's own advice on how many models it takes, if any
         if n_models < spec.min_models:
-            raise ParameterError(f"{spec.name} needs at least {spec.min_models} fine-tuned models; got {n_models}.")
+            raise ParameterError(f"{spec.name} needs at least {spec.min_models} fine-tuned models; got {n_models}."
+                                 + (f" {hint}" if hint else ""))
         if spec.max_models is not None and n_models > spec.max_models:
-            raise ParameterError(f"{spec.name} takes at most {spec.max_models} fine-tuned model(s); got {n_models}. "
-                                 "Pick fewer models or another method.")
+            raise ParameterError(f"{spec.name} takes at most {spec.max_models} fine-tuned model(s) besides the base; "
+                                 f"got {n_models}. " + (hint or "Pick fewer models or another method."))
     out = {}
     for p in spec.params:
         value = params.get(p.name, p.default)

@@ -28,7 +28,8 @@ _LORA = {"math": "rgb(232, 169, 178)", "code": "rgb(142, 132, 209)", "translate"
 # muted palettes), so that e.g. magnitude/relative or SFA/L2 are never near-identical shades
 METHODS = {"wise-ft": "#0077BB", "alpha": "#0077BB", "fapm": "#EE7733", "magnitude": "#33BBEE",
            "relative": "#AA3377", "dare": "#009988", "ties": "#CC3311", "hma": "#DDAA33",
-           "adamw": "#0077BB", "mofo": "#EE7733", "sfa": "#009988", "l2": "#AA3377", "l1": "#CC3311"}
+           "adamw": "#0077BB", "mofo": "#EE7733", "sfa": "#009988", "l2": "#AA3377", "l1": "#CC3311",
+           "slerp": "#332288", "della": "#117733", "sce": "#999933"}
 FIXED = {"base": "#4d4d4d", "general": "#4d4d4d", "generality": "#4d4d4d", **_TASKS,
          **{f"ft-{t}": c for t, c in _TASKS.items()}, **{f"lora-{t}": c for t, c in _LORA.items()}, **METHODS}
 _METHOD_PREFIXES = ("mofo-", "sfa-", "l1-", "l2-")
@@ -132,7 +133,8 @@ def worker_column(frame):
 # how the methods and series of the sweeps and fine-tunes are named in legends
 SERIES_NAMES = {"fapm": "FAPM", "magnitude": "magnitude", "relative": "relative (|τ|/|W0|)", "dare": "DARE",
                 "ties": "TIES", "alpha": "WiSE-FT", "wise-ft": "WiSE-FT", "hma": "HMA", "adamw": "AdamW", "mofo": "MoFO", "sfa": "SFA",
-                "l1": "L1-to-init", "l2": "L2-to-init", "base": "base"}
+                "l1": "L1-to-init", "l2": "L2-to-init", "base": "base", "slerp": "SLERP", "della": "DELLA",
+                "sce": "SCE"}
 
 
 def series_name(name: str) -> str:

@@ -34,7 +34,9 @@ def param_widget(method: str, p, models: list[str]):
         return [col.number_input(f"{p.name} · {m}", lo, hi, float(p.default), 0.05, key=f"{key}_{m}", help=p.help)
                 for col, m in zip(cols, models)]
     if p.type == "float":
-        return st.number_input(p.name, lo, hi, float(p.default), 0.01, key=key, help=p.help, format="%.4f")
+        small = 0 < abs(float(p.default)) < 1e-3  # e.g. nearswap's t, karcher's tol: %.4f would show 0.0000
+        return st.number_input(p.name, lo, hi, float(p.default), float(p.default) if small else 0.01, key=key,
+                               help=p.help, format="%g" if small else "%.4f")
     if p.type == "int":
         return int(st.number_input(p.name, int(lo) if lo is not None else None,
                                    int(min(hi, 2**31 - 1)) if hi is not None else None, int(p.default), 1,

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import streamlit as st
 
-from forgetlab.analysis.search import OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, searchable_param
+from forgetlab.analysis.search import (OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, search_scalars,
+                                      searchable_param)
 from forgetlab.merge.workflow import pool_recipe, recipe_form
 from forgetlab.plots.merge import search_figure
 from forgetlab.ui import job_key, run_once, show_errors, workspace_home
@@ -24,8 +25,10 @@ def render_search(pool, method: str, models: list[str], params: dict, *, out_dty
                   bench_settings: dict, device, max_general: int, max_task: int) -> None:
     """Draw the search section for the merge composed in the form (method, pool models, parameters)."""
     st.subheader("Search merge weights (CMA-ES)")
-    param = searchable_param(method)
-    st.caption(f"CMA-ES over the per-model {param or 'weights'} of the {method} merge composed above, as "
+    scalars = search_scalars(method)      # lines: its α and β rather than per-model weights
+    param = None if scalars else searchable_param(method)
+    what = f"the {', '.join(scalars)}" if scalars else f"the per-model {param or 'weights'}"
+    st.caption(f"CMA-ES over {what} of the {method} merge composed above, as "
                "mergekit-evolve does: every point is a merge evaluated on the probe split (speciality against "
                "held-out loss), drawn as it arrives; the best one maximises the speciality within the forgetting "
                "bound (constrained) or minimises −speciality + forgetting (weighted). Runs on the executor chosen in "
@@ -36,7 +39,7 @@ def render_search(pool, method: str, models: list[str], params: dict, *, out_dty
     objective = c2.selectbox("objective", list(OBJECTIVES), key="merge_search_objective")
     bound = c3.number_input("forgetting bound (nats of held-out loss)", 0.0, 10.0, 0.05, 0.01, format="%.3f",
                             key="merge_search_bound", disabled=objective != "constrained")
-    s_go = st.button("Search weights", key="merge_search_run", disabled=param is None or not models,
+    s_go = st.button("Search weights", key="merge_search_run", disabled=(param is None and not scalars) or not models,
                      help=None if param else f"{method} has no per-model weight to search; pick another method.")
     s_measure = measure if measure in SEARCH_MEASURES or bench_settings else "exact_match"
     search_kw = dict(budget=s_budget, objective=objective, max_forgetting=float(bound), measure=s_measure,

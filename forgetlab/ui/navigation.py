@@ -34,6 +34,7 @@ PAGE_ORDER = (
     PageSpec("linearity", "Linearity", ":material/show_chart:"),
     PageSpec("forgetting", "Forgetting", ":material/trending_down:"),
     PageSpec("attribution", "Attribution", ":material/grid_on:"),
+    PageSpec("text", "Text", ":material/text_fields:"),
     PageSpec("features", "Features", ":material/scatter_plot:"),
     PageSpec("merge", "Merge", ":material/merge:"),
     PageSpec("finetune", "Fine-tune", ":material/model_training:"),

@@ -128,6 +128,13 @@ def _attribution(run, measure="exact_match"):
             tradeoff_figure(result, measure=measure)]
 
 
+def _textdiff(run):
+    from forgetlab.analysis.textdiff import TextDiffResult
+    from forgetlab.plots.textdiff import figures
+
+    return figures(TextDiffResult.from_dict(run.results))
+
+
 def _benchmarks(run):
     from forgetlab.core.benchmarks import BenchmarkTable
     from forgetlab.plots.models import benchmark_bars
@@ -146,6 +153,7 @@ register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
 register_reopener("attribution", _attribution)
+register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("linearity", _linearity)
 register_reopener("scorecards", _scorecards)

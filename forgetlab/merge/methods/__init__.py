@@ -13,3 +13,18 @@ from forgetlab.merge.methods import consensus  # noqa: F401
 from forgetlab.merge.methods import pcb  # noqa: F401
 from forgetlab.merge.methods import fapm  # noqa: F401
 from forgetlab.merge.methods import submodule  # noqa: F401  submodule_alpha
+from forgetlab.merge.methods import spherical  # noqa: F401  slerp, nuslerp, multislerp, karcher (mergekit's)
+from forgetlab.merge.methods import model_stock  # noqa: F401
+from forgetlab.merge.methods import gated  # noqa: F401  nearswap, arcee_fusion
+from forgetlab.merge.methods import ram  # noqa: F401  ram, ramplus_tl
+from forgetlab.merge.methods import sce  # noqa: F401
+from forgetlab.merge.methods import gta  # noqa: F401  della, della_linear, breadcrumbs_ties
+from forgetlab.merge.methods import passthrough  # noqa: F401
+from forgetlab.merge.methods import lines  # noqa: F401  LiNeS
+from forgetlab.merge.methods import tsv  # noqa: F401  TSV-Merge
+from forgetlab.merge.methods import isotropic  # noqa: F401  iso_c, iso_cts
+from forgetlab.merge.methods import cart  # noqa: F401
+from forgetlab.merge.methods import localize_stitch  # noqa: F401
+from forgetlab.merge.methods import knots  # noqa: F401
+from forgetlab.merge.methods import regmean  # noqa: F401  regmean, regmean_pp (need a pool)
+from forgetlab.merge.methods import fisher  # noqa: F401  (needs a pool)

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge.methods.common import UNIT, add_scaled, lam_param, weights_param
+from forgetlab.merge.methods.common import (UNIT, add_scaled, l1_norm, l1_scale, lam_param, normalize_param,
+                                            normalized_lam, rescale_param, weights_param)
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 from forgetlab.merge.select import BLOCK, score_block, as_array, block_ranges, kth_largest, topk_mask
 
@@ -101,22 +102,28 @@ def _check_breadcrumbs(params: dict, n: int) -> None:
 @method("breadcrumbs", "Model Breadcrumbs: drop the largest outliers and the smallest entries, then add.",
         (ParamSpec("keep", "float", 0.1, "Fraction of entries kept per tensor (keep + gamma ≤ 1).", UNIT),
          ParamSpec("gamma", "float", 0.01, "Fraction of largest-magnitude entries removed per tensor.", UNIT),
-         lam_param(), weights_param()),
+         lam_param(), weights_param(), normalize_param(False), rescale_param(False)),
         check=_check_breadcrumbs, mergekit="breadcrumbs",
-        formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ)")
+        formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ) (/ Σ wt with normalize)")
 def _breadcrumbs(job: TensorJob) -> torch.Tensor:
     p = job.params
-    parts = [breadcrumbs(tau, p["keep"], p["gamma"]) for tau in job.take_taus()]
-    return add_scaled(job, parts, p["lam"])
+    parts = []
+    for tau in job.take_taus():
+        part = breadcrumbs(tau, p["keep"], p["gamma"])
+        if p["rescale"] and p["keep"] < 1:  # mergekit's L1 rescale of the sparsified task vector
+            part = part * l1_scale(l1_norm(tau), l1_norm(part))
+        parts.append(part)
+    return add_scaled(job, parts, normalized_lam(p["lam"], p["weights"], p["normalize"]))
 
 
 @fast_kernel("breadcrumbs")
 def _breadcrumbs_fast(job: TensorJob) -> torch.Tensor | None:
     p = job.params
-    if p["keep"] >= 1:
+    if p["keep"] >= 1 or p["rescale"]:
         return None
     taus = job.take_taus()
     if p["keep"] + p["gamma"] > 1 + 1e-12:
         breadcrumbs(taus[0], p["keep"], p["gamma"])  # raises the same message
     n_top, n_keep = breadcrumbs_counts(job.base.numel(), p["keep"], p["gamma"])
-    return add_scaled(job, [breadcrumbs_(tau, n_top, n_keep) for tau in taus], p["lam"])
+    lam = normalized_lam(p["lam"], p["weights"], p["normalize"])
+    return add_scaled(job, [breadcrumbs_(tau, n_top, n_keep) for tau in taus], lam)

@@ -40,3 +40,41 @@ def add_scaled(job: TensorJob, parts: list[torch.Tensor], lam: float) -> torch.T
     for part, w in zip(parts, job.params["weights"]):
         out.add_(part, alpha=float(lam) * float(w))
     return out
+
+
+def normalize_param(default: bool) -> ParamSpec:
+    """mergekit's `normalize`: divide the merged task vector by the sum of the weights (of the agreeing models,
+    for the sign-electing methods)."""
+    return ParamSpec("normalize", "bool", default, "Divide the merged task vector by the sum of the weights (the "
+                     "weights of the agreeing entries for TIES-style sign election): a weighted mean instead of a "
+                     "sum.")
+
+
+def rescale_param(default: bool) -> ParamSpec:
+    """mergekit's `rescale`: rescale each sparsified task vector so that it keeps its L1 norm."""
+    return ParamSpec("rescale", "bool", default, "Rescale each sparsified task vector so that its L1 norm is the "
+                     "one it had before sparsification (mergekit's rule).")
+
+
+L1_EPS = 1e-7  # mergekit's sparsify.rescaled_masked_tensor: norms below this leave the masked tensor as it is
+
+
+def l1_scale(before: float, after: float) -> float:
+    """The factor ‖τ‖₁ / ‖τ̂‖₁ that gives a sparsified task vector τ̂ the L1 norm of τ (1 when either norm is
+    below 1e-7, as mergekit's `rescaled_masked_tensor` leaves such tensors unscaled)."""
+    if before < L1_EPS or after < L1_EPS:
+        return 1.0
+    return float(torch.tensor(before, dtype=torch.float32) / torch.tensor(after, dtype=torch.float32))
+
+
+def l1_norm(t: torch.Tensor) -> float:
+    """Σ|t| in float32, as mergekit sums it (`tensor.abs().sum()`)."""
+    return float(t.abs().sum())
+
+
+def normalized_lam(lam: float, weights, normalize: bool) -> float:
+    """λ, divided by Σ wt when `normalize` (mergekit's divisor, left at 1 when |Σ wt| < 1e-8)."""
+    if not normalize:
+        return float(lam)
+    total = float(torch.tensor([float(w) for w in weights], dtype=torch.float32).sum())
+    return float(lam) if abs(total) < 1e-8 else float(lam) / total

@@ -1,15 +1,17 @@
-"""Task arithmetic (docs/methods.md#task_arithmetic): θ = θ0 + λ·Σt wt·τt."""
+"""Task arithmetic (docs/methods.md#task_arithmetic): θ = θ0 + λ·Σt wt·τt, or with mergekit's `normalize`
+θ = θ0 + λ·Σt wt·τt / Σt wt."""
 from __future__ import annotations
 
 import torch
 
-from forgetlab.merge.methods.common import add_scaled, lam_param, weights_param
+from forgetlab.merge.methods.common import add_scaled, lam_param, normalize_param, normalized_lam, weights_param
 from forgetlab.merge.registry import TensorJob, method
 
 
 @method("task_arithmetic", "Task arithmetic: add the weighted sum of task vectors to the base.",
-        (lam_param(), weights_param()),
+        (lam_param(), weights_param(), normalize_param(False)),
         mergekit="task_arithmetic",
-        formula="θ = θ0 + λ·Σ wt·τt")
+        formula="θ = θ0 + λ·Σ wt·τt (/ Σ wt with normalize)")
 def _task_arithmetic(job: TensorJob) -> torch.Tensor:
-    return add_scaled(job, job.take_taus(), job.params["lam"])
+    p = job.params
+    return add_scaled(job, job.take_taus(), normalized_lam(p["lam"], p["weights"], p["normalize"]))

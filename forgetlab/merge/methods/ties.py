@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from forgetlab.merge.methods.common import UNIT, lam_param, scope_param, weights_param
+from forgetlab.merge.methods.common import (UNIT, l1_norm, l1_scale, lam_param, normalize_param, rescale_param,
+                                            scope_param, weights_param)
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 from forgetlab.merge.select import BLOCK, RadixSelect, block_ranges, keep_count, threshold_mask, top_cut_, topk_mask
 
@@ -56,11 +57,13 @@ def disjoint_mean(stack: torch.Tensor, sign: torch.Tensor, weights: Sequence[flo
     return num / den
 
 
-def ties_combine(trimmed: Sequence[torch.Tensor], weights: Sequence[float] | None = None) -> torch.Tensor:
+def ties_combine(trimmed: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
+                 normalize: bool = True) -> torch.Tensor:
     """Sign election + disjoint mean of already-trimmed task vectors (returns the merged task vector).
 
     Equivalent to `disjoint_mean(stack, elect_sign(w·stack), weights)`, computed with fewer temporaries:
-    one stacked copy, updated in place.
+    one stacked copy, updated in place. `normalize=False` (mergekit's option) returns the sum of the agreeing
+    entries, Σ wt·τ̂t·[agree], instead of the mean.
     """
     stack = torch.stack([t.to(torch.float32) for t in trimmed], dim=0)
     n = stack.shape[0]
@@ -72,6 +75,8 @@ def ties_combine(trimmed: Sequence[torch.Tensor], weights: Sequence[float] | Non
     agree = torch.where(positive, stack > 0, stack < 0)
     stack.mul_(agree)
     num = stack.sum(dim=0)
+    if not normalize:
+        return num
     if unit:
         den = agree.sum(dim=0, dtype=stack.dtype)
     else:
@@ -91,7 +96,8 @@ def _sum_rows(T: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
 
 
 def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights: Sequence[float] | None,
-                       lam: float, cuts: Sequence[float | None] | None = None) -> torch.Tensor:
+                       lam: float, cuts: Sequence[float | None] | None = None,
+                       scales: Sequence[float] | None = None, normalize: bool = True) -> torch.Tensor:
     """out += λ·disjoint_mean(sign_elect(trim(τt))) in place, block by block (docs/methods.md#ties; mergekit's
     weighted form, see forgetlab.merge.ties). `taus` are left as they are.
 
@@ -102,11 +108,14 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
     is |v_t| where its sign agrees and 0 elsewhere, so the agreeing sum is σ·Σt u_t (the same terms summed
     over the model axis of a stacked block, as `ties.ties_combine` sums its stack: bit-identical) and the
     agreeing weight Σt wt·sign(u_t); merged = σ·Σ u / that weight (1 where it is 0: nothing agrees, Σ u = 0).
+    `scales` (mergekit's L1 `rescale`) multiplies each τ̂t before the weights (the divisor keeps the plain wt);
+    `normalize=False` keeps the sum σ·Σ u (mergekit's option).
     """
     flat = [t.reshape(-1) for t in taus]
     o = out.reshape(-1)
     n_models = len(flat)
     w = [1.0] * n_models if weights is None else [float(x) for x in weights]
+    wn = w if scales is None else [x * float(s) for x, s in zip(w, scales)]  # weights of the numerator
     unit = all(x == 1.0 for x in w)
     size = o.numel()
     nb = min(BLOCK, size)
@@ -119,6 +128,8 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
                                         for c in cuts]
     trim = shrink is not None and any(c is not None for c in shrink)
     wcol = None if unit else torch.tensor([[x] for x in w], dtype=torch.float32)
+    ncol = wcol if scales is None else (None if all(x == 1.0 for x in wn)
+                                        else torch.tensor([[x] for x in wn], dtype=torch.float32))
     for s, e in block_ranges(size):
         c = e - s
         T_, S_, sg_, num_, den_ = T[:, :c], S[:c], sg[:c], num[:c], den[:c]
@@ -132,13 +143,19 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
         else:
             for j, b in enumerate(blocks):
                 T_[j].copy_(b)
-        if wcol is not None:
-            T_.mul_(wcol)
+        if ncol is not None:
+            T_.mul_(ncol)
         _sum_rows(T_, S_)
         torch.ge(S_, 0, out=sg_)
         sg_.mul_(2).sub_(1)  # σ = ±1
         T_.mul_(sg_).clamp_min_(0)  # u
         _sum_rows(T_, num_)
+        if not normalize:
+            num_.mul_(sg_)
+            if lam != 1:
+                num_.mul_(lam)
+            o[s:e].add_(num_)
+            continue
         T_.sign_()  # [agree]
         if wcol is not None:
             T_.mul_(wcol)
@@ -177,27 +194,37 @@ class TiesGlobalCollector:
 
 def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
     keep, taus = job.params["keep"], job.take_taus()
+    before = [l1_norm(tau) for tau in taus] if job.params.get("rescale") else None
     if job.params["scope"] == "global":
-        return [tau.mul_(threshold_mask(tau.abs(), thr)) for tau, thr in zip(taus, job.stats)]
-    return [tau if keep >= 1 else tau.mul_(magnitude_mask(tau, keep)) for tau in taus]
+        out = [tau.mul_(threshold_mask(tau.abs(), thr)) for tau, thr in zip(taus, job.stats)]
+    else:
+        out = [tau if keep >= 1 else tau.mul_(magnitude_mask(tau, keep)) for tau in taus]
+    if before is not None and keep < 1:  # mergekit leaves a tensor it does not sparsify (density ≥ 1) as it is
+        for tau, b in zip(out, before):
+            tau.mul_(l1_scale(b, l1_norm(tau)))
+    return out
 
 
 @method("ties", "TIES: trim each task vector, elect signs, average the agreeing entries.",
         (ParamSpec("keep", "float", 0.2, "Fraction of each task vector's entries kept (top |τ|).", UNIT),
-         lam_param(), scope_param("tensor"), weights_param()),
+         lam_param(), scope_param("tensor"), weights_param(), normalize_param(True), rescale_param(False)),
         mergekit="ties", collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
-        formula="θ = θ0 + λ·disjoint_mean(sign_elect(trim(τt, keep)))")
+        formula="θ = θ0 + λ·disjoint_mean(sign_elect(trim(τt, keep))) (a sum of the agreeing entries without "
+                "normalize)")
 def _ties(job: TensorJob) -> torch.Tensor:
-    merged = ties_combine(_ties_trimmed(job), job.params["weights"])  # torch.kthvalue, no copies to the CPU
-    return job.base + job.params["lam"] * merged
+    p = job.params
+    merged = ties_combine(_ties_trimmed(job), p["weights"], p["normalize"])  # torch.kthvalue, no copies to the CPU
+    return job.base + p["lam"] * merged
 
 
 @fast_kernel("ties")
-def _ties_fast(job: TensorJob) -> torch.Tensor:
+def _ties_fast(job: TensorJob) -> torch.Tensor | None:
     # the same trim, election and disjoint mean, in place: exact selection instead of a sort, numpy masks,
     # blocks that stay in cache; the result is written into the base the job owns
     p = job.params
+    if p["rescale"] and p["keep"] < 1:
+        return None  # the reference computes the L1 norms of the trimmed task vectors
     taus = job.take_taus()
     if p["scope"] == "global":
         cuts = [math.inf if thr is None else thr for thr in job.stats]
@@ -206,4 +233,4 @@ def _ties_fast(job: TensorJob) -> torch.Tensor:
         cuts = [top_cut_(tau, k) for tau in taus]
     else:
         cuts = None
-    return ties_combine_into_(job.base, taus, p["weights"], p["lam"], cuts)
+    return ties_combine_into_(job.base, taus, p["weights"], p["lam"], cuts, normalize=p["normalize"])

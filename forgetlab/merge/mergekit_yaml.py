@@ -1,0 +1,610 @@
+"""mergekit 0.1.5's YAML dialect: import (`from_mergekit`) and export (`to_mergekit`) of recipes, driven by the
+registry.
+
+A mergekit method name is importable when a forgetlab method is registered under it with `mergekit=<name>`.
+Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
+with `per_model=True` and `model_key` = mergekit's key (e.g. `weight` → `weights`), every other parameter keeps
+mergekit's name. The six methods forgetlab had before mergekit's others keep their own names for the
+sparsity knob (`DIALECT`): `density` is `keep` for ties and breadcrumbs and `1 − drop` for dare_*, and
+mergekit's per-model density/gamma are one value for all models there. Values are read with mergekit's
+defaults (its `merge_methods/registry.py` and each method's signature), and written explicitly into the
+imported recipe, so the merge does not depend on forgetlab's defaults. Gradients and filters
+(forgetlab.merge.settings), `slices`, `tokenizer_source` / `tokenizer:` and `out_dtype` are read as mergekit
+reads them; what forgetlab cannot compute is refused by name, with what to write instead (docs/merging.md).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from forgetlab.core.errors import ParameterError
+from forgetlab.merge import settings
+from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, _check_models_list,
+                                     check_slices, check_tokenizer, combine)
+from forgetlab.merge.registry import METHODS, MethodSpec, get_method, load_plugins
+
+MERGEKIT_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
+                 "tokenizer_source", "tokenizer", "name")
+# mergekit's InputContract base policy per method (merge_methods/*.py); the others require a base
+BASE_IGNORED = ("linear", "karcher", "passthrough")   # base_model is one more input (averaged in) if given
+BASE_OPTIONAL = ("nuslerp", "multislerp")
+# mergekit methods whose `int8_mask` only sets the dtype of a sign mask (no effect on the result)
+INT8_MASK = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
+             "della_linear", "sce")
+REQUIRED = object()
+
+
+def _complement(x: float) -> float:
+    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly."""
+    return float(f"{1.0 - float(x):.15g}")
+
+
+def _rescale_to_fl(v: Any) -> Any:
+    return ("l1" if v else "none") if isinstance(v, bool) else v
+
+
+def _rescale_to_mk(v: Any) -> Any:
+    if v == "inverse":
+        raise ParameterError("mergekit has no 1/(1 − p) rescale (forgetlab's rescale: inverse, the DARE paper's "
+                             "rule); export with rescale: l1 (mergekit's rescale: true) or none.")
+    return v == "l1" if isinstance(v, str) else bool(v)
+
+
+@dataclass(frozen=True)
+class MkParam:
+    """One mergekit parameter of a method: its forgetlab parameter (None: accepted, no effect), whether mergekit
+    takes it per model and whether forgetlab does, value converters and mergekit's default."""
+
+    mk: str
+    fl: str | None
+    mk_per_model: bool
+    fl_per_model: bool
+    default: Any = REQUIRED
+    to_fl: Callable[[Any], Any] = lambda v: v
+    to_mk: Callable[[Any], Any] = lambda v: v
+
+
+_GTA_DEFAULTS = {  # (normalize, rescale) defaults of mergekit's generalized task arithmetic methods
+    "task_arithmetic": (False, False), "ties": (True, False), "dare_ties": (False, True),
+    "dare_linear": (False, True), "breadcrumbs": (False, False)}
+
+
+def _dialect(name: str) -> dict[str, MkParam] | None:
+    """The parameters of forgetlab's six methods that predate the others (their own names for density)."""
+    if name == "linear":
+        return {"weight": MkParam("weight", "weights", True, True, 1.0),
+                "normalize": MkParam("normalize", "normalize", False, False, True)}
+    if name == "passthrough":  # mergekit's per-input scale; forgetlab's passthrough has one input
+        return {"scale": MkParam("scale", "scale", True, False, 1.0)}
+    if name not in _GTA_DEFAULTS:
+        return None
+    norm, resc = _GTA_DEFAULTS[name]
+    out = {"weight": MkParam("weight", "weights", True, True, 1.0),
+           "lambda": MkParam("lambda", "lam", False, False, 1.0),
+           "normalize": MkParam("normalize", "normalize", False, False, norm),
+           "int8_mask": MkParam("int8_mask", None, False, False, False)}
+    if name == "task_arithmetic":
+        out["rescale"] = MkParam("rescale", None, False, False, False)
+        out["density"] = MkParam("density", None, True, False, 1.0)
+    elif name in ("ties", "breadcrumbs"):
+        out["rescale"] = MkParam("rescale", "rescale", False, False, resc)
+        out["density"] = MkParam("density", "keep", True, False, 1.0)
+    else:
+        out["rescale"] = MkParam("rescale", "rescale", False, False, resc, _rescale_to_fl, _rescale_to_mk)
+        out["density"] = MkParam("density", "drop", True, False, 1.0,
+                                 lambda v: settings.map_values(v, _complement),
+                                 lambda v: settings.map_values(v, _complement))
+    if name == "breadcrumbs":
+        out["gamma"] = MkParam("gamma", "gamma", True, False, 0.01)
+    return out
+
+
+def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
+    """mergekit's parameters of a registered method, by mergekit name (see the module docstring)."""
+    known = _dialect(spec.name)
+    if known is not None:
+        return known
+    out = {}
+    for p in spec.params:
+        if p.name == "seed":
+            continue
+        rescale = p.type == "str" and p.choices is not None and {"l1", "none"} <= set(p.choices)
+        conv = dict(to_fl=_rescale_to_fl, to_mk=_rescale_to_mk) if rescale else {}
+        if p.per_model:
+            key = p.model_key or p.name
+            out[key] = MkParam(key, p.name, True, True, p.default, **conv)
+        else:
+            key = "lambda" if p.name == "lam" else p.name
+            out[key] = MkParam(key, p.name, False, False, p.default, **conv)
+    if spec.name in INT8_MASK and "int8_mask" not in out:
+        out["int8_mask"] = MkParam("int8_mask", None, False, False, False)
+    return out
+
+
+def mergekit_methods() -> tuple[str, ...]:
+    """The registered methods that are mergekit methods of the same name (importable and exportable)."""
+    load_plugins()
+    return tuple(n for n, s in METHODS.items() if s.mergekit == n)
+
+
+def _method_spec(name: Any) -> MethodSpec:
+    if not isinstance(name, str) or name not in mergekit_methods():
+        raise ParameterError(f"mergekit method {name!r} has no forgetlab counterpart; importable methods: "
+                             f"{', '.join(mergekit_methods())}.")
+    return get_method(name)
+
+
+# -- import
+
+
+def _check_keys(d: Mapping[str, Any]) -> None:
+    """Refuse, by name and with what to do, the top-level mergekit settings forgetlab cannot honour."""
+    if "modules" in d:
+        raise ParameterError("mergekit `modules` (a separate merge per module of a multimodal model) is not "
+                             "supported: forgetlab merges the whole model. Use `models:` or `slices:`.")
+    if d.get("chat_template") is not None:
+        raise ParameterError("mergekit chat_template is not supported: forgetlab writes the output tokenizer with "
+                             "its own chat template. Remove chat_template, and set the template on the merged "
+                             "model's tokenizer afterwards (tokenizer.chat_template = …; "
+                             "tokenizer.save_pretrained(OUT)).")
+    unknown = [k for k in d if k not in MERGEKIT_KEYS]
+    if unknown:
+        raise ParameterError(f"Unknown mergekit setting(s) {', '.join(map(repr, unknown))}; forgetlab reads "
+                             f"{', '.join(MERGEKIT_KEYS)}. Fix the name or remove it.")
+    if bool(d.get("models")) == bool(d.get("slices")):
+        raise ParameterError("A mergekit recipe has exactly one of `models:` (merge whole models) and `slices:` "
+                             "(layer ranges); " + ("it has both." if d.get("models") else "it has neither."))
+    if d.get("tokenizer_source") is not None and d.get("tokenizer") is not None:
+        raise ParameterError("The mergekit recipe gives both tokenizer_source and tokenizer:, which mergekit "
+                             "refuses; keep one (tokenizer_source: X is tokenizer: {source: X}).")
+
+
+def _mapping(value: Any, where: str | None) -> dict:
+    value = value or {}
+    if not isinstance(value, Mapping):
+        of = "" if where is None else f" of {where}"
+        raise ParameterError(f"mergekit `parameters`{of} must be a mapping like {{weight: 1.0}}; got {value!r}.")
+    return dict(value)
+
+
+def _check_params(method: str, table: Mapping[str, MkParam], params: Mapping[str, Any], model: str | None) -> dict:
+    """Refuse parameters mergekit's `method` does not have (mergekit ignores them: usually a misspelling) and,
+    per model, the shared ones mergekit reads only at the top level; returns the values as settings."""
+    out = {}
+    for k, v in params.items():
+        if k not in table:
+            raise ParameterError(f"{k!r} is not a parameter of mergekit's {method} (its parameters: "
+                                 f"{', '.join(table)}); mergekit would ignore it. Fix the name or remove it.")
+        if model is not None and not table[k].mk_per_model:
+            raise ParameterError(f"mergekit parameter {k} is one value for the whole merge; mergekit ignores it in "
+                                 f"the parameters of {model}. Give it in the top-level `parameters`.")
+        out[k] = settings.from_mergekit(v, f"mergekit parameter {k}" + (f" of {model}" if model else ""))
+        if k == "density":
+            for x in settings.leaves(out[k]):
+                if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0.0 <= float(x) <= 1.0:
+                    raise ParameterError(f"mergekit density must lie in [0, 1] (the share of each task vector "
+                                         f"kept); got {x}.")
+    return out
+
+
+def _model_entry(e: Any, where: str) -> tuple[str, dict]:
+    if isinstance(e, str):
+        e = {"model": e}
+    if not isinstance(e, Mapping) or not e.get("model"):
+        raise ParameterError(f"Each mergekit {where} entry is a path or a mapping with `model:`; got {e!r}.")
+    ref = _mergekit_model(e["model"], "model")
+    allowed = ("model", "parameters", "layer_range") if where == "slice source" else ("model", "parameters")
+    extra = [k for k in e if k not in allowed]
+    if extra:
+        hint = ", ".join(f"{k}: {e[k]!r}" for k in extra)
+        raise ParameterError(f"The mergekit entry of {ref} has {', '.join(map(repr, extra))} beside "
+                             f"{' and '.join(f'`{k}`' for k in allowed)}, where mergekit ignores it; put it under "
+                             f"the entry's `parameters`, e.g. parameters: {{{hint}}}.")
+    return ref, _mapping(e.get("parameters"), ref)
+
+
+def _to_forgetlab(method: str, table: Mapping[str, MkParam], top: dict, per_model: list[tuple[str, dict]],
+                  where: str) -> tuple[dict, list[dict]]:
+    """mergekit settings (top-level and per model, already read as settings) → forgetlab's (global params, one
+    dict of per-model params per model), every parameter explicit."""
+    params: dict[str, Any] = {}
+    models: list[dict] = [{} for _ in per_model]
+    for mk, p in table.items():
+        if p.mk_per_model:
+            values = []
+            for ref, mp in per_model:
+                v = combine(mp.get(mk), top.get(mk))
+                if v is None or not settings.has_catch_all(v):
+                    if p.default is REQUIRED and (v is None or p.fl is not None):
+                        if v is None:
+                            raise ParameterError(f"mergekit's {method} needs `{mk}` for {ref}{where} (mergekit stops "
+                                                 f"with 'Missing required parameter {mk}'): give it under the "
+                                                 f"model's parameters, or once in the top-level parameters.")
+                        raise ParameterError(f"The filters of `{mk}` for {ref}{where} match only some tensors and "
+                                             f"mergekit then stops ('Missing required parameter {mk}'); end them "
+                                             f"with a `- value: …` for every other tensor.")
+                    v = combine(v, p.default)
+                values.append(v)
+            if p.fl is None:
+                if any(settings.leaves(v) != [p.default] for v in values):
+                    raise ParameterError(f"mergekit's {method} ignores `{mk}` (it does not sparsify); remove it, or "
+                                         f"use a method that does (ties, dare_linear, breadcrumbs).")
+                continue
+            values = [p.to_fl(v) for v in values]
+            if p.fl_per_model:
+                for m, v in zip(models, values):
+                    m[p.fl] = v
+            else:
+                if len({repr(v) for v in values}) > 1:
+                    raise ParameterError(f"mergekit gives `{mk}` per model ({[settings.to_mergekit(v) for v in values]}"
+                                         f"){where}; forgetlab's {method} takes one value for all models. Give the "
+                                         f"models the same {mk}.")
+                if values:
+                    params[p.fl] = values[0]
+        else:
+            v = top.get(mk)
+            v = p.default if v is None else combine(v, p.default)
+            if p.fl is None:
+                continue
+            params[p.fl] = p.to_fl(v)
+    if "scope" in get_method(method).param_names:
+        params["scope"] = "tensor"  # mergekit trims per tensor
+    return params, models
+
+
+def _dtype(d: Mapping[str, Any]) -> str | None:
+    dtype = d.get("out_dtype") or d.get("dtype")
+    if dtype is not None and dtype not in DTYPES:
+        raise ParameterError(f"mergekit dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
+    return dtype
+
+
+def _tokenizer(d: Mapping[str, Any]) -> dict | None:
+    if d.get("tokenizer") is not None:
+        tok = d["tokenizer"]
+        if not isinstance(tok, Mapping):
+            raise ParameterError(f"mergekit `tokenizer:` is {{source: union | base | MODEL, tokens: …, "
+                                 f"pad_to_multiple_of: N}}; got {tok!r}.")
+        tok = {"source": "union", **dict(tok)}  # mergekit's TokenizerConfig defaults source to union
+        if not isinstance(tok["source"], str):
+            tok["source"] = _mergekit_model(tok["source"], "tokenizer source")
+        return check_tokenizer(tok)
+    src = d.get("tokenizer_source")
+    if src is None:
+        return None
+    return check_tokenizer({"source": src if isinstance(src, str) else _mergekit_model(src, "tokenizer_source")})
+
+
+def from_mergekit(d: Mapping[str, Any]) -> Recipe:
+    """Import a mergekit YAML dict as the forgetlab recipe that computes the same merge (module docstring);
+    a setting forgetlab cannot compute is refused by name, with what to write instead — never ignored."""
+    if not isinstance(d, Mapping):
+        raise ParameterError("A mergekit recipe is a YAML mapping with merge_method and models (or slices).")
+    spec = _method_spec(d.get("merge_method"))
+    method = spec.name
+    table = mergekit_params(spec)
+    _check_keys(d)
+    top = _check_params(method, table, _mapping(d.get("parameters"), None), None)
+    base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
+    if base is None and method not in BASE_IGNORED + BASE_OPTIONAL:
+        raise ParameterError(f"mergekit {method} needs a base_model (mergekit stops with 'Merge method requires a "
+                             "base input'): add base_model: PATH, the model the others were fine-tuned from.")
+    if d.get("slices"):
+        recipe = _import_slices(d, spec, table, top, base)
+    else:
+        recipe = _import_models(d, spec, table, top, base)
+    recipe.dtype = _dtype(d)
+    recipe.tokenizer = _tokenizer(d)
+    if recipe.tokenizer is not None:
+        _check_tokenizer_source(recipe)
+    name = d.get("name")
+    recipe.name = None if name is None else str(name)
+    recipe.validated_params()  # an imported recipe is a valid forgetlab recipe, or a message now
+    return recipe
+
+
+def _check_tokenizer_source(recipe: Recipe) -> None:
+    src = recipe.tokenizer["source"]
+    inputs = {recipe.base, *(m.model for m in recipe.models),
+              *(s.model for sl in recipe.slices or [] for s in sl.sources)}
+    if src not in ("base", "union") and src not in inputs:
+        raise ParameterError(f"tokenizer source {src!r} is not among the recipe's models ({', '.join(sorted(inputs))})"
+                             "; mergekit takes the tokenizer of one of them. Write base, union, or one of those "
+                             "paths exactly as it is written under models.")
+
+
+def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> Recipe:
+    method = spec.name
+    entries = _check_models_list(d.get("models"), "The mergekit recipe's `models`")
+    refs: list[tuple[str, dict]] = []
+    seen: set[str] = set()
+    for e in entries:
+        ref, mp = _model_entry(e, "model")
+        if ref in seen:
+            raise ParameterError(f"The mergekit recipe lists {ref} twice under `models`; mergekit refuses duplicate "
+                                 "inputs. List each model once (give it the weight it should have).")
+        seen.add(ref)
+        mp = _check_params(method, table, mp, ref)
+        if base is not None and ref == base and method not in BASE_IGNORED:
+            continue  # the base among the models: its task vector is zero and mergekit skips its parameters
+        refs.append((ref, mp))
+    if method in BASE_IGNORED and base is not None and base not in seen and method != "passthrough":
+        if "weight" in table and top.get("weight") is None:
+            raise ParameterError(f"mergekit's {method} averages base_model ({base}) in with the models, so it needs "
+                                 f"a weight for it, which this recipe does not give (mergekit stops with 'Missing "
+                                 f"required parameter weight'). List it under `models` with parameters: "
+                                 f"{{weight: …}}, or remove base_model to average only the models listed.")
+        refs.append((base, {}))  # mergekit adds base_model as one more input, with the top-level parameters
+    if method == "passthrough":
+        if len(refs) != 1:
+            raise ParameterError(f"mergekit passthrough copies exactly one model (or layer ranges under `slices:`); "
+                                 f"this recipe gives it {len(refs)} ({', '.join(r for r, _ in refs)}): keep one "
+                                 "model, or write slices.")
+        params, _ = _to_forgetlab(method, _per_input_as_shared(table),
+                                  {**top, **{k: combine(v, top.get(k)) for k, v in refs[0][1].items()}}, [], "")
+        return Recipe(method, refs[0][0], [], params)
+    if base is None:
+        if method in BASE_OPTIONAL:
+            raise ParameterError(f"mergekit {method} without a base_model has no forgetlab counterpart yet; add "
+                                 "base_model: PATH (the model the others were fine-tuned from).")
+        base = refs[0][0] if refs else None  # config and tokenizer only (linear, karcher)
+    if not refs:
+        raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
+                             "fine-tuned models to merge into it.")
+    _check_counts(spec, len(refs), base)
+    params, per_model = _to_forgetlab(method, table, top, refs, "")
+    models = [ModelEntry(ref, {_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
+    return Recipe(method, str(base), models, params)
+
+
+def _per_input_as_shared(table: Mapping[str, MkParam]) -> dict[str, MkParam]:
+    """passthrough's per-input `scale` is forgetlab's one value (passthrough has one input)."""
+    return {k: MkParam(p.mk, p.fl, False, False, p.default, p.to_fl, p.to_mk)
+            for k, p in table.items() if p.mk_per_model}
+
+
+def _model_key(spec: MethodSpec, fl_name: str) -> str:
+    for p in spec.params:
+        if p.name == fl_name:
+            return p.model_key or p.name
+    return fl_name
+
+
+def _check_counts(spec: MethodSpec, n: int, base: str | None) -> None:
+    """mergekit's input counts for the methods that take a fixed number (SLERP: the base and one model)."""
+    if spec.max_models is not None and n > spec.max_models:
+        other = ("its base_model and one other model" if spec.max_models == 1
+                 else f"its base_model and at most {spec.max_models} other models")
+        raise ParameterError(f"mergekit {spec.name} merges {other}; this recipe gives it {n} models besides the "
+                             f"base ({base}). Keep {spec.max_models} model(s) under `models`, or use a method that "
+                             f"merges more (multislerp, karcher, linear, ties).")
+    if n < spec.min_models:
+        raise ParameterError(f"mergekit {spec.name} needs at least {spec.min_models} models besides the base; this "
+                             f"recipe gives {n}.")
+
+
+def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None) -> Recipe:
+    method = spec.name
+    raw = d["slices"]
+    if not isinstance(raw, list):
+        raise ParameterError("mergekit `slices` is a list of {sources: [{model: PATH, layer_range: [START, END]}]}.")
+    slices: list[Slice] = []
+    for i, sl in enumerate(raw):
+        where = f" in slice {i + 1}"
+        if not isinstance(sl, Mapping) or not isinstance(sl.get("sources"), list) or not sl["sources"]:
+            raise ParameterError(f"mergekit slice {i + 1} is {{sources: [{{model: PATH, layer_range: [START, END]}}]}}"
+                                 f"; got {sl!r}.")
+        extra = [k for k in sl if k not in ("sources", "parameters", "base_model", "residual_weight")]
+        if extra:
+            raise ParameterError(f"mergekit slice {i + 1} has unknown key(s) {', '.join(map(repr, extra))}; a slice "
+                                 "has sources and parameters.")
+        if sl.get("residual_weight") is not None:
+            raise ParameterError(f"mergekit residual_weight (slice {i + 1}) is not supported; remove it.")
+        if sl.get("base_model") is not None and _mergekit_model(sl["base_model"], "base_model") != base:
+            raise ParameterError(f"mergekit slice {i + 1} has its own base_model; forgetlab merges every slice into "
+                                 "the recipe's base_model. Move it to the top-level base_model.")
+        sparams = _check_params(method, table, _mapping(sl.get("parameters"), f"slice {i + 1}"), None)
+        srcs: list[tuple[str, dict, Any]] = []
+        for s in sl["sources"]:
+            ref, mp = _model_entry(s, "slice source")
+            if "layer_range" not in s:
+                raise ParameterError(f"mergekit slice {i + 1}: the source {ref} has no layer_range [START, END].")
+            srcs.append((ref, _check_params(method, table, mp, ref), s["layer_range"]))
+        if method == "passthrough" and len(srcs) != 1:
+            raise ParameterError(f"mergekit passthrough takes one source per slice; slice {i + 1} has {len(srcs)}. "
+                                 "Give each layer range its own slice.")
+        merged_top = {k: combine(sparams.get(k), top.get(k)) for k in {*top, *sparams}}
+        if method == "passthrough":
+            ref, mp, lr = srcs[0]
+            p, _ = _to_forgetlab(method, _per_input_as_shared(table), {**merged_top, **{k: combine(v, merged_top.get(k))
+                                                                                     for k, v in mp.items()}}, [], where)
+            sources = [SliceSource(ref, _range(lr, i))]
+            slices.append(Slice(sources, p))
+            continue
+        non_base = [(r, mp) for r, mp, _ in srcs if not (base is not None and r == base and method not in BASE_IGNORED)]
+        params, per_model = _to_forgetlab(method, table, merged_top, non_base, where)
+        pm = iter(per_model)
+        sources = []
+        for r, mp, lr in srcs:
+            own = {} if (base is not None and r == base and method not in BASE_IGNORED) else next(pm)
+            sources.append(SliceSource(r, _range(lr, i), {_model_key(spec, k): v for k, v in own.items()}))
+        slices.append(Slice(sources, params))
+    first = slices[0].sources[0].model
+    rbase = base or first
+    models = []
+    for sl in slices:
+        for s in sl.sources:
+            if s.model != rbase and s.model not in [m.model for m in models]:
+                models.append(ModelEntry(s.model))
+    recipe = Recipe(method, str(rbase), models, {}, slices=slices)
+    if method != "passthrough":
+        for i, sl in enumerate(slices):
+            _check_counts(spec, len([s for s in sl.sources if s.model != rbase]), rbase)
+    check_slices(recipe)
+    return recipe
+
+
+def _range(value: Any, i: int) -> tuple[int, int]:
+    from forgetlab.merge.recipes import _layer_range
+    return _layer_range(value, f"mergekit slice {i + 1}")
+
+
+# -- export
+
+
+def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[str, Any],
+               per_model: list[Mapping[str, Any]]) -> tuple[dict, list[dict]]:
+    """forgetlab's (global params, per-model params by model key) → mergekit's (top-level, per model)."""
+    top: dict[str, Any] = {}
+    models: list[dict] = [{} for _ in per_model]
+    covered = set()
+    for mk, p in table.items():
+        if p.fl is None:
+            continue
+        covered.add(p.fl)
+        if p.fl_per_model:
+            key = _model_key(spec, p.fl)
+            for m, src in zip(models, per_model):
+                v = src.get(key, params.get(p.fl))
+                if v is not None:
+                    m[mk] = settings.to_mergekit(p.to_mk(v))
+            continue
+        if p.fl not in params:
+            continue
+        v = settings.to_mergekit(p.to_mk(params[p.fl])) if not settings.is_setting(params[p.fl]) else \
+            settings.to_mergekit(settings.map_values(params[p.fl], p.to_mk))
+        if p.mk_per_model:
+            for m in models:
+                m[mk] = v
+        else:
+            top[mk] = v
+    for p in spec.params:
+        if p.name in covered or p.name == "seed" or p.name not in params:
+            continue
+        if p.name == "scope" and params[p.name] == "tensor":
+            continue
+        if params[p.name] != p.default or p.name == "scope":
+            raise ParameterError(f"{spec.name}'s {p.name} = {params[p.name]!r} has no mergekit counterpart (mergekit "
+                                 + ("trims per tensor only; export a recipe with scope: tensor)." if p.name == "scope"
+                                    else f"has no such parameter); export with {p.name}: {p.default!r}."))
+    return top, models
+
+
+def to_mergekit(recipe: Recipe) -> dict:
+    """The mergekit YAML dict of a recipe: every parameter written explicitly (mergekit's defaults are not
+    forgetlab's), LoRA adapters as BASE+ADAPTER, gradients as lists; refused for methods or settings mergekit
+    does not have."""
+    if recipe.method not in mergekit_methods():
+        raise ParameterError(f"{recipe.method} has no mergekit counterpart; exportable methods: "
+                             f"{', '.join(mergekit_methods())}.")
+    spec = get_method(recipe.method)
+    table = mergekit_params(spec)
+    recipe.validated_params()
+    full = {p.name: recipe.params.get(p.name, p.default) for p in spec.params if not p.per_model}
+    if recipe.seed is not None:
+        full.pop("seed", None)
+    out: dict[str, Any] = {"merge_method": recipe.method}
+    if recipe.slices is not None:
+        out["base_model"] = recipe.base
+        out["slices"] = []
+        for sl in recipe.slices:
+            sp = {k: v for k, v in full.items()}
+            sp.update(sl.params)
+            top, per = _mk_values(spec, table, sp, [s.params for s in sl.sources])
+            srcs = []
+            for s, mp in zip(sl.sources, per):
+                entry: dict[str, Any] = {"model": _mergekit_ref(recipe.base, s.model), "layer_range": list(s.layer_range)}
+                if s.model != recipe.base or spec.min_models == 0:
+                    if spec.min_models == 0:
+                        mp = {**mp, **{k: v for k, v in top.items()}}
+                        top = {}
+                    if mp:
+                        entry["parameters"] = mp
+                srcs.append(entry)
+            item: dict[str, Any] = {"sources": srcs}
+            if top:
+                item["parameters"] = top
+            out["slices"].append(item)
+    else:
+        names = [m.model for m in recipe.models]
+        twice = sorted({m for m in names if names.count(m) > 1})
+        if twice:
+            raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
+                                 "List each model once (with the sum of its weights for linear, task_arithmetic "
+                                 "and ties) before exporting.")
+        per_model_src = [dict(m.params) for m in recipe.models]
+        top, per = _mk_values(spec, table, full, per_model_src)
+        if recipe.method == "passthrough":
+            out["models"] = [{"model": recipe.base, "parameters": {**top, **(per[0] if per else {})}}]
+            top = {}
+        else:
+            if recipe.method not in BASE_IGNORED:
+                out["base_model"] = recipe.base
+            out["models"] = [{"model": _mergekit_ref(recipe.base, m.model), "parameters": mp}
+                             for m, mp in zip(recipe.models, per)]
+        if top:
+            out["parameters"] = top
+    out["dtype"] = "float32"  # forgetlab computes in float32
+    if recipe.dtype and recipe.dtype != "float32":
+        out["out_dtype"] = recipe.dtype
+    if recipe.tokenizer is not None:
+        tok = dict(recipe.tokenizer)
+        if set(tok) == {"source"}:
+            out["tokenizer_source"] = tok["source"]
+        else:
+            out["tokenizer"] = tok
+    if recipe.name is not None:
+        out["name"] = recipe.name
+    return out
+
+
+# -- model references
+def _mergekit_path(value: Any, where: str) -> str:
+    """A mergekit ModelPath: a path or hub id, or {path: …, revision: …} (a revision is refused: forgetlab
+    opens what is at the path)."""
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("path"), str) and value["path"]:
+        extra = [k for k in value if k not in ("path", "revision")]
+        if extra:
+            raise ParameterError(f"mergekit model path {dict(value)!r} has unknown key(s) "
+                                 f"{', '.join(map(repr, extra))}; a path is {{path: …, revision: …}}.")
+        if value.get("revision") is not None:
+            raise ParameterError(f"mergekit {where} {value['path']} asks for revision {value['revision']!r}; forgetlab "
+                                 f"reads a model as it is on disk or the hub's default revision. Download that "
+                                 f"revision (huggingface-cli download {value['path']} --revision "
+                                 f"{value['revision']} --local-dir DIR) and give DIR.")
+        return value["path"]
+    raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+
+
+def _mergekit_model(value: Any, where: str) -> str:
+    """A mergekit model reference as forgetlab names it: `path`, or `BASE+ADAPTER` for a LoRA adapter on a model,
+    written either as that string or as {model: BASE, lora: ADAPTER} (mergekit's ModelReference)."""
+    if isinstance(value, str):
+        if not value:
+            raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+        return value
+    if not isinstance(value, Mapping) or "model" not in value:
+        raise ParameterError(f"A mergekit model must name a path or hub id; got {value!r}.")
+    if value.get("override_architecture") is not None:
+        raise ParameterError(f"mergekit override_architecture ({value['override_architecture']!r}) is not supported: "
+                             "forgetlab reads each model's architecture from its config.json. Remove it (and fix "
+                             "the model's config.json if it is wrong).")
+    extra = [k for k in value if k not in ("model", "lora", "override_architecture")]
+    if extra:
+        raise ParameterError(f"mergekit model {dict(value)!r} has unknown key(s) {', '.join(map(repr, extra))}; a "
+                             "model is a path, `BASE+ADAPTER`, or {model: BASE, lora: ADAPTER}.")
+    model = _mergekit_path(value["model"], where)
+    if value.get("lora") is None:
+        return model
+    return f"{model}+{_mergekit_path(value['lora'], where + ' lora')}"
+
+
+def _mergekit_ref(base: str, model: str) -> str:
+    """How mergekit names a model: a PEFT adapter folder as `base+adapter` (mergekit's LoRA syntax), any other
+    model as its path."""
+    if (Path(str(model)).expanduser() / "adapter_config.json").is_file():
+        return f"{base}+{model}"
+    return str(model)

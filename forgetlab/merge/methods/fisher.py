@@ -1,0 +1,80 @@
+"""Fisher merging, ``fisher`` (docs/methods.md#fisher; Matena & Raffel, arXiv 2111.09832): θ = Σt F̃t⊙θt / Σt F̃t
+with F̃t = Ft + eps, Ft the diagonal Fisher of model t on its task's probe split. forgetlab takes the empirical
+Fisher: the mean over probe pairs of the squared gradient of the answer's log-likelihood (the sum over answer
+tokens, prompt tokens masked as in training), one pair at a time. eps = 1e-6 (fusion-bench's
+`minimal_fisher_weight`); fusion-bench also offers a per-model L2 normalisation of the Fisher, left out here (the
+paper's formula has none). Tensors without a Fisher (buffers) are averaged. Needs a pool, as slwm does."""
+from __future__ import annotations
+
+import copy
+from typing import Sequence
+
+import torch
+
+from forgetlab.core.progress import report
+from forgetlab.merge.methods.regmean import probe_inputs
+from forgetlab.merge.registry import ParamSpec, TensorJob, method
+
+
+def fisher_average(thetas: Sequence[torch.Tensor], fishers: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
+    """Σt (Ft + eps)⊙θt / Σt (Ft + eps)."""
+    num = torch.zeros_like(thetas[0], dtype=torch.float32)
+    den = torch.zeros_like(num)
+    for th, f in zip(thetas, fishers):
+        w = f.to(num.device, torch.float32) + float(eps)
+        num.add_(w * th)
+        den.add_(w)
+    return num / den
+
+
+def empirical_fisher(model, enc, progress=None) -> dict[str, torch.Tensor]:
+    """Mean over the encoded pairs of (∂ log p(answer | prompt)/∂θ)², one pair at a time (answer tokens only)."""
+    work = copy.deepcopy(model).train(False)
+    for p in work.parameters():
+        p.requires_grad_(True)
+    dev = next(work.parameters()).device
+    params = dict(work.named_parameters())
+    acc = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()}
+    n = len(enc)
+    for i in range(n):
+        one = enc.chunk(i, i + 1)
+        ids = one.input_ids.to(dev)
+        start = int(one.answer_starts[0])
+        logits = work(input_ids=ids).logits[0, :-1].float()
+        targets = ids[0, 1:]
+        logp = torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0]
+        length = int(one.lengths[0])
+        ll = logp[max(0, start - 1): length - 1].sum()
+        work.zero_grad(set_to_none=True)
+        ll.backward()
+        for name, p in params.items():
+            if p.grad is not None:
+                acc[name].add_(p.grad.detach().float() ** 2)
+        report(progress, (i + 1) / n, f"fisher: pair {i + 1}/{n}")
+    return {k: (v / max(1, n)).cpu() for k, v in acc.items()}
+
+
+def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
+    """The prepare hook: per tensor name, the stacked Fishers (T, …) of the fine-tuned models."""
+    from forgetlab.core.progress import scaled
+
+    names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]))
+    T = len(names)
+    per = []
+    for t, (name, enc) in enumerate(zip(names, encs)):
+        per.append(empirical_fisher(ctx.pool.load(name), enc, scaled(ctx.progress, t / T, (t + 1) / T)))
+    return {k: torch.stack([f[k] for f in per]) for k in per[0]}
+
+
+@method("fisher", "Fisher merging: average the models weighted entry by entry by their diagonal Fisher on their tasks.",
+        (ParamSpec("eps", "float", 1e-6, "Added to every Fisher entry (fusion-bench's minimal_fisher_weight).",
+                   (0.0, 1e6)),
+         ParamSpec("samples", "int", 32, "Probe pairs per task whose gradients give the Fisher.", (1, 100000)),
+         ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
+                   "named like the model).")),
+        prepare=fisher_prepare, needs_pool=True, in_place=False,
+        formula="θ = Σt (Ft + eps)⊙θt / Σt (Ft + eps)")
+def _fisher(job: TensorJob) -> torch.Tensor:
+    if job.prepared is None:
+        return torch.stack(job.finetuned).mean(dim=0)
+    return fisher_average(job.finetuned, list(job.prepared), job.params["eps"])

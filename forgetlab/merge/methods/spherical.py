@@ -1,0 +1,222 @@
+"""Spherical interpolation family (docs/methods.md#spherical): mergekit 0.1.5's `slerp`, `nuslerp`, `multislerp`
+and `karcher`, with mergekit's parameters, defaults and numerics (mergekit's code is followed where it differs
+from the papers, for parity; tests/test_merge_mergekit_methods.py compares them with mergekit's own functions).
+
+- slerp: the base and ONE fine-tuned model, the angle between the two whole tensors (flattened); nearly
+  parallel tensors (|cos| > 0.9995) fall back to linear interpolation.
+- nuslerp: two fine-tuned models, t = w2 / (w1 + w2); with the base (`use_base`) the task vectors are
+  interpolated and the base added back; row-wise, column-wise or flattened.
+- multislerp: barycentric interpolation of N task vectors (or models) on the hypersphere, through the tangent
+  space at their weighted mean, scaled back to their weighted mean norm.
+- karcher: the Karcher (Riemannian) mean of the fine-tuned models' directions, iterated, scaled by their mean norm.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from forgetlab.core.errors import ParameterError
+from forgetlab.merge.methods.common import UNIT, weights_param
+from forgetlab.merge.registry import ParamSpec, TensorJob, method
+
+
+def slerp(t: float, v0: torch.Tensor, v1: torch.Tensor, dot_threshold: float = 0.9995,
+          eps: float = 1e-8) -> torch.Tensor:
+    """mergekit's SLERP of two whole tensors: with cos θ = ⟨v0/|v0|, v1/|v1|⟩ (a norm ≤ eps counts as 1),
+    θ(t) = sin((1 − t)θ)/sin θ · v0 + sin(tθ)/sin θ · v1, or (1 − t)·v0 + t·v1 where |cos θ| > dot_threshold.
+    The coefficients multiply the raw tensors (not their unit vectors). Returns a new tensor."""
+    a = v0.reshape(-1)
+    b = v1.reshape(-1)
+    if a.numel() == 0:
+        return v0.clone()
+    na = torch.linalg.vector_norm(a)
+    nb = torch.linalg.vector_norm(b)
+    na = torch.where(na > eps, na, 1.0)
+    nb = torch.where(nb > eps, nb, 1.0)
+    dot = float((torch.dot(a, b) / na / nb).clamp(-1, 1))
+    if abs(dot) > dot_threshold:
+        ca, cb = 1.0 - t, t
+    else:
+        theta = math.acos(dot)
+        s = math.sin(theta)
+        ca, cb = math.sin((1 - t) * theta) / s, math.sin(t * theta) / s
+    return torch.add(v0 * ca, v1, alpha=cb)
+
+
+def _unit_rows(x: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=eps)
+
+
+def nuslerp(t: float, v0: torch.Tensor, v1: torch.Tensor, row_wise: bool = False, flatten: bool = True,
+            eps: float = 1e-8) -> torch.Tensor:
+    """mergekit's NuSLERP of two tensors: SLERP of each row (vectors along the last axis; along the first with
+    `row_wise`, i.e. mergekit's dim=0), or of the flattened tensors with `flatten`. A pair with
+    1 − cos²θ ≤ eps² is interpolated linearly."""
+    shape = v0.shape
+    if flatten:
+        v0, v1 = v0.reshape(-1), v1.reshape(-1)
+    elif row_wise:
+        v0, v1 = v0.transpose(0, -1), v1.transpose(0, -1)
+    cos = torch.sum(_unit_rows(v0) * _unit_rows(v1), dim=-1, keepdim=True).clamp(-1, 1)
+    colinear = (1 - cos.square()) <= eps ** 2
+    theta = torch.acos(torch.where(colinear, 0, cos))
+    sin = torch.sin(theta)
+    out = (torch.sin((1 - t) * theta) * v0 + torch.sin(t * theta) * v1) / sin
+    out = torch.where(colinear, (1 - t) * v0 + t * v1, out)
+    if row_wise and not flatten:
+        out = out.transpose(0, -1)
+    return out.reshape(shape)
+
+
+def nuslerp_t(weights: Sequence[float]) -> float:
+    """NuSLERP's t from the two models' weights: w2 / (w1 + w2), or 0.5 when |w1 + w2| < 1e-6."""
+    total = float(weights[0]) + float(weights[1])
+    return 0.5 if abs(total) < 1e-6 else float(weights[1]) / total
+
+
+def multislerp(tensors: Sequence[torch.Tensor], weights: Sequence[float], base: torch.Tensor | None = None,
+               normalize_weights: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """mergekit's Multi-SLERP: with vt = θt − θ0 (or θt without a base), unit ut = vt/(|vt| + eps) and weights
+    wt (divided by their sum with `normalize_weights`): m = Σ wt·ut / |Σ wt·ut|; tangent g = Σ wt·(ut − ⟨ut, m⟩m);
+    result = (m·cos|g| + g·sin|g|/|g|)·Σ wt·|vt| (|g| + eps in both places), plus θ0. One tensor returns itself;
+    two tensors whose weighted unit mean vanishes are interpolated linearly; more are refused."""
+    if len(tensors) == 1:
+        return tensors[0]
+    stack = torch.stack(list(tensors), dim=0)
+    if base is not None:
+        stack -= base
+    flat = stack.view(stack.shape[0], -1)
+    w = torch.tensor([float(x) for x in weights], dtype=stack.dtype, device=stack.device)
+    if normalize_weights:
+        w = w / w.sum()
+    norms = torch.linalg.vector_norm(flat, dim=-1, keepdim=True)
+    units = flat / (norms + eps)
+    mean = (units * w.view(-1, 1)).sum(0)
+    mean_norm = torch.linalg.vector_norm(mean)
+    if mean_norm < eps:
+        if stack.shape[0] == 2:
+            res = (stack[0] * w[0] + stack[1] * w[1]).view(stack.shape[1:])
+            return res + base if base is not None else res
+        raise ParameterError(
+            "multislerp: the weighted mean of the models' directions is zero for a tensor (antipodal task vectors "
+            "whose weights balance out exactly); change the weights.")
+    mean = mean / mean_norm
+    dots = (units * mean).sum(-1, keepdim=True)
+    tangent = ((units - dots * mean) * w.view(-1, 1)).sum(0)
+    tn = torch.linalg.vector_norm(tangent) + eps
+    result = mean * torch.cos(tn) + tangent * (torch.sin(tn) / tn)
+    result = (result * (norms.squeeze(-1) * w).sum()).view(stack.shape[1:])
+    return result + base if base is not None else result
+
+
+def karcher_mean(tensors: Sequence[torch.Tensor], alphas: Sequence[float], max_iter: int = 10,
+                 tol: float = 1e-5) -> torch.Tensor:
+    """mergekit's weighted Karcher mean on the unit hypersphere: directions ut = θt/|θt| (norms ≤ tol left out),
+    start at the normalised weighted mean, then at most `max_iter` Riemannian gradient steps
+    g = Σ αt·θt/sin θt·(ut − cos θt·m) (θt = arccos⟨m, ut⟩; terms with θt < tol skipped), m ← cos|g|·m +
+    sin|g|·g/|g|, renormalised, stopping when |g| < tol; the result is (Σ αt·|θt|)·m."""
+    if len(tensors) == 1:
+        return tensors[0]
+    norms = [torch.linalg.vector_norm(t) for t in tensors]
+    units = [torch.zeros_like(t) if float(n) == 0.0 else t / n for t, n in zip(tensors, norms)]
+    valid = [i for i, n in enumerate(norms) if float(n) > tol]
+    if not valid:
+        return torch.zeros_like(tensors[0])
+    a_sum = sum(alphas[i] for i in valid)
+    a_norm = [alphas[i] / a_sum for i in valid]
+    units_v = [units[i] for i in valid]
+    mean = torch.zeros_like(units_v[0])
+    for a, u in zip(a_norm, units_v):
+        mean += a * u
+    mn = torch.linalg.vector_norm(mean)
+    mean = units_v[0].clone() if float(mn) < tol else mean / mn
+    for _ in range(max_iter):
+        tangent = torch.zeros_like(mean)
+        for a, u in zip(a_norm, units_v):
+            dot = torch.clamp(torch.dot(mean.flatten(), u.flatten()), -1.0, 1.0)
+            theta = torch.arccos(dot)
+            if float(theta) < tol:
+                continue
+            tangent += a * (theta / torch.sin(theta)) * (u - dot * mean)
+        tn = torch.linalg.vector_norm(tangent)
+        if float(tn) < tol:
+            break
+        mean = torch.cos(tn) * mean + torch.sin(tn) * (tangent / tn)
+        un = torch.linalg.vector_norm(mean)
+        if float(un) > tol:
+            mean = mean / un
+    scale = sum(a * n for a, n in zip(alphas, norms))
+    return scale * mean
+
+
+def _t_param(help_text: str) -> ParamSpec:
+    return ParamSpec("t", "float", 0.5, help_text, UNIT)
+
+
+def _use_base_param() -> ParamSpec:
+    return ParamSpec("use_base", "bool", True, "Interpolate the task vectors θt − θ0 and add the base back "
+                     "(mergekit with base_model); false: interpolate the models' weights themselves (mergekit "
+                     "without base_model).")
+
+
+@method("slerp", "SLERP: spherical interpolation between the base and one fine-tuned model.",
+        (_t_param("t = 0 gives the base, t = 1 the fine-tuned model (mergekit's t; it has no default there)."),),
+        max_models=1, mergekit="slerp", in_place=False,
+        extra={"models_hint": "SLERP interpolates the base and ONE fine-tuned model; for several models use "
+                              "multislerp or karcher, for two nuslerp."},
+        formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)")
+def _slerp(job: TensorJob) -> torch.Tensor:
+    return slerp(job.params["t"], job.base, job.finetuned[0])
+
+
+@method("nuslerp", "NuSLERP: spherical interpolation of two fine-tuned models (their task vectors), "
+        "flattened or row by row.",
+        (weights_param(), ParamSpec("nuslerp_flatten", "bool", True, "Interpolate the flattened tensors (one "
+                                    "angle per tensor)."),
+         ParamSpec("nuslerp_row_wise", "bool", False, "With nuslerp_flatten false: one angle per column vector "
+                   "(mergekit's dim 0) instead of per row; ignored when flattening, as in mergekit."),
+         _use_base_param()),
+        min_models=2, max_models=2, mergekit="nuslerp", in_place=False,
+        extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
+        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)")
+def _nuslerp(job: TensorJob) -> torch.Tensor:
+    p = job.params
+    t = nuslerp_t(p["weights"])
+    a, b = job.finetuned
+    if p["use_base"]:
+        out = nuslerp(t, a - job.base, b - job.base, p["nuslerp_row_wise"], p["nuslerp_flatten"])
+        return out.add_(job.base)
+    return nuslerp(t, a, b, p["nuslerp_row_wise"], p["nuslerp_flatten"])
+
+
+def _check_multislerp(params: dict, n: int) -> None:
+    if params["normalize_weights"] and abs(sum(params["weights"])) < 1e-12:
+        raise ParameterError("multislerp: the weights sum to 0, so they cannot be normalised; change a weight or "
+                             "set normalize_weights: false.")
+
+
+@method("multislerp", "Multi-SLERP: barycentric spherical interpolation of several task vectors.",
+        (weights_param(), ParamSpec("normalize_weights", "bool", True, "Divide the weights by their sum."),
+         ParamSpec("eps", "float", 1e-8, "Small constant added to norms.", (0.0, 1.0)), _use_base_param()),
+        check=_check_multislerp, mergekit="multislerp", in_place=False,
+        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|")
+def _multislerp(job: TensorJob) -> torch.Tensor:
+    p = job.params
+    if len(job.finetuned) == 1:
+        return job.finetuned[0].clone()  # the method only reads the job's tensors (in_place=False)
+    return multislerp(job.finetuned, p["weights"], job.base if p["use_base"] else None,
+                      p["normalize_weights"], p["eps"])
+
+
+@method("karcher", "Karcher mean: the Riemannian mean of the fine-tuned models on the hypersphere, scaled "
+        "by their mean norm.",
+        (ParamSpec("max_iter", "int", 10, "Most gradient steps per tensor.", (1, 1000)),
+         ParamSpec("tol", "float", 1e-5, "Stop when the tangent step is shorter than this.", (0.0, 1.0))),
+        mergekit="karcher", in_place=False,
+        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩")
+def _karcher(job: TensorJob) -> torch.Tensor:
+    n = len(job.finetuned)
+    out = karcher_mean(job.finetuned, [1.0 / n] * n, job.params["max_iter"], job.params["tol"])
+    return out.clone() if n == 1 else out

@@ -1,0 +1,152 @@
+"""Text: where does the forgetting show? Every token of a text scored under a model and its reference."""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab.analysis import textdiff as T
+from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
+from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors, workspace_home
+from forgetlab.ui.navigation import page_header
+from forgetlab.ui.tables import show_table
+from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
+
+page_header("Text",
+            "Where does the forgetting show? Every token of the held-out text (or your own) is scored under the "
+            "model and under its reference: rise = logp(reference) − logp(model), the nats the model lost on that "
+            "token, and KL over the whole vocabulary. Red: forgotten. Hover a token for both models' top guesses.")
+
+pool = require_pool()
+RESULT_KEY = "text_result"
+MEASURE_LABELS = {"rise": "rise (nats lost)", "kl": "KL(reference ‖ model)"}
+
+request = st.session_state.pop(REQUEST_KEY, None)      # from the Forgetting or Merge page: open and run it
+if request:
+    st.session_state["text_model"] = request["model"]
+    st.session_state["text_use_alpha"] = request.get("alpha") is not None
+    if request.get("alpha") is not None:
+        st.session_state["text_alpha"] = float(request["alpha"])
+    st.session_state["text_against"] = request.get("against", "base")
+    st.session_state["text_source"] = "held-out split"
+    st.session_state[RESULT_KEY] = None
+opened = st.session_state.pop(OPEN_RUN_KEY, None)      # from the Runs page: a saved run to show
+if opened:
+    with show_errors():
+        st.session_state[RESULT_KEY] = T.load_textdiff(opened)
+
+merges = []
+with show_errors():
+    from forgetlab.merge.workflow import saved_merges
+
+    merges = [m.name for m in saved_merges()]
+choices = [*pool.model_names, *[m for m in merges if m not in pool.model_names]]
+if not choices:
+    st.info("The pool has no fine-tuned model and the workspace no merge to compare with the base. Add one to the "
+            "pool file, or make one on the Fine-tune or Merge page.")
+    st.stop()
+if st.session_state.get("text_model") not in choices:
+    st.session_state.pop("text_model", None)
+
+left, right = st.columns([1, 2])
+with left:
+    model = st.selectbox("model", choices, key="text_model", help="a fine-tuned model of the pool or a merge of "
+                                                                  "the workspace")
+    swept = model in pool.model_names
+    use_alpha = st.checkbox("a WiSE-FT point θ0 + α(θ1 − θ0) of it", False, key="text_use_alpha", disabled=not swept)
+    alpha = st.slider("α", 0.0, 1.0, 0.5, 0.05, key="text_alpha", disabled=not (swept and use_alpha))
+    alpha = float(alpha) if swept and use_alpha else None
+    others = ["base", *[c for c in [*pool.model_names, *merges] if c != model]]
+    if st.session_state.get("text_against") not in others:
+        st.session_state["text_against"] = "base"
+    against = st.selectbox("against (the reference)", others, key="text_against")
+    source = st.radio("text", ["held-out split", "my own text"], key="text_source", horizontal=True,
+                      help="held-out: the scorecard's blocks, so the mean rise is the general-loss rise. Own text: "
+                           "one document per line.")
+    lines, max_general = None, None
+    if source == "my own text":
+        typed = st.text_area("text (one document per line)", "The river flows through the old town.\n",
+                             key="text_lines", height=140)
+        lines = typed.splitlines()
+    else:
+        max_general = int(st.number_input("held-out blocks", 1, 100000, 16, key="text_max_general",
+                                          help="the first N blocks of 128 tokens, as the scorecard with "
+                                               "--max-general N scores them"))
+    run = st.button("Score the text", type="primary", key="text_run") or bool(request)
+
+with right:
+    device, _dtype = device_settings()
+    settings = dict(against=against, alpha=alpha, lines=lines, max_general=max_general, device=device)
+    start = False
+    if run:
+        with show_errors():
+            T.check(pool, model, **{k: v for k, v in settings.items() if k != "device"})
+            start = True
+    key = job_key("text", pool.key, str(workspace_home()), model, settings)
+
+    def work(progress):
+        """The text diff, then saved to the workspace's runs/ (also if nobody is watching)."""
+        result = T.textdiff(pool, model, progress=progress, **settings)
+        return result, T.save_textdiff(result)
+
+    def keep(done) -> None:
+        st.session_state[RESULT_KEY] = done[0]
+        st.toast(f"Saved under {done[1]}")
+
+    run_once(key, work, start=start, label=f"Text diff of {model}", slot="text", on_done=keep)
+
+    current = st.session_state.get(RESULT_KEY)
+    saved = T.list_textdiffs()
+    if current is None and saved and not run:
+        labels = {r.id: f"{r.recipe.get('model_label') or r.recipe.get('model')} vs {r.recipe.get('against')} · "
+                        f"{'held-out' if r.recipe.get('source') == 'heldout' else 'own text'} · {r.id}" for r in saved}
+        chosen = st.selectbox("saved text diffs", list(labels), format_func=labels.get, key="text_saved")
+        with show_errors():
+            current = T.load_textdiff(next(r.path for r in saved if r.id == chosen))
+    if current is None:
+        st.info("Score a text (left) to see where the model lost probability, token by token.")
+        st.stop()
+
+    r = current
+    s = r.summary()
+    st.caption(f"**{r.model}** against **{r.against}** on {'the held-out split' if r.source == 'heldout' else r.source}"
+               f" · {s['tokens']} tokens in {len(r.docs)} sequences, {r.seconds:.1f} s · loss {s['loss_base']:.4f} →"
+               f" {s['loss_model']:.4f}: mean rise {s['mean_rise']:+.4f} nats, mean KL {s['mean_kl']:.4f} nats")
+    for note in r.notes:
+        st.warning(note)
+    measure = st.radio("shade by", list(MEASURE_LABELS), format_func=MEASURE_LABELS.get, key="text_measure",
+                       horizontal=True)
+    totals = r.scored().groupby("doc")[measure].sum()
+    order = list(totals.sort_values(ascending=False).index) or [0]
+    doc = st.selectbox("sequence (largest total first)", order, key=f"text_doc_{measure}",
+                       format_func=lambda d: f"{r.docs[d]} · total {measure} {totals.get(d, 0.0):+.3f}")
+    scale = shade_scale(r, measure)
+    st.html(token_html(r, int(doc), measure, scale))
+    st.html(legend_html(measure, scale))
+
+st.subheader("Where the loss went")
+c1, c2 = st.columns(2)
+with c1:
+    st.markdown(f"**Contexts with the largest {MEASURE_LABELS[measure]}** (8 tokens, the token in [brackets])")
+    contexts = r.top_contexts(measure, 20)
+    show_table(contexts[["where", "position", "context", "token_class", "rise", "kl", "top1_base", "top1_model"]],
+               key="text_contexts")
+with c2:
+    bar = st.radio("per class", ["mean_rise", "total_rise", "share_of_rise", "mean_kl"], key="text_class_measure",
+                   horizontal=True, format_func=lambda m: m.replace("_", " "))
+    st.plotly_chart(class_bars(r, bar), key="text_classes")
+c3, c4 = st.columns(2)
+c3.plotly_chart(lens_figure(r), key="text_lens")
+c4.plotly_chart(position_figure(r), key="text_positions")
+st.markdown(f"**Tokens with the largest total {measure}** (seen at least twice)")
+tokens = r.top_tokens(measure, 20)
+show_table(tokens, key="text_tokens")
+
+d1, d2, d3, d4 = st.columns(4)
+stem = r.model.replace("@", "-").replace("=", "")
+d1.download_button("Tokens (CSV)", lambda: r.to_frame().to_csv(index=False), file_name=f"textdiff-{stem}.csv",
+                   mime="text/csv", key="text_csv_tokens", on_click="ignore")
+d2.download_button("Contexts (CSV)", contexts.to_csv(index=False), file_name=f"textdiff-{stem}-contexts.csv",
+                   mime="text/csv", key="text_csv_contexts", on_click="ignore")
+d3.download_button("Classes (CSV)", r.by_class().to_csv(index=False), file_name=f"textdiff-{stem}-classes.csv",
+                   mime="text/csv", key="text_csv_classes", on_click="ignore")
+d4.download_button("Logit lens (CSV)", r.lens_frame().to_csv(index=False), file_name=f"textdiff-{stem}-lens.csv",
+                   mime="text/csv", key="text_csv_lens", on_click="ignore")
