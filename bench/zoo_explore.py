@@ -50,7 +50,11 @@ if (out / "base.pt").exists():
     model = init_model(spec.shape, tok, spec.seed); model.load_state_dict(torch.load(out / "base.pt"))
 else:
     model = init_model(spec.shape, tok, spec.seed)
-    r = pretrain(model, tok, texts, spec.pretrain, seed=spec.seed)
+    last = [0.0]
+    def tick(fraction, message=""):
+        if fraction - last[0] >= 0.1:
+            last[0] = fraction; say("pretrain", f"{fraction:.0%}", message, f"{time.time() - t0:.0f} s")
+    r = pretrain(model, tok, texts, spec.pretrain, seed=spec.seed, progress=tick)
     torch.save(model.state_dict(), out / "base.pt")
     say("pretrain s", round(time.time() - t0, 1), "final loss", round(r.final_loss, 3))
 model.eval()

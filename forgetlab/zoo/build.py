@@ -410,7 +410,8 @@ class _Builder:
         pool = ModelPool(self.root / "base", models, probes=probes, name=s.name, scan_nonfinite=False)
         c = s.claims
         return zoo_claims(pool, measure=c.measure, max_general=c.max_general, max_task=c.max_task,
-                          nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, progress=progress).to_dict()
+                          nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, merges=tuple(c.merges),
+                          progress=progress).to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ build

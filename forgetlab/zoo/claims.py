@@ -40,6 +40,13 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, report, scaled
 
 MERGE_METHODS = ("task_arithmetic", "ties", "pcb", "slwm")
+# every merge of several full fine-tunes that the claims can measure: the seeds' methods, mergekit's that merge many
+# models (multislerp is SLERP generalised to many models; slerp itself takes one), and the 2024–25 closed forms
+CLAIMABLE_MERGES = (*MERGE_METHODS, "multislerp", "model_stock", "della", "lines", "tsv", "iso_c", "iso_cts", "cart",
+                    "localize_stitch", "regmean", "regmean_pp", "fisher")
+# parameters that differ from the registry's defaults, where the default does nothing (DELLA at density 1 drops
+# nothing): recorded in each row's values
+CLAIM_PARAMS: dict[str, dict[str, Any]] = {"della": {"density": 0.5}}
 REFERENCE_MERGE = "linear"
 MEASURES = ("exact_match", "answer_loss")
 CLAIM_SOURCES = {
@@ -193,9 +200,10 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     for label, n in (("nls_samples", nls_samples), ("slwm_samples", slwm_samples)):
         if int(n) < 1:
             raise ParameterError(f"{label} must be a positive integer; got {n}.")
-    unknown = [m for m in merges if m not in MERGE_METHODS]
+    unknown = [m for m in merges if m not in CLAIMABLE_MERGES]
     if unknown:
-        raise ParameterError(f"Unknown claim merge(s) {', '.join(unknown)}; choose from {', '.join(MERGE_METHODS)}.")
+        raise ParameterError(f"Unknown claim merge(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(CLAIMABLE_MERGES)}.")
     if not pool.probes.general:
         raise ParameterError("The claims need held-out general text: add `probes: general:` to the pool file.")
     own = model_tasks(pool, models)
@@ -360,6 +368,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
                   slwm_samples: int, kw: Mapping[str, Any], progress: Progress) -> list[Claim]:
     from forgetlab.core.evaluate import evaluate
     from forgetlab.merge.api import merge_state_dicts
+    from forgetlab.merge.registry import PrepareContext, get_method, validate_params
 
     names = list(full)
     tasks = [full[n] for n in names]
@@ -374,14 +383,23 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
     scored: dict[str, Any] = {}
     for i, method in enumerate(methods):
         report(progress, i / len(methods), f"merging with {method}")
+        params = dict(CLAIM_PARAMS.get(method, {}))
         if method == "slwm":
             from forgetlab.merge.methods.slwm import slwm_weights
 
             weights = slwm_weights(pool, tasks, models=names, samples=slwm_samples)
             merged = merge_state_dicts("slwm", base_sd, ft_sds, prepared=weights.coefficients(),
                                        config=base_model.config, samples=slwm_samples)
+        elif method != REFERENCE_MERGE and get_method(method).needs_pool:
+            # statistics from each fine-tune's own task probe split (RegMean's Gram matrices, Fisher's diagonal)
+            spec = get_method(method)
+            checked = validate_params(spec, {"samples": slwm_samples, "tasks": ",".join(tasks), **params},
+                                      len(names))
+            prepared = spec.prepare(PrepareContext(pool, None, [], names, checked))
+            merged = merge_state_dicts(method, base_sd, ft_sds, prepared=prepared, config=base_model.config,
+                                       samples=slwm_samples, tasks=",".join(tasks), **params)
         else:
-            merged = merge_state_dicts(method, base_sd, ft_sds)
+            merged = merge_state_dicts(method, base_sd, ft_sds, config=base_model.config, **params)
         work.load_state_dict(merged, strict=False)
         card = evaluate(work, pool.tokenizer, pool.probes, name=f"merge:{method}", tasks=tasks, **kw)
         scored[method] = card
@@ -403,7 +421,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
             numbers=(", ".join(f"{full[n]} {_pct(s[n])}" for n in names) + f" of the gain (mean {_pct(mean)}; "
                      f"weight average {_pct(ref_mean)}); held-out loss {card.general_loss:.3f} "
                      f"(base {base.general_loss:.3f})"),
-            values={"shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
+            values={"params": CLAIM_PARAMS.get(method, {}), "shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
                     "general_loss": card.general_loss,
                     "speciality": {full[n]: _spec(card, full[n], measure) for n in names}}))
     return out
