@@ -16,11 +16,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from forgetlab.ui.navigation import build_pages, render_menu
+from forgetlab.ui.navigation import APP_ICON, build_pages, render_menu
 
 PAGES_DIR = Path(__file__).resolve().parent / "pages"
 
-st.set_page_config(page_title="forgetlab", page_icon=":material/science:", layout="wide")
+st.set_page_config(page_title="forgetlab", page_icon=str(APP_ICON), layout="wide")
 pages = build_pages(PAGES_DIR)
 navigation = st.navigation(pages, position="hidden")
 with st.sidebar:

@@ -490,6 +490,7 @@ def cases(r: Replay) -> None:  # noqa: C901 - one flat list of cases reads best
     second_pass_checkpoints(r)
     second_pass_data(r)
     second_pass_recipes(r)
+    issue25_bad_input(r)
 
 
 def dead_pid() -> int:
@@ -1234,15 +1235,16 @@ def second_pass_recipes(r: Replay) -> None:
     r.cli("30.6 mergekit linear with a base_model but no weight for it refused", ["merge", "mk.yaml", "out"],
           prepare=lambda w: mk(w, method="linear", with_base=True), must_say="base_model")
     for key, value, says in [("chat_template", "chatml", "chat_template"),
-                             ("tokenizer_source", "union", "tokenizer_source: union"),
-                             ("tokenizer", {"source": "union"}, "tokenizer:"),
                              ("modules", {"text_decoder": {"models": [{"model": "ft0"}]}}, "modules")]:
         shown = value if isinstance(value, str) else "{…}"
         r.cli(f"30.6 mergekit `{key}: {shown}` refused", ["merge", "mk.yaml", "out"],
               prepare=lambda w, key=key, value=value: mk(w, **{key: value}), must_say=says)
-    r.cli("30.6 mergekit tokenizer_source: base accepted (the base's tokenizer, as forgetlab writes it)",
-          ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
-          prepare=lambda w: mk(w, tokenizer_source="base"), check=matches(disjoint_mean))
+    for key, value in [("tokenizer_source", "base"), ("tokenizer_source", "union"), ("tokenizer", {"source": "union"})]:
+        shown = value if isinstance(value, str) else "{source: union}"
+        # issue 25: union of models that share the base's vocabulary is the base's (every permutation the identity)
+        r.cli(f"30.6 mergekit `{key}: {shown}` accepted (the models share the base's vocabulary)",
+              ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
+              prepare=lambda w, key=key, value=value: mk(w, **{key: value}), check=matches(disjoint_mean))
     r.cli("30.6 mergekit recipe listing the same model twice refused", ["merge", "mk.yaml", "out"],
           prepare=lambda w: mk(w, models=["ft0", "ft0"]), must_say="twice")
     r.cli("30.6 mergekit weight written beside parameters (ignored by mergekit) refused", ["merge", "mk.yaml", "out"],
@@ -1262,6 +1264,40 @@ def second_pass_recipes(r: Replay) -> None:
         r.cli(f"30.13 merge of a recipe named {name}", ["merge", name, "out"], expect=0, allowed=("out",),
               prepare=lambda w, name=name: shutil.copy(w / "ties.yaml", w / name),
               check=lambda w, out, err: [] if (w / "out" / "recipe.yaml").is_file() else ["no merge written"])
+
+
+def issue25_bad_input(r: Replay) -> None:
+    """Issue 25, item 5: bad input to mergekit's new methods and its tokenizer settings exits 2 with what to change
+    and writes nothing; what mergekit accepts (a gradient of any length ≥ 1) is accepted."""
+    def mk(w, method, models, base=True, **top):
+        entries = [m if isinstance(m, dict) else {"model": m} for m in models]
+        write_yaml(w / "mk.yaml", {"merge_method": method, **({"base_model": "base"} if base else {}),
+                                   "models": entries, **top, "dtype": "float32"})
+
+    def three_models(w):
+        (w / "ft2").symlink_to(w / "ft1", target_is_directory=True)
+        mk(w, "slerp", ["ft0", "ft1", "ft2"], parameters={"t": 0.5})
+    r.cli("25.5 mergekit slerp with three models", ["merge", "mk.yaml", "out"], prepare=three_models,
+          must_say="one other model")
+    r.cli("25.5 forgetlab slerp recipe with two models", ["merge", "sl.yaml", "out"],
+          prepare=lambda w: write_yaml(w / "sl.yaml", {"method": "slerp", "base": "base", "models": ["ft0", "ft1"]}),
+          must_say="ONE fine-tuned model")
+    r.cli("25.5 mergekit nearswap without base_model", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, "nearswap", ["ft0"], base=False, parameters={"t": 0.01}), must_say="base_model")
+    r.cli("25.5 mergekit slerp without t (mergekit has no default)", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, "slerp", ["ft0"]), must_say="needs `t`")
+    r.cli("25.5 mergekit gradient of 7 values over 2 layers accepted (mergekit interpolates any length ≥ 1)",
+          ["merge", "mk.yaml", "out"], expect=0, allowed=("out",),
+          prepare=lambda w: mk(w, "slerp", ["ft0"], parameters={"t": [0, 0.1, 0.3, 0.5, 0.2, 0.9, 1]}))
+    r.cli("25.5 mergekit empty gradient", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, "slerp", ["ft0"], parameters={"t": []}), must_say="empty list")
+    r.cli("25.5 mergekit tokenizer_source not among the models", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, "task_arithmetic", [{"model": "ft0", "parameters": {"weight": 1.0}}],
+                               tokenizer_source="ft1"), must_say="not among the recipe's models")
+    r.cli("25.5 mergekit tokenizer token taken from a model not among the models", ["merge", "mk.yaml", "out"],
+          prepare=lambda w: mk(w, "task_arithmetic", [{"model": "ft0", "parameters": {"weight": 1.0}}],
+                               tokenizer={"source": "union", "tokens": {"<x>": {"source": "ft1"}}}),
+          must_say="not among the recipe's models")
 
 
 def small_disk_inner(spec: dict) -> None:

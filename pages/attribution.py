@@ -11,6 +11,7 @@ from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
                           workspace_home)
 from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
@@ -32,7 +33,7 @@ with left:
     guess = default_task(pool, model)
     tasks = list(pool.task_names)
     task = st.selectbox("speciality task", tasks, index=tasks.index(guess) if guess in tasks else 0,
-                        key=f"attribution_task_{model}") if tasks else None
+                        key=f"attribution_task_{model}", help=explain("speciality")) if tasks else None
     level = st.radio("level", list(A.LEVELS), index=1, key="attribution_level", horizontal=True,
                      help="layer: one part per decoder layer; module: attn / mlp / norm per layer; head: attention "
                           "heads one by one. Embeddings, final norm and lm_head are parts of their own.")
@@ -89,7 +90,9 @@ with right:
                f"{f['general_loss']:.3f}, {label} {f[key]:.3f}")
     for note in r.notes:
         st.warning(note)
-    which = st.radio("map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="attribution_map", horizontal=True)
+    which = st.radio("map", list(MAP_LABELS), format_func=MAP_LABELS.get, key="attribution_map", horizontal=True,
+                     help=explain("tau") + "  \nOnly this: θ0 + τk, one part of τ added to the base. Leave one out: "
+                          "θ0 + τ − τk, the fine-tune without that part.")
     spec_col = "d_speciality" if measure == "exact_match" else "d_answer_loss"
     st.markdown(f"**{MAP_TITLES[which][0].upper()}{MAP_TITLES[which][1:]}**")
     c1, c2 = st.columns(2)
@@ -97,8 +100,11 @@ with right:
     c2.plotly_chart(heatmap_figure(r, spec_col, which), key="attribution_heat_speciality")
     nls = A.linearity_nls(r.model, r.task)
     if nls:
-        st.caption("Points coloured by the non-linearity score (NLS) of the newest linearity run of this model.")
+        st.caption("Points coloured by the non-linearity score (NLS) of the newest linearity run of this model.",
+                   help=explain("nls"))
     st.plotly_chart(tradeoff_figure(r, which, measure=measure, nls=nls or None), key="attribution_scatter")
+    st.caption("The parts farthest from the origin are named on the chart; hover over a point for any other.",
+               help=explain("pareto", "generality", "speciality"))
     st.subheader("How additive are the parts?")
     st.caption("Sum of the parts' d against the whole change (fine-tune − base for only-this; base − fine-tune "
                "for leave-one-out). A ratio of 1: the parts add up exactly.")

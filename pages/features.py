@@ -7,6 +7,7 @@ from forgetlab.analysis import features
 from forgetlab.core.errors import ParameterError
 from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
+from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
@@ -36,7 +37,7 @@ with left:
     tasks = st.multiselect("tasks", pool.task_names, default=pool.task_names, key="features_tasks")
     level = st.selectbox("submodule", level_options, index=min(1, len(level_options) - 1), key="features_level",
                          format_func={"model": "last hidden state", "layer": "decoder layer", "attn": "attention",
-                                      "mlp": "MLP", "head": "attention head"}.get)
+                                      "mlp": "MLP", "head": "attention head"}.get, help=explain("submodule"))
     layer = head = None
     if level != "model":
         layer = st.selectbox("layer", list(range(anatomy.num_layers)), index=anatomy.num_layers - 1,
@@ -48,7 +49,8 @@ with left:
     n_min = min((len(pool.probes.tasks[t].probe) for t in tasks), default=1) or 1
     samples = st.number_input("samples per task", 1, n_min, min(30, n_min), key="features_samples")
     perplexity = st.number_input("perplexity", 2.0, 100.0, 30.0, key="features_perplexity",
-                                 help="capped at (points − 1) / 3")
+                                 help="t-SNE's neighbourhood size: about how many neighbours each point keeps close "
+                                      "(capped at (points − 1) / 3). Not a model's perplexity.")
     seed = st.number_input("seed", 0, 2**31 - 1, 0, key="features_seed")
     run = st.button("Map features", type="primary", key="features_run")
 
@@ -88,6 +90,8 @@ with right:
         st.info("Choose models, tasks and a submodule, then press **Map features**.")
         st.stop()
     st.plotly_chart(tsne_scatter(result), key="features_scatter")
+    st.caption("Colour is the task, the symbol the model; click a task in the legend to hide its points.",
+               help=explain("tsne"))
     st.subheader("Distance between task clusters")
     st.caption("Euclidean distance between task centroids, per model: in the t-SNE plane and in the PCA space "
                "(the latter is the one to compare; t-SNE distances are only indicative).")

@@ -5,10 +5,11 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
-from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, compare, finetune, save_finetune_run,
-                                  save_finetuned, standard_configs)
+from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig, compare, finetune,
+                                  save_finetune_run, save_finetuned, standard_configs)
 from forgetlab.ui import (clear_pool_cache, device_settings, job_key, require_pool, require_tasks, run_once,
                           show_errors, workspace_home)
+from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
@@ -23,43 +24,77 @@ pool = require_pool()
 require_tasks(pool, "fine-tuning")
 
 RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
+# the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)
+DEFAULT_STEPS, DEFAULT_RECORDS, DEFAULT_GENERAL, DEFAULT_PAIRS = 20, 2, 16, 50
+DEFAULT_SECONDS = "61 s"      # 20 steps, 3 records each: CLI-equivalent run at load 1–4, 2026-12-04
+
+
+
+def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) -> str:
+    """What pressing Fine-tune will do, and how long the default comparison took when measured."""
+    records = len({*range(0, steps + 1, every), steps})
+    text = (f"{runs} run(s) × {steps} steps, each evaluated {records} times ({general} general blocks, "
+            f"{pairs} pairs per task).")
+    if DEFAULT_SECONDS:
+        text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 CPU "
+                 "cores; fewer steps, records or pairs are faster.")
+    return text
+
 
 left, right = st.columns([1, 2])
 with left:
     task = st.selectbox("task", pool.task_names, key="finetune_task")
     start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
     mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
-                    help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init with the same steps, lr, batches and seed")
+                    help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init, one run each, with the same steps, lr, "
+                         "batches and seed.  \n" + explain_group("finetune"))
     c1, c2 = st.columns(2)
-    steps = c1.number_input("steps", 1, 100_000, 60, key="finetune_steps")
+    steps = c1.number_input("steps", 1, 100_000, DEFAULT_STEPS, key="finetune_steps",
+                            help="training steps of each run (one batch each)")
     lr = c2.number_input("learning rate", 1e-6, 1.0, 1e-3, format="%.5f", key="finetune_lr")
     batch = c1.number_input("batch size", 1, 512, 8, key="finetune_batch")
-    seed = c2.number_input("seed", 0, 2**31 - 1, 0, key="finetune_seed")
-    fraction = c1.number_input("MoFO fraction", 0.01, 1.0, 0.2, key="finetune_fraction")
-    sfa_beta = c2.number_input("SFA β", 0.0, 1.0, 0.5, key="finetune_sfa_beta")
+    seed = c2.number_input("seed", 0, 2**31 - 1, 0, key="finetune_seed",
+                           help="the same seed gives every run the same batches in the same order")
+    fraction = c1.number_input("MoFO fraction", 0.01, 1.0, 0.2, key="finetune_fraction",
+                               help=explain("mofo") + "  \nShare of each tensor's entries that move per step; "
+                                    "1 = AdamW.")
+    sfa_beta = c2.number_input("SFA β", 0.0, 1.0, 0.5, key="finetune_sfa_beta",
+                               help=explain("sfa") + "  \nβ: weight of the starting weights in each average "
+                                    "(0 = plain fine-tuning, 1 = back to the start).")
+    sfa_p_help = "SFA p: average every ⌈p·steps⌉ steps (1 = once, at the end: WiSE-FT with α = 1 − β)."
+    l1_help = explain("l1") + "  \nλ: strength of the pull (0 = off)."
+    l2_help = explain("l2") + "  \nλ: strength of the pull (0 = off)."
     if mode == "one run":
-        optimizer = st.radio("optimizer", ["adamw", "mofo"], horizontal=True, key="finetune_optimizer")
-        use_sfa = st.checkbox("SFA averaging", key="finetune_use_sfa")
-        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_sfa_p") if use_sfa else None
-        l1 = st.number_input("L1-to-init λ", 0.0, 1e6, 0.0, key="finetune_l1")
-        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 0.0, key="finetune_l2")
+        optimizer = st.radio("optimizer", ["adamw", "mofo"], horizontal=True, key="finetune_optimizer",
+                             help=explain("adamw", "mofo"))
+        use_sfa = st.checkbox("SFA averaging", key="finetune_use_sfa", help=explain("sfa"))
+        sfa_p = (st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_sfa_p", help=sfa_p_help)
+                 if use_sfa else None)
+        l1 = st.number_input("L1-to-init λ", 0.0, 1e6, 0.0, key="finetune_l1", help=l1_help)
+        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 0.0, key="finetune_l2", help=l2_help)
     else:
-        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_cmp_sfa_p")
-        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 1.0, key="finetune_cmp_l2")
+        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_cmp_sfa_p", help=sfa_p_help)
+        c5, c6 = st.columns(2)
+        l2 = c5.number_input("L2-to-init λ", 0.0, 1e6, 1.0, key="finetune_cmp_l2", help=l2_help)
+        l1 = c6.number_input("L1-to-init λ", 0.0, 1e6, L1_DEFAULT, format="%g", key="finetune_cmp_l1",
+                             help=l1_help + " The comparison's default 1e-3 pulls as hard as L2's λ = 1 at a "
+                                            "displacement of 1e-3 per weight (docs/methods.md#l1-to-init).")
     c3, c4 = st.columns(2)
-    eval_every = c3.number_input("record every k steps", 1, 100_000, max(1, int(steps) // 6),
-                                 key="finetune_eval_every")
-    max_general = c4.number_input("general blocks (max)", 1, 4096, 16, key="finetune_max_general")
-    max_task = c3.number_input("eval pairs (max)", 1, 4096, 50, key="finetune_max_task")
-    go = st.button("Fine-tune", type="primary", key="finetune_run")
+    eval_every = c3.number_input("record every k steps", 1, 100_000, max(1, int(steps) // DEFAULT_RECORDS),
+                                 key="finetune_eval_every",
+                                 help="each record evaluates the model (general loss, speciality, D): the "
+                                      "slowest part of a run")
+    max_general = c4.number_input("general blocks (max)", 1, 4096, DEFAULT_GENERAL, key="finetune_max_general")
+    max_task = c3.number_input("eval pairs (max)", 1, 4096, DEFAULT_PAIRS, key="finetune_max_task")
 
 with right:
     measures = sweep_measures("finetune", pool)
     measure, general = measures.measure, measures.general_measure
     device, _dtype = device_settings()
     # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
+    # records score the fine-tuned task only (the charts show no other): a third of the evaluation time
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  device=device, **measures.settings)
+                  eval_tasks=[task], device=device, **measures.settings)
     if mode == "one run":
         label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
         label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
@@ -70,7 +105,11 @@ with right:
                                   sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))]
     else:
         configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
-                                   fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta), l2=float(l2))
+                                   fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta), l2=float(l2),
+                                   l1=float(l1))
+    # the main action at the top of the results, where it is seen without scrolling past the settings
+    go = st.button("Fine-tune", type="primary", key="finetune_run")
+    st.caption(plan_caption(len(configs), int(steps), int(eval_every), int(max_general), int(max_task)))
 
     def work(progress):
         """The fine-tune(s), publishing what is recorded so far, then saved; one run keeps its model too."""
@@ -119,10 +158,11 @@ with right:
     if result is None:
         st.info("Configure a run (left) and press Fine-tune.")
     else:
-        st.subheader(f"{result.start} fine-tuned on {result.task}")
+        st.subheader(f"{result.start} fine-tuned on {result.task}",
+                     help=explain("general_loss", "speciality", "distance"))
         st.plotly_chart(trajectories_figure(result, measure, general), key="finetune_trajectories")
         # stacked, each at the column's full width (side by side they were ~170 px wide at a 1000 px window)
-        st.markdown("**Final trade-off**")
+        st.markdown("**Final trade-off**", help=explain("pareto"))
         st.plotly_chart(final_scatter(result, measure, general), key="finetune_final")
         st.markdown("**Training loss**")
         st.plotly_chart(loss_figure(result), key="finetune_loss")

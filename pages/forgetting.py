@@ -14,6 +14,7 @@ from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetun
                           workspace_home)
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
+from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import alpha_point_link
@@ -30,6 +31,7 @@ KIND_LABELS = {"alpha": "WiSE-FT α / SLERP t curve", "pruning": "FAPM pruning c
                "density": "DARE / TIES / DELLA / SCE density curve", "hma": "HMA grid (α per block)",
                **{k: g[2] for k, g in GRIDS.items()}}
 RESULT_KEY = "forgetting_result"
+DEFAULT_MODEL = "math"      # the README's examples sweep the demo zoo's math model
 
 
 def _csv(values) -> str:
@@ -38,33 +40,39 @@ def _csv(values) -> str:
 
 left, right = st.columns([1, 2])
 with left:
-    model = st.selectbox("fine-tuned model", pool.model_names, key="forgetting_model")
+    names = list(pool.model_names)
+    model = st.selectbox("fine-tuned model", names, key="forgetting_model",
+                         index=names.index(DEFAULT_MODEL) if DEFAULT_MODEL in names else 0)
     guess = sweeps.default_task(pool, model)
     task_options = ["(mean over tasks)", *pool.task_names]
     task_choice = st.selectbox("speciality task", task_options,
                                index=task_options.index(guess) if guess in task_options else 0,
-                               key=f"forgetting_task_{model}")
+                               key=f"forgetting_task_{model}", help=explain("speciality"))
     task = None if task_choice == task_options[0] else task_choice
     measures = sweep_measures("forgetting", pool); measure = measures.measure
-    kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind")
+    kind = st.radio("sweep", list(KIND_LABELS), format_func=KIND_LABELS.get, key="forgetting_kind",
+                    help=explain_group("sweeps"))
     extra: dict = {}
     with show_errors():
         if kind == "alpha":
-            text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas")
+            text = st.text_input("α values", _csv(sweeps.DEFAULT_ALPHAS), key="forgetting_alphas",
+                                 help=explain("alpha"))
             series = st.multiselect("series", list(sweeps.ALPHA_METHODS), default=["wise-ft"],
                                     key="forgetting_alpha_methods",
                                     help="slerp: mergekit's SLERP of the base and the model at t = α")
             extra = {"alphas": parse_floats(text, "the α values"), "methods": series}
         elif kind == "pruning":
-            text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios")
+            text = st.text_input("pruning ratios", _csv(sweeps.DEFAULT_RATIOS), key="forgetting_ratios",
+                                 help=explain("fapm") + "  \nratio: share of each tensor's task-vector entries zeroed.")
             scores = st.multiselect("scores", list(sweeps.PRUNING_SCORES), default=list(sweeps.PRUNING_SCORES),
                                     key="forgetting_scores",
                                     help="fapm: |τ| − mean|W0|·|τ|/|W0|; magnitude: |τ|; relative: −|τ|/|W0|")
             extra = {"ratios": parse_floats(text, "the pruning ratios"), "scores": scores}
         elif kind == "density":
-            drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops")
+            drops = st.text_input("DARE drop rates", _csv(sweeps.DEFAULT_DROPS), key="forgetting_drops",
+                                  help=explain("dare"))
             keeps = st.text_input("TIES keep fractions (DELLA / SCE densities)", _csv(sweeps.DEFAULT_KEEPS),
-                                  key="forgetting_keeps")
+                                  key="forgetting_keeps", help=explain("ties"))
             series = st.multiselect("series", list(sweeps.DENSITY_METHODS), default=list(sweeps.DEFAULT_DENSITY_METHODS),
                                     key="forgetting_density_methods",
                                     help="della: MAGPRUNE at each density; sce: SCE of this model and the pool's "
@@ -78,7 +86,8 @@ with left:
             extra = {setting: parse_floats(text, f"the {label}")}
         else:
             text = st.text_area("α tuples (one per line)",
-                                "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160)
+                                "\n".join(_csv(t) for t in sweeps.HMA_TRIPLES), key="forgetting_hma", height=160,
+                                help=explain("hma") + "  \nOne line per point: the α of each block, first to last.")
             extra = {"grid": [parse_floats(line, "the α tuple") for line in text.splitlines() if line.strip()]}
     max_general, max_task = eval_limits("forgetting")
     run = st.button("Run sweep", type="primary", key="forgetting_run")
@@ -139,10 +148,11 @@ with right:
         for r in results:
             r.task = task if task is not None else r.task
         measures.apply(results)
-        st.subheader("Speciality vs generality, every series")
+        st.subheader("Speciality vs generality, every series", help=explain_group("tradeoff"))
         st.plotly_chart(tradeoff_figure(results, task=task, ids=ids), key="forgetting_tradeoff")
         for i, r in enumerate(results):
-            st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}")
+            st.subheader(f"{KIND_LABELS.get(r.kind, r.kind)} · {r.model}",
+                         help=explain("speciality", "general_loss", "distance"))
             r.mark_pareto()
             event = st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}", on_select="rerun",
                                     selection_mode="points")

@@ -8,6 +8,7 @@ from forgetlab.core.errors import ParameterError, parse_floats
 from forgetlab.core.submodules import CAPTURES
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
+from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
@@ -49,15 +50,18 @@ with left:
     samples = st.number_input("samples", 1, n_probe, min(30, n_probe), key=f"linearity_samples_{task}",
                               help=f"probe pairs of the task used (it has {n_probe})")
     alpha_text = st.text_input("α grid", ", ".join(f"{a:g}" for a in linearity.DEFAULT_ALPHAS),
-                               key="linearity_alphas")
+                               key="linearity_alphas", help=explain("alpha", "d_alpha"))
     try:
         level_options = list(pool.anatomy.levels)
     except ParameterError as exc:
         st.caption(f"Only the model level: {exc}")
         level_options = ["model"]
-    levels = st.multiselect("levels", level_options, default=level_options, key="linearity_levels")
+    levels = st.multiselect("levels", level_options, default=level_options, key="linearity_levels",
+                            help=explain("submodule") + "  \nmodel: the whole network; layer: one decoder block; "
+                                 "attn / mlp: its attention / MLP; head: one attention head.")
     capture = st.radio("inputs captured from", list(CAPTURES), key="linearity_capture",
-                       format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get)
+                       format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get,
+                       help="Each submodule is re-run on the inputs it received in this model's forward pass.")
     run = st.button("Compute scores", type="primary", key="linearity_run")
 
 key = None
@@ -99,16 +103,16 @@ with right:
     by_level = result.by_level()
     # at most four metrics per row, three significant digits: six narrow columns truncated values to "0.3…"
     n = len(by_level) + 1
-    st.caption("Non-linearity score (NLS, mean over samples) per level, and the task vector's size D(θ, θ0)")
+    st.caption("Non-linearity score (NLS, mean over samples) per level, and the task vector's size D(θ, θ0)",
+               help=explain("nls", "distance"))
     cells = [c for i in range(0, n, 4) for c in st.columns(4)][:n]
     for c, row in zip(cells, by_level.itertuples()):
-        c.metric(str(row.level), f"{row.nls_mean:.3g}", help=f"{row.nls_mean:.4f} ± {row.nls_std:.4f} over "
-                 f"samples, {row.submodules} submodule(s)")
+        c.metric(str(row.level), f"{row.nls_mean:.3g}", help=f"NLS {row.nls_mean:.4f} ± {row.nls_std:.4f} over "
+                 f"samples, {row.submodules} submodule(s).  \n" + explain("nls"))
     with show_errors():
         cells[-1].metric("D(θ, θ0)", f"{_distance(pool.key, result.model):.3g}",
-                        help="mean relative distance ‖θ − θ0‖ / ‖θ0‖ over tensors. Submodules are near-linear "
-                             "for small task vectors (SmolLM2 fine-tunes: D ≈ 0.004) and far from it for large ones "
-                             "(pico: D ≈ 0.2–0.3), see docs/linearity.md.")
+                        help=explain("distance") + "  \nNLS grows with D: submodules are near-linear for small "
+                             "task vectors and less so for large ones (measurements in docs/linearity.md).")
     st.plotly_chart(nls_heatmap(result), key="linearity_heatmap")
     st.plotly_chart(level_bars(result), key="linearity_bars")
     frame = result.to_frame()
@@ -127,7 +131,8 @@ with right:
                          curve_std=[", ".join(f"{v:.3f}" for v in c) for c in frame["curve_std"]])
     show_table(shown, key="linearity_table")
     st.caption(f"{result.samples} samples · α ∈ {{{', '.join(f'{a:g}' for a in result.alphas)}}} · inputs from "
-               f"the {result.capture} model · NLS = Σα |d(α) − (1 − α)|; residual = Property 1's relative error.")
+               f"the {result.capture} model · NLS = Σα |d(α) − (1 − α)|; residual = Property 1's relative error.",
+               help=explain("nls", "d_alpha", "residual"))
     d1, d2 = st.columns(2)
     d1.download_button("Download scores (CSV)", shown.to_csv(index=False), mime="text/csv",
                        file_name=f"linearity-{model}-{task}.csv", key="linearity_csv", on_click="ignore")

@@ -15,6 +15,7 @@ from forgetlab.merge.workflow import (cards_frame, check_merge_name, merge_and_e
 from forgetlab.plots.merge import scorecard_figure
 from forgetlab.ui import (device_settings, eval_limits, job_key, require_finetuned, require_pool, run_once, show_errors,
                           workspace_home)
+from forgetlab.ui.glossary import explain_group
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
@@ -42,7 +43,7 @@ left, right = st.columns([1, 2])
 with left:
     models = st.multiselect("fine-tuned models", pool.model_names, default=pool.model_names, key="merge_models")
     method = st.selectbox("method", list(METHODS), index=list(METHODS).index("ties") if "ties" in METHODS else 0,
-                          key="merge_method")
+                          key="merge_method", help=explain_group("merge"))
     spec = METHODS[method]
     st.caption(f"{spec.description}  \n{spec.formula}" if spec.formula else spec.description)
     params: dict = {}

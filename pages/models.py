@@ -8,6 +8,7 @@ import streamlit as st
 
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.benchmarks import render_benchmarks
+from forgetlab.ui.glossary import explain
 from forgetlab.ui.measure import speciality_measure, stored_scorecards
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
@@ -71,7 +72,7 @@ show_table(_members(pool, pool.key), width="stretch", key="models_members")
 st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general text: "
            f"{len(pool.probes.general)} documents · architecture: {pool.config.model_type}")
 
-st.subheader("Scorecards")
+st.subheader("Scorecards", help=explain("general_loss", "exact_match", "answer_loss"))
 stored = stored_scorecards(pool)
 measure = speciality_measure("models", pool)
 shown_for, evaluated = st.session_state.get(CARDS_KEY, (None, None))
@@ -134,7 +135,7 @@ render_benchmarks(pool, device)   # lm-eval table of the latest saved run; a but
 if pool.model_names:
     from forgetlab.plots.models import cosine_heatmap, norms_heatmap
 
-    st.subheader("Task vectors τ = θt − θ0")
+    st.subheader("Task vectors τ = θt − θ0", help=explain("tau"))
     anatomy = _anatomy()
     if (pool.key, "cosines") not in anatomy:
         from forgetlab.ui.jobs import REGISTRY

@@ -277,7 +277,7 @@ def test_pages_are_listed_in_the_fixed_order_when_they_exist(tmp_path):
     from forgetlab.ui.navigation import PAGE_ORDER, existing_pages
 
     assert [p.stem for p in PAGE_ORDER] == ["models", "linearity", "forgetting", "attribution", "text", "features",
-                                            "merge", "finetune", "runs"]
+                                            "merge", "finetune", "runs", "glossary"]
     for stem in ["runs", "merge", "models", "notes"]:
         (tmp_path / f"{stem}.py").write_text("")
     assert [p.stem for p in existing_pages(tmp_path)] == ["models", "merge", "runs"]

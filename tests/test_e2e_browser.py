@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.actions import action_for
 from tests.e2e.harness import CHROMIUM, EXCEPTION, NAV_LINK, PLOT, ROOT, chromium, click_nav, count, exceptions, \
-    goto, idle_cpu, screenshot, streamlit_server, wait_idle, wait_jobs
+    goto, idle_cpu, record_outside_requests, screenshot, streamlit_server, wait_idle, wait_jobs
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -55,12 +55,13 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
 
     pages = existing_pages(ROOT / "pages")
     stems = [p.stem for p in pages]
-    assert stems[-1] == "runs"
+    assert "runs" in stems
     log = tmp_path / "streamlit.log"
     report = []
     with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(app_home)}, log=log) as url, \
             chromium() as page:
         page.add_init_script(NAV_SEEN)
+        outside = record_outside_requests(page, url)
         # the first request of the fresh server opens a page by its own URL: until st.navigation has run once,
         # Streamlit would serve pages/ the old way (that page alone: no sidebar, no menu); require_app() reruns
         # it through app.py
@@ -116,4 +117,125 @@ def test_every_page_renders_runs_its_action_and_shows_charts(app_home, tmp_path)
         idle = idle_cpu(url.pid, IDLE_SECONDS)
         report.append(f"idle server after every page and job: {idle:.1%} of a core over {IDLE_SECONDS:.0f} s")
         assert idle < IDLE_LIMIT, f"after the actions, the idle server used {idle:.0%} of a core"
+        assert not outside, f"the app made the browser load things from other hosts: {outside}"
     print("\n".join(report))
+
+
+# ------------------------------------------------------------------------------------------------ the demo script
+
+FINETUNE_BUDGET = 120.0   # s for the Fine-tune page's default comparison (5 runs) on the tiny zoo, on a loaded CI box
+NUMBERS = "needs branch i29-numbers (one evaluation budget, the Merge page's default, the claims table whole)"
+
+
+@pytest.fixture
+def demo_home(app_home, tmp_path) -> Path:
+    """A workspace of its own (no runs yet, as on a first demo) over the same tiny pico zoo."""
+    home = tmp_path / "demo-home"
+    home.mkdir()
+    (home / "zoo").symlink_to((app_home / "zoo").resolve(), target_is_directory=True)
+    return home
+
+
+def _progress_texts(page) -> list[str]:
+    return page.locator('[data-testid="stProgress"]').all_inner_texts()
+
+
+def test_demo_script_walk(demo_home, tmp_path):
+    """Issue 29's ten-minute demo, every page with its defaults, as a presenter clicks through it: the
+    trade-off carries its α labels, the Fine-tune comparison says which run it is on and ends within its
+    budget, nothing is loaded from another host."""
+    import re
+
+    log = tmp_path / "streamlit.log"
+    report = []
+    with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(demo_home)}, log=log) as url, \
+            chromium() as page:
+        outside = record_outside_requests(page, url)
+        goto(page, url)                                  # the first page: Models
+        assert page.locator("h1").first.inner_text().strip() == "Models"
+
+        # Forgetting: the default sweep (WiSE-FT α curve of math) shows the trade-off with an α on each point
+        click_nav(page, "Forgetting")
+        t0 = time.monotonic()
+        page.get_by_role("button", name="Run sweep", exact=True).click()
+        page.wait_for_timeout(300)
+        wait_jobs(page, 300)
+        report.append(f"forgetting: default sweep {time.monotonic() - t0:.1f} s")
+        assert not exceptions(page), exceptions(page)
+        labels = set(page.locator(f"{PLOT} .textpoint").all_text_contents())     # SVG: no innerText
+        assert {"α 0", "α 0.5", "α 1"} <= labels, f"trade-off point labels: {sorted(labels)}"
+        screenshot(page, "demo-forgetting")
+
+        # Fine-tune: the default comparison, its progress naming the run, within its budget
+        click_nav(page, "Fine-tune")
+        assert page.get_by_role("button", name="Fine-tune", exact=True).is_visible()
+        seen: set[str] = set()
+        t0 = time.monotonic()
+        page.get_by_role("button", name="Fine-tune", exact=True).click()
+        page.wait_for_timeout(300)
+        while time.monotonic() - t0 < FINETUNE_BUDGET + 60:
+            texts = _progress_texts(page)
+            seen.update(texts)
+            if not texts and page.get_attribute('[data-testid="stApp"]', "data-test-script-state") == "notRunning":
+                break
+            page.wait_for_timeout(250)
+        wait_jobs(page, 30)
+        took = time.monotonic() - t0
+        report.append(f"fine-tune: default comparison {took:.1f} s (budget {FINETUNE_BUDGET:.0f} s)")
+        assert not exceptions(page), exceptions(page)
+        runs = {m.group(0) for t in seen for m in [re.search(r"run (\d) of 5 · [\w.-]+", t)] if m}
+        # the tiny zoo's runs last a second each: the 250 ms polls catch some of them, each naming itself
+        labels = {"adamw", "mofo-0.2", "sfa-p0.25", "l2-1", "l1-0.001"}
+        assert runs and all(r.split(" · ")[1] in labels for r in runs), sorted(seen)[:10]
+        assert not [t for t in seen if "step " in t and "run " not in t], "a step count without its run"
+        assert count(page, PLOT) >= 3, "the comparison's charts"
+        assert took <= FINETUNE_BUDGET, f"the default comparison took {took:.0f} s (budget {FINETUNE_BUDGET:.0f} s)"
+        screenshot(page, "demo-finetune")
+
+        # Glossary: every term the tooltips use, on one page
+        click_nav(page, "Glossary")
+        text = page.locator('[data-testid="stMain"]').inner_text()
+        for term in ("NLS", "D(θ, θ0)", "FAPM", "HMA", "MoFO", "SFA", "Pareto front", "speciality", "generality"):
+            assert term in text, term
+        assert not outside, f"the app made the browser load things from other hosts: {outside}"
+    print("\n".join(report))
+
+
+# every element inside the claims container that scrolls or clips its content (the table shown whole has none)
+CLIPPED = """(root) => [...root.querySelectorAll('*')].filter(e => {
+    const s = getComputedStyle(e);
+    const clips = v => v === 'auto' || v === 'scroll' || v === 'hidden';
+    return (clips(s.overflowY) && e.scrollHeight > e.clientHeight + 1) ||
+           (clips(s.overflowX) && e.scrollWidth > e.clientWidth + 1);
+}).length"""
+
+
+@pytest.mark.skip(reason=NUMBERS + ": not merged into main when this test was written; enable after `git merge main`")
+def test_demo_script_models_merge_and_one_general_loss(demo_home, tmp_path):
+    """The rest of issue 29's demo walk: the Models page's claims table whole (no inner scroll, no cut column),
+    the Merge page's default merge keeping the parents' own-task skills better than the worst parent (mean answer
+    loss over the parents' tasks, from the merge's scorecards.json), and the base's general loss the same on
+    every page that shows it."""
+    import json
+
+    with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(demo_home)},
+                          log=tmp_path / "streamlit.log") as url, chromium() as page:
+        goto(page, url)
+        claims = page.locator('[data-testid="stVerticalBlockBorderWrapper"]').filter(has_text="What this zoo shows")
+        assert claims.count() and claims.first.evaluate(CLIPPED) == 0, "the claims table scrolls or is cut"
+        click_nav(page, "Merge")
+        page.get_by_role("button", name="Merge and evaluate", exact=True).click()
+        page.wait_for_timeout(300)
+        wait_jobs(page, 300)
+        assert not exceptions(page), exceptions(page)
+        cards_file = next((demo_home / "merges").glob("*/scorecards.json"))
+        cards = {c["model"]: c for c in json.loads(cards_file.read_text())["cards"]}
+        merged = next(name for name in cards if name not in ("base",) and name not in
+                      json.loads((cards_file.parent / "recipe.json").read_text()).get("models", []))
+        parents = [n for n in cards if n not in ("base", merged)]
+        tasks = sorted({t for p in parents for t in cards[p]["tasks"] if t in p})
+
+        def own(name):
+            return sum(cards[name]["tasks"][t]["answer_loss"] for t in tasks) / len(tasks)
+
+        assert own(merged) < max(own(p) for p in parents), "the merge keeps the skills no better than its worst parent"

@@ -45,8 +45,8 @@ def test_tsne_scatter_colour_by_task_symbol_by_model():
     coords = pd.DataFrame({"x": [0, 1, 2, 3], "y": [0, 1, 2, 3], "task": ["a", "a", "b", "b"],
                            "model": ["p", "q", "p", "q"], "sample": [0, 0, 0, 0]})
     fig = tsne_scatter(TsneResult(coords, pd.DataFrame(), "opentsne", 1.0, 2, 0, {"level": "mlp", "layer": 1}))
-    assert len(fig.data) == 4
+    assert len(fig.data) == 4 + 2 + 2          # the points, then a legend entry per task and per model
     by_name = {t.name: t for t in fig.data}
     assert by_name["a · p"].marker.color == color_for("a") == by_name["a · q"].marker.color
     assert by_name["a · p"].marker.symbol == by_name["b · p"].marker.symbol != by_name["a · q"].marker.symbol
-    assert "mlp · layer 1" in fig.layout.title.text
+    assert "MLP of layer 1" in fig.layout.title.text

@@ -108,7 +108,8 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     table = at.dataframe[0].value
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = pool_recipe(pool, "ties", ["ft0", "ft1"], {"keep": 0.2, "scope": "tensor", "lam": 1.0,
-                                                        "weights": [1.0, 1.0]})
+                                                        "weights": [1.0, 1.0], "normalize": True,
+                                                        "rescale": False})
     direct = search(recipe, pool, budget=4, max_general=2, max_task=3, measure=at.session_state["app_measure"])
     assert len(table) == 4
     assert list(table["speciality"]) == [p.speciality for p in direct.points]
@@ -194,3 +195,41 @@ def test_merge_page_is_all_or_nothing_like_the_cli(tiny_llama, tmp_path, monkeyp
     assert any("probe data went away" in e.value for e in at.error)
     assert not (tmp_path / "merges" / "half").exists()
     assert not [p for p in (tmp_path / "merges").iterdir()] if (tmp_path / "merges").exists() else True
+
+
+NEW_MERGEKIT = ("slerp", "nuslerp", "multislerp", "karcher", "model_stock", "arcee_fusion", "nearswap", "ram",
+                "ramplus_tl", "sce", "della", "della_linear", "breadcrumbs_ties")
+
+
+def test_merge_page_offers_and_runs_each_new_mergekit_method(tiny_llama, tmp_path, monkeypatch):
+    """Issue 25: each of mergekit's new methods shows every parameter of the registry with its default and merges
+    from the page (models: one for the two-model methods, both fine-tunes otherwise)."""
+    import yaml
+
+    from forgetlab.merge import METHODS
+
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    at.number_input(key="merge_max_general").set_value(1)
+    at.number_input(key="merge_max_task").set_value(1)
+    for method in NEW_MERGEKIT:
+        spec = METHODS[method]
+        models = ["ft0"] if spec.max_models == 1 else ["ft0", "ft1"]
+        at.selectbox(key="merge_method").set_value(method).run()
+        at.multiselect(key="merge_models").set_value(models).run()
+        assert not at.exception, (method, at.exception)
+        for p in spec.params:
+            key = f"merge_{method}_{p.name}"
+            if p.per_model:
+                assert [at.number_input(key=f"{key}_{m}").value for m in models] == [p.default] * len(models)
+            elif p.type == "bool":
+                assert at.checkbox(key=key).value == p.default, key
+            elif p.type == "str" and p.choices:
+                assert at.selectbox(key=key).value == p.default, key
+            else:
+                assert at.number_input(key=key).value == p.default, key
+        at.text_input(key=f"merge_name_{method}").set_value(f"page-{method}")
+        at.button(key="merge_run").click().run()
+        finish_cleanly(at, "merge")
+        assert not at.error, (method, [e.value for e in at.error])
+        recipe = yaml.safe_load((tmp_path / "merges" / f"page-{method}" / "recipe.yaml").read_text())
+        assert recipe["method"] == method and len(recipe["models"]) == len(models)

@@ -86,3 +86,21 @@ def test_on_record_sees_every_record(pool):
                    on_record=lambda step, rec: seen.append((step, rec["exact_match"])))
     assert [s for s, _ in seen] == [0, 2, 4]
     assert [r["exact_match"] for r in run.train.history] == [e for _, e in seen]
+
+
+def test_comparison_progress_names_each_run(pool):
+    """Every message of a comparison says which run it belongs to ("run k of N · label"), and the fraction
+    never goes back: the trainer's own "step 1/T" restarts with each run, the comparison's count does not."""
+    from forgetlab.executors import LocalExecutor
+
+    configs = standard_configs(steps=2, lr=5e-3, batch_size=4)[:3]
+    for executor in (None, LocalExecutor()):
+        seen: list[tuple[float, str]] = []
+        compare(pool, "copy", configs, eval_every=2, max_general=1, max_task=2, device="cpu", executor=executor,
+                progress=lambda f, m="", seen=seen: seen.append((f, m)))
+        steps = [(f, m) for f, m in seen if "step " in m]
+        expected = [f"run {i} of 3 · {c.label} · step {s}/2" for i, c in enumerate(configs, 1) for s in (1, 2)]
+        assert [m.split(" · loss")[0] for _, m in steps] == expected
+        fractions = [f for f, _ in seen]
+        assert fractions == sorted(fractions) and fractions[-1] == 1.0
+        assert any(m.startswith("run 1 of 3 · adamw · loading base") for _, m in seen)

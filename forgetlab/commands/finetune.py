@@ -30,10 +30,12 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sfa-p", type=float, default=None, help="SFA: average with the start every ⌈p·T⌉ steps")
     p.add_argument("--sfa-beta", type=float, default=0.5, help="SFA: θ ← (1 − β)·θ + β·θo (default 0.5)")
-    p.add_argument("--l1", type=float, default=0.0, help="L1-to-init penalty λ (loss + λ‖θ − θo‖₁)")
-    p.add_argument("--l2", type=float, default=0.0, help="L2-to-init penalty λ (loss + λ/2‖θ − θo‖²)")
+    p.add_argument("--l1", type=float, default=0.0, help="L1-to-init penalty λ (loss + λ‖θ − θo‖₁); with --compare "
+                   "the L1-to-init run's λ (default there 1e-3)")
+    p.add_argument("--l2", type=float, default=0.0, help="L2-to-init penalty λ (loss + λ/2‖θ − θo‖²); with --compare "
+                   "the L2-to-init run's λ (default there 1)")
     p.add_argument("--compare", action="store_true",
-                   help="run AdamW, MoFO, SFA and L2 with these steps/lr/seed instead of one run")
+                   help="run AdamW, MoFO, SFA, L2- and L1-to-init with these steps/lr/seed instead of one run")
     p.add_argument("--eval-every", type=int, default=None, help="record every k steps (default: 10 records)")
     shared.add_eval_limits(p)
     p.add_argument("--max-train", type=int, default=None, help="at most this many training pairs")
@@ -52,8 +54,8 @@ def cmd_finetune(args) -> int:
     """Run one fine-tune or the comparison; print trajectories and finals; save the run and, with --save-as, the model."""
     from forgetlab.core.errors import ParameterError
     from forgetlab.core.pool import ModelPool
-    from forgetlab.train.runs import (FinetuneComparison, FinetuneConfig, check_save_as, compare, finetune,
-                                      save_finetune_run, save_finetuned, standard_configs)
+    from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig, check_save_as, compare,
+                                      finetune, save_finetune_run, save_finetuned, standard_configs)
 
     if args.executor != "local" and not args.compare:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
@@ -75,7 +77,7 @@ def cmd_finetune(args) -> int:
                 raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
             configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
                                        fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
-                                       l2=args.l2 or 1.0)
+                                       l2=args.l2 or 1.0, l1=args.l1 or L1_DEFAULT)
             comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args),
                            measure=measure, general_measure=general, **opts)
             model = None

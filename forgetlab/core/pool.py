@@ -103,7 +103,7 @@ def config_value(ckpt: Checkpoint, key: str):
     return getattr(ckpt.config, key, None)
 
 
-def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
+def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str, vocab: bool = True) -> None:
     """Raise IncompatibleModelsError when `other` is another architecture family (config's model_type) or has
     another vocabulary size than `base`. The one check of this kind that pools and merges share: a Llama base
     and a Mistral fine-tune of identical shapes are still two architectures."""
@@ -114,7 +114,7 @@ def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str
             "architecture. Pick a fine-tune of this base."
         )
     bv, ov = config_value(base, "vocab_size"), config_value(other, "vocab_size")
-    if bv is not None and ov is not None and bv != ov:
+    if vocab and bv is not None and ov is not None and bv != ov:
         raise IncompatibleModelsError(
             f"{other_name} has a vocabulary of {ov} tokens but the base has {bv}: the embeddings differ in "
             "size, so the models cannot be compared entry by entry. Resize the embeddings of one model "

@@ -17,3 +17,11 @@ def scaled(progress: Progress, start: float, stop: float) -> Progress:
     if progress is None:
         return None
     return lambda f, m="": report(progress, start + (stop - start) * f, m)
+
+
+def prefixed(progress: Progress, prefix: str) -> Progress:
+    """A callback that passes fractions on unchanged and writes `prefix` before every message
+    ("run 2 of 5 · mofo-0.2 · step 3/60 · loss 0.41"), so that a sub-task's own count says whose it is."""
+    if progress is None:
+        return None
+    return lambda f, m="": report(progress, f, f"{prefix} · {m}" if m else prefix)

@@ -206,7 +206,8 @@ def check_compatible(base, models: Sequence[Any]) -> list[Entry]:
     base_ck = getattr(base, "ckpt", None)
     for m in models:
         if base_ck is not None and getattr(m, "ckpt", None) is not None and not m.is_lora:
-            check_same_architecture(base_ck, m.ckpt, m.label)        # the pool's check too
+            # the pool's check too; a vocabulary rebuilt by the recipe's tokenizer (merge/vocab.py) may differ
+            check_same_architecture(base_ck, m.ckpt, m.label, vocab=not getattr(m, "vocab_aligned", False))
             if tied is not None and _unties_head(m.ckpt, tied):
                 raise IncompatibleModelsError(
                     f"The base {base.label} ties {tied} to the input embedding (tie_word_embeddings: true), but "

@@ -136,10 +136,14 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     sources = sources or open_sources(recipe)          # headers only: cheap, and the inputs are then known
     base_ck, base, models, inputs = sources.base_ck, sources.base, sources.models, sources.inputs
     out = check_output_dir(out_dir, overwrite, inputs)
-    tokenizer_from = check_tokenizer_source(recipe, base_ck, [m.ckpt for m in models])
+    tokenizer_from, vocab = check_tokenizer_source(recipe, base_ck, [m.ckpt for m in models])
+    if vocab is not None:
+        sources = align_sources(recipe, sources, vocab)
+        base, models = sources.base, sources.models
+        tokenizer_from = None
     if recipe.slices is not None:
         return _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes,
-                           tokenizer_from, t0)
+                           tokenizer_from, t0, vocab)
     entries = check_compatible(base, models)
     params_for = None
     if recipe.varying:
@@ -174,18 +178,23 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
             for e in entries]
-    extra = {}
+    extra = {} if vocab is None else vocab.tokenizer_files()
     if cfg_file.exists():
-        cfg_arg = None if recipe.dtype else cfg_file
-        if recipe.dtype:
+        cfg_arg = None if (recipe.dtype or vocab) else cfg_file
+        if recipe.dtype or vocab:
             cfg_json = json.loads(cfg_file.read_text())
-            cfg_json["dtype"] = recipe.dtype
-            if "torch_dtype" in cfg_json:
-                cfg_json["torch_dtype"] = recipe.dtype
+            if recipe.dtype:
+                cfg_json["dtype"] = recipe.dtype
+                if "torch_dtype" in cfg_json:
+                    cfg_json["torch_dtype"] = recipe.dtype
+            if vocab:
+                cfg_json["vocab_size"] = vocab.size
             extra["config.json"] = json.dumps(cfg_json, indent=2) + "\n"
     else:
         if recipe.dtype:
             config.dtype = recipe.dtype
+        if vocab:
+            config.vocab_size = vocab.size
         cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
@@ -201,43 +210,79 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
                        time.perf_counter() - t0, glob, stats)
 
 
-def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> Any:
-    """The checkpoint whose tokenizer the output gets (the base's unless `tokenizer.source` names a model). A
-    `union` or model source is honoured when every model has the base's vocabulary (the same tokens at the same
-    ids and as many embedding rows): mergekit's permutation is then the identity. Mixed vocabularies (added
-    tokens, resized embeddings) are refused with what to do: forgetlab does not yet rebuild the vocabulary."""
+def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> tuple[Any, Any]:
+    """(the checkpoint whose tokenizer files the output copies, or None; the VocabularyPlan when the vocabulary is
+    rebuilt, or None). The base's tokenizer unless `tokenizer.source` names a model; when the inputs' vocabularies
+    differ, or `tokens` / `pad_to_multiple_of` are given, the vocabulary is rebuilt as mergekit does
+    (forgetlab.merge.vocab)."""
     tok = recipe.tokenizer
-    if not tok or (tok["source"] == "base" and not tok.get("tokens") and not tok.get("pad_to_multiple_of")):
-        return base_ck
     refs = {recipe.base: base_ck, **{m.model: c for m, c in zip(recipe.models, model_cks)}}
+    if not tok:
+        return base_ck, None
     if tok["source"] not in TOKENIZER_SOURCES and tok["source"] not in refs:
         raise ParameterError(f"tokenizer source {tok['source']!r} is not among the recipe's models "
                              f"({', '.join(refs)}); write base, union, or one of those paths as written under models.")
-    if tok.get("tokens") or tok.get("pad_to_multiple_of"):
-        raise ParameterError("tokenizer tokens / pad_to_multiple_of (embeddings set by hand, a padded vocabulary) "
-                             "are not supported yet; remove them (write tokenizer_source: base | union | MODEL).")
+    from forgetlab.merge import vocab as vb
+    lora = [r for r, c in refs.items() if getattr(c, "kind", "hf") == "lora"]
+    differ = False if lora else _vocabularies_differ(refs)
+    if not differ and not tok.get("tokens") and not tok.get("pad_to_multiple_of"):
+        src = tok["source"]  # every permutation is the identity: the merge is the plain one
+        return (base_ck if src in TOKENIZER_SOURCES else refs[src]), None
+    if lora:
+        raise ParameterError(f"tokenizer {tok} rebuilds the vocabulary, which forgetlab does not do with LoRA adapters "
+                             f"among the models ({', '.join(lora)}); merge the adapters into full models first "
+                             "(forgetlab merge with the adapter alone), or remove tokenizer tokens/pad_to_multiple_of.")
+    mk_base, inputs = mergekit_inputs(recipe)
+    return None, vb.build_plan(tok, mk_base, {r: refs[r] for r in inputs})
+
+
+def _vocabularies_differ(refs: Mapping[str, Any]) -> bool:
     from forgetlab.core.checkpoints import load_tokenizer
-    vocab = None
+    seen = None
     for ref, c in refs.items():
-        if getattr(c, "kind", "hf") == "lora":
-            continue
         try:
-            v = load_tokenizer(str(c.config_dir) if hasattr(c, "config_dir") else ref).get_vocab()
+            v = (load_tokenizer(str(c.config_dir) if hasattr(c, "config_dir") else ref).get_vocab(),
+                 getattr(c.config, "vocab_size", None))
         except Exception:
             continue
-        if vocab is None:
-            vocab = v
-        elif v != vocab:
-            raise ParameterError(f"tokenizer source {tok['source']!r}: {ref} has another vocabulary than the base "
-                                 f"({len(v)} against {len(vocab)} tokens). Merging mixed vocabularies (mergekit's "
-                                 "union, rows filled from the models that have them) is not supported yet: merge "
-                                 "models that share the base's tokenizer, or resize them to it first.")
-    src = tok["source"]
-    return base_ck if src in TOKENIZER_SOURCES else refs[src]
+        if seen is None:
+            seen = v
+        elif v != seen:
+            return True
+    return False
+
+
+def mergekit_inputs(recipe: Recipe) -> tuple[str | None, list[str]]:
+    """mergekit's base_model of a recipe (None where mergekit has none: linear and karcher unless the base is
+    listed after the first model, nuslerp and multislerp with use_base false) and its inputs in order."""
+    from forgetlab.merge.mergekit_yaml import BASE_IGNORED, BASE_OPTIONAL
+    names = [m.model for m in recipe.models] + [s.model for sl in recipe.slices or [] for s in sl.sources]
+    if recipe.method in BASE_IGNORED:
+        mk_base = recipe.base if recipe.base in names[1:] else None
+    elif recipe.method in BASE_OPTIONAL and not recipe.params.get("use_base", True):
+        mk_base = None
+    else:
+        mk_base = recipe.base
+    order = ([mk_base] if mk_base else []) + names
+    if not names:  # passthrough of one model
+        order = [recipe.base]
+    return mk_base, list(dict.fromkeys(order))
+
+
+def align_sources(recipe: Recipe, sources: Sources, plan) -> Sources:
+    """The recipe's sources with their token rows read on the plan's vocabulary (a base that is no input reads
+    the first input's rows: it only donates the config)."""
+    from forgetlab.merge.vocab import AlignedSource
+    group: list = []
+    first = plan.inputs[0]
+    base = AlignedSource(sources.base, recipe.base, plan, group,
+                         recipe.base if recipe.base in plan.inputs else first)
+    models = [AlignedSource(s, m.model, plan, group) for m, s in zip(recipe.models, sources.models)]
+    return Sources(sources.base_ck, base, models, sources.inputs)
 
 
 def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes, tokenizer_from,
-                t0) -> MergeResult:
+                t0, vocab=None) -> MergeResult:
     """A recipe with `slices` (forgetlab.merge.slicing): layers re-indexed, the output config's layer count set."""
     from forgetlab.merge.slicing import output_layers, sliced_stream
 
@@ -251,6 +296,8 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     cfg_json = json.loads(cfg_file.read_text())
     keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]
     cfg_json[keys[0]] = output_layers(recipe)
+    if vocab is not None:
+        cfg_json["vocab_size"] = vocab.size
     if recipe.dtype:
         cfg_json["dtype"] = recipe.dtype
         if "torch_dtype" in cfg_json:
@@ -258,7 +305,8 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}}, sort_keys=False)
     ck.write_hf_folder(out, stream, None, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
-                       extra_files={"config.json": json.dumps(cfg_json, indent=2) + "\n", "recipe.yaml": recipe_text},
+                       extra_files={**({} if vocab is None else vocab.tokenizer_files()),
+                                    "config.json": json.dumps(cfg_json, indent=2) + "\n", "recipe.yaml": recipe_text},
                        max_shard_bytes=max_shard_bytes, inputs=sources.inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False)

@@ -33,6 +33,12 @@ BASE_OPTIONAL = ("nuslerp", "multislerp")
 INT8_MASK = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
              "della_linear", "sce")
 REQUIRED = object()
+# parameters mergekit 0.1.5 requires (no default in its method signature): it stops with 'Missing required
+# parameter'; forgetlab's own defaults (docs/methods.md) apply only to forgetlab recipes
+MERGEKIT_REQUIRED = {"slerp": ("t",), "nearswap": ("t",), "nuslerp": ("weight",), "multislerp": ("weight",),
+                     "della": ("weight",), "della_linear": ("weight",), "breadcrumbs_ties": ("weight",)}
+# forgetlab parameters that mergekit expresses otherwise: use_base is whether base_model is given
+NOT_MERGEKIT = ("seed", "use_base")
 
 
 def _complement(x: float) -> float:
@@ -106,17 +112,15 @@ def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
     if known is not None:
         return known
     out = {}
+    required = MERGEKIT_REQUIRED.get(spec.name, ())
     for p in spec.params:
-        if p.name == "seed":
+        if p.name in NOT_MERGEKIT:
             continue
         rescale = p.type == "str" and p.choices is not None and {"l1", "none"} <= set(p.choices)
         conv = dict(to_fl=_rescale_to_fl, to_mk=_rescale_to_mk) if rescale else {}
-        if p.per_model:
-            key = p.model_key or p.name
-            out[key] = MkParam(key, p.name, True, True, p.default, **conv)
-        else:
-            key = "lambda" if p.name == "lam" else p.name
-            out[key] = MkParam(key, p.name, False, False, p.default, **conv)
+        key = (p.model_key or p.name) if p.per_model else ("lambda" if p.name == "lam" else p.name)
+        default = REQUIRED if key in required else p.default
+        out[key] = MkParam(key, p.name, p.per_model, p.per_model, default, **conv)
     if spec.name in INT8_MASK and "int8_mask" not in out:
         out["int8_mask"] = MkParam("int8_mask", None, False, False, False)
     return out
@@ -244,6 +248,14 @@ def _to_forgetlab(method: str, table: Mapping[str, MkParam], top: dict, per_mode
                     params[p.fl] = values[0]
         else:
             v = top.get(mk)
+            if p.default is REQUIRED and (v is None or not settings.has_catch_all(v)):
+                if v is None:
+                    raise ParameterError(f"mergekit's {method} needs `{mk}`{where} (mergekit stops with 'Missing "
+                                         f"required parameter {mk}'; it has no default): give it in the top-level "
+                                         f"parameters, e.g. {mk}: 0.5.")
+                raise ParameterError(f"The filters of `{mk}`{where} match only some tensors and mergekit then stops "
+                                     f"('Missing required parameter {mk}'); end them with a `- value: …` for every "
+                                     "other tensor.")
             v = p.default if v is None else combine(v, p.default)
             if p.fl is None:
                 continue
@@ -345,15 +357,14 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> R
                                   {**top, **{k: combine(v, top.get(k)) for k, v in refs[0][1].items()}}, [], "")
         return Recipe(method, refs[0][0], [], params)
     if base is None:
-        if method in BASE_OPTIONAL:
-            raise ParameterError(f"mergekit {method} without a base_model has no forgetlab counterpart yet; add "
-                                 "base_model: PATH (the model the others were fine-tuned from).")
-        base = refs[0][0] if refs else None  # config and tokenizer only (linear, karcher)
+        base = refs[0][0] if refs else None  # config and tokenizer only (linear, karcher, nuslerp, multislerp)
     if not refs:
         raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
                              "fine-tuned models to merge into it.")
     _check_counts(spec, len(refs), base)
     params, per_model = _to_forgetlab(method, table, top, refs, "")
+    if method in BASE_OPTIONAL:  # without base_model mergekit interpolates the models themselves
+        params["use_base"] = d.get("base_model") is not None
     models = [ModelEntry(ref, {_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
     return Recipe(method, str(base), models, params)
 
@@ -386,6 +397,9 @@ def _check_counts(spec: MethodSpec, n: int, base: str | None) -> None:
 
 def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None) -> Recipe:
     method = spec.name
+    if method in BASE_OPTIONAL and base is None:
+        raise ParameterError(f"mergekit {method} with slices and no base_model is not supported: forgetlab merges "
+                             "every slice into a base. Add base_model: PATH, or merge whole models (`models:`).")
     raw = d["slices"]
     if not isinstance(raw, list):
         raise ParameterError("mergekit `slices` is a list of {sources: [{model: PATH, layer_range: [START, END]}]}.")
@@ -467,6 +481,8 @@ def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[s
             key = _model_key(spec, p.fl)
             for m, src in zip(models, per_model):
                 v = src.get(key, params.get(p.fl))
+                if v is None:  # forgetlab's default, written: mergekit's may differ or be missing
+                    v = next(q.default for q in spec.params if q.name == p.fl)
                 if v is not None:
                     m[mk] = settings.to_mergekit(p.to_mk(v))
             continue
@@ -480,7 +496,7 @@ def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[s
         else:
             top[mk] = v
     for p in spec.params:
-        if p.name in covered or p.name == "seed" or p.name not in params:
+        if p.name in covered or p.name in NOT_MERGEKIT or p.name not in params:
             continue
         if p.name == "scope" and params[p.name] == "tensor":
             continue
@@ -533,13 +549,16 @@ def to_mergekit(recipe: Recipe) -> dict:
             raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
                                  "List each model once (with the sum of its weights for linear, task_arithmetic "
                                  "and ties) before exporting.")
-        per_model_src = [dict(m.params) for m in recipe.models]
+        per_model_src = [dict(m.params) for m in recipe.models] if recipe.method != "passthrough" else [{}]
         top, per = _mk_values(spec, table, full, per_model_src)
         if recipe.method == "passthrough":
             out["models"] = [{"model": recipe.base, "parameters": {**top, **(per[0] if per else {})}}]
             top = {}
         else:
-            if recipe.method not in BASE_IGNORED:
+            # linear, karcher: base_model is one more input, written when the base is listed after the first
+            # model (mergekit's config donor is the first model without it); nuslerp, multislerp: it is use_base
+            if (recipe.base in names[1:] if recipe.method in BASE_IGNORED
+                    else full.get("use_base", True)):
                 out["base_model"] = recipe.base
             out["models"] = [{"model": _mergekit_ref(recipe.base, m.model), "parameters": mp}
                              for m, mp in zip(recipe.models, per)]

@@ -61,28 +61,51 @@ def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_t
     return fig
 
 
+LABELLED = 8      # the submodules named on the scatter: the farthest from the origin; the others on hover
+CROWD = 0.1       # nor any point within this share of the largest distance from the origin (they overlap there)
+
+
+def outer_labels(keys, xs, ys, k: int = LABELLED, crowd: float = CROWD) -> list[str]:
+    """The text of each point of a scatter: its key for the `k` points farthest from the origin (each axis
+    scaled by its largest |value|, so both count alike) that are at least `crowd` of the way out; "" for the
+    rest, which crowd near the origin and whose labels overlapped there. Points with a non-finite
+    coordinate are never labelled."""
+    def scale(vals) -> float:
+        finite = [abs(float(v)) for v in vals if math.isfinite(float(v))]
+        return max(finite, default=0.0) or 1.0
+
+    sx, sy = scale(xs), scale(ys)
+    dist = [math.hypot(float(x) / sx, float(y) / sy) for x, y in zip(xs, ys)]
+    ranked = sorted((i for i, d in enumerate(dist) if math.isfinite(d) and d >= crowd),
+                    key=lambda i: -dist[i])[:max(0, k)]
+    keep = set(ranked)
+    return [str(key) if i in keep else "" for i, key in enumerate(keys)]
+
+
 def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_match",
                     nls: Optional[Mapping[str, float]] = None) -> go.Figure:
     """Every submodule of one map at x = Δ general loss, y = Δ speciality (exact match, or −Δ answer loss so
-    that up is better), the Pareto front (`forgetlab.analysis.measures.pareto_mask`: up and left) drawn as a line. With
+    that up is better), the Pareto front (`forgetlab.analysis.measures.pareto_mask`: up and left) drawn as a line; the
+    LABELLED points farthest from the origin carry their key (`outer_labels`), every point names itself on hover. With
     `nls` (key → non-linearity score from a linearity run) the points are coloured by NLS, else by module."""
     f = _point(result.to_frame(), which).reset_index(drop=True)
     y = f["d_speciality"] if measure == "exact_match" else -f["d_answer_loss"]
     ylabel = LABELS["d_speciality"] if measure == "exact_match" else "−Δ answer loss (↑ better)"
     front = pareto_mask(list(y), list(f["d_general_loss"]))
+    labels = pd.Series(outer_labels(f["key"], f["d_general_loss"], y), index=f.index)
     hover = [f"{k}<br>Δ general loss {g:+.4f}<br>{ylabel}: {s:+.4f}<br>share of ‖τ‖²: {t:.3f}"
              for k, g, s, t in zip(f["key"], f["d_general_loss"], y, f["tau_share"])]
     fig = go.Figure()
     if nls:
         vals = [nls.get(k, math.nan) for k in f["key"]]
-        fig.add_trace(go.Scatter(x=f["d_general_loss"], y=y, mode="markers+text", text=f["key"],
+        fig.add_trace(go.Scatter(x=f["d_general_loss"], y=y, mode="markers+text", text=labels,
                                  textposition="top center", hovertext=hover, hoverinfo="text", name="submodules",
                                  marker={"size": 11, "color": vals, "colorscale": "Viridis", "showscale": True,
                                          "colorbar": {"title": "NLS", "thickness": 12}}))
     else:
         for module in dict.fromkeys(f["module"]):
             m = f["module"] == module
-            fig.add_trace(go.Scatter(x=f["d_general_loss"][m], y=y[m], mode="markers+text", text=f["key"][m],
+            fig.add_trace(go.Scatter(x=f["d_general_loss"][m], y=y[m], mode="markers+text", text=labels[m],
                                      textposition="top center", hovertext=[h for h, b in zip(hover, m) if b],
                                      hoverinfo="text", name=module, marker={"size": 11, "color": color_for(module)}))
     pts = sorted((g, s) for g, s, on in zip(f["d_general_loss"], y, front) if on)

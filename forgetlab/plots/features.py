@@ -10,29 +10,55 @@ SYMBOLS = ("circle", "diamond", "square", "x", "triangle-up", "star", "cross", "
            "hexagon")
 
 
+LEVEL_NAMES = {"model": "last hidden state", "layer": "decoder layer", "attn": "attention", "mlp": "MLP",
+               "head": "attention head"}
+
+
+def submodule_title(meta: dict) -> str:
+    """Where the features come from, said once: "decoder layer 3", "MLP of layer 1", "head 2 of layer 3",
+    "last hidden state" (the level's name and the layer are not repeated)."""
+    level, layer, head = meta.get("level") or "", meta.get("layer"), meta.get("head")
+    if level == "layer" and layer is not None:
+        return f"decoder layer {layer}"
+    if level == "head" and layer is not None:
+        return f"head {head} of layer {layer}" if head is not None else f"the heads of layer {layer}"
+    name = LEVEL_NAMES.get(level, level)
+    return f"{name} of layer {layer}" if layer is not None else name
+
+
 def tsne_scatter(result: TsneResult, title: str = "") -> go.Figure:
-    """One point per (model, task, sample): coloured by task (same colour as everywhere), shaped by model."""
+    """One point per (model, task, sample): coloured by task (same colour as everywhere), shaped by model.
+
+    The legend has one entry per task (its colour) and one per model (its symbol), not one per pair: seven
+    models × three tasks made 21 entries that ran off the plot. Clicking a task's entry hides its points."""
     df = result.coords
     models = list(dict.fromkeys(df["model"]))
+    tasks = list(dict.fromkeys(df["task"]))
     fig = go.Figure()
     for t, grp_t in df.groupby("task", sort=False):
         for m, grp in grp_t.groupby("model", sort=False):
             fig.add_trace(go.Scatter(
-                x=grp["x"], y=grp["y"], mode="markers", name=f"{t} · {m}", legendgroup=str(t),
+                x=grp["x"], y=grp["y"], mode="markers", name=f"{t} · {m}", legendgroup=f"task {t}",
+                showlegend=False,
                 marker=dict(color=color_for(str(t)), symbol=SYMBOLS[models.index(m) % len(SYMBOLS)], size=8,
                             line=dict(width=0.5, color="white")),
                 customdata=grp["sample"],
                 hovertemplate=f"task {t}<br>model {m}<br>sample %{{customdata}}<extra></extra>"))
-    meta = result.meta or {}
-    where = meta.get("level", "")
-    if meta.get("layer") is not None:
-        where += f" · layer {meta['layer']}"
-    if meta.get("head") is not None:
-        where += f" · head {meta['head']}"
-    fig.update_layout(title=title or f"t-SNE of {where} features ({result.backend}, perplexity "
-                                     f"{result.perplexity:g})",
+    # legend-only entries (no points): colour = task, symbol = model
+    for i, t in enumerate(tasks):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=str(t), legendgroup=f"task {t}",
+                                 legendgrouptitle_text="task (colour)" if i == 0 else None,
+                                 marker=dict(color=color_for(str(t)), symbol="circle", size=9)))
+    for i, m in enumerate(models):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=str(m), legendgroup=f"model {m}",
+                                 legendgrouptitle_text="model (symbol)" if i == 0 else None, hoverinfo="skip",
+                                 marker=dict(color="#4d4d4d", symbol=SYMBOLS[i % len(SYMBOLS)], size=9)))
+    fig.update_layout(title=title or f"t-SNE of {submodule_title(result.meta or {})} features "
+                                     f"({result.backend}, perplexity {result.perplexity:g})",
                       xaxis_title="t-SNE 1", yaxis_title="t-SNE 2", margin=dict(t=40, b=10),
-                      legend_title="task · model")
+                      legend=dict(orientation="h", yanchor="top", y=-0.15, xanchor="left", x=0,
+                                  groupclick="togglegroup"),
+                      height=560)
     return fig
 
 

@@ -17,6 +17,8 @@ AXIS_LABELS = {"alpha": "α (0 = base, 1 = fine-tuned)", "ratio": "pruning ratio
                "density": "density (share of τ kept)", "mean_alpha": "mean block α"}
 KIND_NAMES = {"alpha": "WiSE-FT", "sweep-alpha": "WiSE-FT", "pruning": "pruning", "sweep-pruning": "pruning",
               "density": "DARE/TIES", "sweep-density": "DARE/TIES", "hma": "HMA", "sweep-hma": "HMA"}
+# the setting written on each marker of the trade-off ("α 0.3"): no hovering needed to read a curve
+POINT_LABELS = {"alpha": "α", "ratio": "ratio", "density": "density", "mean_alpha": "mean α"}
 SETTING_NAMES = {"alphas": "α", "ratios": "ratios", "drops": "drop", "keeps": "keep", "max_task": "pairs per task",
                  "max_general": "general blocks", "scores": "scores", "methods": "methods", "seed": "seed",
                  "grid": "α tuples", "measure": "measure", "device": "device"}
@@ -125,12 +127,18 @@ def curves_figure(results: SweepResult | Sequence[SweepResult], ids: Sequence[st
     return fig
 
 
+def point_label(x_name: str, x: float) -> str:
+    """The text on a trade-off marker: "α 0.3", "ratio 0.9", "density 0.2"; another setting by its name."""
+    return f"{POINT_LABELS.get(x_name, x_name)} {x:g}"
+
+
 def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str | None = None,
                     measure: str | None = None, show_front: bool = True,
                     ids: Sequence[str] | None = None, general_measure: str | None = None) -> go.Figure:
     """Speciality (y: exact match ↑ or answer loss ↓, `measure`, default the first sweep's) against held-out
     general loss (↓, x) for every point of every series of the given sweeps (compared sweeps named by
-    `sweep_labels`, with `ids` telling identical settings apart); the Pareto front over all of them is drawn
+    `sweep_labels`, with `ids` telling identical settings apart), each marker labelled with its setting
+    (`point_label`: "α 0.3"); the Pareto front over all of them is drawn
     as a dashed step line and its points ringed."""
     results = [results] if isinstance(results, SweepResult) else list(results)
     task = task if task is not None else (results[0].task if results else None)
@@ -145,8 +153,9 @@ def tradeoff_figure(results: SweepResult | Sequence[SweepResult], *, task: str |
         everything.extend(pts)
         fig.add_trace(go.Scatter(
             x=[p.generality(general) for p in pts], y=[p.speciality(task, measure) for p in pts],
-            mode="lines+markers", name=name, line=dict(color=color, width=1), marker=dict(size=8),
-            text=[f"{res.x_name}={p.x:g}" for p in pts], hovertext=[_hover(p, task, measure, general) for p in pts],
+            mode="lines+markers+text", name=name, line=dict(color=color, width=1), marker=dict(size=8),
+            text=[point_label(res.x_name, p.x) for p in pts], textposition="top left",
+            textfont=dict(size=10, color=color), hovertext=[_hover(p, task, measure, general) for p in pts],
             hoverinfo="text"))
     if show_front and everything:
         flags = pareto_mask([sign * p.speciality(task, measure) for p in everything],

@@ -21,7 +21,7 @@ import torch
 
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
 from forgetlab.core.evaluate import Scorecard, evaluate
-from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.progress import Progress, prefixed, report, scaled
 from forgetlab.executors import PoolWorkerFactory
 from forgetlab.train.trainer import TrainResult, train
 
@@ -302,7 +302,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     if task not in tasks:
         tasks.append(task)
     every = eval_every if eval_every is not None else max(1, math.ceil(config.steps / 10))
-    report(progress, 0.0, f"{config.label}: loading {start}")
+    report(progress, 0.0, f"loading {start}")
     model = load_model(pool.checkpoint(start), device=device, dtype=torch.float32)
     tok = pool.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
@@ -325,8 +325,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         raise
     run = FinetuneRun(config=config, task=task, start=start, train=result,
                       final=_records_to_card(result.history[-1]), start_card=_records_to_card(result.history[0]))
-    report(progress, 1.0, f"{config.label}: done · speciality {run.speciality:.3f} · general loss "
-                          f"{run.general_loss:.3f}")
+    report(progress, 1.0, f"done · speciality {run.speciality:.3f} · general loss {run.general_loss:.3f}")
     if return_model:
         return run, model
     del model
@@ -389,11 +388,12 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
             if on_run is not None:
                 on_run(run, comp)
 
-        executor.map(_FinetuneFactory(pool, task, kw), configs, on_result=landed, progress=progress)
+        executor.map(_FinetuneFactory(pool, task, kw, labels), configs, on_result=landed, progress=progress)
         comp.recipe["executor"] = executor.describe()
         return comp
     for i, cfg in enumerate(configs):
-        run = finetune(pool, task, cfg, progress=scaled(progress, i / n, (i + 1) / n), **kw)
+        run = finetune(pool, task, cfg, progress=prefixed(scaled(progress, i / n, (i + 1) / n), run_label(i, n, cfg)),
+                       **kw)
         run.worker = worker_id()
         comp.runs.append(run)
         comp.mark_pareto(measure, general_measure)
@@ -402,16 +402,23 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     return comp
 
 
+def run_label(i: int, n: int, config: FinetuneConfig) -> str:
+    """How a comparison's progress names its i-th run (0-based) of n: "run 2 of 5 · mofo-0.2"."""
+    return f"run {i + 1} of {n} · {config.label}"
+
+
 class _FinetuneFactory(PoolWorkerFactory):
     """A fine-tune worker (one run per item, a config), built around the pool
     (`forgetlab.executors.PoolWorkerFactory`)."""
 
-    def __init__(self, pool, task: str, kw: dict):
+    def __init__(self, pool, task: str, kw: dict, labels: Sequence[str] = ()):
         super().__init__(pool)
-        self.task, self.kw = task, kw
+        self.task, self.kw, self.labels = task, kw, list(labels)
 
     def build(self, pool):
         def state(cfg, progress=None):
+            if cfg.label in self.labels:
+                progress = prefixed(progress, run_label(self.labels.index(cfg.label), len(self.labels), cfg))
             return finetune(pool, self.task, cfg, progress=progress, **self.kw)
         return state
 

@@ -18,6 +18,10 @@ from pathlib import Path
 from typing import Sequence
 
 MENU_KEY = "app_menu"      # the menu's container key: its element has the CSS class "st-key-app_menu"
+# The browser tab's icon, shipped with forgetlab and served by the app itself. A ":material/...:" page icon
+# made the browser fetch that symbol from Google's font host (Streamlit 1.67 draws a Material favicon from
+# fonts.gstatic.com); the menu's Material icons below are drawn with the font Streamlit bundles.
+APP_ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ PAGE_ORDER = (
     PageSpec("merge", "Merge", ":material/merge:"),
     PageSpec("finetune", "Fine-tune", ":material/model_training:"),
     PageSpec("runs", "Runs", ":material/history:"),
+    PageSpec("glossary", "Glossary", ":material/menu_book:"),
 )
 
 

@@ -95,6 +95,17 @@ def runs(page) -> int:
     return _charts_at_least(page, 1)
 
 
+def glossary(page) -> int:
+    """Find a term: the list narrows to it (the page has no chart)."""
+    box = page.get_by_label("find a term", exact=True).first
+    box.fill("MoFO")
+    box.press("Enter")
+    wait_idle(page)
+    wait_for(page, lambda: "momentum" in page.locator('[data-testid="stMain"]').inner_text().lower(), CHART_TIMEOUT,
+             "the MoFO entry")
+    return 0
+
+
 def generic(page) -> int:
     """Click the page's first primary button; expect at least one chart."""
     if page.locator('[data-testid="stBaseButton-primary"]').count():
@@ -103,7 +114,8 @@ def generic(page) -> int:
 
 
 ACTIONS: dict[str, Callable] = {"models": models, "linearity": linearity, "forgetting": forgetting,
-                                "features": features, "merge": merge, "finetune": finetune, "runs": runs}
+                                "features": features, "merge": merge, "finetune": finetune, "runs": runs,
+                                "glossary": glossary}
 
 
 def action_for(stem: str) -> Callable:

@@ -191,6 +191,28 @@ def goto(page, url: str, timeout: float = 60.0) -> None:
 NAV_LINK = '[data-testid="stSidebar"] [data-testid="stPageLink-NavLink"]'
 
 
+def record_outside_requests(page, url: str) -> list[str]:
+    """Start recording every request the browser makes to a host other than the app's (`url`'s host and port,
+    on any loopback name); returns the list, which fills as the page loads things. The app is a local, offline
+    tool: this list must stay empty (a Material page icon once fetched its favicon from fonts.gstatic.com)."""
+    from urllib.parse import urlsplit
+
+    app = urlsplit(url)
+    local = {"localhost", "127.0.0.1", "::1", "[::1]"}
+    seen: list[str] = []
+
+    def check(request) -> None:
+        u = urlsplit(request.url)
+        if u.scheme in ("data", "blob", "about"):
+            return
+        if u.hostname in local and u.port == app.port:
+            return
+        seen.append(request.url)
+
+    page.on("request", check)
+    return seen
+
+
 def click_nav(page, title: str, timeout: float = 60.0) -> float:
     """Switch page through the app's sidebar menu link titled `title` (same session, no reload).
 

@@ -7,13 +7,16 @@ with a gate g per entry — mergekit 0.1.5's `nearswap` and `arcee_fusion`, comp
   1e-8 added to both distributions), g = [s ≥ median(s) + 1.5·IQR(s)] with quantiles read off the sorted
   scores at ⌊q·(n − 1)⌋; above 1 000 000 entries mergekit estimates them from 1 000 000 entries drawn with
   replacement (here from the seeded generator of the tensor, `seed`).
+
+CPU kernel of arcee_fusion: the same sample, its three quantiles by `select.kth_largest` (exact, no torch.kthvalue).
 """
 from __future__ import annotations
 
 import torch
 
 from forgetlab.merge.methods.common import seed_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.select import kth_largest
 
 QUANTILE_SAMPLE_SIZE = 1_000_000
 ONE_MODEL = ("{name} merges the base with ONE fine-tuned model; list a single model (merge the others first, or "
@@ -34,15 +37,30 @@ def fusion_importance(base: torch.Tensor, finetuned: torch.Tensor) -> torch.Tens
     return (finetuned - base).abs_().mul_(kl)
 
 
-def fusion_threshold(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """median + 1.5·(q3 − q1) of the scores, each quantile q the sorted value at ⌊q·(n − 1)⌋ (over a sample of
-    QUANTILE_SAMPLE_SIZE entries drawn with replacement when there are more)."""
+def _fusion_sample(scores: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     flat = scores.reshape(-1)
     if flat.numel() > QUANTILE_SAMPLE_SIZE:
         idx = torch.randint(flat.numel(), (QUANTILE_SAMPLE_SIZE,), generator=generator, device=flat.device)
         flat = flat[idx]
+    return flat
+
+
+def fusion_threshold(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """median + 1.5·(q3 − q1) of the scores, each quantile q the sorted value at ⌊q·(n − 1)⌋ (over a sample of
+    QUANTILE_SAMPLE_SIZE entries drawn with replacement when there are more)."""
+    flat = _fusion_sample(scores, generator)
     n = flat.numel()
     q1, med, q3 = (torch.kthvalue(flat, int(q * (n - 1)) + 1).values for q in (0.25, 0.5, 0.75))
+    return med + 1.5 * (q3 - q1)
+
+
+def fusion_threshold_cpu(scores: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`fusion_threshold` of float32 CPU scores without NaN: the same sample and quantiles, each by the exact
+    selection `kth_largest` (the j-th smallest of n is the (n − j + 1)-th largest)."""
+    flat = _fusion_sample(scores, generator).contiguous()
+    n = flat.numel()
+    q1, med, q3 = (torch.tensor(kth_largest(flat, n - int(q * (n - 1)))[0], dtype=torch.float32)
+                   for q in (0.25, 0.5, 0.75))
     return med + 1.5 * (q3 - q1)
 
 
@@ -69,3 +87,13 @@ def _nearswap(job: TensorJob) -> torch.Tensor:
         formula="θ = θ0 + (θ1 − θ0)·[s ≥ median(s) + 1.5·IQR(s)], s = |θ1 − θ0|·KL(softmax θ1 ‖ softmax θ0)")
 def _arcee_fusion(job: TensorJob) -> torch.Tensor:
     return arcee_fusion(job.base, job.finetuned[0], job.generator(0))
+
+
+@fast_kernel("arcee_fusion")
+def _arcee_fusion_fast(job: TensorJob) -> torch.Tensor | None:
+    base, ft = job.base, job.finetuned[0]
+    scores = fusion_importance(base, ft)
+    if not bool(torch.isfinite(scores).all()):
+        return None  # the selection takes no NaN
+    keep = scores.ge_(fusion_threshold_cpu(scores, job.generator(0)))  # 1.0 / 0.0 in the scores' memory
+    return torch.sub(ft, base).mul_(keep).add_(base)  # base + (θ1 − θ0)·[s ≥ threshold], as the reference

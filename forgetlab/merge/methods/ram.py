@@ -4,12 +4,14 @@ are averaged over the models that changed them. `ramplus_tl` (tensor-local RAM+)
 entries by λt = 1 + r·clamp(ρt, 0, α), ρt = (its shared entries) / (its unique entries) in the tensor.
 
 Both stream: one pass over the models counts the contributors per entry, a second adds each model's kept
-entries divided by that count into the base."""
+entries divided by that count into the base. CPU kernel: `ram_merge_into_`, the same numbers block by block
+(RAM+ counts each model's shared and unique entries in a first blocked pass)."""
 from __future__ import annotations
 
 import torch
 
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.select import block_ranges
 
 
 def _eps_param() -> ParamSpec:
@@ -40,6 +42,43 @@ def ram_merge(base: torch.Tensor, taus: list[torch.Tensor], epsilon: float, r: f
     return base
 
 
+def _ram_block(blocks: list[torch.Tensor], epsilon: float):
+    masks = [tau.abs() > epsilon for tau in blocks]
+    count = torch.zeros_like(blocks[0])
+    for m in masks:
+        count += m
+    return masks, count == 1, count > 1, count
+
+
+def _ram_lams(taus: list[torch.Tensor], epsilon: float, r: float | None, alpha: float) -> list[float]:
+    if r is None:
+        return [1.0] * len(taus)
+    shared, uniq = [0] * len(taus), [0] * len(taus)
+    for s, e in block_ranges(taus[0].numel()):
+        masks, unique, overlap, _ = _ram_block([t[s:e] for t in taus], epsilon)
+        for i, m in enumerate(masks):
+            shared[i] += int((m & overlap).sum())
+            uniq[i] += int((m & unique).sum())
+    return [1.0 + r * min(max(sh / max(float(u), epsilon), 0.0), alpha) for sh, u in zip(shared, uniq)]
+
+
+def ram_merge_into_(base: torch.Tensor, taus: list[torch.Tensor], epsilon: float, r: float | None = None,
+                    alpha: float = 0.2) -> torch.Tensor:
+    """`ram_merge` block by block (blocks of `select.BLOCK` entries): the same element-wise operations, so the
+    same numbers, without full-size masks and counts. `taus` are overwritten."""
+    flat = [t.reshape(-1) for t in taus]
+    o = base.reshape(-1)
+    lams = _ram_lams(flat, epsilon, r, alpha)
+    for s, e in block_ranges(o.numel()):
+        blocks = [t[s:e] for t in flat]
+        masks, unique, overlap, count = _ram_block(blocks, epsilon)
+        inv = torch.where(overlap, 1.0 / count.clamp(min=1), 0.0)
+        for tau, m, lam in zip(blocks, masks, lams):
+            tau.mul_(m)
+            o[s:e].add_(tau * (unique * lam + inv))
+    return base
+
+
 @method("ram", "RAM: keep entries changed by one model, average entries changed by several.",
         (_eps_param(),), mergekit="ram",
         formula="θ = θ0 + Σt τt·[|τt| > ε] / max(1, Σs [|τs| > ε])")
@@ -56,3 +95,14 @@ def _ram(job: TensorJob) -> torch.Tensor:
 def _ramplus_tl(job: TensorJob) -> torch.Tensor:
     p = job.params
     return ram_merge(job.base, job.take_taus(), p["epsilon"], p["r"], p["alpha"])
+
+
+@fast_kernel("ram")
+def _ram_fast(job: TensorJob) -> torch.Tensor:
+    return ram_merge_into_(job.base, job.take_taus(), job.params["epsilon"])
+
+
+@fast_kernel("ramplus_tl")
+def _ramplus_tl_fast(job: TensorJob) -> torch.Tensor:
+    p = job.params
+    return ram_merge_into_(job.base, job.take_taus(), p["epsilon"], p["r"], p["alpha"])

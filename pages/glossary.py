@@ -1,0 +1,20 @@
+"""Glossary: every term the app uses, in one line each (the same lines its tooltips show)."""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab.ui.glossary import glossary_rows
+from forgetlab.ui.navigation import page_header
+
+page_header("Glossary",
+            "The words the pages use, one line each — the same text as their ⓘ tooltips. The formulas, with their "
+            "sources, are in docs/methods.md under the anchor given.")
+
+query = st.text_input("find a term", "", key="glossary_query", placeholder="e.g. Pareto, MoFO, τ")
+rows = glossary_rows(query)
+if not rows:
+    st.info(f"No term matches {query!r}.")
+for row in rows:
+    st.markdown(f"**{row['term']}** — {row['meaning']}")
+    if row["formula"]:
+        st.caption(f"formula: {row['formula']}")
