@@ -101,6 +101,29 @@ def test_distinct_tasks_claim_is_plain_torch_cosines_and_off_task_gains(zoo_pool
     assert row.holds == (row.values["max_cosine"] <= 0.3 and worst <= 1 / 3)
 
 
+def test_claims_measure_mergekit_and_closed_form_merges_as_forgetlab_merges_them(zoo_pool):
+    """A merge row of any many-model method is the registry's merge of the full fine-tunes, scored like the rest:
+    model_stock (mergekit), DELLA at the claims' density 0.5, and RegMean with statistics from each task's probes."""
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.merge.api import merge_state_dicts
+    from forgetlab.zoo.claims import CLAIM_PARAMS
+
+    models = {"math": "math", "translate": "translate"}
+    got = zoo_claims(zoo_pool, models=models, merges=("model_stock", "della", "regmean"), **SMALL)
+    assert [c.key for c in got.claims if c.key.startswith("merge:")] == ["merge:model_stock", "merge:della",
+                                                                         "merge:regmean"]
+    assert got.get("merge:della").values["params"] == CLAIM_PARAMS["della"] == {"density": 0.5}
+    base = zoo_pool.load("base")
+    sd = lambda n: {k: v.float() for k, v in zoo_pool.load(n).state_dict().items()}  # noqa: E731
+    merged = merge_state_dicts("model_stock", sd("base"), [sd("math"), sd("translate")], config=base.config)
+    base.load_state_dict(merged, strict=False)
+    card = evaluate(base, zoo_pool.tokenizer, zoo_pool.probes, name="m", tasks=["math", "translate"],
+                    max_general=SMALL["max_general"], max_task=SMALL["max_task"])
+    assert got.get("merge:model_stock").values["general_loss"] == pytest.approx(card.general_loss, rel=1e-6)
+    with pytest.raises(ParameterError, match="Unknown claim merge"):
+        zoo_claims(zoo_pool, models=models, merges=("slerp",), **SMALL)
+
+
 def test_changing_a_model_changes_the_table(zoo_pool, measured, tmp_path):
     """Replace the math fine-tune by a copy of the base: its gain and its forgetting become exactly 0, so
     claim (a) fails for it and the WiSE-FT/merge numbers move — nothing is copied from constants."""
