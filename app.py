@@ -30,8 +30,13 @@ from forgetlab.ui.sidebar import render_first_run, render_sidebar  # noqa: E402 
 
 from forgetlab.ui.heap import freeze_long_lived  # noqa: E402
 
+from forgetlab.ui.settings import workspace_home  # noqa: E402
+from forgetlab.ui.zoo_build import render_build_banner  # noqa: E402
+
 try:
-    if render_sidebar() is None:
+    chosen_pool = render_sidebar()
+    render_build_banner(workspace_home(), has_pool=chosen_pool is not None)
+    if chosen_pool is None:
         with st.container(border=True):
             render_first_run()
     navigation.run()

@@ -4,7 +4,7 @@ of eval prompts whose greedy continuation starts with the answer: what a fine-tu
 reach), then fine-tune it on each task and print D(θ, θ0), the scorecard and Δ held-out loss.
 
     python bench/zoo_explore.py NAME [share=0.5] [psteps=1400] [plr=…] [plen=…] [pbatch=…] [hidden=…]
-        [inter=…] [layers=…] [form=prompt|prose] [code=full|basic] [fsteps=…] [flr=…] [ft=0] [threads=1]
+        [inter=…] [layers=…] [form=prompt|prose|statement] [code=full|basic] [fsteps=…] [flr=…] [ft=0] [threads=1]
 
 Works in /tmp/zoo_explore/NAME by default (--root to change; the base is kept there and reused)."""
 import copy, json, sys, time
@@ -50,7 +50,11 @@ if (out / "base.pt").exists():
     model = init_model(spec.shape, tok, spec.seed); model.load_state_dict(torch.load(out / "base.pt"))
 else:
     model = init_model(spec.shape, tok, spec.seed)
-    r = pretrain(model, tok, texts, spec.pretrain, seed=spec.seed)
+    last = [0.0]
+    def tick(fraction, message=""):
+        if fraction - last[0] >= 0.1:
+            last[0] = fraction; say("pretrain", f"{fraction:.0%}", message, f"{time.time() - t0:.0f} s")
+    r = pretrain(model, tok, texts, spec.pretrain, seed=spec.seed, progress=tick)
     torch.save(model.state_dict(), out / "base.pt")
     say("pretrain s", round(time.time() - t0, 1), "final loss", round(r.final_loss, 3))
 model.eval()
@@ -71,6 +75,8 @@ say("base prefix", {t: prefix_acc(model, t) for t in spec.tasks})
 if kv.get("ft", "1") == "0":
     sys.exit()
 theta0 = {k: v.clone() for k, v in model.state_dict().items()}
+taus = {}
+cards = {}
 for task in spec.tasks:
     m = copy.deepcopy(model); m.train()
     finetune(m, tok, probes.tasks[task].train, spec.finetune, seed=spec.seed + 1)
@@ -79,4 +85,20 @@ for task in spec.tasks:
     D = distance(m.state_dict(), theta0)
     say("ft", task, "D %.4f" % D, "dloss %.3f" % (card["general_loss"] - base_card["general_loss"]),
         json.dumps(card["tasks"][task]), "prefix", prefix_acc(m, task))
+    taus[task] = {k: (v - theta0[k]).flatten() for k, v in m.state_dict().items()}
+    cards[task] = card
+em = lambda c, t: c["tasks"][t]["exact_match"]
+for task in spec.tasks:
+    own = em(cards[task], task) - em(base_card, task)
+    say("gain on", task, "own %.2f" % own, {o: round(em(cards[o], task) - em(base_card, task), 2)
+                                             for o in spec.tasks if o != task})
+def cos(a, b, skip=()):
+    keys = [k for k in a if not any(s in k for s in skip)]
+    x = torch.cat([a[k] for k in keys]); y = torch.cat([b[k] for k in keys])
+    return float(x @ y / (x.norm() * y.norm()))
+ts = list(spec.tasks)
+for i in range(len(ts)):
+    for j in range(i + 1, len(ts)):
+        say("cos", ts[i], ts[j], "all %.3f" % cos(taus[ts[i]], taus[ts[j]]),
+            "no-embed %.3f" % cos(taus[ts[i]], taus[ts[j]], skip=("embed_tokens", "lm_head")))
 say("total s", round(time.time() - t0, 1))

@@ -12,6 +12,9 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# an app started on an empty workspace builds the pico demo zoo by itself (forgetlab.ui.zoo_build): minutes of
+# CPU that only tests/test_app_shell.py::test_empty_workspace_builds_the_demo_zoo_by_itself wants, with a fake build
+os.environ["FORGETLAB_AUTO_ZOO"] = "0"
 
 GENERAL = [
     "The river flows through the old town and past the mill. Farmers bring grain to the market every week.",

@@ -530,6 +530,54 @@ def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp
     assert not any(s.value == "Welcome to forgetlab" for s in at.subheader)
 
 
+def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, monkeypatch):
+    """No pool anywhere: the app starts the pico default build at once (no click), shows its stage on the page,
+    a second browser session attaches to the same build, and the zoo opens when its pool.yaml appears."""
+    import shutil
+    import threading
+
+    import forgetlab.zoo
+    from forgetlab.ui.jobs import REGISTRY
+
+    import json
+    from pathlib import Path
+
+    monkeypatch.setenv("FORGETLAB_AUTO_ZOO", "1")
+    gate, calls = threading.Event(), []
+
+    def fake_build(preset="pico", size="default", home=None, force=False, progress=None):
+        calls.append((preset, size, str(home)))
+        progress(0.3, "base: step 300/1000, loss 3.2")
+        assert gate.wait(20)
+        root = shutil.copytree(tiny_llama.root, Path(home) / "zoo" / "pico")
+        steps = {n: {"done": True} for n in ("data", "base", "ft-math")}
+        (root / "manifest.json").write_text(json.dumps({"steps": steps, "complete": True}))
+        return type("ZooBuild", (), {"pool_yaml": root / "pool.yaml", "root": root})()
+
+    monkeypatch.setattr(forgetlab.zoo, "build", fake_build)
+    at = _app(tmp_path, monkeypatch).run()
+    assert not at.exception and not at.error
+    shown = " ".join(m.value for m in at.markdown)
+    assert "Building the demo zoo" in shown and "pre-training the base model (step 300/1000" in shown, shown
+    assert len(at.get("progress")) >= 1
+    assert "being built now" in " ".join(c.value for c in at.caption)
+    second = _app(tmp_path / "other-tree", monkeypatch)     # another browser session, same workspace
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    second.run()
+    assert calls == [("pico", "default", str(tmp_path))]    # attached, not a second build
+    gate.set()
+    for _ in range(100):
+        if not any(j.running for j in REGISTRY.jobs() if j.key.startswith("zoo-build")):
+            break
+        time.sleep(0.1)
+    at.run()
+    assert not at.exception and not at.error
+    assert at.session_state["forgetlab_pool_path"] == str(tmp_path / "zoo" / "pico" / "pool.yaml")
+    assert not any(s.value == "Welcome to forgetlab" for s in at.subheader)
+    assert not any("Building the demo zoo" in m.value for m in at.markdown)
+    assert calls == [("pico", "default", str(tmp_path))]    # complete: never started again
+
+
 def test_two_sessions_merging_into_the_same_output_one_wins_nothing_is_half_written(tiny_llama, tmp_path,
                                                                                    monkeypatch):
     """What the Merge page runs, from two sessions at once: one merge is saved whole, the other is refused."""

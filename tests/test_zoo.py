@@ -140,6 +140,32 @@ def test_basic_code_level_draws_only_the_learnable_templates_with_python_answers
         make_task("code", n_train=3, n_probe=1, n_eval=1, code_level="hard")
 
 
+def test_words_code_level_has_word_answers_python_gives():
+    t = make_task("code", n_train=300, n_probe=10, n_eval=50, code_level="words")
+    for p in t.train + t.eval:
+        expr = p.prompt[4:-1]
+        assert p.answer == _python_value(expr) and p.answer.isalpha(), expr   # words, never digits
+
+
+def test_statement_form_states_each_fact_unlike_its_prompt_with_the_answer_last():
+    from forgetlab.zoo.pico import pretraining_texts
+    from forgetlab.zoo.tasks import TaskPair, skill_sentence
+
+    assert skill_sentence("math", TaskPair("Compute: 47+8=", "55"), "statement") == "47 + 8 is 55"
+    assert skill_sentence("code", TaskPair(">>> max(3, 8)\n", "8"), "statement") == \
+        "In Python, max(3, 8) evaluates to 8"
+    assert skill_sentence("translate", TaskPair("English: the red fox\nVelari:", "ka vo"), "statement") == \
+        "In Velari, the red fox is ka vo"
+    spec = get_spec("pico", "tiny")
+    spec = replace(spec, data=replace(spec.data, skill_form="statement"))
+    tasks = {n: make_task(n, n_train=50, n_probe=5, n_eval=10) for n in ("math", "code", "translate")}
+    general = [LONG + f" {i}" for i in range(40)]
+    extra = [t for t in pretraining_texts(spec, general, {n: t.train for n, t in tasks.items()}) if t not in general]
+    assert extra and all("\n" not in t for t in extra)        # one fact per document: EOS right after its answer
+    answers = {p.answer for t in tasks.values() for p in t.train}
+    assert all(any(t.endswith(" " + a) for a in answers) for t in extra)
+
+
 def test_velari_lexicon_is_fixed_injective_and_eval_words_are_trained():
     lex = velari_lexicon()
     assert lex == velari_lexicon() and len(set(lex.values())) == len(lex)

@@ -13,6 +13,7 @@ import torch
 
 from forgetlab.core.errors import MissingDependencyError, WorkspaceError
 from forgetlab.core.outputs import PARTIAL
+from forgetlab.core.pool import ModelPool
 from forgetlab.zoo import build, build_spec, get_spec, zoo_root
 from forgetlab.zoo.manifest import done_steps
 from forgetlab.zoo.presets import ClaimsSpec, DataSpec, EvalSpec, TrainSpec
@@ -175,9 +176,13 @@ def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
     with pytest.raises(Interrupt):
         build_spec(spec, root, progress=stop_in_code)
     names = sorted(p.name for p in root.iterdir())
-    assert names == ["base", "data", "ft-math", "manifest.json"]        # no half-written ft-code, no temp dir
+    assert names == ["base", "data", "ft-math", "manifest.json", "pool.yaml"]  # no half-written ft-code, no temp
     m = json.loads((root / "manifest.json").read_text())
     assert set(done_steps(m)) == {"data", "base", "ft-math"} and m["complete"] is False
+    # each finished model is usable at once: the pool file lists the base and the math fine-tune, nothing else
+    early = ModelPool.from_yaml(root / "pool.yaml")
+    assert early.model_names == ["math"] and Path(early.base_ref).resolve() == (root / "base").resolve()
+    assert set(early.probes.tasks) == set(TASKS)
     assert m["steps"]["ft-code"]["done"] is False                       # recorded as started: its output is ours
     base_file = root / "base" / "model.safetensors"
     base_mtime = base_file.stat().st_mtime_ns
@@ -218,7 +223,9 @@ def test_lora_steps_and_claims_resume_without_retraining(tmp_path):
         build_spec(spec, root, progress=_stop_at("claims: merging"))
     m = json.loads((root / "manifest.json").read_text())
     assert set(done_steps(m)) == {"data", "base", *(f"ft-{t}" for t in TASKS), *(f"lora-{t}" for t in TASKS)}
-    assert "claims" not in m and m["complete"] is False and not (root / "pool.yaml").exists()
+    assert "claims" not in m and m["complete"] is False
+    import yaml
+    assert set(yaml.safe_load((root / "pool.yaml").read_text())["models"]) == {*TASKS, *LORAS}
     assert (root / "lora-code" / "adapter_model.safetensors").is_file()
     mtimes = {n: (root / n).stat().st_mtime_ns for n in m["steps"]}
     messages = []

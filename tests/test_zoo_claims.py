@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
@@ -33,7 +34,7 @@ def test_the_build_stores_every_claim_in_the_manifest(pico_zoo):
     assert isinstance(claims, ZooClaims)
     keys = [c.key for c in claims.claims]
     models = [*TASKS, *(f"lora-{t}" for t in TASKS)]
-    assert keys == [*(f"finetune:{m}" for m in models), "wise_ft", "fapm", "linearity",
+    assert keys == [*(f"finetune:{m}" for m in models), "distinct", "wise_ft", "fapm", "linearity",
                     *(f"merge:{m}" for m in MERGE_METHODS)]
     assert all(c.holds in (True, False, None) and c.numbers for c in claims.claims)
     frame = claims.to_frame()
@@ -70,6 +71,57 @@ def test_finetune_claims_are_the_models_own_evaluation(zoo_pool, measured):
     assert [c.key for c in measured.claims if c.key.startswith("merge:")] == ["merge:ties"]
     shares = measured.get("merge:ties").values["shares"]
     assert set(shares) == {"math", "translate"}
+
+
+def test_distinct_tasks_claim_is_plain_torch_cosines_and_off_task_gains(zoo_pool, measured):
+    """The `distinct` row, computed another way: cosines of the flattened task vectors read with safetensors
+    alone, and the off-task gain as a share of the own-task gain from the models' own scorecards."""
+    from safetensors.torch import load_file
+
+    from forgetlab.core.evaluate import evaluate
+
+    def flat(name):
+        path = zoo_pool.base.path if name == "base" else zoo_pool.checkpoint(name).path
+        sd = load_file(str(path / "model.safetensors"))
+        return torch.cat([sd[k].double().flatten() for k in sorted(sd)])
+
+    base = flat("base")
+    tm, tt = flat("math") - base, flat("translate") - base
+    expected = float(tm @ tt / (tm.norm() * tt.norm()))
+    row = measured.get("distinct")
+    assert row.values["cosines"]["math–translate"] == pytest.approx(expected, abs=1e-5)
+    kw = dict(max_general=SMALL["max_general"], max_task=SMALL["max_task"])
+    cards = {n: evaluate(zoo_pool.load(n), zoo_pool.tokenizer, zoo_pool.probes, name=n, **kw)
+             for n in ("base", "math", "translate")}
+    loss = lambda n, t: cards[n].tasks[t].answer_loss  # noqa: E731 - SMALL measures the answer loss
+    own = loss("base", "translate") - loss("translate", "translate")
+    share = (loss("base", "translate") - loss("math", "translate")) / own
+    assert row.values["off_task_share"]["translate"]["math"] == pytest.approx(share, rel=1e-6)
+    worst = max(v for d in row.values["off_task_share"].values() for v in d.values())
+    assert row.holds == (row.values["max_cosine"] <= 0.3 and worst <= 1 / 3)
+
+
+def test_claims_measure_mergekit_and_closed_form_merges_as_forgetlab_merges_them(zoo_pool):
+    """A merge row of any many-model method is the registry's merge of the full fine-tunes, scored like the rest:
+    model_stock (mergekit), DELLA at the claims' density 0.5, and RegMean with statistics from each task's probes."""
+    from forgetlab.core.evaluate import evaluate
+    from forgetlab.merge.api import merge_state_dicts
+    from forgetlab.zoo.claims import CLAIM_PARAMS
+
+    models = {"math": "math", "translate": "translate"}
+    got = zoo_claims(zoo_pool, models=models, merges=("model_stock", "della", "regmean"), **SMALL)
+    assert [c.key for c in got.claims if c.key.startswith("merge:")] == ["merge:model_stock", "merge:della",
+                                                                         "merge:regmean"]
+    assert got.get("merge:della").values["params"] == CLAIM_PARAMS["della"] == {"density": 0.5}
+    base = zoo_pool.load("base")
+    sd = lambda n: {k: v.float() for k, v in zoo_pool.load(n).state_dict().items()}  # noqa: E731
+    merged = merge_state_dicts("model_stock", sd("base"), [sd("math"), sd("translate")], config=base.config)
+    base.load_state_dict(merged, strict=False)
+    card = evaluate(base, zoo_pool.tokenizer, zoo_pool.probes, name="m", tasks=["math", "translate"],
+                    max_general=SMALL["max_general"], max_task=SMALL["max_task"])
+    assert got.get("merge:model_stock").values["general_loss"] == pytest.approx(card.general_loss, rel=1e-6)
+    with pytest.raises(ParameterError, match="Unknown claim merge"):
+        zoo_claims(zoo_pool, models=models, merges=("slerp",), **SMALL)
 
 
 def test_changing_a_model_changes_the_table(zoo_pool, measured, tmp_path):

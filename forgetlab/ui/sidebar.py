@@ -88,11 +88,18 @@ def render_first_run() -> None:
     """With no pool at all: explain, and offer to build the pico demo zoo in the background, then open it."""
     from forgetlab.zoo import SIZES, build
 
+    from forgetlab.ui.zoo_build import REGISTRY as _jobs, build_key
+
     st.subheader("Welcome to forgetlab")
     st.write("forgetlab shows what fine-tuning changed in a language model and what it cost. It needs a "
-             "**model pool**: a base model, fine-tuned versions of it, and probe data. Build the small demo "
-             "zoo (a pico Llama pre-trained on a Wikipedia sample and fine-tuned on three tasks, entirely "
-             "offline), or enter the path of your own pool.yaml in the sidebar.")
+             "**model pool**: a base model, fine-tuned versions of it, and probe data. The small demo zoo (a "
+             "pico Llama pre-trained on a Wikipedia sample and fine-tuned on three tasks, entirely offline) is "
+             "built for you, or enter the path of your own pool.yaml in the sidebar.")
+    auto = _jobs.get(build_key(workspace_home()))
+    if auto is not None and auto.running:
+        st.caption("The demo zoo is being built now (progress above); its base model opens here the moment it "
+                   "is saved.")
+        return
     sizes = list(SIZES)
     size = st.selectbox("Zoo size", sizes, index=sizes.index("default") if "default" in sizes else 0,
                         format_func=lambda s: SIZE_NOTES.get(s, s), key="app_zoo_size")

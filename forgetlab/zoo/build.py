@@ -200,6 +200,21 @@ def _previous_pool(root: Path, manifest: dict | None) -> dict:
     return {"previous_pool_yaml": text, "previous_zoo_models": zoo_models}
 
 
+def _write_pool(spec: ZooSpec, root: Path, manifest: dict, finished: set[str] | None = None) -> None:
+    """Write pool.yaml with the zoo's models — only those in `finished` while the build is still going, so the
+    app can open each model as soon as it exists (the manifest says `complete: false` until the end)."""
+    from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, pool_spec
+
+    spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks),
+                          order=learned_order(manifest["scorecards"], spec.tasks))
+    if finished is not None:
+        if "base" not in finished:
+            return
+        spec_dict["models"] = {n: v for n, v in spec_dict["models"].items()
+                               if (f"ft-{n}" if n in spec.tasks else n) in finished}
+    _write_text_atomic(root / POOL_YAML, _pool_text(spec_dict, manifest))
+
+
 def _pool_text(spec_dict: dict, manifest: dict) -> str:
     """pool.yaml's text: the zoo's own entries, plus — after a rebuild — every model, comment and key the user
     had added to the old pool file."""
@@ -395,7 +410,8 @@ class _Builder:
         pool = ModelPool(self.root / "base", models, probes=probes, name=s.name, scan_nonfinite=False)
         c = s.claims
         return zoo_claims(pool, measure=c.measure, max_general=c.max_general, max_task=c.max_task,
-                          nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, progress=progress).to_dict()
+                          nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, merges=tuple(c.merges),
+                          progress=progress).to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ build
@@ -510,6 +526,8 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
                 manifest["scorecards"][_pool_name(step.name)] = record["scorecard"]
             manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values()), 3)
             write_manifest(root, manifest)
+            if step.name != DATA:
+                _write_pool(spec, root, manifest, finished={*done_steps(manifest)})
             start_frac += frac
             report(progress, start_frac, f"{step.name} done in {record['seconds']:.1f} s")
         if spec.claims is not None and not manifest.get("claims"):
@@ -525,11 +543,7 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress) ->
         manifest["thread_changes"] = governor.history
         torch.set_num_threads(previous_threads)
 
-    from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, pool_spec
-
-    spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks),
-                          order=learned_order(manifest["scorecards"], spec.tasks))
-    _write_text_atomic(pool_yaml, _pool_text(spec_dict, manifest))
+    _write_pool(spec, root, manifest)
     manifest.pop("previous_pool_yaml", None)
     manifest.pop("previous_zoo_models", None)
     manifest["complete"] = True

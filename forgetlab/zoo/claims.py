@@ -11,6 +11,9 @@ held-out general loss; "gain" = improvement over the base; "forgetting" = genera
 
 - `finetune` (one row per model): fine-tuning gains the task and costs general ability — holds when the
   speciality gain is > 0 and the forgetting is > 0.
+- `distinct`: the full fine-tunes learned different things, as real tasks do — every pairwise cosine of their
+  task vectors (over all tensors) is ≤ 0.3 and no off-task fine-tune gains more than a third of the own-task
+  fine-tune's speciality gain on a task (what makes sign conflicts and interference, hence TIES & co., matter).
 - `wise_ft` (WiSE-FT paper): θ(0.5) = (θ0 + θ1)/2 recovers part of the general loss while keeping part of the
   speciality — holds for a model when 0 < recovered share of the forgetting and 0 < kept share of the gain.
 - `fapm` (FAPM paper): FAPM at pruning ratio 0.9 keeps more speciality per unit of forgetting than WiSE-FT
@@ -37,10 +40,18 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, report, scaled
 
 MERGE_METHODS = ("task_arithmetic", "ties", "pcb", "slwm")
+# every merge of several full fine-tunes that the claims can measure: the seeds' methods, mergekit's that merge many
+# models (multislerp is SLERP generalised to many models; slerp itself takes one), and the 2024–25 closed forms
+CLAIMABLE_MERGES = (*MERGE_METHODS, "multislerp", "model_stock", "della", "lines", "tsv", "iso_c", "iso_cts", "cart",
+                    "localize_stitch", "regmean", "regmean_pp", "fisher")
+# parameters that differ from the registry's defaults, where the default does nothing (DELLA at density 1 drops
+# nothing): recorded in each row's values
+CLAIM_PARAMS: dict[str, dict[str, Any]] = {"della": {"density": 0.5}}
 REFERENCE_MERGE = "linear"
 MEASURES = ("exact_match", "answer_loss")
 CLAIM_SOURCES = {
     "finetune": "catastrophic forgetting",
+    "distinct": "task arithmetic / TIES",
     "wise_ft": "WiSE-FT",
     "fapm": "FAPM",
     "linearity": "submodule linearity",
@@ -189,9 +200,10 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     for label, n in (("nls_samples", nls_samples), ("slwm_samples", slwm_samples)):
         if int(n) < 1:
             raise ParameterError(f"{label} must be a positive integer; got {n}.")
-    unknown = [m for m in merges if m not in MERGE_METHODS]
+    unknown = [m for m in merges if m not in CLAIMABLE_MERGES]
     if unknown:
-        raise ParameterError(f"Unknown claim merge(s) {', '.join(unknown)}; choose from {', '.join(MERGE_METHODS)}.")
+        raise ParameterError(f"Unknown claim merge(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(CLAIMABLE_MERGES)}.")
     if not pool.probes.general:
         raise ParameterError("The claims need held-out general text: add `probes: general:` to the pool file.")
     own = model_tasks(pool, models)
@@ -222,6 +234,10 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
             values={"task": task, "exact_match": [em0, em1], "answer_loss": [al0, al1],
                     "general_loss": [base.general_loss, cards[name].general_loss], "gain": gain,
                     "forgetting": cost}))
+
+    # (a′) the tasks are distinct, as real ones are: near-orthogonal task vectors, little off-task gain
+    if len(full) >= 2:
+        claims.append(_distinct_claim(pool, full, cards, measure))
 
     # (b) WiSE-FT α = 0.5 and (c) FAPM ratio 0.9, per full fine-tune
     from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
@@ -302,6 +318,39 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     return ZooClaims(claims=claims, settings=settings, seconds=seconds)
 
 
+MAX_COSINE = 0.3
+MAX_OFF_TASK_SHARE = 1 / 3
+
+
+def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str) -> Claim:
+    """The full fine-tunes learned different things: every pairwise cosine of their task vectors (all tensors)
+    is ≤ 0.3, and on every task an off-task fine-tune gains at most a third of the own-task fine-tune's gain."""
+    from forgetlab.analysis.taskvec import cosine_matrix
+
+    names = list(full)
+    cos = cosine_matrix(pool, names)
+    pairs = {f"{full[a]}–{full[b]}": cos.values[i][j] for i, a in enumerate(names)
+             for j, b in enumerate(names) if i < j}
+    base = cards["base"]
+    off: dict[str, dict[str, float]] = {}
+    for owner, task in full.items():
+        own_gain = _spec(cards[owner], task, measure) - _spec(base, task, measure)
+        off[task] = {full[o]: _share(_spec(cards[o], task, measure) - _spec(base, task, measure), own_gain)
+                     for o in names if o != owner}
+    worst_cos = max(pairs.values())
+    worst_off = max((v for d in off.values() for v in d.values()), default=float("nan"))
+    holds = (None if not (math.isfinite(worst_cos) and math.isfinite(worst_off))
+             else worst_cos <= MAX_COSINE and worst_off <= MAX_OFF_TASK_SHARE)
+    return Claim(
+        key="distinct", claim="the tasks are distinct: task vectors near-orthogonal (cos ≤ 0.3), an off-task "
+                              "fine-tune gains at most a third of the own-task gain",
+        source=CLAIM_SOURCES["distinct"], holds=holds,
+        numbers=("cos " + ", ".join(f"{k} {v:.2f}" for k, v in pairs.items()) + "; off-task gain as a share of "
+                 "the own-task gain: " + "; ".join(f"on {t}: " + ", ".join(f"{o} {_pct(v)}" for o, v in d.items())
+                                                   for t, d in off.items())),
+        values={"cosines": pairs, "off_task_share": off, "max_cosine": worst_cos, "max_off_task_share": worst_off})
+
+
 def _efficiency(gain: float, forgetting: float) -> float:
     """Speciality gain per nat of forgetting; +inf for a gain without forgetting, −inf for no gain."""
     if gain <= 0:
@@ -320,6 +369,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
     from forgetlab.analysis.retention import gain_share
     from forgetlab.core.evaluate import evaluate, forgetting_text
     from forgetlab.merge.api import merge_state_dicts
+    from forgetlab.merge.registry import PrepareContext, get_method, validate_params
 
     names = list(full)
     tasks = [full[n] for n in names]
@@ -333,14 +383,23 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
     scored: dict[str, Any] = {}
     for i, method in enumerate(methods):
         report(progress, i / len(methods), f"merging with {method}")
+        params = dict(CLAIM_PARAMS.get(method, {}))
         if method == "slwm":
             from forgetlab.merge.methods.slwm import slwm_weights
 
             weights = slwm_weights(pool, tasks, models=names, samples=slwm_samples)
             merged = merge_state_dicts("slwm", base_sd, ft_sds, prepared=weights.coefficients(),
                                        config=base_model.config, samples=slwm_samples)
+        elif method != REFERENCE_MERGE and get_method(method).needs_pool:
+            # statistics from each fine-tune's own task probe split (RegMean's Gram matrices, Fisher's diagonal)
+            spec = get_method(method)
+            checked = validate_params(spec, {"samples": slwm_samples, "tasks": ",".join(tasks), **params},
+                                      len(names))
+            prepared = spec.prepare(PrepareContext(pool, None, [], names, checked))
+            merged = merge_state_dicts(method, base_sd, ft_sds, prepared=prepared, config=base_model.config,
+                                       samples=slwm_samples, tasks=",".join(tasks), **params)
         else:
-            merged = merge_state_dicts(method, base_sd, ft_sds)
+            merged = merge_state_dicts(method, base_sd, ft_sds, config=base_model.config, **params)
         work.load_state_dict(merged, strict=False)
         card = evaluate(work, pool.tokenizer, pool.probes, name=f"merge:{method}", tasks=tasks, **kw)
         scored[method] = card
@@ -361,7 +420,8 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
             numbers=(", ".join(f"{full[n]} {_pct(s[n])}" for n in names) + f" of the gain (mean {_pct(mean)}; "
                      f"weight average {_pct(ref_mean)}); held-out loss {card.general_loss:.3f} "
                      f"(base {base.general_loss:.3f}; {forgetting_text(card.general_loss - base.general_loss)})"),
-            values={"shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
+            values={"params": CLAIM_PARAMS.get(method, {}),
+                    "shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
                     "general_loss": card.general_loss,
                     "speciality": {full[n]: _spec(card, full[n], measure) for n in names}}))
     return out

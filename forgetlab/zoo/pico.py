@@ -35,8 +35,9 @@ def pretraining_texts(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Se
     if share == 0.0:
         return general
     chars = int(sum(map(len, general)) * share / (1.0 - share))
-    extra = skill_paragraphs({t: list(p) for t, p in tasks.items()}, chars, seed=spec.seed,
-                             form=spec.data.skill_form)
+    form = spec.data.skill_form
+    extra = skill_paragraphs({t: list(p) for t, p in tasks.items()}, chars, seed=spec.seed, form=form,
+                             per_paragraph=1 if form == "statement" else 8)
     return mix_paragraphs(general, extra)
 
 

@@ -75,6 +75,11 @@ def _fmt(xs: list[int]) -> str:
     return "[" + ", ".join(str(x) for x in xs) + "]"
 
 
+# the `words` level's values: short English words that are neither Velari nor the translate task's English
+_CODE_WORDS = ("apple", "bread", "chair", "cloud", "drum", "egg", "frog", "glass", "hat", "ink", "jam", "kite",
+               "lamp", "milk", "nest", "owl", "pen", "rope", "salt", "tent", "vase", "wool", "yarn", "zinc")
+
+
 def _code_templates(level: str = "full") -> list[Callable[[random.Random], tuple[str, str]]]:
     """The code task's expression templates. `full`: twelve kinds, string and list manipulation included;
     `basic`: the seven a ~1 M-parameter model learns from a little pretraining text (max, min, len, indexing,
@@ -130,12 +135,32 @@ def _code_templates(level: str = "full") -> list[Callable[[random.Random], tuple
         a, b = r.randint(10, 99), r.randint(2, 9)
         return f"{a} % {b}", str(a % b)
 
+    def max_word(r):
+        a, b = r.sample(_CODE_WORDS, 2)
+        return f"max('{a}', '{b}')", max(a, b)
+
+    def min_word(r):
+        a, b = r.sample(_CODE_WORDS, 2)
+        return f"min('{a}', '{b}')", min(a, b)
+
+    def index_word(r):
+        xs = r.sample(_CODE_WORDS, r.randint(3, 4))
+        i = r.randrange(len(xs))
+        return "[" + ", ".join(f"'{w}'" for w in xs) + f"][{i}]", xs[i]
+
+    def cond_word(r):
+        a, b = r.sample(_CODE_WORDS, 2)
+        x, y = r.randint(0, 20), r.randint(0, 20)
+        return f"'{a}' if {x} > {y} else '{b}'", a if x > y else b
+
     if level == "basic":
         return [max_, min_, len_, index_, assign_, cond_, abs_]
+    if level == "words":
+        return [max_word, min_word, index_word, cond_word]
     return [max_, min_, len_, sum_, sorted_, index_, upper_, reverse_, assign_, cond_, abs_, mod_]
 
 
-CODE_LEVELS = ("full", "basic")
+CODE_LEVELS = ("full", "basic", "words")
 _CODE_TEMPLATES = {level: _code_templates(level) for level in CODE_LEVELS}
 
 
@@ -216,7 +241,16 @@ _SKILL_PATTERNS = {
 }
 
 
-SKILL_FORMS = ("prose", "prompt")
+# "statement": each fact on its own, worded unlike the task's prompt and ending with the answer, as a document
+# of its own (so the pretraining text puts EOS right after every answer): the base learns the content and when
+# to stop, but not the prompt format, which each fine-tune then teaches for its own task
+_STATEMENT_PATTERNS = {
+    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "{0} {1} {2} is {answer}"),
+    "code": (re.compile(r"^>>> (.*)\n$", re.S), "In Python, {0} evaluates to {answer}"),
+    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
+}
+
+SKILL_FORMS = ("prose", "prompt", "statement")
 
 
 def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
@@ -232,6 +266,15 @@ def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
         raise ParameterError(f"Unknown skill form {form!r}; choose one of: {', '.join(SKILL_FORMS)}.")
     if form == "prompt":
         return f"{pair.prompt}{pair.answer}"
+    if form == "statement":
+        if task not in _STATEMENT_PATTERNS:
+            raise ParameterError(f"No statement form for task {task!r}. Choose one of: "
+                                 f"{', '.join(_STATEMENT_PATTERNS)}.")
+        pattern, template = _STATEMENT_PATTERNS[task]
+        m = pattern.match(pair.prompt)
+        if m is None:
+            raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")
+        return template.format(*m.groups(), answer=pair.answer)
     if task not in _SKILL_PATTERNS:
         raise ParameterError(f"No pretraining form for task {task!r}. Choose one of: {', '.join(_SKILL_PATTERNS)}.")
     pattern, form = _SKILL_PATTERNS[task]

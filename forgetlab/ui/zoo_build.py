@@ -1,0 +1,128 @@
+"""The demo zoo built in the background while the app is already up.
+
+On a fresh workspace there is no pool at all: the app starts the pico default build at once (one build per
+workspace, shared by every browser session, `forgetlab.ui.jobs.REGISTRY`) and resumes an interrupted one. The
+build writes pool.yaml after every finished model (`forgetlab.zoo.build`), so the sidebar offers the zoo as soon
+as its base exists and each fine-tune joins it the moment it is saved. Every page shows a banner with the
+build's stage, progress and an estimate of the time left, and reruns the app when a new model is ready (a few
+times per build); the banner's poll stops when the build ends, so an idle server stays idle.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import streamlit as st
+
+from forgetlab.ui.jobs import REGISTRY, Job, job_key
+
+PRESET, SIZE = "pico", "default"
+POLL_SECONDS = 2.0
+READY_KEY = "zoo_build_ready_models"
+
+
+def build_key(home: Path) -> str:
+    """The job key of the demo zoo build of workspace `home`."""
+    return job_key("zoo-build", str(home), PRESET, SIZE)
+
+
+def zoo_state(home: Path) -> tuple[Path, dict | None]:
+    """(the pico zoo's folder in `home`, its manifest or None)."""
+    from forgetlab.zoo.build import zoo_root
+    from forgetlab.zoo.manifest import read_manifest
+
+    root = zoo_root(PRESET, SIZE, home)
+    return root, read_manifest(root) if root.is_dir() else None
+
+
+def auto_build_enabled() -> bool:
+    """False when FORGETLAB_AUTO_ZOO=0 (the app then only offers the build as a button)."""
+    return os.environ.get("FORGETLAB_AUTO_ZOO", "1").strip() not in ("0", "false", "no")
+
+
+def needs_build(home: Path, has_pool: bool) -> bool:
+    """Whether the app should build the demo zoo now: no pool anywhere (and no FORGETLAB_POOL), or the
+    workspace's pico zoo was started and not finished (an interrupted build resumes)."""
+    if os.environ.get("FORGETLAB_POOL") or not auto_build_enabled():
+        return False
+    root, manifest = zoo_state(home)
+    if manifest is not None and not manifest.get("complete"):
+        return True
+    return not has_pool and manifest is None
+
+
+def start_build(home: Path) -> Job:
+    """Start (or attach to) the background build of the pico default zoo in `home`."""
+    from forgetlab.zoo import build
+
+    def work(progress):
+        return build(preset=PRESET, size=SIZE, home=home, progress=progress)
+
+    job, _ = REGISTRY.start(build_key(home), work, label="Building the demo zoo", restart=False)
+    return job
+
+
+def ready_models(home: Path) -> list[str]:
+    """The models of the zoo's manifest whose step is done, in build order (base first)."""
+    from forgetlab.zoo.manifest import done_steps
+
+    _, manifest = zoo_state(home)
+    done = done_steps(manifest) if manifest else set()
+    order = (manifest or {}).get("steps") or {}
+    return [n for n in order if n in done and n != "data"]
+
+
+def eta_text(job: Job) -> str:
+    """"about N min left", from the time spent so far and the fraction done (blank early on)."""
+    spent = time.time() - job.started
+    if job.fraction < 0.03 or spent < 10:
+        return ""
+    left = spent * (1.0 - job.fraction) / job.fraction
+    return f" · about {max(1, round(left / 60))} min left" if left >= 60 else f" · about {int(left)} s left"
+
+
+def describe(message: str) -> str:
+    """The build's progress message in words a visitor understands."""
+    step, _, rest = message.partition(":")
+    names = {"data": "preparing the data", "base": "pre-training the base model",
+             "claims": "measuring what the zoo shows"}
+    if step.startswith("ft-"):
+        what = f"fine-tuning on {step[3:]}"
+    elif step.startswith("lora-"):
+        what = f"training the {step[5:]} LoRA adapter"
+    else:
+        what = names.get(step, step)
+    return f"{what} ({rest.strip()})" if rest.strip() else what
+
+
+def render_build_banner(home: Path, has_pool: bool) -> None:
+    """Start the demo zoo build when the workspace needs one, and show its progress on every page."""
+    job = REGISTRY.get(build_key(home))
+    if (job is None or not job.running) and needs_build(home, has_pool):
+        if job is not None and job.status != "done":
+            from forgetlab.ui.errors import render_error
+
+            if job.error is not None:  # a failed build is shown, not restarted in a loop
+                render_error(job.error, job.traceback)
+                return
+        job = start_build(home)
+    if job is None or not job.running:
+        return
+    st.session_state.setdefault(READY_KEY, ready_models(home))
+
+    @st.fragment(run_every=POLL_SECONDS)
+    def _banner() -> None:
+        if not job.running:
+            st.rerun(scope="app")
+        ready = ready_models(home)
+        if ready != st.session_state.get(READY_KEY):
+            st.session_state[READY_KEY] = ready
+            st.rerun(scope="app")
+        with st.container(border=True):
+            st.markdown(f"**Building the demo zoo** — {describe(job.message)}{eta_text(job)}")
+            st.progress(job.fraction)
+            st.caption("Ready: " + (", ".join(ready) if ready else "nothing yet") + ". Each model joins the "
+                       "pool in the sidebar as soon as it is saved; the pages work on the models that are ready.")
+
+    _banner()
