@@ -225,8 +225,10 @@ def test_demo_script_models_merge_and_one_general_loss(demo_home, tmp_path):
     with streamlit_server(ROOT / "app.py", env={"FORGETLAB_HOME": str(demo_home)},
                           log=tmp_path / "streamlit.log") as url, chromium() as page:
         goto(page, url)
-        claims = page.locator('[data-testid="stVerticalBlockBorderWrapper"]').filter(has_text="What this zoo shows")
-        assert claims.count() and claims.first.evaluate(CLIPPED) == 0, "the claims table scrolls or is cut"
+        page.get_by_text("What this zoo shows", exact=True).first.wait_for(timeout=60_000)
+        table = page.locator('[data-testid="stTable"]').first
+        table.wait_for(timeout=60_000)
+        assert "measured" in table.inner_text() and table.evaluate(CLIPPED) == 0, "the claims table scrolls or is cut"
         wait_jobs(page, 300)                              # the Models page scores the zoo at the app's budget
         click_nav(page, "Merge")
         page.get_by_role("button", name="Merge and compare", exact=True).click()
