@@ -429,3 +429,34 @@ def test_a_folder_is_read_as_transformers_reads_it_and_extra_weight_files_are_na
     save_file(stale, str(ambiguous / "b.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="neither model.safetensors nor model.safetensors.index.json"):
         open_checkpoint(ambiguous)
+
+
+def test_loads_in_several_threads_keep_tied_embeddings(tmp_path):
+    """The app loads models from background jobs at once; transformers' from_pretrained racing in threads loses the
+    tie of lm_head to the embeddings (reports it missing, re-initialises it). load_model serialises the loads."""
+    import threading
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True)
+    folders = []
+    for i in range(3):
+        torch.manual_seed(i)
+        LlamaForCausalLM(cfg).save_pretrained(tmp_path / f"m{i}")
+        folders.append(tmp_path / f"m{i}")
+    errors, models = [], []
+
+    def load(folder):
+        try:
+            for _ in range(4):
+                models.append((folder, load_model(folder)))
+        except Exception as exc:  # noqa: BLE001 - collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(f,)) for f in folders]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert not errors, errors
+    for folder, model in models:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr(), folder

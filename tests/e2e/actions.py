@@ -43,13 +43,14 @@ def _fill_all(page, values: dict[str, str]) -> None:
         _fill(page, label, value)
 
 
+def small_budget(page) -> None:
+    """The sidebar's evaluation budget (every page's evaluations) set small, so the pico zoo answers in seconds."""
+    _fill_all(page, {"held-out blocks": "8", "pairs per task": "8"})
+
+
 def models(page) -> int:
-    """Compute the scorecards of every model again (the zoo's stored ones and the heatmaps are drawn on load)."""
-    again = page.locator('[data-testid="stExpander"] summary').filter(has_text="Evaluate again")
-    if again.count():
-        again.first.click()
-        page.wait_for_timeout(300)
-    _fill_all(page, {"general-text blocks (max)": "8", "pairs per task (max)": "8"})
+    """Compute the scorecards of every model at a small budget (the heatmaps are drawn on load)."""
+    small_budget(page)
     _click(page, "Evaluate")
     return _charts_at_least(page, 3)
 
@@ -63,7 +64,8 @@ def linearity(page) -> int:
 
 def forgetting(page) -> int:
     """A 3-point WiSE-FT α curve of the first fine-tuned model."""
-    _fill_all(page, {"α values": "0, 0.5, 1", "general blocks (max)": "8", "pairs per task (max)": "8"})
+    small_budget(page)
+    _fill_all(page, {"α values": "0, 0.5, 1"})
     _click(page, "Run sweep")
     return _charts_at_least(page, 2)
 
@@ -76,8 +78,8 @@ def features(page) -> int:
 
 
 def merge(page) -> int:
-    """The default merge (TIES of every fine-tuned model), saved and evaluated on few probes."""
-    _fill_all(page, {"general blocks (max)": "8", "pairs per task (max)": "8"})
+    """The composed merge (TIES of the full fine-tunes), saved and evaluated at a small budget."""
+    small_budget(page)
     _click(page, "Merge and evaluate")
     return _charts_at_least(page, 1)
 

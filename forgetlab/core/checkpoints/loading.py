@@ -2,6 +2,7 @@
 `trust_remote_code` is never switched on."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -10,6 +11,11 @@ from forgetlab.core.checkpoints.lora import LoraCheckpoint
 from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import Checkpoint, GGUFCheckpoint
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
+
+# transformers' from_pretrained is not thread-safe: two loads at once in one process (the app's background jobs)
+# lose the tie of lm_head to the embeddings — it reports lm_head.weight missing and re-initialises it (18 of 18
+# loads in three threads, 0 of 3 in one). Loads are serialised; the models they return run in parallel.
+_FROM_PRETRAINED = threading.Lock()
 
 
 def default_device() -> str:
@@ -76,14 +82,16 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
                               "merge it into a folder first (forgetlab merge / the zoo's conversion).")
     try:
         if placement is not None:
-            model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
-                                                               output_loading_info=True, **placement.kwargs())
+            with _FROM_PRETRAINED:
+                model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                                                                   output_loading_info=True, **placement.kwargs())
             _check_loading_info(ckpt, info)
             return model.eval()
         if isinstance(ckpt, GGUFCheckpoint):
             # dequantised once per process (_dequantised); a plain model built from the config, so it can be
             # saved and fine-tuned like any other
-            model = AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
+            with _FROM_PRETRAINED:
+                model = AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
             model.load_state_dict(ckpt._tensors, strict=False)
             model.tie_weights()
             model = model.to(dtype)
@@ -102,8 +110,9 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
                 raise IncompatibleModelsError(
                     f"The config.json of {ckpt.ref} disagrees with its weights ({found}): loading it would "
                     "re-initialise those weights. Fix the config (or the weights) so their shapes match.")
-            model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
-                                                               output_loading_info=True)
+            with _FROM_PRETRAINED:
+                model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                                                                   output_loading_info=True)
             _check_loading_info(ckpt, info)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot load {ckpt.ref} as a causal language model: {exc}") from None
