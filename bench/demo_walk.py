@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--shots", help="Folder for a screenshot per page.")
     args = ap.parse_args()
     home = Path(args.home or tempfile.mkdtemp(prefix="demo-walk-"))
+    home.mkdir(parents=True, exist_ok=True)
     manifest = home / "zoo" / "pico" / "manifest.json"
     env = {"FORGETLAB_HOME": str(home), "FORGETLAB_AUTO_ZOO": "1"}
     print(f"workspace {home}; load average {os.getloadavg()[0]:.1f}", flush=True)
