@@ -1,5 +1,5 @@
-"""mergekit 0.1.5's YAML dialect: import (`from_mergekit`) and export (`to_mergekit`) of recipes, driven by the
-registry.
+"""mergekit 0.1.5's YAML dialect: the import (`from_mergekit`), driven by the registry. The parameter tables are
+in forgetlab.merge.mergekit_params, the export (`to_mergekit`, re-exported here) in forgetlab.merge.mergekit_export.
 
 A mergekit method name is importable when a forgetlab method is registered under it with `mergekit=<name>`.
 Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
@@ -14,132 +14,17 @@ reads them; what forgetlab cannot compute is refused by name, with what to write
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
 from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, _check_models_list,
                                      check_slices, check_tokenizer, combine)
-from forgetlab.merge.registry import METHODS, MethodSpec, get_method, load_plugins
-
-MERGEKIT_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
-                 "tokenizer_source", "tokenizer", "name")
-# mergekit's InputContract base policy per method (merge_methods/*.py); the others require a base
-BASE_IGNORED = ("linear", "karcher", "passthrough")   # base_model is one more input (averaged in) if given
-BASE_OPTIONAL = ("nuslerp", "multislerp")
-# mergekit methods whose `int8_mask` only sets the dtype of a sign mask (no effect on the result)
-INT8_MASK = ("task_arithmetic", "ties", "dare_ties", "dare_linear", "breadcrumbs", "breadcrumbs_ties", "della",
-             "della_linear", "sce")
-REQUIRED = object()
-# parameters mergekit 0.1.5 requires (no default in its method signature): it stops with 'Missing required
-# parameter'; forgetlab's own defaults (docs/methods.md) apply only to forgetlab recipes
-MERGEKIT_REQUIRED = {"slerp": ("t",), "nearswap": ("t",), "nuslerp": ("weight",), "multislerp": ("weight",),
-                     "della": ("weight",), "della_linear": ("weight",), "breadcrumbs_ties": ("weight",)}
-# forgetlab parameters that mergekit expresses otherwise: use_base is whether base_model is given
-NOT_MERGEKIT = ("seed", "use_base")
-
-
-def _complement(x: float) -> float:
-    """1 − x to 15 significant digits: DARE's drop ↔ mergekit's density, so that 0.2 ↔ 0.8 ↔ 0.2 exactly."""
-    return float(f"{1.0 - float(x):.15g}")
-
-
-def _rescale_to_fl(v: Any) -> Any:
-    return ("l1" if v else "none") if isinstance(v, bool) else v
-
-
-def _rescale_to_mk(v: Any) -> Any:
-    if v == "inverse":
-        raise ParameterError("mergekit has no 1/(1 − p) rescale (forgetlab's rescale: inverse, the DARE paper's "
-                             "rule); export with rescale: l1 (mergekit's rescale: true) or none.")
-    return v == "l1" if isinstance(v, str) else bool(v)
-
-
-@dataclass(frozen=True)
-class MkParam:
-    """One mergekit parameter of a method: its forgetlab parameter (None: accepted, no effect), whether mergekit
-    takes it per model and whether forgetlab does, value converters and mergekit's default."""
-
-    mk: str
-    fl: str | None
-    mk_per_model: bool
-    fl_per_model: bool
-    default: Any = REQUIRED
-    to_fl: Callable[[Any], Any] = lambda v: v
-    to_mk: Callable[[Any], Any] = lambda v: v
-
-
-_GTA_DEFAULTS = {  # (normalize, rescale) defaults of mergekit's generalized task arithmetic methods
-    "task_arithmetic": (False, False), "ties": (True, False), "dare_ties": (False, True),
-    "dare_linear": (False, True), "breadcrumbs": (False, False)}
-
-
-def _dialect(name: str) -> dict[str, MkParam] | None:
-    """The parameters of forgetlab's six methods that predate the others (their own names for density)."""
-    if name == "linear":
-        return {"weight": MkParam("weight", "weights", True, True, 1.0),
-                "normalize": MkParam("normalize", "normalize", False, False, True)}
-    if name == "passthrough":  # mergekit's per-input scale; forgetlab's passthrough has one input
-        return {"scale": MkParam("scale", "scale", True, False, 1.0)}
-    if name not in _GTA_DEFAULTS:
-        return None
-    norm, resc = _GTA_DEFAULTS[name]
-    out = {"weight": MkParam("weight", "weights", True, True, 1.0),
-           "lambda": MkParam("lambda", "lam", False, False, 1.0),
-           "normalize": MkParam("normalize", "normalize", False, False, norm),
-           "int8_mask": MkParam("int8_mask", None, False, False, False)}
-    if name == "task_arithmetic":
-        out["rescale"] = MkParam("rescale", None, False, False, False)
-        out["density"] = MkParam("density", None, True, False, 1.0)
-    elif name in ("ties", "breadcrumbs"):
-        out["rescale"] = MkParam("rescale", "rescale", False, False, resc)
-        out["density"] = MkParam("density", "keep", True, False, 1.0)
-    else:
-        out["rescale"] = MkParam("rescale", "rescale", False, False, resc, _rescale_to_fl, _rescale_to_mk)
-        out["density"] = MkParam("density", "drop", True, False, 1.0,
-                                 lambda v: settings.map_values(v, _complement),
-                                 lambda v: settings.map_values(v, _complement))
-    if name == "breadcrumbs":
-        out["gamma"] = MkParam("gamma", "gamma", True, False, 0.01)
-    return out
-
-
-def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
-    """mergekit's parameters of a registered method, by mergekit name (see the module docstring)."""
-    known = _dialect(spec.name)
-    if known is not None:
-        return known
-    out = {}
-    required = MERGEKIT_REQUIRED.get(spec.name, ())
-    for p in spec.params:
-        if p.name in NOT_MERGEKIT:
-            continue
-        rescale = p.type == "str" and p.choices is not None and {"l1", "none"} <= set(p.choices)
-        conv = dict(to_fl=_rescale_to_fl, to_mk=_rescale_to_mk) if rescale else {}
-        key = (p.model_key or p.name) if p.per_model else ("lambda" if p.name == "lam" else p.name)
-        default = REQUIRED if key in required else p.default
-        out[key] = MkParam(key, p.name, p.per_model, p.per_model, default, **conv)
-    if spec.name in INT8_MASK and "int8_mask" not in out:
-        out["int8_mask"] = MkParam("int8_mask", None, False, False, False)
-    return out
-
-
-def mergekit_methods() -> tuple[str, ...]:
-    """The registered methods that are mergekit methods of the same name (importable and exportable)."""
-    load_plugins()
-    return tuple(n for n, s in METHODS.items() if s.mergekit == n)
-
-
-def _method_spec(name: Any) -> MethodSpec:
-    if not isinstance(name, str) or name not in mergekit_methods():
-        raise ParameterError(f"mergekit method {name!r} has no forgetlab counterpart; importable methods: "
-                             f"{', '.join(mergekit_methods())}.")
-    return get_method(name)
-
-
-# -- import
+from forgetlab.merge.mergekit_params import (BASE_IGNORED, BASE_OPTIONAL, MERGEKIT_KEYS, REQUIRED, MkParam,
+                                              _method_spec, _model_key, mergekit_methods,  # noqa: F401 - re-exported
+                                              mergekit_params)
+from forgetlab.merge.mergekit_export import to_mergekit  # noqa: F401 - the dialect's other direction
+from forgetlab.merge.registry import MethodSpec, get_method
 
 
 def _check_keys(d: Mapping[str, Any]) -> None:
@@ -375,13 +260,6 @@ def _per_input_as_shared(table: Mapping[str, MkParam]) -> dict[str, MkParam]:
             for k, p in table.items() if p.mk_per_model}
 
 
-def _model_key(spec: MethodSpec, fl_name: str) -> str:
-    for p in spec.params:
-        if p.name == fl_name:
-            return p.model_key or p.name
-    return fl_name
-
-
 def _check_counts(spec: MethodSpec, n: int, base: str | None) -> None:
     """mergekit's input counts for the methods that take a fixed number (SLERP: the base and one model)."""
     if spec.max_models is not None and n > spec.max_models:
@@ -467,117 +345,6 @@ def _range(value: Any, i: int) -> tuple[int, int]:
 # -- export
 
 
-def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[str, Any],
-               per_model: list[Mapping[str, Any]]) -> tuple[dict, list[dict]]:
-    """forgetlab's (global params, per-model params by model key) → mergekit's (top-level, per model)."""
-    top: dict[str, Any] = {}
-    models: list[dict] = [{} for _ in per_model]
-    covered = set()
-    for mk, p in table.items():
-        if p.fl is None:
-            continue
-        covered.add(p.fl)
-        if p.fl_per_model:
-            key = _model_key(spec, p.fl)
-            for m, src in zip(models, per_model):
-                v = src.get(key, params.get(p.fl))
-                if v is None:  # forgetlab's default, written: mergekit's may differ or be missing
-                    v = next(q.default for q in spec.params if q.name == p.fl)
-                if v is not None:
-                    m[mk] = settings.to_mergekit(p.to_mk(v))
-            continue
-        if p.fl not in params:
-            continue
-        v = settings.to_mergekit(p.to_mk(params[p.fl])) if not settings.is_setting(params[p.fl]) else \
-            settings.to_mergekit(settings.map_values(params[p.fl], p.to_mk))
-        if p.mk_per_model:
-            for m in models:
-                m[mk] = v
-        else:
-            top[mk] = v
-    for p in spec.params:
-        if p.name in covered or p.name in NOT_MERGEKIT or p.name not in params:
-            continue
-        if p.name == "scope" and params[p.name] == "tensor":
-            continue
-        if params[p.name] != p.default or p.name == "scope":
-            raise ParameterError(f"{spec.name}'s {p.name} = {params[p.name]!r} has no mergekit counterpart (mergekit "
-                                 + ("trims per tensor only; export a recipe with scope: tensor)." if p.name == "scope"
-                                    else f"has no such parameter); export with {p.name}: {p.default!r}."))
-    return top, models
-
-
-def to_mergekit(recipe: Recipe) -> dict:
-    """The mergekit YAML dict of a recipe: every parameter written explicitly (mergekit's defaults are not
-    forgetlab's), LoRA adapters as BASE+ADAPTER, gradients as lists; refused for methods or settings mergekit
-    does not have."""
-    if recipe.method not in mergekit_methods():
-        raise ParameterError(f"{recipe.method} has no mergekit counterpart; exportable methods: "
-                             f"{', '.join(mergekit_methods())}.")
-    spec = get_method(recipe.method)
-    table = mergekit_params(spec)
-    recipe.validated_params()
-    full = {p.name: recipe.params.get(p.name, p.default) for p in spec.params if not p.per_model}
-    if recipe.seed is not None:
-        full.pop("seed", None)
-    out: dict[str, Any] = {"merge_method": recipe.method}
-    if recipe.slices is not None:
-        out["base_model"] = recipe.base
-        out["slices"] = []
-        for sl in recipe.slices:
-            sp = {k: v for k, v in full.items()}
-            sp.update(sl.params)
-            top, per = _mk_values(spec, table, sp, [s.params for s in sl.sources])
-            srcs = []
-            for s, mp in zip(sl.sources, per):
-                entry: dict[str, Any] = {"model": _mergekit_ref(recipe.base, s.model), "layer_range": list(s.layer_range)}
-                if s.model != recipe.base or spec.min_models == 0:
-                    if spec.min_models == 0:
-                        mp = {**mp, **{k: v for k, v in top.items()}}
-                        top = {}
-                    if mp:
-                        entry["parameters"] = mp
-                srcs.append(entry)
-            item: dict[str, Any] = {"sources": srcs}
-            if top:
-                item["parameters"] = top
-            out["slices"].append(item)
-    else:
-        names = [m.model for m in recipe.models]
-        twice = sorted({m for m in names if names.count(m) > 1})
-        if twice:
-            raise ParameterError(f"The recipe lists {', '.join(twice)} twice; mergekit refuses duplicate inputs. "
-                                 "List each model once (with the sum of its weights for linear, task_arithmetic "
-                                 "and ties) before exporting.")
-        per_model_src = [dict(m.params) for m in recipe.models] if recipe.method != "passthrough" else [{}]
-        top, per = _mk_values(spec, table, full, per_model_src)
-        if recipe.method == "passthrough":
-            out["models"] = [{"model": recipe.base, "parameters": {**top, **(per[0] if per else {})}}]
-            top = {}
-        else:
-            # linear, karcher: base_model is one more input, written when the base is listed after the first
-            # model (mergekit's config donor is the first model without it); nuslerp, multislerp: it is use_base
-            if (recipe.base in names[1:] if recipe.method in BASE_IGNORED
-                    else full.get("use_base", True)):
-                out["base_model"] = recipe.base
-            out["models"] = [{"model": _mergekit_ref(recipe.base, m.model), "parameters": mp}
-                             for m, mp in zip(recipe.models, per)]
-        if top:
-            out["parameters"] = top
-    out["dtype"] = "float32"  # forgetlab computes in float32
-    if recipe.dtype and recipe.dtype != "float32":
-        out["out_dtype"] = recipe.dtype
-    if recipe.tokenizer is not None:
-        tok = dict(recipe.tokenizer)
-        if set(tok) == {"source"}:
-            out["tokenizer_source"] = tok["source"]
-        else:
-            out["tokenizer"] = tok
-    if recipe.name is not None:
-        out["name"] = recipe.name
-    return out
-
-
 # -- model references
 def _mergekit_path(value: Any, where: str) -> str:
     """A mergekit ModelPath: a path or hub id, or {path: …, revision: …} (a revision is refused: forgetlab
@@ -619,11 +386,3 @@ def _mergekit_model(value: Any, where: str) -> str:
     if value.get("lora") is None:
         return model
     return f"{model}+{_mergekit_path(value['lora'], where + ' lora')}"
-
-
-def _mergekit_ref(base: str, model: str) -> str:
-    """How mergekit names a model: a PEFT adapter folder as `base+adapter` (mergekit's LoRA syntax), any other
-    model as its path."""
-    if (Path(str(model)).expanduser() / "adapter_config.json").is_file():
-        return f"{base}+{model}"
-    return str(model)
