@@ -75,8 +75,9 @@ def get_pool(*, show: bool = True) -> "ModelPool | None":
     path = pool_path()
     if not path:
         if show:
-            st.info("No model pool yet. Build the pico demo zoo from the sidebar, or enter the path of "
-                    "your own pool.yaml there.")
+            st.info("No model pool yet: the pico demo zoo opens here as soon as its base model is built (the "
+                    "app builds it by itself on a fresh workspace; `forgetlab zoo build` from the command line), "
+                    "or enter the path of your own pool.yaml in the sidebar.")
         return None
     try:
         pool = load_pool_cached(path)
