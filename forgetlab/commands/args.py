@@ -140,3 +140,18 @@ def add_executor(p) -> None:
                    help="Ray workers (default: as many as the cluster has room for)")
     g.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
                    help="GPUs per Ray worker (default 1 when the cluster has GPUs, else 0)")
+
+
+def add_dtype(p, *, what: str = "the models") -> None:
+    """`--dtype float32|bfloat16|float16` (dest `dtype`, default None = bfloat16 on CUDA, float32 on the CPU;
+    resolved by `forgetlab.core.memory.job_dtype`). `what` says what runs in that precision."""
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                   help=f"precision of {what} (default: bfloat16 on cuda, float32 on cpu); scores are reduced "
+                        "in float32 either way")
+
+
+def add_dry_run(p) -> None:
+    """`--dry-run`: print the job's memory estimate and the device's free memory, then stop (read through
+    `forgetlab.commands.io.emit_estimate`)."""
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the estimated peak memory and the device's free memory, run nothing")

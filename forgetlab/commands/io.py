@@ -77,3 +77,17 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
         bar.refresh()
 
     return update, bar.close
+
+
+def emit_estimate(est, dry_run: bool) -> bool:
+    """Print a job's memory estimate (`forgetlab.core.memory.MemoryEstimate`): with `dry_run` the figure, its
+    parts and whether it fits, and return True (the command stops there); otherwise raise its
+    `MemoryBudgetError` when it does not fit (the job would die part-way) and return False."""
+    if dry_run:
+        emit(est.describe())
+        emit(f"  {est.breakdown()}")
+        emit("  fits" if est.fits else "  does NOT fit; to make it fit, try: " + ", ".join(est.fixes or
+                                                                                        ["a smaller model"]))
+        return True
+    est.check()
+    return False

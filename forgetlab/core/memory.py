@@ -1,0 +1,310 @@
+"""What a job needs in memory, known before it starts, and what it used, measured while it ran.
+
+DESIGN.md: "a dtype on every job; peak memory estimated before a job starts and recorded after; the app refuses
+a job that will not fit, naming the flags that make it fit". This module holds the pieces every job shares:
+
+- `job_dtype(name, device)`: the precision a job runs in (`--dtype`; bfloat16 by default on CUDA, float32 else);
+- `ModelSize`: the sizes an estimate needs (parameters, layers, hidden width, vocabulary, the largest layer),
+  read from a checkpoint's header without loading its weights;
+- `MemoryEstimate`: an estimate's parts in bytes, the device's free memory, whether it fits, and the flags that
+  shrink it; `check()` raises `MemoryBudgetError` naming those flags;
+- `register_estimator` / `estimate`: each job registers a function `(…the job's own keyword arguments…) ->
+  MemoryEstimate` under its job name, so the CLI's `--dry-run` and the app's "needs ≈ X GiB" ask one place;
+- `PeakMeter`: the measured peak of a block of code above what the process held when it started (CUDA's
+  allocator peak on a GPU, the resident-set high-water mark on the CPU).
+"""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from forgetlab.core.errors import ForgetlabError, ParameterError
+
+DTYPES = ("float32", "bfloat16", "float16")
+GIB = 1024 ** 3
+
+
+class MemoryBudgetError(ForgetlabError):
+    """A job's estimated peak exceeds the memory free on its device (the message names the flags that help)."""
+
+
+def job_dtype(name: str | torch.dtype | None, device: Any = None) -> torch.dtype:
+    """The dtype a job runs in: `name` ("float32", "bfloat16", "float16"), or for None the default of the
+    device — bfloat16 on CUDA, float32 elsewhere (CPU matmuls in bf16 are slower and less exact)."""
+    if isinstance(name, torch.dtype):
+        if name not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ParameterError(f"dtype {name} is not one a job runs in; use one of {', '.join(DTYPES)}.")
+        return name
+    if name is None or str(name).strip() == "":
+        return torch.bfloat16 if str(device or "").startswith("cuda") else torch.float32
+    key = str(name).strip().lower()
+    if key not in DTYPES:
+        raise ParameterError(f"Unknown dtype {name!r}; use one of {', '.join(DTYPES)}.")
+    return getattr(torch, key)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """"float32", "bfloat16" or "float16" for a torch dtype (str(dtype) without the "torch." prefix)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def dtype_bytes(dtype: torch.dtype | str) -> int:
+    """Bytes per element of a floating dtype (4 for float32, 2 for bfloat16/float16)."""
+    dt = job_dtype(dtype) if isinstance(dtype, str) else dtype
+    return torch.empty((), dtype=dt).element_size()
+
+
+def gib(n_bytes: float) -> str:
+    """A byte count as "12.3 GiB" (three significant digits below 10 GiB, one decimal above)."""
+    g = n_bytes / GIB
+    return f"{g:.3g} GiB" if g < 10 else f"{g:.1f} GiB"
+
+
+_LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.|(?:^|\.)h\.(\d+)\.|(?:^|\.)blocks?\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """The sizes a memory estimate needs, read from a checkpoint's tensor headers and config.
+
+    `parameters`: every parameter (a tied head once); `layer_parameters`: the largest transformer layer's;
+    `embedding_parameters`: the input embedding's (and the head's when untied); `hidden`, `layers`, `vocab`,
+    `intermediate`, `heads`: from the config (0 where the config does not say).
+    """
+
+    parameters: int
+    layer_parameters: int
+    embedding_parameters: int
+    hidden: int = 0
+    layers: int = 0
+    vocab: int = 0
+    intermediate: int = 0
+    heads: int = 0
+
+    def bytes(self, dtype: torch.dtype | str = torch.float32) -> int:
+        """The weights' bytes in `dtype`."""
+        return self.parameters * dtype_bytes(dtype)
+
+    def layer_bytes(self, dtype: torch.dtype | str = torch.float32) -> int:
+        """The largest layer's weights in `dtype`."""
+        return self.layer_parameters * dtype_bytes(dtype)
+
+    @classmethod
+    def of(cls, ckpt) -> "ModelSize":
+        """The sizes of a `forgetlab.core.checkpoints.Checkpoint` (headers only, no weights read)."""
+        infos = ckpt.infos()
+        per_layer: dict[int, int] = {}
+        embedding = 0
+        for name, info in infos.items():
+            m = _LAYER.search(name)
+            if m:
+                idx = int(next(g for g in m.groups() if g is not None))
+                per_layer[idx] = per_layer.get(idx, 0) + info.numel
+            elif "embed" in name or name.endswith("wte.weight") or name == "lm_head.weight":
+                embedding += info.numel
+        try:
+            cfg = ckpt.config
+        except ForgetlabError:
+            cfg = None
+
+        def get(*keys: str) -> int:
+            for k in keys:
+                v = getattr(cfg, k, None) if cfg is not None else None
+                if isinstance(v, int):
+                    return v
+            return 0
+
+        params = ckpt.num_parameters
+        if "lm_head.weight" in infos and getattr(cfg, "tie_word_embeddings", False):
+            embedding -= infos["lm_head.weight"].numel
+        return cls(parameters=params, layer_parameters=max(per_layer.values(), default=params),
+                   embedding_parameters=embedding, hidden=get("hidden_size", "n_embd", "d_model"),
+                   layers=get("num_hidden_layers", "n_layer") or len(per_layer), vocab=get("vocab_size"),
+                   intermediate=get("intermediate_size", "n_inner", "ffn_dim"),
+                   heads=get("num_attention_heads", "n_head"))
+
+
+def free_bytes(device: Any = "cpu") -> int | None:
+    """Memory free for a job on `device`: CUDA's free memory (`torch.cuda.mem_get_info`), the CPU's available
+    memory (psutil); None where it cannot be known (other devices)."""
+    dev = torch.device(str(device) if device is not None else "cpu")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        free, _total = torch.cuda.mem_get_info(dev.index if dev.index is not None else torch.cuda.current_device())
+        return int(free)
+    if dev.type == "cpu":
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    return None
+
+
+@dataclass
+class MemoryEstimate:
+    """A job's estimated peak on its device: `parts` maps what holds memory ("weights", "gradients",
+    "optimizer state", "activations", …) to bytes; `free` is the device's free memory when estimated (None:
+    unknown); `fixes` are the flags that shrink the job, in the order to try them ("--dtype bfloat16", "--lora 16",
+    "--gradient-checkpointing", "--batch-size 4", …)."""
+
+    job: str
+    device: str
+    dtype: str
+    parts: dict[str, int] = field(default_factory=dict)
+    free: int | None = None
+    fixes: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        """The estimated peak in bytes: the sum of the parts."""
+        return int(sum(self.parts.values()))
+
+    @property
+    def fits(self) -> bool:
+        """Whether the peak fits the free memory (True when the free memory is unknown)."""
+        return self.free is None or self.total <= self.free
+
+    def describe(self) -> str:
+        """"needs ≈ 3.1 GiB, 12.4 GiB free on cpu" (the line the CLI's --dry-run and the app show)."""
+        free = f", {gib(self.free)} free on {self.device}" if self.free is not None else f" on {self.device}"
+        return f"{self.job} in {self.dtype} needs ≈ {gib(self.total)}{free}"
+
+    def breakdown(self) -> str:
+        """The parts, largest first: "weights 1.2 GiB · optimizer state 2.4 GiB · …"."""
+        parts = sorted(self.parts.items(), key=lambda kv: -kv[1])
+        return " · ".join(f"{k} {gib(v)}" for k, v in parts)
+
+    def check(self) -> "MemoryEstimate":
+        """This estimate if it fits; else `MemoryBudgetError` with the figures and the flags that shrink the job."""
+        if self.fits:
+            return self
+        hint = (" To make it fit, try " + ", then ".join(self.fixes) + ".") if self.fixes else \
+            " Use a smaller model or a device with more memory."
+        raise MemoryBudgetError(f"This job will not fit: {self.describe()} ({self.breakdown()}).{hint}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (with `total` and `fits`)."""
+        return {"job": self.job, "device": self.device, "dtype": self.dtype, "parts": dict(self.parts),
+                "free": self.free, "fixes": list(self.fixes), "total": self.total, "fits": self.fits}
+
+
+_ESTIMATORS: dict[str, Callable[..., MemoryEstimate]] = {}
+
+
+def register_estimator(job: str) -> Callable[[Callable[..., MemoryEstimate]], Callable[..., MemoryEstimate]]:
+    """Decorator: register `fn(**job_kwargs) -> MemoryEstimate` as the estimator of `job` ("linearity",
+    "finetune", …). It takes the same keyword arguments as the job's own function and reads no weights."""
+    def wrap(fn: Callable[..., MemoryEstimate]) -> Callable[..., MemoryEstimate]:
+        _ESTIMATORS[job] = fn
+        return fn
+    return wrap
+
+
+def estimators() -> list[str]:
+    """The jobs that have an estimator."""
+    return sorted(_ESTIMATORS)
+
+
+def estimate(job: str, **kwargs: Any) -> MemoryEstimate:
+    """The estimate of `job` for these arguments (the job's keyword arguments), its `free` filled in for its
+    device when the estimator left it empty."""
+    if job not in _ESTIMATORS:
+        raise ParameterError(f"No memory estimate is known for job {job!r}; jobs with one: "
+                             f"{', '.join(estimators()) or 'none'}.")
+    est = _ESTIMATORS[job](**kwargs)
+    if est.free is None:
+        est.free = free_bytes(est.device)
+    return est
+
+
+def _rss() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _reset_high_water() -> bool:
+    """Reset the kernel's resident-set high-water mark (Linux: "5" to /proc/self/clear_refs); False where
+    that cannot be done (other systems, no permission)."""
+    try:
+        _CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _high_water() -> int:
+    """The process's resident-set high-water mark in bytes (VmHWM of /proc/self/status)."""
+    m = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
+    return int(m.group(1)) * 1024 if m else _rss()
+
+
+class PeakMeter:
+    """Context manager measuring a block's peak memory above what the process held when it began.
+
+    On CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (allocator bytes, the figure
+    that decides an out-of-memory). On the CPU: the resident set's peak — on Linux the kernel's high-water mark
+    (VmHWM, reset at entry, so it misses nothing; PeakMeters must then not be nested), elsewhere the resident
+    set sampled every `interval` seconds (psutil) — minus the resident set at entry. After the block, `.peak`
+    holds the bytes and `.seconds` the duration.
+    """
+
+    def __init__(self, device: Any = "cpu", interval: float = 0.005):
+        self.device = torch.device(str(device) if device is not None else "cpu")
+        self.interval = float(interval)
+        self.peak = 0
+        self.seconds = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._kernel_hwm = False
+        self._start_rss = 0
+        self._max_rss = 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._max_rss = max(self._max_rss, _rss())
+
+    def __enter__(self) -> "PeakMeter":
+        self._t0 = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self._start_cuda = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            return self
+        import gc
+
+        gc.collect()
+        self._start_rss = self._max_rss = _rss()
+        self._kernel_hwm = _STATUS.exists() and _reset_high_water()
+        if not self._kernel_hwm:
+            self._thread = threading.Thread(target=self._sample, daemon=True, name="forgetlab-peak-meter")
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak = int(torch.cuda.max_memory_allocated(self.device) - self._start_cuda)
+        elif self._kernel_hwm:
+            self.peak = max(0, _high_water() - self._start_rss)
+        else:
+            self._stop.set()
+            if self._thread is not None:
+                self._thread.join()
+            self._max_rss = max(self._max_rss, _rss())
+            self.peak = max(0, self._max_rss - self._start_rss)
+        self.seconds = time.perf_counter() - self._t0
+
+    def to_dict(self) -> dict[str, Any]:
+        """{"device", "peak_bytes", "seconds"}: what a saved run records as its measured peak."""
+        return {"device": str(self.device), "peak_bytes": int(self.peak), "seconds": round(self.seconds, 3)}

@@ -1,0 +1,69 @@
+"""forgetlab.core.memory: dtype resolution, model sizes from headers, estimates, the peak meter."""
+import numpy as np
+import pytest
+import torch
+
+from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.core.memory import (MemoryBudgetError, MemoryEstimate, ModelSize, PeakMeter, dtype_bytes, estimate,
+                                   gib, job_dtype, register_estimator)
+
+
+def test_job_dtype_defaults_by_device_and_checks_names():
+    assert job_dtype(None, "cpu") is torch.float32
+    assert job_dtype(None, "cuda") is torch.bfloat16
+    assert job_dtype(None, "cuda:1") is torch.bfloat16
+    assert job_dtype("bfloat16", "cpu") is torch.bfloat16
+    assert job_dtype("float16") is torch.float16
+    with pytest.raises(ParameterError, match="float32, bfloat16, float16"):
+        job_dtype("int8")
+    assert dtype_bytes("float32") == 4 and dtype_bytes(torch.bfloat16) == 2
+
+
+def test_estimate_fits_and_names_the_fixes():
+    est = MemoryEstimate("finetune", "cuda", "float32", {"weights": 4 * 2**30, "optimizer state": 8 * 2**30},
+                         free=10 * 2**30, fixes=["--dtype bfloat16", "--lora 16"])
+    assert est.total == 12 * 2**30 and not est.fits
+    with pytest.raises(MemoryBudgetError) as e:
+        est.check()
+    msg = str(e.value)
+    assert "12.0 GiB" in msg and "10.0 GiB free" in msg and "--dtype bfloat16, then --lora 16" in msg
+    assert isinstance(e.value, ForgetlabError)
+    est.free = None
+    assert est.fits and est.check() is est
+    assert gib(1.5 * 2**30) == "1.5 GiB"
+
+
+def test_estimate_registry_fills_free_memory():
+    @register_estimator("test-job")
+    def _est(n: int, device: str = "cpu"):
+        return MemoryEstimate("test-job", device, "float32", {"weights": n})
+
+    est = estimate("test-job", n=1000)
+    assert est.total == 1000 and est.free is not None and est.free > 0 and est.fits
+    with pytest.raises(ParameterError, match="test-job"):
+        estimate("no-such-job")
+
+
+def test_model_size_from_headers(pool):
+    ckpt = pool.checkpoint("base")
+    size = ModelSize.of(ckpt)
+    model = pool.load("base")
+    n = sum(p.numel() for p in model.parameters())
+    assert size.parameters == n
+    layer0 = sum(p.numel() for p in model.model.layers[0].parameters())
+    assert size.layer_parameters == layer0
+    assert size.embedding_parameters == model.model.embed_tokens.weight.numel() + (
+        0 if model.config.tie_word_embeddings else model.lm_head.weight.numel())
+    assert size.layers == model.config.num_hidden_layers and size.hidden == model.config.hidden_size
+    assert size.bytes("bfloat16") == 2 * n
+
+
+def test_peak_meter_sees_a_short_spike_and_not_freed_memory():
+    keep = np.ones(8_000_000)            # 64 MB held from before: not part of the block's peak
+    with PeakMeter("cpu") as m:
+        spike = np.ones(25_000_000)      # 200 MB, freed at once
+        spike[0] = 2.0
+        del spike
+    assert 180e6 < m.peak < 260e6, m.peak
+    assert m.to_dict()["peak_bytes"] == m.peak
+    del keep
