@@ -104,6 +104,16 @@ def _check_output_files(args) -> None:
             check_output_file(value, getattr(args, "overwrite", False), inputs)
 
 
+def _meter_device(args) -> str:
+    """The device whose peak a command's run records: its --device, else the machine's default."""
+    import torch
+
+    device = getattr(args, "device", None)
+    if isinstance(device, str) and device.startswith("cuda") and torch.cuda.is_available():
+        return device
+    return "cuda" if device is None and torch.cuda.is_available() else "cpu"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input)."""
     parser = build_parser()
@@ -114,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     previous = _terminate_like_interrupt()
     try:
         _check_output_files(args)
-        return int(args.func(args) or 0)
+        from forgetlab.core.memory import recording
+
+        with recording(_meter_device(args)):        # a run saved by the command records its measured peak
+            return int(args.func(args) or 0)
     except ForgetlabError as exc:
         sys.stderr.write(f"forgetlab: error: {exc}\n")
         return 2

@@ -67,3 +67,30 @@ def test_peak_meter_sees_a_short_spike_and_not_freed_memory():
     assert 180e6 < m.peak < 260e6, m.peak
     assert m.to_dict()["peak_bytes"] == m.peak
     del keep
+
+
+def test_a_run_saved_inside_recording_records_its_peak(tmp_path):
+    from forgetlab.core.memory import recorded_peak, recording
+    from forgetlab.core.workspace import load_run, save_run
+
+    assert recorded_peak() is None
+    with recording("cpu"):
+        block = np.ones(12_500_000)          # 100 MB
+        block[0] = 3.0
+        path = save_run("test", {"what": 1}, {"x": 1}, home_path=tmp_path)
+        del block
+    mem = load_run(path).recipe["memory"]
+    assert mem["device"] == "cpu" and 90e6 < mem["peak_bytes"] < 200e6
+    outside = save_run("test", {"what": 2}, {"x": 2}, home_path=tmp_path)
+    assert "memory" not in load_run(outside).recipe
+
+
+def test_cli_runs_record_their_peak(tiny_llama, tmp_path, monkeypatch):
+    from forgetlab.cli import main
+    from forgetlab.core.workspace import list_runs
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    assert main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", next(iter(tiny_llama.finetuned)),
+                 "--alphas", "0,1", "--max-general", "2", "--max-task", "2"]) == 0
+    (run,) = list_runs(tmp_path)
+    assert run.recipe["memory"]["peak_bytes"] > 0 and run.recipe["memory"]["device"] == "cpu"

@@ -15,6 +15,8 @@ a job that will not fit, naming the flags that make it fit". This module holds t
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import re
 import threading
 import time
@@ -259,6 +261,9 @@ class PeakMeter:
     holds the bytes and `.seconds` the duration.
     """
 
+    _active = 0                      # meters open in this process (the kernel's mark is reset only by the first)
+    _lock = threading.Lock()
+
     def __init__(self, device: Any = "cpu", interval: float = 0.005):
         self.device = torch.device(str(device) if device is not None else "cpu")
         self.interval = float(interval)
@@ -285,7 +290,10 @@ class PeakMeter:
 
         gc.collect()
         self._start_rss = self._max_rss = _rss()
-        self._kernel_hwm = _STATUS.exists() and _reset_high_water()
+        with PeakMeter._lock:
+            alone = PeakMeter._active == 0
+            PeakMeter._active += 1
+            self._kernel_hwm = alone and _STATUS.exists() and _reset_high_water()
         if not self._kernel_hwm:
             self._thread = threading.Thread(target=self._sample, daemon=True, name="forgetlab-peak-meter")
             self._thread.start()
@@ -295,16 +303,53 @@ class PeakMeter:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.peak = int(torch.cuda.max_memory_allocated(self.device) - self._start_cuda)
-        elif self._kernel_hwm:
-            self.peak = max(0, _high_water() - self._start_rss)
         else:
             self._stop.set()
             if self._thread is not None:
                 self._thread.join()
-            self._max_rss = max(self._max_rss, _rss())
-            self.peak = max(0, self._max_rss - self._start_rss)
+            self.peak = self.peak_so_far()
+            with PeakMeter._lock:
+                PeakMeter._active -= 1
         self.seconds = time.perf_counter() - self._t0
+
+    def peak_so_far(self) -> int:
+        """The peak from entry until now (what a run saved inside the block records)."""
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device) - self._start_cuda)
+        if self._kernel_hwm:
+            return max(0, _high_water() - self._start_rss)
+        self._max_rss = max(self._max_rss, _rss())
+        return max(0, self._max_rss - self._start_rss)
 
     def to_dict(self) -> dict[str, Any]:
         """{"device", "peak_bytes", "seconds"}: what a saved run records as its measured peak."""
         return {"device": str(self.device), "peak_bytes": int(self.peak), "seconds": round(self.seconds, 3)}
+
+
+_RECORDING: contextvars.ContextVar[PeakMeter | None] = contextvars.ContextVar("forgetlab_peak", default=None)
+
+
+@contextlib.contextmanager
+def recording(device: Any = None):
+    """Measure the enclosed job's peak (`PeakMeter` on `device`, default: the machine's default device) so
+    that a run saved inside the block records it (`recorded_peak`, read by `core.workspace.save_run`). The CLI
+    wraps every command in it and the app every job."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    meter = PeakMeter(device)
+    token = _RECORDING.set(meter)
+    try:
+        with meter:
+            yield meter
+    finally:
+        _RECORDING.reset(token)
+
+
+def recorded_peak() -> dict[str, Any] | None:
+    """The peak measured so far by the innermost `recording` block ({"device", "peak_bytes", "seconds"}), or
+    None outside one."""
+    meter = _RECORDING.get()
+    if meter is None:
+        return None
+    return {"device": str(meter.device), "peak_bytes": int(meter.peak_so_far()),
+            "seconds": round(time.perf_counter() - meter._t0, 3)}

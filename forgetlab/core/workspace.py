@@ -145,7 +145,12 @@ def _write_run(final: Path, kind: str, recipe: dict[str, Any], results: Any, fra
     from forgetlab.core.outputs import atomic_output_dir
 
     with atomic_output_dir(final, kind="run") as tmp:  # a full disk is a message and leaves nothing
+        from forgetlab.core.memory import recorded_peak
+
         full_recipe = {"kind": kind, "created": time.time(), "versions": versions(), **recipe}
+        peak = recorded_peak()                      # measured by the CLI's or the app's `recording` block
+        if peak is not None and "memory" not in full_recipe:
+            full_recipe["memory"] = peak
         (tmp / "recipe.json").write_text(json.dumps(full_recipe, indent=2, default=_json_default))
         (tmp / "results.json").write_text(json.dumps(results, indent=2, default=_json_default))
         if frame is None and hasattr(results, "to_frame"):
