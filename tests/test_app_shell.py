@@ -543,11 +543,12 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     from pathlib import Path
 
     monkeypatch.setenv("FORGETLAB_AUTO_ZOO", "1")
-    gate, calls = threading.Event(), []
+    gate, reported, calls = threading.Event(), threading.Event(), []
 
     def fake_build(preset="pico", size="default", home=None, force=False, progress=None):
         calls.append((preset, size, str(home)))
         progress(0.3, "base: step 300/1000, loss 3.2")
+        reported.set()
         assert gate.wait(20)
         root = shutil.copytree(tiny_llama.root, Path(home) / "zoo" / "pico")
         steps = {n: {"done": True} for n in ("data", "base", "ft-math")}
@@ -557,6 +558,8 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     monkeypatch.setattr(forgetlab.zoo, "build", fake_build)
     at = _app(tmp_path, monkeypatch).run()
     assert not at.exception and not at.error
+    assert reported.wait(20)          # the build thread has reported its stage: the next rerun shows it
+    at.run()
     shown = " ".join(m.value for m in at.markdown)
     assert "Building the demo zoo" in shown and "pre-training the base model (step 300/1000" in shown, shown
     assert len(at.get("progress")) >= 1

@@ -286,9 +286,6 @@ class PeakMeter:
             self._start_cuda = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
-        import gc
-
-        gc.collect()
         self._start_rss = self._max_rss = _rss()
         with PeakMeter._lock:
             alone = PeakMeter._active == 0

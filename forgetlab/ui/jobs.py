@@ -65,6 +65,7 @@ class Job:
     started: float = field(default_factory=time.time)
     finished: float | None = None
     version: int = 0                     # how many times `publish` was called
+    peak: dict | None = None             # the measured peak of a finished job (core.memory.PeakMeter.to_dict)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -152,8 +153,12 @@ class JobRegistry:
 
     @staticmethod
     def _run(job: Job, fn: Callable) -> None:
+        from forgetlab.core.memory import recording
+
         try:
-            result = fn(job)
+            with recording() as meter:       # a run the job saves records its measured peak
+                result = fn(job)
+            job.peak = meter.to_dict()
         except JobCancelled:
             job.status = CANCELLED
         except BaseException as exc:  # noqa: BLE001 - stored and shown on the page

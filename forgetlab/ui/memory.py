@@ -1,0 +1,33 @@
+"""The memory line under a page's main button: "needs ≈ X GiB, Y GiB free", and a refusal that names the fix.
+
+A page calls `memory_check(job, **the job's keyword arguments)` just above its main button and disables the
+button when it returns False; the estimate comes from the job's estimator (`forgetlab.core.memory.estimate`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import streamlit as st
+
+from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.memory import MemoryEstimate, estimate, gib
+
+
+def memory_check(job: str, **kwargs: Any) -> bool:
+    """Show the job's estimated peak and the device's free memory as a caption; when it will not fit, show an
+    error naming what to change (sidebar Dtype, LoRA, checkpointing, batch …) and return False. An estimate
+    that cannot be made (e.g. the pool is missing a model) shows nothing and returns True: the job's own
+    checks then say what is wrong."""
+    try:
+        est: MemoryEstimate = estimate(job, **kwargs)
+    except ForgetlabError:
+        return True
+    if est.fits:
+        st.caption(f"Memory: needs ≈ {gib(est.total)}"
+                   + (f", {gib(est.free)} free on {est.device}" if est.free is not None else "")
+                   + f" ({est.dtype}; {est.breakdown()}).")
+        return True
+    fixes = ", then ".join(est.fixes) if est.fixes else "a smaller model or a device with more memory"
+    st.error(f"This will not fit: needs ≈ {gib(est.total)} but only {gib(est.free or 0)} is free on "
+             f"{est.device} ({est.breakdown()}). To make it fit, try {fixes}.")
+    return False
