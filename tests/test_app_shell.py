@@ -4,7 +4,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from forgetlab.ui.jobs import CANCELLED, DONE, FAILED, JobRegistry, job_key

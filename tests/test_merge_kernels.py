@@ -3,7 +3,6 @@ reference implementations they replace (torch.kthvalue, select.topk_mask, ties.t
 and the device (torch) code path of every method run on the CPU against the kernels."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

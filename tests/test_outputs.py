@@ -17,7 +17,6 @@ import yaml
 from forgetlab.cli import main
 from forgetlab.core.errors import OutputExistsError, ParameterError, WorkspaceError
 from forgetlab.core.outputs import MARKER, PARTIAL, atomic_output_dir, check_name, clean_stale, write_text_file
-from forgetlab.merge import run
 
 
 def tree(root: Path) -> dict[str, bytes | None]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 import yaml
 
 from forgetlab.core.checkpoints import load_model, open_checkpoint, write_hf_folder

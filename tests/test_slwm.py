@@ -6,7 +6,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from forgetlab.core.data import TaskPair
 from forgetlab.core.errors import ForgetlabError

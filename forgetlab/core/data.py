@@ -11,11 +11,14 @@ import csv
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
 from forgetlab.core.errors import ProbeDataError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from forgetlab.core.benchmarks import BenchmarkSpec
 
 IGNORE = -100
 

@@ -128,7 +128,7 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
     `results` must be JSON-serialisable or have `.to_dict()`; `frame` (or `results.to_frame()` when it
     exists) is saved as CSV too.
     """
-    from forgetlab.core.outputs import atomic_output_dir, check_name, missing_dirs, removed_if_failed
+    from forgetlab.core.outputs import check_name, missing_dirs, removed_if_failed
 
     rid = check_name(run_id, "run id") if run_id else (time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-"
                                                        + uuid.uuid4().hex[:6])
