@@ -77,7 +77,9 @@ def test_gpt2_layernorms_get_the_full_adam_step():
     for n in ("transformer.h.0.ln_1.weight", "transformer.h.1.ln_2.bias", "transformer.ln_f.weight",
               "transformer.h.0.attn.c_attn.bias"):
         p = dict(model.named_parameters())[n]
-        assert opt.state[p]["updated"] == p.numel() and bool(moved[n].all()), n
+        # every entry with a moment moves (GPT-2's key bias has a zero gradient where softmax ignores it)
+        live = opt.state[p]["exp_avg"] != 0
+        assert opt.state[p]["updated"] == p.numel() and bool(moved[n][live].all()) and live.float().mean() > 0.9, n
     for n in ("transformer.h.0.attn.c_attn.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.wte.weight"):
         p = dict(model.named_parameters())[n]
         k = math.ceil(0.1 * p.numel())
