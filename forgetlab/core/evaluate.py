@@ -133,15 +133,15 @@ def token_losses(model, examples: Sequence[EncodedExample], batch_size: int = 16
         idx = order[start:start + batch_size]
         batch = collate([examples[i] for i in idx], pad_id)
         logits = model(input_ids=batch["input_ids"].to(device),
-                       attention_mask=batch["attention_mask"].to(device)).logits.float()
+                       attention_mask=batch["attention_mask"].to(device)).logits[:, :-1]
         labels = batch["labels"][:, 1:].to(device)
-        logits = logits[:, :-1]
-        losses = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp_min(0),
-                                 reduction="none").view(labels.shape)
-        right = logits.argmax(-1) == labels
         keep = labels != IGNORE
-        for row, i in enumerate(idx):
-            out[i] = (losses[row][keep[row]].cpu(), right[row][keep[row]].cpu())
+        for row, i in enumerate(idx):    # one sequence's logits in float32 at a time: memory of one row, not B
+            scores = logits[row].float()
+            losses = F.cross_entropy(scores, labels[row].clamp_min(0), reduction="none")
+            right = scores.argmax(-1) == labels[row]
+            out[i] = (losses[keep[row]].cpu(), right[keep[row]].cpu())
+        del logits
         report(progress, min(len(order), start + batch_size) / len(order), "forward passes")
     return out  # type: ignore[return-value]
 

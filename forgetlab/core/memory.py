@@ -11,7 +11,7 @@ a job that will not fit, naming the flags that make it fit". This module holds t
 - `register_estimator` / `estimate`: each job registers a function `(…the job's own keyword arguments…) ->
   MemoryEstimate` under its job name, so the CLI's `--dry-run` and the app's "needs ≈ X GiB" ask one place;
 - `PeakMeter`: the measured peak of a block of code above what the process held when it started (CUDA's
-  allocator peak on a GPU, the resident-set high-water mark on the CPU).
+  allocator peak on a GPU, the anonymous resident memory sampled every 2 ms on the CPU).
 """
 from __future__ import annotations
 
@@ -63,8 +63,11 @@ def dtype_bytes(dtype: torch.dtype | str) -> int:
 
 
 def gib(n_bytes: float) -> str:
-    """A byte count as "12.3 GiB" (three significant digits below 10 GiB, one decimal above)."""
+    """A byte count as "12.3 GiB" (three significant digits below 10 GiB, one decimal above; "45.6 MiB" below
+    1 GiB)."""
     g = n_bytes / GIB
+    if g < 1:
+        return f"{n_bytes / 1024 ** 2:.3g} MiB"
     return f"{g:.3g} GiB" if g < 10 else f"{g:.1f} GiB"
 
 
@@ -226,52 +229,40 @@ def estimate(job: str, **kwargs: Any) -> MemoryEstimate:
 
 
 def _rss() -> int:
+    """The memory this process holds: its anonymous resident memory on Linux (RssAnon: heap, tensors),
+    else the whole resident set (psutil). File pages that safetensors maps are page cache the kernel can drop
+    at any time — they are not what a job needs, and a GPU never sees them — so they are left out."""
+    try:
+        m = re.search(r"RssAnon:\s+(\d+)\s+kB", _STATUS.read_text())
+        if m:
+            return int(m.group(1)) * 1024
+    except OSError:
+        pass
     import psutil
 
     return int(psutil.Process().memory_info().rss)
 
 
 _STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _reset_high_water() -> bool:
-    """Reset the kernel's resident-set high-water mark (Linux: "5" to /proc/self/clear_refs); False where
-    that cannot be done (other systems, no permission)."""
-    try:
-        _CLEAR_REFS.write_text("5")
-        return True
-    except OSError:
-        return False
-
-
-def _high_water() -> int:
-    """The process's resident-set high-water mark in bytes (VmHWM of /proc/self/status)."""
-    m = re.search(r"VmHWM:\s+(\d+)\s+kB", _STATUS.read_text())
-    return int(m.group(1)) * 1024 if m else _rss()
 
 
 class PeakMeter:
     """Context manager measuring a block's peak memory above what the process held when it began.
 
     On CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats` (allocator bytes, the figure
-    that decides an out-of-memory). On the CPU: the resident set's peak — on Linux the kernel's high-water mark
-    (VmHWM, reset at entry, so it misses nothing; PeakMeters must then not be nested), elsewhere the resident
-    set sampled every `interval` seconds (psutil) — minus the resident set at entry. After the block, `.peak`
-    holds the bytes and `.seconds` the duration.
+    that decides an out-of-memory). On the CPU: the process's anonymous resident memory (`_rss`: tensors and
+    heap, not the page cache of mapped files) sampled every `interval` seconds on a thread, plus a reading at
+    the end, minus the reading at entry. Meters may nest and run in several threads (each samples the whole
+    process). After the block, `.peak` holds the bytes and `.seconds` the duration.
     """
 
-    _active = 0                      # meters open in this process (the kernel's mark is reset only by the first)
-    _lock = threading.Lock()
-
-    def __init__(self, device: Any = "cpu", interval: float = 0.005):
+    def __init__(self, device: Any = "cpu", interval: float = 0.002):
         self.device = torch.device(str(device) if device is not None else "cpu")
         self.interval = float(interval)
         self.peak = 0
         self.seconds = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._kernel_hwm = False
         self._start_rss = 0
         self._max_rss = 0
 
@@ -287,13 +278,8 @@ class PeakMeter:
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
         self._start_rss = self._max_rss = _rss()
-        with PeakMeter._lock:
-            alone = PeakMeter._active == 0
-            PeakMeter._active += 1
-            self._kernel_hwm = alone and _STATUS.exists() and _reset_high_water()
-        if not self._kernel_hwm:
-            self._thread = threading.Thread(target=self._sample, daemon=True, name="forgetlab-peak-meter")
-            self._thread.start()
+        self._thread = threading.Thread(target=self._sample, daemon=True, name="forgetlab-peak-meter")
+        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -305,16 +291,12 @@ class PeakMeter:
             if self._thread is not None:
                 self._thread.join()
             self.peak = self.peak_so_far()
-            with PeakMeter._lock:
-                PeakMeter._active -= 1
         self.seconds = time.perf_counter() - self._t0
 
     def peak_so_far(self) -> int:
         """The peak from entry until now (what a run saved inside the block records)."""
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device) - self._start_cuda)
-        if self._kernel_hwm:
-            return max(0, _high_water() - self._start_rss)
         self._max_rss = max(self._max_rss, _rss())
         return max(0, self._max_rss - self._start_rss)
 
