@@ -153,7 +153,7 @@ def test_nan_loss_stops_and_restores_last_good_weights():
 
     model.register_forward_hook(poison)
     with pytest.raises(TrainingError, match="NaN.*step 3.*restored") as info:
-        train(model, ex, steps=10, lr=1e-2, seed=5, schedule="constant")
+        train(model, ex, steps=10, lr=1e-2, seed=5, schedule="constant", rollback=True)
     assert info.value.result.completed_steps == 2
     assert len(info.value.result.losses) == 2
     # the last weights with a finite loss are those after step 1 (they gave step 2 its finite loss)
@@ -162,6 +162,50 @@ def test_nan_loss_stops_and_restores_last_good_weights():
     wm, wo = _weights(model), _weights(one)
     assert all(torch.equal(wm[n], wo[n]) for n in wm)
     assert all(torch.isfinite(p).all() for p in wm.values())
+
+
+def test_nan_loss_without_rollback_keeps_the_last_completed_step_and_no_copy(monkeypatch):
+    """By default no full copy is kept: the error says the model holds the weights after the last step."""
+    ex = _examples()
+    model = _model()
+    calls = [0]
+
+    def poison(module, inputs, output):
+        calls[0] += 1
+        if calls[0] == 3:
+            output.logits = output.logits * float("nan")
+        return output
+
+    model.register_forward_hook(poison)
+    clones = [0]
+    real_clone = torch.Tensor.clone
+
+    def counting_clone(self, *a, **k):
+        clones[0] += 1
+        return real_clone(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "clone", counting_clone)
+    with pytest.raises(TrainingError, match="NaN.*step 3.*holds the weights after step 2") as info:
+        train(model, ex, steps=10, lr=1e-2, seed=5, schedule="constant", record_distance=False)
+    monkeypatch.undo()
+    assert clones[0] == 0                       # neither θo nor a rollback copy was made
+    assert info.value.result.completed_steps == 2
+    two = _model()
+    train(two, ex, steps=2, lr=1e-2, seed=5, schedule="constant")
+    wm, wt = _weights(model), _weights(two)
+    assert all(torch.equal(wm[n], wt[n]) for n in wm)
+
+
+def test_distance_fn_replaces_the_copy_of_the_start():
+    ex = _examples()
+    a, b = _model(), _model()
+    ra = train(a, ex, steps=4, lr=1e-2, seed=1, eval_every=2)
+    seen = []
+    rb = train(b, ex, steps=4, lr=1e-2, seed=1, eval_every=2, distance_fn=lambda: (seen.append(1), 0.5)[1])
+    assert [h["distance"] for h in rb.history] == [0.5, 0.5, 0.5] and len(seen) == 3
+    assert ra.history[-1]["distance"] > 0
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[n], wb[n]) for n in wa)
 
 
 def test_bad_input():

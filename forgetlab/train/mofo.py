@@ -147,12 +147,24 @@ class MoFO(torch.optim.Optimizer):
                     p.mul_(1.0 - lr * wd)
                 bc1 = 1.0 - beta1**t
                 bc2 = 1.0 - beta2**t
-                denom = (v.sqrt() / math.sqrt(bc2)).add_(eps)
-                if fraction < 1.0 and not full:
-                    mask = top_fraction_mask(m.abs(), fraction)
-                    p.addcdiv_(m * mask, denom, value=-lr / bc1)
-                    state["updated"] = int(mask.sum())
-                else:
-                    p.addcdiv_(m, denom, value=-lr / bc1)
-                    state["updated"] = p.numel()
+                mask = top_fraction_mask(m.abs(), fraction) if fraction < 1.0 and not full else None
+                _masked_adam_update_(p, m, v, mask, lr / bc1, math.sqrt(bc2), eps)
+                state["updated"] = int(mask.sum()) if mask is not None else p.numel()
         return loss
+
+
+CHUNK = 1 << 20     # entries per piece of the update: its temporaries stay a few MiB whatever the tensor's size
+
+
+def _masked_adam_update_(p: torch.Tensor, m: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                         step: float, sqrt_bc2: float, eps: float) -> None:
+    """In place: p ← p − step · (FLT ⊙ m) / (√v / √bc2 + ε), over flat pieces of CHUNK entries. Element-wise,
+    so the result is the same as on the whole tensor, with temporaries of one piece instead of three copies of
+    the largest tensor (the embedding, a fifth of a small model)."""
+    pf, mf, vf = p.view(-1), m.reshape(-1), v.reshape(-1)
+    kf = mask.reshape(-1) if mask is not None else None
+    for start in range(0, pf.numel(), CHUNK):
+        sl = slice(start, start + CHUNK)
+        denom = (vf[sl].sqrt() / sqrt_bc2).add_(eps)
+        num = mf[sl] * kf[sl] if kf is not None else mf[sl]
+        pf[sl].addcdiv_(num, denom, value=-step)

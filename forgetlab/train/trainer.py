@@ -13,8 +13,14 @@
 - a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of docs/methods.md and whatever
   `eval_fn(model, step)` returns.
 
-A non-finite loss or gradient stops the run: the weights are put back to the last ones that gave a finite
-loss and `forgetlab.core.errors.TrainingError` is raised (its `.result` holds the run up to that point).
+A non-finite loss or gradient stops the run with `forgetlab.core.errors.TrainingError` (its `.result` holds the
+run up to that point). With `rollback=True` the weights are first put back to the last ones that gave a finite
+loss; that costs a full copy of the trainable weights, so it is off by default (the model then holds the weights
+after the last completed step).
+
+Memory: beyond the weights, their gradients and the optimizer's state, a run keeps one copy of the trainable
+weights θo only when its formula needs it (SFA averaging, the L1/L2-to-init penalties, or D(θ, θo) records
+without a `distance_fn`), in the weights' own dtype.
 """
 from __future__ import annotations
 
@@ -177,8 +183,9 @@ def make_optimizer(
     """Build the optimizer `name` ("adamw", "mofo" or "sgd") over the model's trainable parameters."""
     key = str(name).lower()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if key == "adamw":
-        return torch.optim.AdamW([p for _, p in named], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    if key == "adamw":   # foreach=False: the multi-tensor path allocates a temporary the size of all the weights
+        return torch.optim.AdamW([p for _, p in named], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                                 foreach=False)
     if key == "mofo":
         from forgetlab.train.mofo import MoFO
 
@@ -258,6 +265,8 @@ def train(
     eval_every: Optional[int] = None,
     eval_fn: Optional[Callable[[torch.nn.Module, int], dict]] = None,
     record_distance: bool = True,
+    distance_fn: Optional[Callable[[], float]] = None,
+    rollback: bool = False,
     pad_id: int = 0,
     device: Optional[str | torch.device] = None,
     progress: Progress = None,
@@ -269,8 +278,10 @@ def train(
     `fraction`, docs/methods.md#mofo) or "sgd". Learning rate: `lr` times `lr_factor` (linear warm-up over
     `warmup` steps, then cosine decay or constant). Gradients are clipped to norm `clip` (None: no clipping).
     SFA: with `sfa_p` set, θ ← (1 − β)·θ + β·θo after every ⌈p·T⌉-th step and after the last one
-    (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) and `eval_fn(model,
-    step)`, with the model in eval mode. Batches are drawn from a generator seeded with `seed`; dropout uses
+    (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) — `distance_fn()` when
+    given (e.g. streamed from the checkpoint the run started from, or a LoRA adapter's merged update), else from
+    a copy of the starting weights — and `eval_fn(model, step)`, with the model in eval mode. `rollback`: on a
+    non-finite loss, restore the last weights that gave a finite loss (keeps a full copy; see the module doc). Batches are drawn from a generator seeded with `seed`; dropout uses
     a forked RNG seeded likewise, so the same call gives the same weights.
     """
     from forgetlab.core.data import collate
@@ -326,8 +337,9 @@ def train(
                          fraction=fraction)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup, schedule))
 
-    anchors = [p.detach().clone() for p in params]          # θo: the weights at the start of the run
-    last_good = [p.detach().clone() for p in params]        # weights that last gave a finite loss
+    need_anchors = sfa_p is not None or bool(l1) or bool(l2) or (record_distance and distance_fn is None)
+    anchors = [p.detach().clone() for p in params] if need_anchors else []   # θo, the weights at the start
+    last_good = [p.detach().clone() for p in params] if rollback else []     # weights that last gave a finite loss
     period = sfa_interval(steps, sfa_p) if sfa_p is not None else None
     batches = _Batches(len(usable), int(batch_size), seed)
     good_after = [0]                                         # how many steps had been taken by last_good
@@ -337,7 +349,7 @@ def train(
     def record(step: int) -> None:
         entry: dict[str, Any] = {"step": step}
         if record_distance:
-            entry["distance"] = _distance(names, params, anchors)
+            entry["distance"] = float(distance_fn()) if distance_fn is not None else _distance(names, params, anchors)
         if eval_fn is not None:
             model.eval()
             with torch.no_grad():
@@ -353,9 +365,10 @@ def train(
         result.stopped = f"{what} at step {step}"
         result.seconds = time.perf_counter() - start
         model.train(was_training)
+        held = (f"The model was restored to the last weights that gave a finite loss (after {good_after[0]} steps)."
+                if rollback else f"The model holds the weights after step {result.completed_steps}.")
         err = TrainingError(
-            f"Training stopped: {what} at step {step} of {steps} (lr={lr}, optimizer={optimizer}). The model "
-            f"was restored to the last weights that gave a finite loss (after {good_after[0]} steps). "
+            f"Training stopped: {what} at step {step} of {steps} (lr={lr}, optimizer={optimizer}). {held} "
             "Lower the learning rate, add warm-up, or check the data."
         )
         err.result = result  # type: ignore[attr-defined]
