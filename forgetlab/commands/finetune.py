@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from forgetlab.commands import args as shared
 from forgetlab.commands._executor import executor_from_args
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 
 FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",
          "pareto"]
@@ -40,6 +40,18 @@ def register(sub) -> None:
     shared.add_eval_limits(p)
     p.add_argument("--max-train", type=int, default=None, help="at most this many training pairs")
     shared.add_device(p)
+    shared.add_dtype(p, what="the weights, gradients and optimizer state")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute each layer's activations in the backward pass instead of keeping them "
+                        "(less memory, about a third more time)")
+    p.add_argument("--lora", type=int, default=0, metavar="R",
+                   help="train a LoRA adapter of rank R instead of every weight (saved with --save-as as a PEFT "
+                        "adapter); the optimizer and the fixes act on the adapter's parameters")
+    p.add_argument("--lora-alpha", type=float, default=None, metavar="A", help="LoRA alpha (default 2·R)")
+    p.add_argument("--lora-targets", default=None, metavar="NAME[,NAME…]",
+                   help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
+                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
+    shared.add_dry_run(p)
     p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
     shared.add_out(p, "also write the trajectories to this CSV or JSON file")
     shared.add_no_save(p)
@@ -67,32 +79,50 @@ def cmd_finetune(args) -> int:
     if args.save_as is not None and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
     measure, general = check_measure(args.measure), check_general_measure(args.general_measure)
+    lora = dict(lora=args.lora, lora_alpha=args.lora_alpha,
+                lora_targets=[t.strip() for t in args.lora_targets.split(",") if t.strip()] if args.lora_targets
+                else None)
+    if args.lora < 0 or (args.lora == 0 and (args.lora_alpha is not None or args.lora_targets)):
+        raise ParameterError("--lora needs a rank ≥ 1 (e.g. --lora 16); --lora-alpha and --lora-targets only "
+                             "apply with it.")
+    if args.compare:
+        configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
+                                   fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
+                                   l2=args.l2 or 1.0, l1=args.l1 or L1_DEFAULT, **lora)
+    else:
+        label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"
+        if args.sfa_p:
+            label += f"+sfa-p{args.sfa_p:g}"
+        if args.l1:
+            label += f"+l1-{args.l1:g}"
+        if args.l2:
+            label += f"+l2-{args.l2:g}"
+        if args.lora:
+            label = f"lora{args.lora}-{label}"
+        configs = [FinetuneConfig(label=label, optimizer=args.optimizer, steps=args.steps,
+                                  batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
+                                  fraction=args.fraction, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
+                                  sfa_p=args.sfa_p, sfa_beta=args.sfa_beta, l1=args.l1, l2=args.l2, **lora)]
+    from forgetlab.core.memory import estimate
+
+    est = estimate("finetune", pool=pool, task=args.task, configs=configs, start=args.start, device=args.device,
+                   dtype=args.dtype, gradient_checkpointing=args.gradient_checkpointing, max_train=args.max_train)
+    if emit_estimate(est, args.dry_run):
+        return 0
     opts = dict(start=args.start, eval_every=args.eval_every, max_general=args.max_general,
-                max_task=args.max_task, max_train=args.max_train, device=args.device,
+                max_task=args.max_task, max_train=args.max_train, device=args.device, dtype=args.dtype,
+                gradient_checkpointing=args.gradient_checkpointing,
                 benchmarks=measure_benchmarks(pool, [measure, general], args.lm_eval_include, args.limit))
     update, close = tqdm_progress(f"finetune {args.task}")
     try:
         if args.compare:
             if args.save_as is not None:
                 raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
-            configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
-                                       fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,
-                                       l2=args.l2 or 1.0, l1=args.l1 or L1_DEFAULT)
             comp = compare(pool, args.task, configs, progress=update, executor=executor_from_args(args),
                            measure=measure, general_measure=general, **opts)
             model = None
         else:
-            label = args.optimizer if args.optimizer != "mofo" else f"mofo-{args.fraction:g}"
-            if args.sfa_p:
-                label += f"+sfa-p{args.sfa_p:g}"
-            if args.l1:
-                label += f"+l1-{args.l1:g}"
-            if args.l2:
-                label += f"+l2-{args.l2:g}"
-            cfg = FinetuneConfig(label=label, optimizer=args.optimizer, steps=args.steps,
-                                 batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-                                 fraction=args.fraction, warmup=args.warmup, schedule=args.schedule, seed=args.seed,
-                                 sfa_p=args.sfa_p, sfa_beta=args.sfa_beta, l1=args.l1, l2=args.l2)
+            cfg = configs[0]
             run, model = finetune(pool, args.task, cfg, progress=update, return_model=True, **opts)
             comp = FinetuneComparison(args.task, args.start, [run], {"task": args.task, "start": args.start,
                                                                      "configs": [cfg.to_dict()], "measure": measure,

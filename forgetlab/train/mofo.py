@@ -49,15 +49,30 @@ def unfiltered_parameters(model: torch.nn.Module) -> set[str]:
 
 
 def top_fraction_mask(scores: torch.Tensor, fraction: float) -> torch.Tensor:
-    """Boolean mask of the k = ⌈fraction·n⌉ entries of `scores` with the largest values (n = scores.numel())."""
+    """Boolean mask of the k = ⌈fraction·n⌉ entries of `scores` with the largest values (n = scores.numel());
+    entries tied at the k-th largest value are taken in storage order until there are k.
+
+    The cut is found with `forgetlab.merge.select.kth_largest` (an exact selection; on the CPU a numpy one
+    that needs about one copy of the tensor, where torch.topk needs 4.6 of them), then compared in pieces.
+    """
+    from forgetlab.merge.select import kth_largest
+
     n = scores.numel()
     k = min(n, max(1, math.ceil(fraction * n - 1e-9)))
     if k >= n:
         return torch.ones_like(scores, dtype=torch.bool)
     flat = scores.reshape(-1)
-    idx = torch.topk(flat, k, largest=True, sorted=False).indices
-    mask = torch.zeros(n, dtype=torch.bool, device=scores.device)
-    mask[idx] = True
+    work = flat if flat.dtype in (torch.float32, torch.float64) else flat.float()
+    cut, _ = kth_largest(work.detach(), k)
+    mask = work > cut
+    missing = k - int(torch.count_nonzero(mask))
+    for start in range(0, n, CHUNK):             # ties at the cut, in storage order, a piece at a time
+        if missing <= 0:
+            break
+        piece = work[start:start + CHUNK] == cut
+        idx = piece.nonzero().reshape(-1)[:missing]
+        mask[start + idx] = True
+        missing -= int(idx.numel())
     return mask.view_as(scores)
 
 

@@ -44,11 +44,15 @@ class FinetuneConfig:
     sfa_beta: float = 0.5
     l1: float = 0.0
     l2: float = 0.0
+    lora: int = 0                                # LoRA rank; 0 = a full fine-tune (forgetlab.train.lora)
+    lora_alpha: Optional[float] = None           # default 2·rank
+    lora_targets: Optional[list[str]] = None     # default every linear layer of the blocks
 
     def train_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of `forgetlab.train.trainer.train` this config stands for."""
         d = asdict(self)
-        d.pop("label")
+        for key in ("label", "lora", "lora_alpha", "lora_targets"):
+            d.pop(key)
         return d
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,10 +75,13 @@ L1_DEFAULT = 1e-3
 
 def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
                      fraction: float = 0.2, sfa_p: float = 0.25, sfa_beta: float = 0.5,
-                     l2: float = 1.0, l1: float = L1_DEFAULT) -> list[FinetuneConfig]:
+                     l2: float = 1.0, l1: float = L1_DEFAULT, lora: int = 0, lora_alpha: Optional[float] = None,
+                     lora_targets: Optional[Sequence[str]] = None) -> list[FinetuneConfig]:
     """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction), SFA (p, β), L2-to-init
-    (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT)."""
-    common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed)
+    (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
+    `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight."""
+    common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, lora=int(lora), lora_alpha=lora_alpha,
+                  lora_targets=list(lora_targets) if lora_targets else None)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
         FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
@@ -266,6 +273,27 @@ def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_ge
     return fn
 
 
+class _StreamedDistance:
+    """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from, θ0 read tensor by
+    tensor from disk in the weights' dtype (so step 0 gives exactly 0 and no copy of θ0 stays in memory)."""
+
+    def __init__(self, model, checkpoint):
+        self.model, self.checkpoint = model, checkpoint
+        names = set(checkpoint.names())
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n in names]
+
+    @torch.no_grad()
+    def __call__(self) -> float:
+        total, count = 0.0, 0
+        for name, p in self.params:
+            w0 = self.checkpoint.read(name, dtype=p.dtype).to(p.device).float()
+            n0 = float(w0.norm())
+            if n0 > 0:
+                total += float((p.float() - w0).norm()) / n0
+                count += 1
+        return total / count if count else float("nan")
+
+
 def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
     return Scorecard.from_dict(rec["scorecard"])
 
@@ -274,6 +302,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
              eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
              max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
              max_length: int = 256, batch_size_eval: int = 16, device: Optional[str] = None,
+             dtype: Optional[str | torch.dtype] = None, gradient_checkpointing: bool = False,
              progress: Progress = None, return_model: bool = False, on_record=None, benchmarks=None):
     """Fine-tune a fresh copy of pool member `start` on `task` with `config`; return a `FinetuneRun`
     (and the trained model when `return_model`).
@@ -284,8 +313,16 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     `TrainingError` after restoring the last good weights (see `trainer.train`). `on_record(step, record)`
     is called with each record as soon as it is made (for live charts). `benchmarks` (a BenchmarkSpec) also
     runs those lm-eval tasks at every record (`TASK/METRIC` keys, usable as the measure).
+
+    `dtype` (default bfloat16 on CUDA, float32 on the CPU: `forgetlab.core.memory.job_dtype`) is the weights',
+    gradients' and optimizer state's precision; the loss is reduced in float32. `gradient_checkpointing`
+    recomputes each layer's activations in the backward pass instead of keeping them. A config with `lora` > 0
+    trains a PEFT adapter (forgetlab.train.lora). D(θ, θ0) is streamed from the start's checkpoint (no copy
+    of the starting weights is kept for it).
     """
     from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.checkpoints.loading import check_device
+    from forgetlab.core.memory import dtype_name, job_dtype
 
     config = config or FinetuneConfig()
     if start != "base" and start not in pool.model_names:
@@ -303,7 +340,20 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         tasks.append(task)
     every = eval_every if eval_every is not None else max(1, math.ceil(config.steps / 10))
     report(progress, 0.0, f"loading {start}")
-    model = load_model(pool.checkpoint(start), device=device, dtype=torch.float32)
+    device = check_device(device)
+    dt = job_dtype(dtype, device)
+    model = load_model(pool.checkpoint(start), device=device, dtype=dt)
+    if gradient_checkpointing:
+        from forgetlab.train.lora import enable_checkpointing
+
+        enable_checkpointing(model)
+    if config.lora:
+        from forgetlab.train.lora import LoraDistance, add_adapter
+
+        model = add_adapter(model, config.lora, config.lora_alpha, config.lora_targets, seed=config.seed)
+        distance_fn = LoraDistance(model, pool.checkpoint(start))
+    else:
+        distance_fn = _StreamedDistance(model, pool.checkpoint(start))
     tok = pool.tokenizer
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     fn = _eval_fn(pool, task, tasks, batch_size_eval, max_general, max_task, benchmarks if manager else None,
@@ -317,12 +367,16 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
             return rec
     try:
         result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
-                       progress=progress)
+                       distance_fn=distance_fn, progress=progress)
     except TrainingError as err:
         partial = getattr(err, "result", None)
         if partial is not None:
             err.run = FinetuneRun(config, task, start, partial)  # type: ignore[attr-defined]
         raise
+    from forgetlab.train.lora import trainable_parameters
+
+    result.settings.update(dtype=dtype_name(dt), device=str(device), gradient_checkpointing=bool(gradient_checkpointing),
+                           trainable_parameters=trainable_parameters(model))
     run = FinetuneRun(config=config, task=task, start=start, train=result,
                       final=_records_to_card(result.history[-1]), start_card=_records_to_card(result.history[0]))
     report(progress, 1.0, f"done · speciality {run.speciality:.3f} · general loss {run.general_loss:.3f}")
@@ -335,7 +389,8 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
 def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = "base",
             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
-            device: Optional[str] = None, on_run=None, progress: Progress = None,
+            device: Optional[str] = None, dtype: Optional[str | torch.dtype] = None,
+            gradient_checkpointing: bool = False, on_run=None, progress: Progress = None,
             executor=None, benchmarks=None, measure: str = "exact_match",
             general_measure: str = "general_loss") -> FinetuneComparison:
     """Run each config from the same start on the same task data and mark the Pareto front of the finals.
@@ -367,7 +422,10 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
         "pool": str(pool.source) if getattr(pool, "source", None) else None})
     n = len(configs)
     kw = dict(start=start, eval_every=eval_every, eval_tasks=eval_tasks, max_general=max_general,
-              max_task=max_task, max_train=max_train, device=device, benchmarks=benchmarks)
+              max_task=max_task, max_train=max_train, device=device, benchmarks=benchmarks,
+              dtype=dtype if dtype is None or isinstance(dtype, str) else str(dtype).removeprefix("torch."),
+              gradient_checkpointing=gradient_checkpointing)
+    comp.recipe.update(dtype=kw["dtype"], gradient_checkpointing=bool(gradient_checkpointing))
     from forgetlab.executors import worker_id
 
     if executor is not None and executor != "local":
@@ -478,14 +536,22 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
                    overwrite: bool = False, update_yaml: bool = True) -> Path:
     """Save a trained model as an HF folder (`forgetlab.core.checkpoints.save_model`, atomic) with its recipe
     (`finetune.json`), add it to the pool under `name`, and add it to the pool's YAML file if it has one
-    (a round-trip edit: the user's comments and keys stay).
+    (a round-trip edit: the user's comments and keys stay). A LoRA fine-tune of the base is saved as a PEFT
+    adapter folder (`{adapter: …}` in the pool); one of another pool model is merged into it and saved whole.
 
     An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
     """
     from forgetlab.core.checkpoints import save_model
 
     target = check_save_as(pool, name, out_dir=out_dir, overwrite=overwrite)
-    extra = {"finetune.json": json.dumps(run.to_dict(), indent=2, default=str)} if run is not None else None
+    run_json = json.dumps(run.to_dict(), indent=2, default=str) if run is not None else None
+    if hasattr(model, "peft_config"):            # a LoRA fine-tune (forgetlab.train.lora)
+        if run is None or run.start == "base":   # an adapter of the pool's base: saved as such
+            from forgetlab.train.lora import save_adapter
+
+            return save_adapter(pool, model, name, target=target, run_json=run_json, overwrite=overwrite)
+        model = model.merge_and_unload()         # an adapter of another model: saved merged, as a full model
+    extra = {"finetune.json": run_json} if run_json is not None else None
     inputs = [pool.checkpoint(n).path for n in ["base", *pool.model_names]]
     if getattr(pool, "source", None):
         inputs.append(pool.source)
@@ -495,3 +561,6 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
     if update_yaml and getattr(pool, "source", None):
         pool.add_to_yaml(name)
     return path
+
+
+from forgetlab.train import memory as _memory  # noqa: E402,F401  (registers the "finetune" memory estimator)

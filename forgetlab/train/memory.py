@@ -1,0 +1,98 @@
+"""The memory a what-if fine-tune needs, from the model's sizes, the dtype and the batch (no weights read).
+
+Peak of one training step, in bytes, with P the model's parameters, T the trained ones (P, or the adapter's
+for LoRA), b the job dtype's bytes, B the batch, S the longest training sequence, H/I/V/L/A the hidden width,
+MLP width, vocabulary, layers and heads (docs/scaling.md):
+
+    weights P·b + gradients T·b + optimizer state 2·T·b (AdamW, MoFO; SGD none)
+    + θo T·b when SFA or L1/L2-to-init needs it + MoFO's per-tensor mask and top-k (largest tensor)
+    + activations  L·B·S·(10·H + 4·I)·b + L·B·A·S²·2·b    (with checkpointing: L·B·S·H·b + one layer's)
+    + logits B·S·V·(b + 12)  (the logits, their float32 copy, log-softmax and its gradient)
+    or, when larger, the records' evaluation: 16·128·V·b + 2·128·V·4 (a batch of logits, one row in float32)
+
+A comparison runs its configs one after another: its peak is its largest run's. The evaluations between steps
+need less than a step (no gradients, no activations kept).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+
+
+def _lora_parameters(size: ModelSize, config) -> int:
+    """Parameters of a LoRA adapter of rank r on the blocks' linear layers: r·(in + out) per adapted matrix.
+    Llama's seven projections per layer: q, k, v, o (H·H each, k/v smaller with grouped-query attention) and
+    gate, up, down (H·I): (4·(H + H) + 3·(H + I))·r per layer when every linear layer is adapted."""
+    r, h, i = int(config.lora), size.hidden or 1, size.intermediate or 4 * (size.hidden or 1)
+    targets = config.lora_targets
+    per = {"q_proj": 2 * h, "k_proj": 2 * h, "v_proj": 2 * h, "o_proj": 2 * h,
+           "gate_proj": h + i, "up_proj": h + i, "down_proj": h + i,
+           "c_attn": 4 * h, "c_proj": 2 * h + (h + i), "c_fc": h + i}
+    chosen = targets or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    return r * size.layers * sum(per.get(t, 2 * h) for t in chosen)
+
+
+def _longest(pool, task: str, max_train: Optional[int], max_length: int) -> int:
+    from forgetlab.train.runs import training_examples
+
+    examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
+    return max(len(e.input_ids) for e in examples)
+
+
+EVAL_BLOCK = 128      # tokens per general-text block of the records' evaluations (core.evaluate.general_loss)
+
+
+def run_parts(size: ModelSize, config, *, dtype, seq: int, gradient_checkpointing: bool,
+              eval_batch: int = 16) -> dict[str, int]:
+    """The parts of one config's peak (module docstring), in bytes."""
+    b = dtype_bytes(dtype)
+    batch = int(config.batch_size)
+    lora = int(getattr(config, "lora", 0) or 0)
+    trained = _lora_parameters(size, config) if lora else size.parameters
+    h, i = size.hidden or 1, size.intermediate or 4 * (size.hidden or 1)
+    layers, heads, vocab = max(1, size.layers), max(1, size.heads), max(1, size.vocab)
+    per_layer = batch * seq * (10 * h + 4 * i) * b + batch * heads * seq * seq * 2 * b
+    parts = {"weights": size.bytes(dtype), "gradients": trained * b}
+    if config.optimizer in ("adamw", "mofo"):
+        parts["optimizer state"] = 2 * trained * b
+    if config.sfa_p is not None or config.l1 or config.l2:
+        parts["θo (start weights)"] = trained * b
+    if config.optimizer == "mofo" and not lora:
+        parts["MoFO mask"] = size.layer_parameters // 3 * (3 * b + 1 + 8)    # the largest tensor's temporaries
+    activations = (layers * batch * seq * h * b + per_layer) if gradient_checkpointing else layers * per_layer
+    logits = batch * seq * vocab * (b + 12)
+    evaluation = eval_batch * EVAL_BLOCK * vocab * b + 2 * EVAL_BLOCK * vocab * 4   # logits + one row in float32
+    if activations + logits >= evaluation:
+        parts["activations"], parts["logits"] = activations, logits
+    else:
+        parts["evaluation"] = evaluation
+    return parts
+
+
+@register_estimator("finetune")
+def estimate_finetune(pool, task: str, config=None, configs: Optional[Sequence[Any]] = None, *, start: str = "base",
+                      device: Optional[str] = None, dtype=None, gradient_checkpointing: bool = False,
+                      max_train: Optional[int] = None, max_length: int = 256, **_: Any) -> MemoryEstimate:
+    """The peak of `forgetlab.train.runs.finetune` (or `compare` with `configs`): the largest run's parts
+    (module docstring), with the flags that shrink it in the order they help most."""
+    from forgetlab.core.checkpoints.loading import check_device
+    from forgetlab.train.runs import FinetuneConfig
+
+    device = check_device(device)
+    dt = job_dtype(dtype, device)
+    size = ModelSize.of(pool.checkpoint(start))
+    seq = _longest(pool, task, max_train, max_length)
+    runs = list(configs) if configs else [config or FinetuneConfig()]
+    best = max((run_parts(size, c, dtype=dt, seq=seq, gradient_checkpointing=gradient_checkpointing) for c in runs),
+               key=lambda parts: sum(parts.values()))
+    fixes = []
+    if dtype_bytes(dt) == 4:
+        fixes.append("--dtype bfloat16 (sidebar: Dtype)")
+    if not any(getattr(c, "lora", 0) for c in runs):
+        fixes.append("--lora 16 (page: LoRA)")
+    if not gradient_checkpointing:
+        fixes.append("--gradient-checkpointing")
+    if max(int(c.batch_size) for c in runs) > 1:
+        fixes.append("a smaller --batch-size")
+    return MemoryEstimate("finetune", str(device), dtype_name(dt), best, fixes=fixes)
