@@ -10,7 +10,10 @@ from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig
 from forgetlab.ui import (budget_caption, clear_pool_cache, device_settings, job_key, require_pool, require_tasks,
                           run_once, show_errors, workspace_home)
 from forgetlab.ui.glossary import explain, explain_group
+from forgetlab.core.memory import dtype_name
+from forgetlab.train.lora import checkpoint_targets
 from forgetlab.ui.jobs import partial_figure
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
@@ -53,6 +56,22 @@ with left:
     mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
                     help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init, one run each, with the same steps, lr, "
                          "batches and seed.  \n" + explain_group("finetune"))
+    weights = st.radio("trains", ["every weight", "a LoRA adapter"], horizontal=True, key="finetune_weights",
+                       help="LoRA trains a low-rank update (α/r)·B·A of chosen layers and leaves the weights "
+                            "frozen: far less memory (what fits a 7–8B model on one GPU); the optimizer and the "
+                            "fixes then act on A and B.")
+    lora = dict(lora=0)
+    if weights == "a LoRA adapter":
+        c7, c8 = st.columns(2)
+        rank = c7.number_input("LoRA rank r", 1, 1024, 16, key="finetune_lora_r")
+        alpha = c8.number_input("LoRA α", 0.1, 1e4, float(2 * rank), key="finetune_lora_alpha",
+                                help="scale α/r of the update (default 2·r)")
+        offered = checkpoint_targets(pool.checkpoint(start))
+        targets = st.multiselect("adapted layers", offered, default=offered, key="finetune_lora_targets")
+        lora = dict(lora=int(rank), lora_alpha=float(alpha), lora_targets=targets or None)
+    checkpointing = st.checkbox("gradient checkpointing", key="finetune_checkpointing",
+                                help="recompute each layer's activations in the backward pass instead of keeping "
+                                     "them: less memory, about a third more time")
     c1, c2 = st.columns(2)
     steps = c1.number_input("steps", 1, 100_000, DEFAULT_STEPS, key="finetune_steps",
                             help="training steps of each run (one batch each)")
@@ -99,11 +118,12 @@ with left:
 with right:
     measures = sweep_measures("finetune", pool)
     measure, general = measures.measure, measures.general_measure
-    device, _dtype = device_settings()
+    device, dtype = device_settings()
     # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
     # records score the fine-tuned task only (the charts show no other): a third of the evaluation time
     common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  eval_tasks=[task], device=device, **measures.settings)
+                  eval_tasks=[task], device=device, dtype=dtype_name(dtype), gradient_checkpointing=checkpointing,
+                  **measures.settings)
     if mode == "one run":
         label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
         label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
@@ -111,13 +131,15 @@ with right:
         label += f"+l2-{l2:g}" if l2 else ""
         configs = [FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
                                   batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
-                                  sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2))]
+                                  sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), **lora)]
     else:
         configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
                                    fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta), l2=float(l2),
-                                   l1=float(l1))
+                                   l1=float(l1), **lora)
     # the main action at the top of the results, where it is seen without scrolling past the settings
-    go = st.button("Fine-tune", type="primary", key="finetune_run")
+    fits = memory_check("finetune", pool=pool, task=task, configs=configs, start=start, device=device,
+                        dtype=dtype, gradient_checkpointing=checkpointing)
+    go = st.button("Fine-tune", type="primary", key="finetune_run", disabled=not fits)
     st.caption(plan_caption(len(configs), int(steps), int(eval_every), int(max_general), int(max_task)))
 
     def work(progress):

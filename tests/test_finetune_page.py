@@ -87,3 +87,45 @@ def test_finetune_page_nan_loss_is_a_message(tiny_llama, tmp_path, monkeypatch):
     finish_jobs(at, "finetune")
     assert not at.exception, at.exception
     assert any("NaN" in e.value and "step 1" in e.value for e in at.error), [e.value for e in at.error]
+
+
+def test_finetune_page_lora_run_saved_as_an_adapter(tiny_llama, tmp_path, monkeypatch):
+    """Issue 28: the page trains a LoRA adapter, shows the memory it needs first, and saves an adapter."""
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    at = open_page("finetune", root / "pool.yaml")
+    at.run()
+    assert any("Memory: needs ≈" in c.value and "free on cpu" in c.value for c in at.caption)
+    at.radio(key="finetune_mode").set_value("one run").run()
+    at.radio(key="finetune_weights").set_value("a LoRA adapter").run()
+    assert at.multiselect(key="finetune_lora_targets").value == ["down_proj", "gate_proj", "k_proj", "o_proj",
+                                                                 "q_proj", "up_proj", "v_proj"]
+    at.number_input(key="finetune_lora_r").set_value(2)
+    at.multiselect(key="finetune_lora_targets").set_value(["q_proj", "v_proj"])
+    at.checkbox(key="finetune_checkpointing").check()
+    at.number_input(key="finetune_steps").set_value(2)
+    at.number_input(key="finetune_eval_every").set_value(2)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.button(key="finetune_run").click().run()
+    finish_cleanly(at, "finetune")
+    result = at.session_state["finetune_result"]
+    settings = result.runs[0].train.settings
+    assert settings["gradient_checkpointing"] and settings["trainable_parameters"] < 2000
+    assert result.runs[0].config.lora == 2 and result.runs[0].config.lora_targets == ["q_proj", "v_proj"]
+    at.text_input(key="finetune_save_name").set_value("math-lora")
+    at.button(key="finetune_save").click().run()
+    assert not at.exception, at.exception
+    assert ModelPool.from_yaml(root / "pool.yaml").entries["math-lora"].adapter
+
+
+def test_finetune_page_refuses_a_job_that_will_not_fit(tiny_llama, tmp_path, monkeypatch):
+    import forgetlab.core.memory as memory
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1000)
+    at = open_page("finetune", tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception
+    assert any("will not fit" in e.value and "LoRA" in e.value for e in at.error)
+    assert at.button(key="finetune_run").disabled

@@ -33,6 +33,18 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def checkpoint_targets(ckpt) -> list[str]:
+    """The linear layers a LoRA adapter can target, read from a checkpoint's headers (the last name of every 2-D
+    weight inside the transformer blocks): what the Fine-tune page offers without loading the model."""
+    import re
+
+    names = set()
+    for name, info in ckpt.infos().items():
+        if len(info.shape) == 2 and name.endswith(".weight") and re.search(r"\.(layers|h|blocks)\.\d+\.", name):
+            names.add(name.rsplit(".", 2)[-2])
+    return sorted(names)
+
+
 def check_lora(model: torch.nn.Module, rank: int, alpha: Optional[float],
                targets: Optional[Sequence[str]]) -> list[str]:
     """Check a LoRA request against `model` and return the target module names (default: all of
