@@ -103,3 +103,50 @@ def test_arcee_fusion_kernel_equals_the_reference(monkeypatch, ties):
     for i, shape in enumerate(SHAPES[:3]):
         fast, ref = _both("arcee_fusion", {"seed": 4}, shape, n_models=1, seed=40 + i, ties=ties)
         _assert_same(fast, ref)
+
+
+@pytest.mark.parametrize("params", [{}, {"weights": [0.2, 0.5, 1.3, 0.7]}, {"eps": 1e-3},
+                                    {"weights": [0.2, 0.5, 1.3, 0.7], "normalize_weights": False}])
+@pytest.mark.parametrize("n_models", [2, 3, 4])
+@pytest.mark.parametrize("ties", [False, True])
+def test_multislerp_kernel_equals_the_reference(params, n_models, ties):
+    params = dict(params)
+    if "weights" in params:
+        params["weights"] = params["weights"][:n_models]
+    for i, shape in enumerate(SHAPES):
+        fast, ref = _both("multislerp", params, shape, n_models=n_models, seed=50 + i, ties=ties)
+        _assert_same(fast, ref)
+
+
+def _multislerp_job(base, fts, params):
+    spec = get_method("multislerp")
+    return TensorJob("model.layers.0.mlp.up_proj.weight", base, fts, validate_params(spec, params, len(fts)))
+
+
+def test_multislerp_kernel_edge_cases():
+    spec = get_method("multislerp")
+    g = torch.Generator().manual_seed(7)
+    base = torch.randn(64, 32, generator=g)
+    tau = torch.randn(64, 32, generator=g) * 0.01
+    # two antipodal task vectors (exactly: a zero base) with equal weights: the weighted mean direction vanishes,
+    # so both interpolate linearly (= θ0); likewise all-zero task vectors
+    zero = torch.zeros_like(base)
+    for fts in ([tau.clone(), -tau], [zero.clone(), zero.clone()]):
+        job = _multislerp_job(zero, fts, {})
+        fast, ref = spec.fast(_copy(job)), spec.merge(_copy(job))
+        _assert_same(fast, ref)
+        assert torch.equal(fast, zero)
+    # three with a vanishing mean are refused by both, with the same error
+    job = _multislerp_job(zero, [tau.clone(), -tau, zero.clone()], {})
+    with pytest.raises(Exception, match="weighted mean of the models' directions is zero") as e_fast:
+        spec.fast(_copy(job))
+    with pytest.raises(type(e_fast.value)):
+        spec.merge(_copy(job))
+    # one model, or no base: the kernel declines (the reference runs)
+    assert spec.fast(_copy(_multislerp_job(base, [base + tau], {}))) is None
+    assert spec.fast(_copy(_multislerp_job(base, [base + tau, base + 2 * tau], {"use_base": False}))) is None
+    # bf16 inputs do not take the kernel: apply gives the reference's tensor
+    b16, f16 = base.bfloat16(), [(base + tau).bfloat16(), (base + 2 * tau + 0.001).bfloat16()]
+    job = _multislerp_job(b16, f16, {})
+    assert not K.on_cpu_fast_path(job.base, *job.finetuned)
+    _assert_same(spec.apply(_copy(job)), spec.merge(_copy(job)))
