@@ -150,3 +150,39 @@ def test_multislerp_kernel_edge_cases():
     job = _multislerp_job(b16, f16, {})
     assert not K.on_cpu_fast_path(job.base, *job.finetuned)
     _assert_same(spec.apply(_copy(job)), spec.merge(_copy(job)))
+
+
+@pytest.mark.parametrize("params", [{}, {"weights": [0.2, 0.9]}, {"weights": [1.0, 0.0]}, {"weights": [0.0, 1.0]}])
+@pytest.mark.parametrize("ties", [False, True])
+def test_nuslerp_kernel_equals_the_reference(params, ties):
+    for i, shape in enumerate(SHAPES):
+        fast, ref = _both("nuslerp", params, shape, n_models=2, seed=60 + i, ties=ties)
+        _assert_same(fast, ref)
+
+
+def test_nuslerp_kernel_edge_cases():
+    spec = get_method("nuslerp")
+    g = torch.Generator().manual_seed(8)
+    base = torch.randn(64, 32, generator=g)
+    tau = torch.randn(64, 32, generator=g) * 0.01
+    zero = torch.zeros_like(base)
+    cases = [(zero, [tau.clone(), 2 * tau]),  # exactly colinear task vectors: the linear branch
+             (zero, [tau.clone(), -tau]),  # antipodal
+             (base, [base.clone(), base.clone()]),  # zero task vectors
+             (base, [base + tau, base.clone()])]  # one zero task vector
+    for b, fts in cases:
+        job = TensorJob("w", b, fts, validate_params(spec, {"weights": [0.3, 0.7]}, 2))
+        fast, ref = spec.fast(_copy(job)), spec.merge(_copy(job))
+        _assert_same(fast, ref)
+    lin = TensorJob("w", zero, [tau.clone(), 2 * tau], validate_params(spec, {"weights": [0.3, 0.7]}, 2))
+    torch.testing.assert_close(spec.fast(_copy(lin)), 0.3 * tau + 0.7 * 2 * tau, rtol=1e-6, atol=0)
+    # per-row angles, or no base: the kernel declines (the reference runs)
+    for params in ({"nuslerp_flatten": False}, {"nuslerp_flatten": False, "nuslerp_row_wise": True},
+                   {"use_base": False}):
+        job = TensorJob("w", base, [base + tau, base - tau], validate_params(spec, params, 2))
+        assert spec.fast(_copy(job)) is None
+    # bf16 inputs do not take the kernel: apply gives the reference's tensor
+    job = TensorJob("w", base.bfloat16(), [(base + tau).bfloat16(), (base - 2 * tau).bfloat16()],
+                    validate_params(spec, {}, 2))
+    assert not K.on_cpu_fast_path(job.base, *job.finetuned)
+    _assert_same(spec.apply(_copy(job)), spec.merge(_copy(job)))

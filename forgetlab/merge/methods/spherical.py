@@ -265,3 +265,28 @@ def _multislerp_fast(job: TensorJob) -> torch.Tensor | None:
     tn = torch.linalg.vector_norm(tangent) + eps
     result = mean.mul_(torch.cos(tn)).add_(tangent.mul_(torch.sin(tn) / tn))
     return result.mul_((norms * w).sum()).add_(job.base)
+
+
+@fast_kernel("nuslerp")
+def _nuslerp_fast(job: TensorJob) -> torch.Tensor | None:
+    """`nuslerp` of the flattened task vectors (the default): the task vectors made in place, two scratch tensors,
+    and only the branch the (single) angle selects, where the reference's torch.where computes both. The same
+    float32 operations in the same order, so the same bits. None (the reference) for rows or use_base false."""
+    p = job.params
+    if not (p["use_base"] and p["nuslerp_flatten"]):
+        return None
+    t = nuslerp_t(p["weights"])
+    v0, v1 = (x.reshape(-1) for x in job.take_taus())
+    u0, u1 = torch.empty_like(v0), torch.empty_like(v0)
+    eps_row = 1e-7  # _unit_rows' clamp
+    torch.div(v0, torch.linalg.vector_norm(v0, dim=-1, keepdim=True).clamp(min=eps_row), out=u0)
+    torch.div(v1, torch.linalg.vector_norm(v1, dim=-1, keepdim=True).clamp(min=eps_row), out=u1)
+    cos = torch.sum(u0.mul_(u1), dim=-1, keepdim=True).clamp(-1, 1)
+    colinear = (1 - cos.square()) <= 1e-8 ** 2
+    if bool(colinear):
+        out = torch.mul(v0, 1 - t, out=u0).add_(torch.mul(v1, t, out=u1))
+    else:
+        theta = torch.acos(cos)
+        out = torch.mul(v0, torch.sin((1 - t) * theta), out=u0)
+        out.add_(torch.mul(v1, torch.sin(t * theta), out=u1)).div_(torch.sin(theta))
+    return out.reshape(job.base.shape).add_(job.base)
