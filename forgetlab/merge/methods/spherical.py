@@ -9,6 +9,10 @@ from the papers, for parity; tests/test_merge_mergekit_methods.py compares them 
 - multislerp: barycentric interpolation of N task vectors (or models) on the hypersphere, through the tangent
   space at their weighted mean, scaled back to their weighted mean norm.
 - karcher: the Karcher (Riemannian) mean of the fine-tuned models' directions, iterated, scaled by their mean norm.
+
+CPU kernels (`fast_kernel`, float32 on the CPU, with the base): `nuslerp` of the flattened tensors and `multislerp`
+work on the task vectors in place with a few scratch tensors; the same operations in the same order, so the
+reference's bits.
 """
 from __future__ import annotations
 
@@ -224,10 +228,11 @@ def _karcher(job: TensorJob) -> torch.Tensor:
 
 @fast_kernel("multislerp")
 def _multislerp_fast(job: TensorJob) -> torch.Tensor | None:
-    """`multislerp` with the base (N ≥ 2): the task vectors made in place and four scratch tensors instead of the
-    reference's stack and its N-row temporaries; each unit vector is recomputed (the same division) where it is
-    used again. The same float32 operations in the same order as the reference, so the same bits
-    (tests/test_merge_mergekit_kernels.py). None (the reference) for one model or use_base false."""
+    """`multislerp` with the base (N ≥ 2): the task vectors made in place and three scratch tensors instead of
+    the reference's stack and its N-row temporaries; the unit vectors replace the task vectors once the mean
+    direction is known not to vanish (the linear fallback needs the task vectors). The same float32 operations
+    in the same order as the reference, so the same bits (tests/test_merge_mergekit_kernels.py). None (the
+    reference) for one model or use_base false."""
     p = job.params
     n = len(job.finetuned)
     if n == 1 or not p["use_base"]:
@@ -251,16 +256,13 @@ def _multislerp_fast(job: TensorJob) -> torch.Tensor | None:
             "multislerp: the weighted mean of the models' directions is zero for a tensor (antipodal task vectors "
             "whose weights balance out exactly); change the weights.")
     mean /= mean_norm
-    dots = []
-    for i, tau in enumerate(taus):
-        torch.div(tau, norms[i] + eps, out=tmp)
-        # The reference reduces rows of an (N, M) tensor; a lone 1-D sum adds in another order, a row seen twice
-        # (a stride-0 view) takes the rows' path, so the same bits.
-        dots.append(torch.mul(tmp, mean, out=tmp2).view(1, -1).expand(2, -1).sum(-1)[0])
+    units = [tau.div_(norms[i] + eps) for i, tau in enumerate(taus)]  # the task vectors are no longer needed
+    # The reference reduces rows of an (N, M) tensor; a lone 1-D sum adds in another order, a row seen twice
+    # (a stride-0 view) takes the rows' path, so the same bits.
+    dots = [torch.mul(u, mean, out=tmp2).view(1, -1).expand(2, -1).sum(-1)[0] for u in units]
     tangent = torch.zeros_like(mean)
-    for i, tau in enumerate(taus):
-        torch.div(tau, norms[i] + eps, out=tmp)
-        tmp.sub_(torch.mul(mean, dots[i], out=tmp2)).mul_(w[i])
+    for i, u in enumerate(units):
+        torch.sub(u, torch.mul(mean, dots[i], out=tmp2), out=tmp).mul_(w[i])
         tangent += tmp
     tn = torch.linalg.vector_norm(tangent) + eps
     result = mean.mul_(torch.cos(tn)).add_(tangent.mul_(torch.sin(tn) / tn))
