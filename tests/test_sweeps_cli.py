@@ -77,6 +77,10 @@ def test_sweep_dry_run_prints_the_estimate_and_runs_nothing(tiny_llama, tmp_path
     merge = 5 * 4 * max(size.vocab * size.hidden, size.layer_parameters // 3)
     evaluation = 4 * 128 * size.vocab * 2 + 2 * 128 * size.vocab * 4
     assert est.total == 2 * size.parameters + max(merge, evaluation)
+    alpha = estimate("sweep", pool=pool, model="ft0", kind="alpha", device="cpu", dtype="bfloat16", batch_size=4)
+    assert alpha.total == 2 * size.parameters + max(merge * 3 // 5, evaluation)       # WiSE-FT: 3 tensors, not 5
+    capped = estimate("sweep", pool=pool, model="ft0", device="cpu", batch_size=16, max_general=2, max_task=3)
+    assert capped.total <= estimate("sweep", pool=pool, model="ft0", device="cpu", batch_size=3).total
     assert estimate("sweep", pool=pool, model="ft0", device="cpu").dtype == "float32"
 
 

@@ -127,7 +127,8 @@ def cmd_sweep(args) -> int:
         extra = {setting: parse_floats(getattr(args, setting), "--" + setting.replace("_", "-"))}
     # a device map spreads the copy over devices and disk by design: its estimate is shown, never enforced
     if (isinstance(device, str) or args.dry_run) and emit_estimate(
-            estimate("sweep", pool=pool, model=args.model, device=device, dtype=dtype, batch_size=args.batch_size),
+            estimate("sweep", pool=pool, model=args.model, kind=args.kind, device=device, dtype=dtype, batch_size=args.batch_size,
+                     max_general=args.max_general, max_task=args.max_task),
             args.dry_run):
         return 0
     update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
