@@ -3,6 +3,8 @@
     python bench/gpu_smoke.py                      # builds (or reuses) the smol zoo under FORGETLAB_HOME
     python bench/gpu_smoke.py --pool POOL.yaml     # any pool (a base, ≥ 2 fine-tuned models, probe data)
     python bench/gpu_smoke.py --dry-run            # the script's own plumbing on a tiny random model, on CPU
+    python bench/gpu_smoke.py --device cpu         # every job really run in bfloat16 on CPU, tiny random model
+    python bench/gpu_smoke.py --allow-skip         # a job that cannot run is reported, not a failure
 
 Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
 submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
@@ -11,7 +13,9 @@ with one worker per visible GPU. Each job prints its wall time, peak GPU memory,
 numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
 computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
 `dtype` column says which (scorecards and the three sweeps run in bfloat16; linearity, features, the merges
-and the fine-tune have no dtype parameter and run in float32 on the GPU). The script exits 1 when a job fails or disagrees, 0 otherwise.
+and the fine-tune have no dtype parameter and run in float32 on the GPU). The script exits 1 when a job fails or disagrees, or is skipped (unless `--allow-skip`), 0 otherwise.
+Memory: each job's estimate (`forgetlab.core.memory.estimate`, for jobs with an estimator) is printed beside
+its measured peak (`PeakMeter`: CUDA's allocator peak, the CPU's anonymous RSS) and their ratio.
 
 Without CUDA it says so, runs its plumbing on CPU against itself on a tiny random Llama pool (built in a
 temporary folder, well under a minute; Ray is skipped) and exits 0.
@@ -177,6 +181,29 @@ def job_ray_sweep(pool, models, device, dtype):
     return [p.general_loss for p in res.points] + [p.distance for p in res.points]
 
 
+def _estimate(job, pool, models, device, dtype):
+    """The job's estimated peak in bytes (None when the job has no estimator yet)."""
+    from forgetlab.core.errors import ForgetlabError
+    from forgetlab.core.memory import estimate
+
+    try:
+        if job in ("alpha sweep", "FAPM sweep", "Ray alpha sweep"):
+            import forgetlab.analysis.sweeps  # noqa: F401  (registers the estimator)
+            return estimate("sweep", pool=pool, model=models[0], kind="alpha" if "alpha" in job else "pruning",
+                            device=device, dtype=dtype, max_general=8, max_task=16).total
+        if job == "MoFO fine-tune":
+            from forgetlab.train.runs import FinetuneConfig
+            return estimate("finetune", pool=pool, task=pool.task_names[0], device=device, dtype=torch.float32,
+                            config=FinetuneConfig(label="mofo", optimizer="mofo", steps=STEPS, batch_size=4)).total
+        if job == "linearity":
+            import forgetlab.analysis.linearity  # noqa: F401
+            return estimate("linearity", pool=pool, task=pool.task_names[0], model=models[0], levels=("layer",),
+                            samples=4, device=device).total
+    except ForgetlabError:
+        return None
+    return None
+
+
 STEPS = 10
 JOBS = [("scorecards", job_scorecards, True), ("linearity", job_linearity, False),
         ("features", job_features, False), ("alpha sweep", job_alpha_sweep, True),
@@ -201,9 +228,11 @@ def max_rel_diff(a, b) -> float:
     return worst
 
 
-def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False) -> int:
-    """Run every job on `device` and on CPU float32, print the table; 1 if a job failed or disagreed. `dry`: the
-    CPU run only, compared with itself (the plumbing: jobs, timing, table)."""
+def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False, allow_skip=False) -> int:
+    """Run every job on `device` and on CPU float32, print the table; 1 if a job failed, disagreed or was skipped
+    (a skip is allowed with `allow_skip`, and for the jobs in `skip`, which the caller chose to leave out).
+    `dry`: the CPU run only, compared with itself (the plumbing: jobs, timing, table)."""
+    from forgetlab.core.memory import PeakMeter
     from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(pool_yaml)
@@ -219,23 +248,28 @@ def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False) -> int:
             ref = job(pool, models, "cpu", torch.float32)
             t_cpu = time.perf_counter() - t0
             if ref is None:
-                rows.append((name, "-", float("nan"), float("nan"), float("nan"), "skipped (not available)"))
+                failed |= not allow_skip
+                rows.append((name, "-", float("nan"), float("nan"), float("nan"),
+                             "skipped (not available)" + ("" if allow_skip else ": FAILS without --allow-skip")))
                 continue
+            est = _estimate(name, pool, models, device, jd)
             if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            got = list(ref) if dry else job(pool, models, device, jd)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
+            with PeakMeter(device) as meter:
+                got = list(ref) if dry else job(pool, models, device, jd)
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
             wall = t_cpu if dry else time.perf_counter() - t0
-            peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else float("nan")
+            peak = float("nan") if dry else meter.peak / 2**20
             diff = max_rel_diff(got, ref)
             tol = 5e-2 if jd == torch.bfloat16 else 2e-3
             ok = diff <= tol
             failed |= not ok
+            ratio = (f"; estimate {est / 2**20:.0f} MiB = {est / meter.peak:.2f}× peak"
+                     if est and not dry and meter.peak > 0 else "")
             rows.append((name, str(jd).replace("torch.", ""), wall, peak, diff,
-                         f"{'ok' if ok else 'DISAGREES'} (tol {tol:g}; CPU {t_cpu:.1f} s)"))
+                         f"{'ok' if ok else 'DISAGREES'} (tol {tol:g}; CPU {t_cpu:.1f} s{ratio})"))
         except Exception as exc:  # noqa: BLE001 - the table reports every failure
             failed = True
             rows.append((name, "-", float("nan"), float("nan"), float("nan"), f"FAILED: {type(exc).__name__}: {exc}"[:160]))
@@ -247,22 +281,34 @@ def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False) -> int:
 
 
 def main(argv=None) -> int:
+    global STEPS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", help="pool.yaml (default: the smol zoo, built when missing)")
     ap.add_argument("--dry-run", action="store_true", help="the plumbing on CPU on a tiny random pool")
+    ap.add_argument("--device", default=None, help="cuda (default when visible) or cpu: every job run in bfloat16 "
+                                                   "on CPU on a tiny random pool, against float32")
+    ap.add_argument("--allow-skip", action="store_true", help="a job that cannot run does not fail the script")
     args = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cuda available: {torch.cuda.is_available()}")
+    if args.device == "cpu" and not args.dry_run:
+        STEPS = 4
+        with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
+            os.environ.setdefault("FORGETLAB_HOME", str(Path(tmp) / "home"))
+            code = run(tiny_pool(Path(tmp)), "cpu", torch.bfloat16, skip=("Ray alpha sweep",),
+                       allow_skip=args.allow_skip)
+        print("cpu run " + ("passed" if code == 0 else "FAILED"))
+        return code
     if args.dry_run or not torch.cuda.is_available():
         if not args.dry_run:
             print("No CUDA device here: nothing to measure on a GPU. Running a CPU dry run of the script's own "
                   "plumbing on a tiny random model (Ray skipped) instead.")
-        global STEPS
         STEPS = 4
         with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as tmp:
             os.environ.setdefault("FORGETLAB_HOME", str(Path(tmp) / "home"))
             pool_yaml = tiny_pool(Path(tmp))
-            code = run(pool_yaml, "cpu", torch.float32, skip=("Ray alpha sweep",), dry=True)
+            code = run(pool_yaml, "cpu", torch.float32, skip=("Ray alpha sweep",), dry=True,
+                       allow_skip=args.allow_skip)
         print("dry run " + ("passed" if code == 0 else "FAILED"))
         return code
     if args.pool:
@@ -272,7 +318,7 @@ def main(argv=None) -> int:
 
         pool_yaml = build(preset="smol").pool_yaml
     print(f"GPU: {torch.cuda.get_device_name(0)} × {torch.cuda.device_count()}; pool {pool_yaml}")
-    return run(pool_yaml, "cuda", torch.bfloat16)
+    return run(pool_yaml, "cuda", torch.bfloat16, allow_skip=args.allow_skip)
 
 
 if __name__ == "__main__":

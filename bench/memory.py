@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"100M": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=2048, num_attention_heads=12),
          "20M": dict(hidden_size=384, num_hidden_layers=6, intermediate_size=1024, num_attention_heads=6)}
+SWEEP = ["--model", "math", "--task", "math", "--max-general", "4", "--max-task", "4", "--no-save"]
 FT = ["--task", "math", "--steps", "3", "--batch-size", "8", "--eval-every", "3", "--max-general", "4",
       "--max-task", "4", "--no-save"]
 JOBS = {   # name → (CLI arguments after the pool, job dtype)
@@ -33,6 +34,10 @@ JOBS = {   # name → (CLI arguments after the pool, job dtype)
     "finetune-adamw-bf16": (["finetune", *FT, "--optimizer", "adamw", "--dtype", "bfloat16"], "bfloat16"),
     "finetune-lora-bf16-ckpt": (["finetune", *FT, "--lora", "16", "--dtype", "bfloat16", "--gradient-checkpointing"],
                                 "bfloat16"),
+    "sweep-alpha": (["sweep", "alpha", *SWEEP, "--alphas", "0,0.5,1", "--dtype", "float32"], "float32"),
+    "sweep-alpha-bf16": (["sweep", "alpha", *SWEEP, "--alphas", "0,0.5,1", "--dtype", "bfloat16"], "bfloat16"),
+    "sweep-pruning-fapm": (["sweep", "pruning", *SWEEP, "--ratios", "0.2,0.5,0.9", "--scores", "fapm",
+                            "--dtype", "float32"], "float32"),
 }
 
 
@@ -48,9 +53,12 @@ def make_pool(root: Path, size: str, zoo: Path) -> Path:
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).save_pretrained(root / "base", safe_serialization=True)
     tok.save_pretrained(root / "base")
+    torch.manual_seed(1)          # a second random model stands for the fine-tuned one the sweeps need
+    LlamaForCausalLM(cfg).save_pretrained(root / "ft-math", safe_serialization=True)
+    tok.save_pretrained(root / "ft-math")
     shutil.copytree(zoo / "data", root / "data")
     text = (zoo / "pool.yaml").read_text().split("probes:", 1)[1]
-    (root / "pool.yaml").write_text(f"name: mem-{size}\nbase: base\nmodels: {{}}\nprobes:{text}")
+    (root / "pool.yaml").write_text(f"name: mem-{size}\nbase: base\nmodels:\n  math: ft-math\nprobes:{text}")
     return root / "pool.yaml"
 
 
@@ -63,6 +71,7 @@ def child(pool: str, job: str, device: str) -> None:
     from forgetlab.core.memory import ModelSize, PeakMeter, estimate, recording  # noqa: F401
     from forgetlab.core.pool import ModelPool
     import forgetlab.train.runs  # noqa: F401  (registers the finetune estimator)
+    import forgetlab.analysis.sweeps  # noqa: F401  (registers the sweep estimator)
 
     import transformers.models.llama.modeling_llama  # noqa: F401  (~0.12 GiB of code and tables, any model size)
 
@@ -72,7 +81,8 @@ def child(pool: str, job: str, device: str) -> None:
     est = _estimate(p, args, dtype, device)
     del p
     with PeakMeter(device) as meter:
-        code = main([args[0], pool, *args[1:], "--device", device])
+        words = 2 if args[0] == "sweep" else 1          # "sweep KIND POOL …", "finetune POOL …"
+        code = main([*args[:words], pool, *args[words:], "--device", device])
     print(json.dumps({"peak": meter.peak, "estimate": est, "params": size.parameters, "code": code}))
 
 
@@ -86,6 +96,9 @@ def _estimate(pool, args, dtype, device):
         cfg = FinetuneConfig(optimizer=opt, steps=3, batch_size=8, lora=lora)
         return estimate("finetune", pool=pool, task="math", config=cfg, device=device, dtype=dtype,
                         gradient_checkpointing="--gradient-checkpointing" in args).total
+    if args[0] == "sweep":
+        return estimate("sweep", pool=pool, model="math", kind=args[1], device=device, dtype=dtype, max_general=4,
+                        max_task=4).total
     return None
 
 

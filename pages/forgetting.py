@@ -12,6 +12,7 @@ from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
 from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
                           run_once, show_errors, workspace_home)
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.glossary import explain, explain_group
@@ -92,11 +93,14 @@ with left:
     budget = eval_budget()
     max_general, max_task = budget.max_general, budget.max_task
     budget_caption(budget)
-    run = st.button("Run sweep", type="primary", key="forgetting_run")
+    device, dtype = device_settings()
+    fits = memory_check("sweep", pool=pool, model=model, kind=kind, device=device, dtype=dtype, max_general=max_general,
+                        max_task=max_task)
+    run = st.button("Run sweep", type="primary", key="forgetting_run", disabled=not fits)
 
 with right:
-    device, _dtype = device_settings()
-    settings = dict(task=task, device=device, max_general=max_general, max_task=max_task, **extra, **measures.settings)
+    settings = dict(task=task, device=device, dtype=dtype, max_general=max_general, max_task=max_task, **extra,
+                    **measures.settings)
     key = job_key("forgetting", pool.key, str(workspace_home()), model, kind, settings)
     from forgetlab.ui.executor import session_executor
     executor = session_executor()

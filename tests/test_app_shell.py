@@ -183,6 +183,39 @@ def test_device_settings_default_to_cpu_and_follow_the_sidebar():
     assert at.markdown[0].value.endswith("torch.bfloat16")
 
 
+def test_dtype_defaults_to_float32_on_cpu_and_bfloat16_on_cuda(monkeypatch):
+    from forgetlab.ui import settings
+
+    at = AppTest.from_function(_device_script).run(timeout=30)
+    assert at.sidebar.selectbox(key="app_dtype").value == "float32"
+    assert at.markdown[0].value == "cpu torch.float32"
+
+    # a visible GPU: the sidebar starts on cuda with bfloat16, and switching device resets the dtype to its default
+    monkeypatch.setattr(settings, "available_devices", lambda: ["cpu", "cuda"])
+    at = AppTest.from_function(_device_script).run(timeout=30)
+    assert not at.exception
+    assert at.sidebar.selectbox(key="app_device").value == "cuda"
+    assert at.sidebar.selectbox(key="app_dtype").value == "bfloat16"
+    assert at.markdown[0].value == "cuda torch.bfloat16"
+    assert "reductions" in at.sidebar.selectbox(key="app_dtype").help
+    at.sidebar.selectbox(key="app_device").set_value("cpu").run(timeout=30)
+    assert at.sidebar.selectbox(key="app_dtype").value == "float32"
+    at.sidebar.selectbox(key="app_dtype").set_value("float16").run(timeout=30)
+    assert at.markdown[0].value == "cpu torch.float16"
+    at.sidebar.selectbox(key="app_device").set_value("cuda").run(timeout=30)
+    assert at.markdown[0].value == "cuda torch.bfloat16"
+
+
+def test_default_dtype_matches_job_dtype():
+    import torch
+
+    from forgetlab.core.memory import job_dtype
+    from forgetlab.ui.settings import default_dtype
+
+    for device in ("cpu", "cuda"):
+        assert getattr(torch, default_dtype(device)) == job_dtype(None, device)
+
+
 def _job_script():
     import threading
 

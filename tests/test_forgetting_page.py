@@ -103,3 +103,19 @@ def test_forgetting_sweep_runs_in_the_background_shows_partial_attaches_and_canc
     at.run()
     assert not at.exception and any("cancelled; nothing was saved" in i.value for i in at.info)
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_forgetting_page_shows_the_sweep_memory_and_refuses_what_will_not_fit(tiny_llama, tmp_path, monkeypatch):
+    at = start_page("forgetting", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    assert not at.exception, at.exception
+    assert any(c.value.startswith("Memory: needs ≈") and "float32" in c.value for c in at.caption)
+    assert not at.button(key="forgetting_run").disabled
+    at.session_state["app_dtype"] = "bfloat16"          # the sidebar's Dtype reaches the estimate (and the sweep)
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "bfloat16" in c.value for c in at.caption)
+    import forgetlab.core.memory as memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="forgetting_run").disabled
+    assert any("device-map" in e.value for e in at.error)     # already bf16: the fix left is spreading the copy

@@ -24,7 +24,9 @@ Benchmarks: pass `benchmarks=` (a `forgetlab.core.benchmarks.BenchmarkSpec`) and
 lm-eval tasks; then `SweepResult.measure` (speciality) and `general_measure` (generality) may name an lm-eval
 metric `TASK/METRIC` (e.g. `arc_easy/acc`, higher is better) instead of exact match / general loss.
 
-Precision: `dtype=` (default float32) sets the working copy's dtype, e.g. torch.bfloat16 on a GPU.
+Precision: `dtype=` sets the working copy's dtype (None: bfloat16 on cuda, float32 on cpu —
+`forgetlab.core.memory.job_dtype`); merged tensors are computed in float32. Memory: `estimate("sweep", ...)`
+(`forgetlab.analysis.sweep_memory`).
 
 Executors: pass `executor=` ("local", the default, or "ray", or a `forgetlab.executors.Executor`) to run the
 points on Ray actors, each holding its own working copy (see `forgetlab.executors`); the points are the same
@@ -573,3 +575,5 @@ def run_settings(pool, settings: SweepSettings, progress: Progress = None, execu
 
 ANALYSIS = register(Analysis("sweep", SweepSettings, check_settings, run_settings, save_sweep, load_sweep,
                              list_sweeps))
+
+from forgetlab.analysis import sweep_memory  # noqa: E402,F401  registers the "sweep" memory estimator

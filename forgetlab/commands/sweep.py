@@ -25,8 +25,8 @@ def _common(p) -> None:
     shared.add_no_save(p)
     shared.add_executor(p)
     shared.add_device_map(p)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
-                   help="precision of the working copy (default float32; θ0 + f(τ) is computed in float32)")
+    shared.add_dtype(p, what="the working copy (θ0 + f(τ) is computed in float32)")
+    shared.add_dry_run(p)
 
 
 def register(sub) -> None:
@@ -97,17 +97,19 @@ def measure_benchmarks(pool, measures, include, limit):
 
 def cmd_sweep(args) -> int:
     """Run one sweep, print its table, save it under runs/ (unless --no-save)."""
-    import torch
-
     from forgetlab.analysis import measures, sweeps
+    from forgetlab.commands.io import emit_estimate
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
 
     measure = measures.check_measure(args.measure)
     general_measure = measures.check_general_measure(args.general_measure)
     pool = ModelPool.from_yaml(args.pool)
+    device = device_from_args(args)
+    dtype = job_dtype(args.dtype, device if isinstance(device, str) else None)
     common = dict(task=args.task, tasks=args.tasks, max_general=args.max_general, max_task=args.max_task,
-                  batch_size=args.batch_size, device=device_from_args(args), executor=executor_from_args(args),
-                  dtype=getattr(torch, args.dtype),
+                  batch_size=args.batch_size, device=device, executor=executor_from_args(args),
+                  dtype=dtype,
                   benchmarks=measure_benchmarks(pool, [measure, general_measure], args.lm_eval_include, args.limit))
     if args.kind == "alpha":
         extra = dict(alphas=parse_floats(args.alphas, "--alphas"), methods=args.methods)
@@ -123,6 +125,12 @@ def cmd_sweep(args) -> int:
 
         setting = GRIDS[args.kind][0]
         extra = {setting: parse_floats(getattr(args, setting), "--" + setting.replace("_", "-"))}
+    # a device map spreads the copy over devices and disk by design: its estimate is shown, never enforced
+    if (isinstance(device, str) or args.dry_run) and emit_estimate(
+            estimate("sweep", pool=pool, model=args.model, kind=args.kind, device=device, dtype=dtype, batch_size=args.batch_size,
+                     max_general=args.max_general, max_task=args.max_task),
+            args.dry_run):
+        return 0
     update, close = tqdm_progress(f"sweep {args.kind} {args.model}")
     try:
         result = sweeps.SWEEPS[args.kind](pool, args.model, progress=update, **common, **extra)

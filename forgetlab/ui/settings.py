@@ -4,6 +4,8 @@
 pages only read the values (`device_settings()`, `pool_path()`, `eval_budget()`), so a page never draws a duplicate
 widget.
 A page run on its own (e.g. in an AppTest) gets the defaults: CPU, float32, and the first zoo preset found.
+The dtype defaults to the device's (`default_dtype`): bfloat16 on cuda, float32 on cpu; choosing another device
+resets it to that device's default (the user can still pick another one after).
 """
 from __future__ import annotations
 
@@ -30,28 +32,42 @@ def available_devices() -> list[str]:
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
+def default_dtype(device: str) -> str:
+    """The dtype name a job gets on `device` unless one is chosen: "bfloat16" on cuda, "float32" elsewhere
+    (the same rule as `forgetlab.core.memory.job_dtype(None, device)`)."""
+    return "bfloat16" if str(device).startswith("cuda") else "float32"
+
+
+def _device_changed() -> None:
+    st.session_state[DTYPE_KEY] = default_dtype(st.session_state.get(DEVICE_KEY, "cpu"))
+
+
 def render_device_settings() -> None:
     """Draw the device and dtype selectors (in whatever container is active; app.py uses the sidebar)."""
     devices = available_devices()
     if st.session_state.get(DEVICE_KEY) not in devices:
         st.session_state[DEVICE_KEY] = devices[-1]
     if st.session_state.get(DTYPE_KEY) not in DTYPES:
-        st.session_state[DTYPE_KEY] = "float32"
-    st.selectbox("Device", devices, key=DEVICE_KEY,
-                 help="Where models run forward passes. CUDA is offered only when a GPU is visible.")
+        st.session_state[DTYPE_KEY] = default_dtype(st.session_state[DEVICE_KEY])
+    st.selectbox("Device", devices, key=DEVICE_KEY, on_change=_device_changed,
+                 help="Where models run forward passes. CUDA is offered only when a GPU is visible. "
+                      "Changing it resets the dtype to the device's default.")
     st.selectbox("Dtype", list(DTYPES), key=DTYPE_KEY,
-                 help="Precision of loaded models. float32 is exact; bfloat16/float16 halve memory.")
+                 help="Precision of loaded models (default: bfloat16 on cuda, float32 on cpu). bfloat16/float16 "
+                      "halve memory; reductions that a score needs (losses, distances, sums over the "
+                      "vocabulary, merges' θ0 + f(τ)) stay in float32 whatever is chosen.")
 
 
 def device_settings() -> tuple[str, "torch.dtype"]:
-    """The (device, dtype) chosen in the sidebar; ("cpu", torch.float32) until something is chosen."""
+    """The (device, dtype) chosen in the sidebar; ("cpu", torch.float32) until something is chosen, and the
+    device's default dtype (`default_dtype`) when only a device is chosen."""
     device = st.session_state.get(DEVICE_KEY, "cpu")
     if device not in available_devices():
         device = "cpu"
     import torch
 
-    name = st.session_state.get(DTYPE_KEY, "float32")
-    return device, getattr(torch, name if name in DTYPES else "float32")
+    name = st.session_state.get(DTYPE_KEY)
+    return device, getattr(torch, name if name in DTYPES else default_dtype(device))
 
 
 def workspace_home() -> Path:
