@@ -1,0 +1,65 @@
+"""Attribution's dtype, --dry-run and memory estimate against the peak measured in a fresh process."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from forgetlab.analysis.attribution import attribute
+from forgetlab.cli import main
+from forgetlab.core.memory import ModelSize, estimate
+from tests.test_linearity_memory import _random_pool
+
+CHILD = """
+import json, sys, torch
+torch.set_num_threads(1)
+from forgetlab.analysis.attribution import attribute
+from forgetlab.core.memory import PeakMeter
+from forgetlab.core.pool import ModelPool
+import transformers.models.llama.modeling_llama  # noqa: F401
+pool = ModelPool.from_yaml(sys.argv[1])
+with PeakMeter("cpu") as meter:
+    attribute(pool, "ft", task="math", level="layer", select=["0"], **json.loads(sys.argv[2]))
+print(json.dumps({"peak": meter.peak}))
+"""
+
+
+def test_bfloat16_map_is_close_to_float32(pool):
+    kw = dict(task="math", level="layer", max_general=4, max_task=4)
+    a = attribute(pool, "ft0", dtype="float32", **kw).to_frame()
+    b = attribute(pool, "ft0", dtype="bfloat16", **kw).to_frame()
+    np.testing.assert_allclose(b["general_loss"], a["general_loss"], rtol=0.02)
+
+
+def test_cli_dry_run_prints_the_estimate(tiny_llama, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    assert main(["attribution", str(tiny_llama.pool_yaml), "--model", "ft0", "--task", "math", "--dtype", "bfloat16",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16" in out and "weights" in out
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_estimate_matches_measured_peak_on_a_20M_llama(tmp_path, dtype):
+    """Estimate within ±35 % of the peak (anonymous RSS above entry; fresh process, fixed mmap threshold as in
+    tests/test_linearity_memory.py::measured_peak) on a ~20M random Llama, vocab 32000."""
+    from forgetlab.core.pool import ModelPool
+
+    path = _random_pool(tmp_path, hidden=256, layers=4, inter=688, heads=4)
+    pool = ModelPool.from_yaml(path)
+    job = dict(dtype=dtype, batch_size=8, max_general=8, max_task=8)
+    est = estimate("attribution", pool=pool, model="ft", task="math", level="layer", select=["0"], **job)
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": root}
+    out = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(job)], capture_output=True, text=True,
+                         env=env, check=True, cwd=root)
+    peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
+    own = ModelSize.of(pool.checkpoint("ft")).bytes(dtype)
+    print(f"attribution {dtype}: peak {peak / own:.2f}× model, estimate/measured {est.total / peak:.2f}")
+    assert 0.65 <= est.total / peak <= 1.35
