@@ -324,10 +324,18 @@ class _Writer:
                 continue
             tau = self.work.tuned[name] - self.work.base[name]
             if name in self.whole:
-                sq[self.whole[name]] += float(tau.double().pow(2).sum())
+                sq[self.whole[name]] += _sum_squares(tau)
             for k, s in self.sliced.get(name, []):
-                sq[k] += float(tau[s.index(tau.ndim)].double().pow(2).sum())
+                sq[k] += _sum_squares(tau[s.index(tau.ndim)])
+            del tau
         return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+def _sum_squares(t: torch.Tensor, piece: int = 1 << 20) -> float:
+    """Σ t² accumulated in float64, over pieces of `piece` entries: a float64 copy of a whole embedding's τ
+    and its square were the job's largest temporaries (4× the tensor's float32 bytes)."""
+    flat = t.reshape(-1)
+    return float(sum(float(flat[i:i + piece].double().pow(2).sum()) for i in range(0, flat.numel(), piece)))
 
 
 # ---------------------------------------------------------------------------------------------- the maps

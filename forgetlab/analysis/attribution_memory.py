@@ -3,7 +3,7 @@
 The job holds one working copy in its dtype (θ0 and θ1 read from the checkpoints one tensor at a time) and
 evaluates it again and again (`forgetlab.core.evaluate`). On top of the weights, the largest of:
 - writing one tensor: θ0 + c·τ in float32 (θ1 − θ0 and the result; the reads are copies too when the
-  checkpoints are not stored in float32), a sliced part's tensor once more;
+  checkpoints are not stored in float32);
 - one evaluation batch: a layer's activations (hidden states, the MLP's intermediate tensors, eager attention
   scores in float32) while the logits (batch × sequence × vocab, in the job's dtype) are made, then the
   logits and one sequence's float32 copy with its cross-entropy (`token_losses`).
@@ -24,16 +24,14 @@ def eval_batch_bytes(size: ModelSize, *, dtype, batch: int, seq: int) -> int:
     b = dtype_bytes(dtype)
     tokens = batch * seq
     layer = tokens * (4 * size.hidden + 3 * size.intermediate) * b + batch * max(size.heads, 1) * seq * seq * F32
-    # in a 16-bit dtype the CPU peak holds the logits twice (measured on a 20M Llama: +0.98× one logits tensor;
-    # the lm_head's 16-bit matmul output is made through a second buffer), counted on every device to be safe
-    logits = tokens * size.vocab * b * (2 if b == 2 else 1) + 3 * seq * size.vocab * F32
+    logits = tokens * size.vocab * b + 3 * seq * size.vocab * F32
     return max(layer, logits) + tokens * size.hidden * b
 
 
 def write_bytes(size: ModelSize, stored_float32: bool) -> int:
     """The float32 temporaries of writing θ0 + c·τ into the largest tensor."""
     largest = max(size.vocab * size.hidden, size.intermediate * size.hidden, 1)
-    return (3 if stored_float32 else 5) * largest * F32
+    return (2 if stored_float32 else 4) * largest * F32
 
 
 @register_estimator("attribution")
