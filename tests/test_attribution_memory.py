@@ -63,3 +63,21 @@ def test_estimate_matches_measured_peak_on_a_20M_llama(tmp_path, dtype):
     own = ModelSize.of(pool.checkpoint("ft")).bytes(dtype)
     print(f"attribution {dtype}: peak {peak / own:.2f}× model, estimate/measured {est.total / peak:.2f}")
     assert 0.65 <= est.total / peak <= 1.35
+
+
+@pytest.mark.parametrize("batch_size,max_general,max_task", [(4, 3, 5), (16, None, None), (1, 2, 2)])
+def test_largest_eval_batch_is_the_largest_batch_evaluate_feeds_the_model(pool, batch_size, max_general, max_task):
+    from forgetlab.core.evaluate import evaluate, largest_eval_batch
+
+    model = pool.load("base")
+    seen = []
+    handle = model.register_forward_pre_hook(lambda mod, args, kw: seen.append(tuple(kw["input_ids"].shape)),
+                                             with_kwargs=True)
+    try:
+        evaluate(model, pool.tokenizer, pool.probes, tasks=["math"], batch_size=batch_size, max_general=max_general,
+                 max_task=max_task)
+    finally:
+        handle.remove()
+    rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, tasks=["math"], batch_size=batch_size,
+                                   max_general=max_general, max_task=max_task)
+    assert rows * seq == max(r * s for r, s in seen)
