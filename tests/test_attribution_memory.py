@@ -81,3 +81,22 @@ def test_largest_eval_batch_is_the_largest_batch_evaluate_feeds_the_model(pool, 
     rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, tasks=["math"], batch_size=batch_size,
                                    max_general=max_general, max_task=max_task)
     assert rows * seq == max(r * s for r, s in seen)
+
+
+def test_eval_dtype_and_dry_run(tiny_llama, capsys):
+    """`forgetlab eval --dry-run` prints the estimate and evaluates nothing; --dtype bfloat16 evaluates in bf16
+    with losses close to float32's."""
+    import pandas as pd
+
+    assert main(["eval", str(tiny_llama.pool_yaml), "--models", "base", "--dtype", "bfloat16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "bfloat16" in out and "largest batch" in out and "weights" in out
+    frames = {}
+    for dt in ("float32", "bfloat16"):
+        path = Path(str(tiny_llama.root)) / f"eval-{dt}.csv"
+        assert main(["eval", str(tiny_llama.pool_yaml), "--models", "base", "--dtype", dt, "--max-general", "4",
+                     "--max-task", "4", "--out", str(path)]) == 0
+        frames[dt] = pd.read_csv(path)
+        path.unlink()
+    a, b = frames["float32"], frames["bfloat16"]
+    np.testing.assert_allclose(b["general_loss"], a["general_loss"], rtol=0.02)

@@ -14,19 +14,10 @@ from typing import Any, Optional
 
 import torch
 
+from forgetlab.core.eval_memory import eval_batch_bytes
 from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
 
 F32 = 4
-
-def eval_batch_bytes(size: ModelSize, *, dtype, batch: int, seq: int) -> int:
-    """The peak of one `token_losses` batch above the weights: the larger of a layer's activations and the
-    logits with one row's float32 scores and losses."""
-    b = dtype_bytes(dtype)
-    tokens = batch * seq
-    layer = tokens * (4 * size.hidden + 3 * size.intermediate) * b + batch * max(size.heads, 1) * seq * seq * F32
-    logits = tokens * size.vocab * b + 3 * seq * size.vocab * F32
-    return max(layer, logits) + tokens * size.hidden * b
-
 
 def write_bytes(size: ModelSize, stored_float32: bool) -> int:
     """The float32 temporaries of writing θ0 + c·τ into the largest tensor."""
