@@ -7,10 +7,12 @@ from forgetlab.analysis import attribution as A
 from forgetlab.analysis.measures import pareto_mask
 from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import parse_floats
+from forgetlab.core.memory import dtype_name
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
 from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
                           run_once, show_errors, workspace_home)
 from forgetlab.ui.measure import speciality_measure
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
@@ -27,6 +29,7 @@ RESULT_KEY = "attribution_result"
 RECIPE_KEY = "attribution_recipe"      # read by the Merge page: a submodule_alpha recipe to open
 MAP_LABELS = {"only_this": "only this part (vs base)", "leave_one_out": "leave this part out (vs fine-tune)"}
 
+device, dtype = device_settings()
 left, right = st.columns([1, 2])
 with left:
     model = st.selectbox("fine-tuned model", pool.model_names, key="attribution_model")
@@ -42,17 +45,18 @@ with left:
     budget = eval_budget()
     max_general, max_task = budget.max_general, budget.max_task
     budget_caption(budget)
-    run = st.button("Compute the maps", type="primary", key="attribution_run")
+    fits = memory_check("attribution", pool=pool, model=model, task=task, level=level, device=device, dtype=dtype,
+                        max_general=int(max_general), max_task=int(max_task))
+    run = st.button("Compute the maps", type="primary", key="attribution_run", disabled=not fits)
 
 with right:
     measure = speciality_measure("attribution", pool)
-    device, _dtype = device_settings()
     alphas = None
     start = False
     with show_errors():
         alphas = parse_floats(line, "the α line") if line.strip() else None
-    settings = dict(task=task, level=level, alphas=alphas, device=device, max_general=int(max_general),
-                    max_task=int(max_task))
+    settings = dict(task=task, level=level, alphas=alphas, device=device, dtype=dtype_name(dtype),
+                    max_general=int(max_general), max_task=int(max_task))
     if run and (alphas is not None or not line.strip()):
         with show_errors():
             A.check(pool, model, **settings)

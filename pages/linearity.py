@@ -5,10 +5,12 @@ import streamlit as st
 
 from forgetlab.analysis import linearity
 from forgetlab.core.errors import ParameterError, parse_floats
+from forgetlab.core.memory import dtype_name
 from forgetlab.core.submodules import CAPTURES
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.glossary import explain
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
@@ -37,6 +39,7 @@ def _distance(pool_key: str, model: str) -> float:
     return checkpoint_distance(pool, model)
 
 
+device, dtype = device_settings()
 left, right = st.columns([1, 3])
 with left:
     task = st.selectbox("task", pool.task_names, key="linearity_task")
@@ -62,15 +65,17 @@ with left:
     capture = st.radio("inputs captured from", list(CAPTURES), key="linearity_capture",
                        format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get,
                        help="Each submodule is re-run on the inputs it received in this model's forward pass.")
-    run = st.button("Compute scores", type="primary", key="linearity_run")
+    fits = memory_check("linearity", pool=pool, task=task, model=model, levels=levels or ["model"],
+                        samples=int(samples), device=device, dtype=dtype)
+    run = st.button("Compute scores", type="primary", key="linearity_run", disabled=not fits)
 
 key = None
-device, _dtype = device_settings()
 with show_errors():
     alphas = linearity.check_alphas(parse_floats(alpha_text, "the α grid"))
     if not levels:
         raise ParameterError("Choose at least one level (model, layer, attn, mlp or head).")
-    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture, device)
+    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture, device,
+                  str(dtype))
 
 with right:
     cache = _results()
@@ -80,7 +85,8 @@ with right:
     def work(progress):
         """The scores, kept for this process and saved to the workspace's runs/ as the CLI saves them."""
         settings = linearity.LinearitySettings(task=task, model=model, levels=levels, alphas=alphas,
-                                               samples=int(samples), capture=capture, device=device)
+                                               samples=int(samples), capture=capture, device=device,
+                                               dtype=dtype_name(dtype))
         result = linearity.ANALYSIS.run(pool, settings, progress)
         cache[key] = result
         return result, linearity.save_linearity(result, pool=pool)

@@ -324,10 +324,18 @@ class _Writer:
                 continue
             tau = self.work.tuned[name] - self.work.base[name]
             if name in self.whole:
-                sq[self.whole[name]] += float(tau.double().pow(2).sum())
+                sq[self.whole[name]] += _sum_squares(tau)
             for k, s in self.sliced.get(name, []):
-                sq[k] += float(tau[s.index(tau.ndim)].double().pow(2).sum())
+                sq[k] += _sum_squares(tau[s.index(tau.ndim)])
+            del tau
         return {k: math.sqrt(v) for k, v in sq.items()}
+
+
+def _sum_squares(t: torch.Tensor, piece: int = 1 << 20) -> float:
+    """Σ t² accumulated in float64, over pieces of `piece` entries: a float64 copy of a whole embedding's τ
+    and its square were the job's largest temporaries (4× the tensor's float32 bytes)."""
+    flat = t.reshape(-1)
+    return float(sum(float(flat[i:i + piece].double().pow(2).sum()) for i in range(0, flat.numel(), piece)))
 
 
 # ---------------------------------------------------------------------------------------------- the maps
@@ -342,7 +350,7 @@ def _scores(card: Scorecard, task: str) -> dict[str, float]:
 def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "module",
               select: Optional[Sequence[str]] = None, alphas: Optional[Sequence[float]] = None,
               device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
-              max_task: Optional[int] = None, progress: Progress = None) -> AttributionResult:
+              max_task: Optional[int] = None, dtype=None, progress: Progress = None) -> AttributionResult:
     """The only-this and leave-one-out maps of `model`'s task vector at `level` (see the module docstring).
 
     only_this k:     θ0 + α·τk,             d = scores − base's          (α = 1 unless `alphas` is given);
@@ -350,14 +358,18 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     `select` restricts the map to some part keys (``"3.mlp"``, ``"2"``, ``"embed"`` …); the others then stay
     at the reference (θ0 for only_this, θ1 for leave_one_out). Evaluation limits as in `forgetlab.analysis.sweeps`.
     Speciality is teacher-forced exact match on `task` (default: the task named in the model's name).
+    `dtype` (None: bfloat16 on cuda, float32 elsewhere) is the working copy's precision; each tensor is written
+    from θ0 + c·τ computed in float32 and the losses are computed from float32 logits. Peak: the estimator in
+    `forgetlab.analysis.attribution_memory`.
     """
+    from forgetlab.core.memory import job_dtype
     from forgetlab.core.anatomy import Anatomy
     from forgetlab.merge.working_copy import WorkingCopy
 
     task, sel, grid = _resolve(pool, model, task, level, select, alphas)
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
-    work = WorkingCopy.load(pool, model, device=device)
+    work = WorkingCopy.load(pool, model, device=device, dtype=job_dtype(dtype, device))
     anatomy = Anatomy.from_config(pool.config, names=work.names)
     parts = parts_of(anatomy, work.names, level)
     if sel is not None:
@@ -556,6 +568,7 @@ class AttributionSettings:
     batch_size: Optional[int] = None
     max_general: Optional[int] = None
     max_task: Optional[int] = None
+    dtype: Optional[str] = None
 
 
 def check_settings(settings: AttributionSettings, pool=None) -> None:
@@ -575,3 +588,5 @@ def run_settings(pool, settings: AttributionSettings, progress: Progress = None,
 
 ANALYSIS = register(Analysis("attribution", AttributionSettings, check_settings, run_settings, save_attribution,
                              load_attribution, list_attributions))
+
+from forgetlab.analysis import attribution_memory  # noqa: E402,F401  (registers the "attribution" memory estimate)

@@ -376,10 +376,45 @@ def resolve_models(pool_or_models, task: Optional[str], model: Optional[str] = N
     return _Inputs(base, ft, pool.tokenizer, list(data.probe), task, model, getattr(pool.probes, "template", None))
 
 
+def _pool_model_name(pool, task: Optional[str], model: Optional[str]) -> str:
+    if task is None:
+        raise ParameterError(f"Name a task; the pool's tasks are: {', '.join(pool.probes.tasks) or 'none'}.")
+    if model is not None:
+        return model
+    names = pool.model_names
+    if task in names:
+        return task
+    if len(names) == 1:
+        return names[0]
+    raise ParameterError(f"No model of the pool is named like task {task!r}; pass model= one of {', '.join(names)}.")
+
+
+def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, WorkingCopy, Any]:
+    """The inputs and the one model the job holds. From a pool: the base loaded afresh in `dtype` as the working
+    copy, θ0 and θ1 read from the checkpoints one tensor at a time when a layer is interpolated (the pool's
+    cached models are not loaded), so the peak is about one model in `dtype` plus one layer's extra. From a
+    tuple: a copy of the given base (cast to `dtype` when one is given), θ1 the fine-tuned model's parameters."""
+    if isinstance(pool_or_models, (tuple, list)):
+        inp = resolve_models(pool_or_models, task, model)
+        check_same_structure(inp.base, inp.finetuned)
+        work = WorkingCopy.of(inp.base)
+        if dtype is not None:
+            work.model.to(dtype)
+        return inp, work, param_dict(inp.finetuned)
+    from forgetlab.core.memory import job_dtype
+
+    pool = pool_or_models
+    name = _pool_model_name(pool, task, model)
+    data = pool.probes.task(task)
+    work = WorkingCopy.load(pool, name, device=device, dtype=job_dtype(dtype, device))
+    inp = _Inputs(None, None, pool.tokenizer, list(data.probe), task, name, getattr(pool.probes, "template", None))
+    return inp, work, work.tuned
+
+
 def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Optional[str] = None,
                         levels: Sequence[str] = DEFAULT_LEVELS, alphas: Sequence[float] = DEFAULT_ALPHAS,
                         samples: Optional[int] = 30, capture: str = "finetuned", batch_size: int = 8,
-                        max_length: int = 128, device: Optional[str] = None,
+                        max_length: int = 128, device: Optional[str] = None, dtype=None,
                         progress: Progress = None) -> NonlinearityResult:
     """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (docs/methods.md#distance-curve,
     #nls, #property-1) at every requested level, layer and head, on the first ``samples`` probe pairs of ``task``.
@@ -387,15 +422,16 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
     ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
     fixed; each submodule is re-run on them with parameters θ0 + α·τ (see the module docstring).
+    ``dtype`` (None: bfloat16 on cuda, float32 elsewhere; a tuple's models keep theirs) is the precision of the
+    forward passes; distances and norms are reduced in float32 (`_Curve`). Its peak: `estimate_linearity`.
     """
     if capture not in CAPTURES:
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
     al = check_alphas(alphas)
-    inp = resolve_models(pool_or_models, task, model, device)
+    inp, work, target = _lean_inputs(pool_or_models, task, model, device, dtype)
     pairs = select_pairs(inp.pairs, samples, inp.task)
-    check_same_structure(inp.base, inp.finetuned)
     try:
-        anatomy, an_err = Anatomy.from_model(inp.base), None
+        anatomy, an_err = Anatomy.from_model(work.model), None
     except ParameterError as exc:
         anatomy, an_err = None, exc
     lv = _check_levels(levels, anatomy, an_err)
@@ -403,8 +439,6 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
         raise ParameterError(f"batch_size must be ≥ 1; got {batch_size}.")
 
     enc = encode_samples(inp.tokenizer, pairs, max_length=max_length, template=inp.template)
-    target = param_dict(inp.finetuned)
-    work = WorkingCopy.of(inp.base)
     device_ = next(work.model.parameters()).device
     cap_alpha = 1.0 if capture == "finetuned" else 0.0
     # α = 1 first (reference), then 0 (denominator), then the grid
@@ -521,6 +555,7 @@ class LinearitySettings:
     batch_size: Optional[int] = None
     max_length: Optional[int] = None
     device: Optional[str] = None
+    dtype: Optional[str] = None
 
 
 def check_settings(settings: LinearitySettings, pool=None) -> None:
@@ -576,3 +611,5 @@ def list_linearity(home_path: str | Path | None = None, model: Optional[str] = N
 
 ANALYSIS = register(Analysis("linearity", LinearitySettings, check_settings, run_settings, save_linearity,
                              load_linearity, list_linearity))
+
+from forgetlab.analysis import linearity_memory  # noqa: E402,F401  (registers the "linearity" memory estimate)

@@ -3,7 +3,7 @@ per-submodule only-this and leave-one-out maps of a task vector (forgetlab.analy
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 
 SHOWN = ["map", "key", "alpha", "d_general_loss", "d_speciality", "d_answer_loss", "tau_share", "zero_tau"]
@@ -26,6 +26,8 @@ def register(sub) -> None:
     shared.add_eval_limits(p)
     shared.add_batch_size(p)
     shared.add_device(p)
+    shared.add_dtype(p, what="the working copy and its forward passes")
+    shared.add_dry_run(p)
     shared.add_out(p, "also write the map to this CSV or JSON file")
     shared.add_no_save(p)
     p.set_defaults(func=cmd_attribution)
@@ -34,16 +36,24 @@ def register(sub) -> None:
 def cmd_attribution(args) -> int:
     """Compute both maps, print them with the additivity table, write --out, save the run (unless --no-save)."""
     from forgetlab.analysis import attribution
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
 
     attribution.check_level(args.level)
     pool = ModelPool.from_yaml(args.pool)
     alphas = parse_floats(args.alphas, "--alphas") if args.alphas is not None else None
+    dtype = job_dtype(args.dtype, args.device)
+    if emit_estimate(estimate("attribution", pool=pool, model=args.model, task=args.task, level=args.level,
+                              select=args.select, alphas=alphas, device=args.device, dtype=dtype,
+                              batch_size=args.batch_size, max_general=args.max_general, max_task=args.max_task),
+                     args.dry_run):
+        return 0
     update, close = tqdm_progress(f"attribution {args.model} ({args.level})")
     try:
         result = attribution.attribute(pool, args.model, task=args.task, level=args.level, select=args.select,
                                        alphas=alphas, device=args.device, batch_size=args.batch_size,
-                                       max_general=args.max_general, max_task=args.max_task, progress=update)
+                                       max_general=args.max_general, max_task=args.max_task, dtype=dtype,
+                                       progress=update)
     finally:
         close()
     b, f = result.scores("base"), result.scores("finetuned")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 from forgetlab.core.outputs import write_text_file
 
@@ -33,6 +33,8 @@ def register(sub) -> None:
                    help="model whose forward pass gives the submodule inputs")
     shared.add_batch_size(p, default=8, help="probe samples per forward pass (default 8)")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_dtype(p, what="the forward passes")
+    shared.add_dry_run(p)
     shared.add_out(p, "CSV file for the per-submodule table (curves as 'd(α0);d(α1);…')")
     shared.add_out(p, "CSV file for the long d(α) table", flag="--curves")
     shared.add_no_save(p)
@@ -61,15 +63,18 @@ def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
 
 def cmd_linearity(args) -> int:
     from forgetlab.analysis.linearity import nonlinearity_scores
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
 
     alphas = parse_floats(args.alphas, "--alphas")
     pool = ModelPool.from_yaml(args.pool)
+    job = dict(model=args.model, levels=args.levels, samples=args.samples, batch_size=args.batch_size,
+               device=args.device, dtype=job_dtype(args.dtype, args.device))
+    if emit_estimate(estimate("linearity", pool=pool, task=args.task, **job), args.dry_run):
+        return 0
     update, close = tqdm_progress(f"linearity {args.task}")
     try:
-        result = nonlinearity_scores(pool, args.task, model=args.model, levels=args.levels, alphas=alphas,
-                                     samples=args.samples, capture=args.capture, batch_size=args.batch_size,
-                                     device=args.device, progress=update)
+        result = nonlinearity_scores(pool, args.task, alphas=alphas, capture=args.capture, progress=update, **job)
     finally:
         close()
     flat = result.flat_frame()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
 from forgetlab.core.outputs import check_output_file, write_text_file
 
@@ -43,6 +43,8 @@ def register(sub) -> None:
                    help="blocks: packed 128-token blocks, EOS between documents (default); documents: one "
                         "sequence per document")
     shared.add_device_map(p)
+    shared.add_dtype(p, what="the evaluated models")
+    shared.add_dry_run(p)
     p.set_defaults(func=cmd_eval)
 
 
@@ -135,9 +137,18 @@ def cmd_eval(args) -> int:
     bench, manager = benchmark_spec(args, pool)
     from forgetlab.commands._executor import device_from_args, load_placed
     placement = device_from_args(args)
+    from forgetlab.core.eval_memory import estimate_eval  # noqa: F401  (registers the "eval" estimate)
+    from forgetlab.core.memory import estimate, job_dtype
+
+    dtype = job_dtype(args.dtype, args.device)
+    est = estimate("eval", pool=pool, models=names, device=args.device, dtype=dtype, max_general=args.max_general,
+                   max_task=args.max_task, general_mode=args.general_loss)
+    # with a device map the model is spread over devices: the single-device check would refuse what fits
+    if (args.dry_run or isinstance(placement, (str, type(None)))) and emit_estimate(est, args.dry_run):
+        return 0
     cards = []
     for name in names:
-        model = (pool.load(name, device=args.device) if isinstance(placement, (str, type(None)))
+        model = (pool.load(name, device=args.device, dtype=dtype) if isinstance(placement, (str, type(None)))
                  else load_placed(pool.checkpoint(name), placement))
         update, close = tqdm_progress(f"eval {name}")
         try:

@@ -235,3 +235,26 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
         model.train()
     report(progress, 1.0, f"evaluated {name}")
     return Scorecard(name, loss, math.exp(loss) if loss == loss else float("nan"), n_tok, scores, bench)
+
+
+def largest_eval_batch(tokenizer, probes: Probes, *, tasks: Sequence[str] | None = None, split: str = "eval",
+                       batch_size: int = 16, block_size: int = 128, max_general: int | None = None,
+                       max_task: int | None = None, general_mode: str = "blocks") -> tuple[int, int]:
+    """(rows, tokens per row) of the largest batch `evaluate` with these arguments feeds the model, batched as
+    `token_losses` batches (by length): what its logits' size depends on. Tokenizes, runs no model."""
+    groups = []
+    if probes.general:
+        encode = encode_documents if general_mode == "documents" else encode_text
+        groups.append(encode(tokenizer, probes.general, block_size, max_general))
+    for t in (list(tasks) if tasks is not None else list(probes.tasks)):
+        pairs = getattr(probes.task(t), split)
+        groups.append(encode_pairs(tokenizer, pairs[:max_task] if max_task is not None else pairs, 256,
+                                   probes.template))
+    best = (0, 0)
+    for examples in groups:
+        lengths = sorted(len(e.input_ids) for e in examples)
+        for start in range(0, len(lengths), batch_size):
+            rows = lengths[start:start + batch_size]
+            if len(rows) * rows[-1] > best[0] * best[1]:
+                best = (len(rows), rows[-1])
+    return best
