@@ -6,7 +6,10 @@ load average is the wrong signal: right after `pip install` it still says "busy"
 is idle. So the build measures the other processes' CPU use (all CPU time in /proc/stat minus this process's)
 over a short window at the start and every `interval` seconds while it trains, and uses `wanted` threads only
 while that many cores are free. The weights do not depend on the thread count (tests/test_zoo_build.py trains
-with 1 and with 2 threads and compares bit for bit), so switching mid-build keeps the build deterministic.
+with 1 and with 2 threads and compares bit for bit), so switching mid-build keeps the build deterministic —
+where that holds: on some CPUs torch's backward passes sum in a thread-dependent order (seen on 5 Dec 2026 with
+torch 2.13.0 and transformers 5.25: forward passes equal, gradients not). `backward_is_thread_independent()`
+checks this machine once; where it fails, the governor picks the count at the start and keeps it for the build.
 """
 from __future__ import annotations
 
@@ -51,6 +54,29 @@ def others_busy(before: CpuSample, after: CpuSample) -> float:
     if wall <= 0:
         return 0.0
     return max(0.0, ((after.busy - before.busy) - (after.own - before.own)) / wall)
+
+
+_PROBE: dict[str, bool] = {}
+
+
+def backward_is_thread_independent() -> bool:
+    """Whether a linear layer's gradient comes out bit for bit the same with 1 and with 2 torch threads on this
+    machine (checked once per process, on a pico-sized product: 2048 rows of 128 → 352)."""
+    if "ok" not in _PROBE:
+        previous = torch.get_num_threads()
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(2048, 128, generator=g), torch.randn(352, 128, generator=g)
+        grads = []
+        try:
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                wt = w.clone().requires_grad_(True)
+                (x @ wt.T).square().sum().backward()
+                grads.append(wt.grad)
+        finally:
+            torch.set_num_threads(previous)
+        _PROBE["ok"] = bool(torch.equal(grads[0], grads[1]))
+    return _PROBE["ok"]
 
 
 def threads_for(wanted: int, others: float, cpus: int) -> int:
@@ -98,7 +124,7 @@ class ThreadGovernor:
 
     def tick(self) -> None:
         """Re-choose the thread count if `interval` seconds passed since the last reading (cheap otherwise)."""
-        if self._last is None or self.wanted <= 1:
+        if self._last is None or self.wanted <= 1 or not backward_is_thread_independent():
             return
         if self.clock() - self._last.wall < self.interval:
             return
