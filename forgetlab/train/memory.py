@@ -5,7 +5,7 @@ for LoRA), b the job dtype's bytes, B the batch, S the longest training sequence
 MLP width, vocabulary, layers and heads (docs/scaling.md):
 
     weights P·b + gradients T·b + optimizer state 2·T·b (AdamW, MoFO; SGD none)
-    + θo T·b when SFA or L1/L2-to-init needs it + MoFO's per-tensor mask and top-k (largest tensor)
+    + θo T·b when SFA or L1/L2-to-init needs it + MoFO's per-tensor |m|, selection and mask: E·(b + 5)
     + activations  L·B·S·(10·H + 4·I)·b + L·B·A·S²·2·b    (with checkpointing: L·B·S·H·b + one layer's)
     + logits B·S·V·(b + 12)  (the logits, their float32 copy, log-softmax and its gradient)
     or, when larger, the records' evaluation: 16·128·V·b + 2·128·V·4 (a batch of logits, one row in float32)
@@ -59,7 +59,8 @@ def run_parts(size: ModelSize, config, *, dtype, seq: int, gradient_checkpointin
     if config.sfa_p is not None or config.l1 or config.l2:
         parts["θo (start weights)"] = trained * b
     if config.optimizer == "mofo" and not lora:
-        parts["MoFO mask"] = size.layer_parameters // 3 * (3 * b + 1 + 8)    # the largest tensor's temporaries
+        largest = max(size.vocab * size.hidden, size.intermediate * size.hidden) or size.layer_parameters // 3
+        parts["MoFO mask"] = largest * (b + 5)     # the largest tensor's |m|, its selection copy and the mask
     activations = (layers * batch * seq * h * b + per_layer) if gradient_checkpointing else layers * per_layer
     logits = batch * seq * vocab * (b + 12)
     evaluation = eval_batch * EVAL_BLOCK * vocab * b + 2 * EVAL_BLOCK * vocab * 4   # logits + one row in float32
