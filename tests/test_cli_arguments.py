@@ -301,6 +301,18 @@ EXPECTED = {
     },
 }
 
+# Issue 28 (5 Dec): a dtype on every job (default None: bfloat16 on cuda, float32 on cpu, so the sweeps' default
+# changed from "float32"), --dry-run, and the LoRA / checkpointing options of finetune.
+_DTYPE = (("--dtype",), None, False, None, ("float32", "bfloat16", "float16"), None, None)
+_DRY_RUN = (("--dry-run",), False, False, None, None, 0, None)
+for _path in [p for p in EXPECTED if p.startswith("sweep ")] + ["attribution", "finetune", "linearity", "eval"]:
+    EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
+EXPECTED["finetune"].update(
+    gradient_checkpointing=(("--gradient-checkpointing",), False, False, None, None, 0, None),
+    lora=(("--lora",), 0, False, "int", None, None, "R"),
+    lora_alpha=(("--lora-alpha",), None, False, "float", None, None, "A"),
+    lora_targets=(("--lora-targets",), None, False, None, None, None, "NAME[,NAME…]"))
+
 POSITIONALS = {
     "attribution": ["pool"], "features": ["pool"], "finetune": ["pool"], "linearity": ["pool"],
     "slwm-weights": ["pool"], "merge": ["recipe", "out_dir"], "merge-export": ["recipe"], "pcb-search": ["recipe"],
