@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from forgetlab.analysis.taskvec import checkpoint_distance
-from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import estimate
 from forgetlab.core.pool import ModelPool
 from forgetlab.train.runs import FinetuneConfig, compare, finetune, save_finetuned, standard_configs

@@ -17,6 +17,7 @@ import streamlit as st
 
 if TYPE_CHECKING:  # pragma: no cover
     from forgetlab.core.scorecards import Budget
+    import torch
 
 POOL_KEY = "forgetlab_pool_path"      # str path of the chosen pool.yaml (set by the sidebar or a test)
 DEVICE_KEY = "app_device"             # "cpu" | "cuda"
