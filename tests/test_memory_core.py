@@ -59,10 +59,13 @@ def test_model_size_from_headers(pool):
 
 
 def test_peak_meter_sees_a_short_spike_and_not_freed_memory():
+    junk = [torch.ones(4096) for _ in range(20_000)]     # ~330 MB of small blocks, freed: the heap keeps them
+    del junk
     keep = np.ones(8_000_000)            # 64 MB held from before: not part of the block's peak
     with PeakMeter("cpu") as m:
-        spike = np.ones(25_000_000)      # 200 MB, freed at once
-        spike[0] = 2.0
+        spike = torch.ones(50_000_000)   # 200 MB, touched for a while (torch releases the GIL), then freed
+        for _ in range(5):
+            spike.add_(1.0)
         del spike
     assert 180e6 < m.peak < 260e6, m.peak
     assert m.to_dict()["peak_bytes"] == m.peak
@@ -74,6 +77,8 @@ def test_a_run_saved_inside_recording_records_its_peak(tmp_path):
     from forgetlab.core.workspace import load_run, save_run
 
     assert recorded_peak() is None
+    junk = [torch.ones(4096) for _ in range(20_000)]      # freed blocks the heap would otherwise hand back
+    del junk
     with recording("cpu"):
         block = np.ones(12_500_000)          # 100 MB
         block[0] = 3.0

@@ -247,6 +247,8 @@ def test_manifest_is_trusted_only_for_same_format_version_and_settings():
 def test_threads_follow_what_other_processes_use_now_not_the_load_average(tmp_path, monkeypatch):
     from forgetlab.zoo import threads as zt
 
+    monkeypatch.setattr(zt, "backward_is_thread_independent", lambda: True)   # where switching is allowed
+
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 5 50 1000 20 3 2 10 0 0\ncpu0 1 2 3 4\n")
     hz = os.sysconf("SC_CLK_TCK")

@@ -246,6 +246,17 @@ def _rss() -> int:
 _STATUS = Path("/proc/self/status")
 
 
+def _release_free_heap() -> None:
+    """Give the heap's freed pages back to the system (glibc's malloc_trim; nothing elsewhere), so that a block's
+    new allocations raise the resident memory instead of silently reusing pages freed before it began."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakMeter:
     """Context manager measuring a block's peak memory above what the process held when it began.
 
@@ -277,6 +288,7 @@ class PeakMeter:
             self._start_cuda = torch.cuda.memory_allocated(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             return self
+        _release_free_heap()
         self._start_rss = self._max_rss = _rss()
         self._thread = threading.Thread(target=self._sample, daemon=True, name="forgetlab-peak-meter")
         self._thread.start()
