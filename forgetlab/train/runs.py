@@ -10,6 +10,7 @@ its YAML file), so every other page can analyse it.
 """
 from __future__ import annotations
 
+import collections.abc
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -273,25 +274,40 @@ def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_ge
     return fn
 
 
+class _StartWeights(collections.abc.Mapping):
+    """θ0 of a run read tensor by tensor from the checkpoint it started from, each in the dtype it was loaded in
+    (so step 0 gives exactly 0 and no copy of θ0 stays in memory)."""
+
+    def __init__(self, checkpoint, dtypes: Mapping[str, torch.dtype]):
+        self.checkpoint, self.dtypes = checkpoint, dict(dtypes)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.checkpoint.read(name, dtype=self.dtypes[name])
+
+    def __iter__(self):
+        return iter(self.dtypes)
+
+    def __len__(self) -> int:
+        return len(self.dtypes)
+
+
 class _StreamedDistance:
-    """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from, θ0 read tensor by
-    tensor from disk in the weights' dtype (so step 0 gives exactly 0 and no copy of θ0 stays in memory)."""
+    """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from
+    (`forgetlab.analysis.taskvec.distance`, θ0 streamed by `_StartWeights`)."""
 
     def __init__(self, model, checkpoint):
-        self.model, self.checkpoint = model, checkpoint
         names = set(checkpoint.names())
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n in names]
+        self.start = _StartWeights(checkpoint, {n: p.dtype for n, p in self.params})
 
     @torch.no_grad()
     def __call__(self) -> float:
-        total, count = 0.0, 0
-        for name, p in self.params:
-            w0 = self.checkpoint.read(name, dtype=p.dtype).to(p.device).float()
-            n0 = float(w0.norm())
-            if n0 > 0:
-                total += float((p.float() - w0).norm()) / n0
-                count += 1
-        return total / count if count else float("nan")
+        from forgetlab.analysis.taskvec import distance
+
+        try:
+            return float(distance(self.params, self.start))
+        except ForgetlabError:                      # no tensor with a non-zero norm
+            return float("nan")
 
 
 def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
