@@ -5,13 +5,13 @@ entries by λt = 1 + r·clamp(ρt, 0, α), ρt = (its shared entries) / (its uni
 
 Both stream: one pass over the models counts the contributors per entry, a second adds each model's kept
 entries divided by that count into the base. CPU kernel: `ram_merge_into_`, the same numbers block by block
-(RAM+ counts each model's shared and unique entries in a first blocked pass)."""
+with the masks as 0/1 floats and the count kept as uint8 between the passes."""
 from __future__ import annotations
 
 import torch
 
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
-from forgetlab.merge.select import block_ranges
+from forgetlab.merge.select import BLOCK, block_ranges
 
 
 def _eps_param() -> ParamSpec:
@@ -42,40 +42,55 @@ def ram_merge(base: torch.Tensor, taus: list[torch.Tensor], epsilon: float, r: f
     return base
 
 
-def _ram_block(blocks: list[torch.Tensor], epsilon: float):
-    masks = [tau.abs() > epsilon for tau in blocks]
-    count = torch.zeros_like(blocks[0])
-    for m in masks:
-        count += m
-    return masks, count == 1, count > 1, count
-
-
-def _ram_lams(taus: list[torch.Tensor], epsilon: float, r: float | None, alpha: float) -> list[float]:
-    if r is None:
-        return [1.0] * len(taus)
-    shared, uniq = [0] * len(taus), [0] * len(taus)
-    for s, e in block_ranges(taus[0].numel()):
-        masks, unique, overlap, _ = _ram_block([t[s:e] for t in taus], epsilon)
-        for i, m in enumerate(masks):
-            shared[i] += int((m & overlap).sum())
-            uniq[i] += int((m & unique).sum())
-    return [1.0 + r * min(max(sh / max(float(u), epsilon), 0.0), alpha) for sh, u in zip(shared, uniq)]
-
-
 def ram_merge_into_(base: torch.Tensor, taus: list[torch.Tensor], epsilon: float, r: float | None = None,
                     alpha: float = 0.2) -> torch.Tensor:
-    """`ram_merge` block by block (blocks of `select.BLOCK` entries): the same element-wise operations, so the
-    same numbers, without full-size masks and counts. `taus` are overwritten."""
+    """`ram_merge` block by block (blocks of `select.BLOCK` entries), the same numbers in two passes: the first
+    masks each τt in place and counts the contributors c per entry (kept as uint8; RAM+ also counts each model's
+    unique and shared entries), the second adds τt·ft with ft = 1/max(c, 1), or λt where c = 1 — the reference's
+    λt·[c = 1] + [c > 1]/c, since a masked τt is ±0 wherever it does not count. `taus` are overwritten."""
     flat = [t.reshape(-1) for t in taus]
     o = base.reshape(-1)
-    lams = _ram_lams(flat, epsilon, r, alpha)
-    for s, e in block_ranges(o.numel()):
-        blocks = [t[s:e] for t in flat]
-        masks, unique, overlap, count = _ram_block(blocks, epsilon)
-        inv = torch.where(overlap, 1.0 / count.clamp(min=1), 0.0)
-        for tau, m, lam in zip(blocks, masks, lams):
-            tau.mul_(m)
-            o[s:e].add_(tau * (unique * lam + inv))
+    n = o.numel()
+    nb = min(BLOCK, n)
+    counts = torch.empty(n, dtype=torch.uint8)
+    c, u, f = (torch.empty(nb, dtype=torch.float32) for _ in range(3))
+    # RAM+ keeps every model's block mask for its counts; RAM reuses one
+    masks = torch.empty((len(flat) if r is not None else 1, nb), dtype=torch.float32)
+    shared, uniq = [0] * len(flat), [0] * len(flat)
+    for s, e in block_ranges(n):
+        k = e - s
+        c_, u_ = c[:k], u[:k]
+        c_.zero_()
+        for i, t in enumerate(flat):
+            m_ = masks[min(i, len(masks) - 1), :k]
+            blk = t[s:e]
+            torch.abs(blk, out=m_)
+            torch.gt(m_, epsilon, out=m_)  # [|τt| > ε] as 0/1 floats
+            c_.add_(m_)
+            blk.mul_(m_)
+        counts[s:e].copy_(c_)
+        if r is not None:  # exact: block sums of 0/1 floats stay far below 2^24
+            torch.eq(c_, 1, out=u_)
+            torch.gt(c_, 1, out=f[:k])
+            for i, m_ in enumerate(masks[:, :k]):
+                uniq[i] += int(torch.dot(m_, u_))
+                shared[i] += int(torch.dot(m_, f[:k]))
+    lams = [1.0] * len(flat)
+    if r is not None:
+        lams = [1.0 + r * min(max(sh / max(float(q), epsilon), 0.0), alpha) for sh, q in zip(shared, uniq)]
+    unique = torch.empty(nb, dtype=torch.bool)
+    for s, e in block_ranges(n):
+        k = e - s
+        c_, f_, m_, unique_ = c[:k], f[:k], u[:k], unique[:k]
+        c_.copy_(counts[s:e])
+        if r is not None:
+            torch.eq(c_, 1, out=unique_)
+        torch.reciprocal(c_.clamp_min_(1), out=c_)
+        for t, lam in zip(flat, lams):
+            if lam != 1.0:
+                f_.copy_(c_).masked_fill_(unique_, lam)
+            torch.mul(t[s:e], f_ if lam != 1.0 else c_, out=m_)
+            o[s:e].add_(m_)
     return base
 
 

@@ -57,28 +57,41 @@ def sce(base: torch.Tensor, taus: list[torch.Tensor], select_topk: float = 1.0) 
     return base.add_(merged)
 
 
-def _select_(taus: list[torch.Tensor], select_topk: float, var: torch.Tensor) -> None:
-    """`sce_select_mask` applied in place to the flat task vectors: the variance block by block into `var` (the
-    numbers torch.var gives over the stack), the cut by `kth_largest` (ties: the first in storage order)."""
-    n = var.numel()
-    nb = min(BLOCK, n)
-    mean, m2, x, d = (torch.empty(nb, dtype=torch.float64) for _ in range(4))
-    for s, e in block_ranges(n):
-        c = e - s
+# Sub-blocks for the float64 variance: four float64 buffers of this size stay in the core's cache.
+VAR_BLOCK = 1 << 13
+
+
+def _variance_into(taus: list[torch.Tensor], var: np.ndarray) -> None:
+    """Population variance across the flat task vectors, in the bits torch.var gives over their stack on the
+    CPU: Welford's update in float64, model by model, then m2 / N. numpy on small blocks (torch.var itself takes
+    ~40 ns per entry on such a short axis; per-call overhead and cache misses decide the rest)."""
+    arrays = [as_array(t) for t in taus]
+    n = var.size
+    nb = min(VAR_BLOCK, n)
+    mean, m2, x, d = (np.empty(nb, np.float64) for _ in range(4))
+    for s in range(0, n, nb):
+        c = min(n, s + nb) - s
         mean_, m2_, x_, d_ = mean[:c], m2[:c], x[:c], d[:c]
-        # torch.var over the model axis on the CPU: Welford's update in float64, model by model, then m2 / N
-        # (torch.var itself takes ~40 ns per entry on such a short axis; the test compares the bits)
-        mean_.copy_(taus[0][s:e])
-        m2_.zero_()
-        for i, t in enumerate(taus[1:], start=2):
-            x_.copy_(t[s:e])
-            torch.sub(x_, mean_, out=d_)  # δ = x − mean
-            mean_.add_(d_ / i)
-            x_.sub_(mean_)  # x − new mean
-            m2_.add_(d_.mul_(x_))
-        var[s:e].copy_(m2_.div_(len(taus)))
+        mean_[:] = arrays[0][s:s + c]
+        m2_.fill(0)
+        for i, a in enumerate(arrays[1:], start=2):
+            x_[:] = a[s:s + c]
+            np.subtract(x_, mean_, out=d_)  # δ = x − mean
+            np.add(mean_, d_ / i, out=mean_)
+            np.subtract(x_, mean_, out=x_)  # x − new mean
+            np.multiply(d_, x_, out=d_)
+            np.add(m2_, d_, out=m2_)
+        np.divide(m2_, len(arrays), out=m2_)
+        var[s:s + c] = m2_
+
+
+def _select_(taus: list[torch.Tensor], select_topk: float, var: torch.Tensor) -> None:
+    """`sce_select_mask` applied in place to the flat task vectors: the variance into `var` (`_variance_into`),
+    the cut by `kth_largest` (ties: the first in storage order)."""
+    n = var.numel()
     v = as_array(var)
-    k = int(int(np.count_nonzero(v)) * select_topk)
+    _variance_into(taus, v)
+    k = int(np.count_nonzero(v.view(np.uint32)) * select_topk)  # the bits: a variance is never −0
     if k == 0:
         for t in taus:
             t.mul_(0)
