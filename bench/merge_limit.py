@@ -47,6 +47,8 @@ ROWS = [
     ("hma", "hma", {"alphas": [0.1, 0.2, 0.3]}, 1),
     # mergekit 0.1.5's methods (issue 25), with mergekit's defaults unless a knob must be set to do any work
     ("slerp t 0.5", "slerp", {"t": 0.5}, 1),
+    ("linear", "linear", {}, 3),
+    ("passthrough", "passthrough", {}, 0),
     ("nuslerp", "nuslerp", {}, 2),
     ("multislerp", "multislerp", {}, 3),
     ("karcher", "karcher", {}, 3),
