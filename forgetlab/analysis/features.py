@@ -13,6 +13,7 @@ tasks' points, in the t-SNE plane and in the PCA space, and their average over t
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from itertools import combinations
 from pathlib import Path
@@ -90,8 +91,11 @@ class TsneResult:
                    d["pca_dims"], d["seed"], d.get("meta", {}))
 
 
-def _resolve(pool_or_data, models, tasks, device):
-    """({label: model}, tokenizer, {task: pairs}, template)."""
+def _resolve(pool_or_data, models, tasks, device, dtype):
+    """({label: model, or None for a pool model loaded when its turn comes}, the loader, tokenizer,
+    {task: pairs}, template). The loader gives a label's model and a function releasing it once its features
+    are taken: a pool model is loaded in `dtype` (`ModelPool.load`) and unloaded after, so the job holds one
+    model at a time; a given model is used as it is (cast to `dtype` only when one is given)."""
     if isinstance(pool_or_data, (tuple, list)):
         if len(pool_or_data) != 3:
             raise ParameterError("Pass a ModelPool or a ({name: model}, tokenizer, {task: pairs}) tuple.")
@@ -105,13 +109,28 @@ def _resolve(pool_or_data, models, tasks, device):
             if missing:
                 raise ParameterError(f"No probe data for task(s) {missing}; known: {', '.join(pairs)}.")
             pairs = {t: pairs[t] for t in tasks}
-        return mods, tok, pairs, None
+
+        def given(name):
+            model = mods[name]
+            if dtype is not None and next(model.parameters()).dtype != dtype:
+                model = copy.deepcopy(model).to(dtype)
+            return model, lambda: None
+
+        return mods, given, tok, pairs, None
+    from forgetlab.core.memory import job_dtype
+
     pool = pool_or_data
+    dt = job_dtype(dtype, device)
     names = list(models) if models is not None else ["base", *pool.model_names]
-    loaded = {n: pool.load(n, device=device) for n in names}
+    for n in names:
+        pool.checkpoint(n)          # an unknown name is refused before any model is loaded
+
+    def load(name):
+        return pool.load(name, device=device, dtype=dt), lambda: pool.unload(name)
+
     tasks = list(tasks) if tasks is not None else list(pool.probes.tasks)
     pairs = {t: pool.probes.task(t).probe for t in tasks}
-    return loaded, pool.tokenizer, pairs, getattr(pool.probes, "template", None)
+    return dict.fromkeys(names), load, pool.tokenizer, pairs, getattr(pool.probes, "template", None)
 
 
 def _pool_rows(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, pooling: str) -> torch.Tensor:
@@ -148,68 +167,99 @@ def _model_features(model, anatomy: Optional[Anatomy], ids, level, layer, head):
     return got["out"]
 
 
+def _check_anatomy(anatomy: Optional[Anatomy], name: str, model) -> None:
+    """Refuse a model whose submodule structure differs from the first model's."""
+    if anatomy is None:
+        return
+    try:
+        other = Anatomy.from_model(model)
+    except ParameterError:
+        other = None
+    if other is None or not anatomy.same_structure(other):
+        raise ParameterError(f"Model {name!r} has a different submodule structure "
+                             f"({other.describe() if other else 'unknown'}) from the first "
+                             f"({anatomy.describe()}); compare models of one architecture.")
+
+
+def _check_position(anatomy: Optional[Anatomy], level: str, layer: Optional[int],
+                    head: Optional[int]) -> tuple[Optional[int], Optional[int]]:
+    """(layer, head) of the submodule read: the layer counted from 0 (None at the model level), the head (None
+    below the head level); a ParameterError for one the model does not have."""
+    if level == "model":
+        return None, None
+    n = anatomy.num_layers
+    if layer is None or not (-n <= layer < n):
+        raise ParameterError(f"Layer {layer!r} does not exist: this model has layers 0..{n - 1} (or -1 for last).")
+    if level == "head" and (head is None or not (0 <= head < anatomy.num_heads)):
+        raise ParameterError(f"The head level needs head= one of 0..{anatomy.num_heads - 1}.")
+    return layer % n, head if level == "head" else None
+
+
 def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models: Optional[Sequence[str]] = None, *,
                      level: str = "layer", layer: Optional[int] = -1, head: Optional[int] = None,
                      pooling: str = "answer", samples: Optional[int] = 30, batch_size: int = 8,
-                     max_length: int = 128, device: Optional[str] = None, progress: Progress = None) -> FeatureSet:
+                     max_length: int = 128, device: Optional[str] = None, dtype=None,
+                     progress: Progress = None) -> FeatureSet:
     """One pooled feature vector per (model, task, probe sample) for a chosen submodule (module docstring).
 
     ``pool_or_data``: a ModelPool (``models`` are pool names, default base + every fine-tuned model; ``tasks``
     default every task) or a ``({label: model}, tokenizer, {task: pairs})`` tuple (e.g. with a merged model).
     ``layer`` may be negative (−1 = last layer); ``head`` is needed for the ``head`` level.
+    ``dtype`` (None: bfloat16 on cuda, float32 elsewhere; a tuple's models keep theirs unless one is given) is
+    the precision the models run in; the pooling and everything after it are in float32. From a pool the models
+    are loaded one at a time and released after their features are taken. Its peak: `forgetlab.analysis.features_memory`.
     """
     if level not in FEATURE_LEVELS:
         raise ParameterError(f"Unknown level {level!r}; choose one of {', '.join(FEATURE_LEVELS)}.")
     if pooling not in POOLINGS:
         raise ParameterError(f"pooling must be one of {', '.join(POOLINGS)}; got {pooling!r}.")
-    mods, tok, pairs, template = _resolve(pool_or_data, models, tasks, device)
+    mods, load, tok, pairs, template = _resolve(pool_or_data, models, tasks, device, dtype)
     if not mods:
         raise ParameterError("No models to capture features from.")
     if not pairs:
         raise ParameterError("No tasks to capture features for; the pool has no probe data.")
-    first = next(iter(mods.values()))
-    try:
-        anatomy = Anatomy.from_model(first)
-    except ParameterError:
-        if level != "model":
-            raise
-        anatomy = None
-    for name, m in mods.items():
-        try:
-            other = Anatomy.from_model(m) if anatomy is not None else None
-        except ParameterError:
-            other = None
-        if anatomy is not None and (other is None or not anatomy.same_structure(other)):
-            raise ParameterError(f"Model {name!r} has a different submodule structure "
-                                 f"({other.describe() if other else 'unknown'}) from the first "
-                                 f"({anatomy.describe()}); compare models of one architecture.")
-    if level != "model":
-        n = anatomy.num_layers
-        if layer is None or not (-n <= layer < n):
-            raise ParameterError(f"Layer {layer!r} does not exist: this model has layers 0..{n - 1} (or -1 for last).")
-        layer = layer % n
-    else:
-        layer = None
-    if level == "head":
-        if head is None or not (0 <= head < anatomy.num_heads):
-            raise ParameterError(f"The head level needs head= one of 0..{anatomy.num_heads - 1}.")
-    else:
-        head = None
     encs = {t: encode_samples(tok, select_pairs(p, samples, t), max_length=max_length, template=template)
             for t, p in pairs.items()}
+    names = list(mods)
+    first, release_first = load(names[0])
+    try:
+        try:
+            anatomy = Anatomy.from_model(first)
+        except ParameterError:
+            if level != "model":
+                raise
+            anatomy = None
+        for name, m in mods.items():       # given models are all at hand: check them before any work
+            if m is not None:
+                _check_anatomy(anatomy, name, m)
+        layer, head = _check_position(anatomy, level, layer, head)
+    except BaseException:
+        release_first()
+        raise
     rows, labels = [], []
     total = sum(len(range(0, len(e), batch_size)) for e in encs.values()) * len(mods)
     done = 0
-    for mname, model in mods.items():
-        dev = next(model.parameters()).device
-        for t, enc in encs.items():
-            for a in range(0, len(enc), batch_size):
-                chunk = enc.chunk(a, min(a + batch_size, len(enc)))
-                feats = _model_features(model, anatomy, chunk.input_ids.to(dev), level, layer, head)
-                rows.append(_pool_rows(feats.float().cpu(), chunk.lengths, chunk.answer_starts, pooling))
-                labels += [{"task": t, "model": mname, "sample": a + i} for i in range(len(chunk))]
-                done += 1
-                report(progress, done / total, f"{mname}: {t}")
+    for k, mname in enumerate(names):
+        if k == 0:
+            model, release, first = first, release_first, None
+        else:
+            model, release = load(mname)
+        try:
+            if k > 0 and mods[mname] is None:
+                _check_anatomy(anatomy, mname, model)
+            dev = next(model.parameters()).device
+            for t, enc in encs.items():
+                for a in range(0, len(enc), batch_size):
+                    chunk = enc.chunk(a, min(a + batch_size, len(enc)))
+                    feats = _model_features(model, anatomy, chunk.input_ids.to(dev), level, layer, head)
+                    rows.append(_pool_rows(feats.float().cpu(), chunk.lengths, chunk.answer_starts, pooling))
+                    del feats
+                    labels += [{"task": t, "model": mname, "sample": a + i} for i in range(len(chunk))]
+                    done += 1
+                    report(progress, done / total, f"{mname}: {t}")
+        finally:
+            del model
+            release()
     X = torch.cat(rows).numpy().astype(np.float64)
     return FeatureSet(X, pd.DataFrame(labels), level, layer, head, pooling)
 
@@ -288,10 +338,10 @@ def embed_tsne(features: FeatureSet, *, perplexity: float = 30.0, seed: int = 0,
 def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", layer: Optional[int] = -1,
                 head: Optional[int] = None, pooling: str = "answer", samples: Optional[int] = 30,
                 perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50, backend: str = "auto",
-                device: Optional[str] = None, progress: Progress = None) -> TsneResult:
-    """`capture_features` then `embed_tsne`, in one call (what the Features page and CLI run)."""
+                device: Optional[str] = None, dtype=None, progress: Progress = None) -> TsneResult:
+    """`capture_features` (in `dtype`) then `embed_tsne`, in one call (what the Features page and CLI run)."""
     fs = capture_features(pool_or_data, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
-                          samples=samples, device=device, progress=scaled(progress, 0.0, 0.6))
+                          samples=samples, device=device, dtype=dtype, progress=scaled(progress, 0.0, 0.6))
     result = embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
                         progress=scaled(progress, 0.6, 1.0))
     result.meta.update(models=list(dict.fromkeys(fs.labels["model"])), tasks=list(dict.fromkeys(fs.labels["task"])),
@@ -319,6 +369,7 @@ class FeaturesSettings:
     pca_dims: Optional[int] = None
     backend: Optional[str] = None
     device: Optional[str] = None
+    dtype: Optional[str] = None
 
 
 def check_settings(settings: FeaturesSettings, pool=None) -> None:
@@ -370,3 +421,5 @@ def list_features(home_path: str | Path | None = None) -> list:
 
 ANALYSIS = register(Analysis("features", FeaturesSettings, check_settings, run_settings, save_features,
                              load_features, list_features))
+
+from forgetlab.analysis import features_memory  # noqa: E402,F401  (registers the "features" memory estimate)

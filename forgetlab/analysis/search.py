@@ -148,21 +148,38 @@ def searchable_param(method: str) -> Optional[str]:
     return spec.name if spec is not None else None
 
 
+def resident_dtype(dtype: torch.dtype, checkpoints: Sequence[Any]) -> torch.dtype:
+    """The dtype a search worker holds the base and fine-tuned weights in: the job's 16-bit dtype when every
+    checkpoint is stored in it (nothing is lost, and a merged tensor — computed in float32 per tensor — is
+    rounded to it once, as the working copy would round it), else float32 (a float32 checkpoint rounded to 16
+    bits would lose most of a small task vector)."""
+    from forgetlab.core.pool import stored_float_dtype
+
+    if dtype != torch.float32 and all(stored_float_dtype(c) == dtype for c in checkpoints):
+        return dtype
+    return torch.float32
+
+
 class _SearchState:
-    """A search worker: base and fine-tuned weights resident (float32), one working copy of the model."""
+    """A search worker: base and fine-tuned weights resident (`resident_dtype`, on the CPU), one working copy of
+    the model on the job's device in its dtype."""
 
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
                  model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None,
-                 scalars: Sequence[str] = ()):
+                 scalars: Sequence[str] = (), dtype=None):
         from forgetlab.core.checkpoints import load_model, open_checkpoint
+        from forgetlab.core.memory import job_dtype
 
         self.pool, self.method, self.params, self.param = pool, method, dict(params), param
         self.scalars = list(scalars)
+        dt = job_dtype(dtype, device)
         base = open_checkpoint(base_ref)
-        self.base = base.state_dict(torch.float32)
-        self.fts = [open_checkpoint(r, base=base).state_dict(torch.float32) for r in model_refs]
+        tuned = [open_checkpoint(r, base=base) for r in model_refs]
+        held = resident_dtype(dt, [base, *tuned])
+        self.base = base.state_dict(held)
+        self.fts = [c.state_dict(held) for c in tuned]
         self.config = base.config
-        self.model = load_model(base, device=device)
+        self.model = load_model(base, device=device, dtype=dt)
         self.dev = next(self.model.parameters()).device
         self.live = dict(self.model.named_parameters())
         self.eval_kw = dict(eval_kw)
@@ -312,7 +329,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
            forgetting_weight: float = 1.0, measure: str = "exact_match", task: Optional[str] = None,
            param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0), hma_blocks: int = 0,
            sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0, device: Optional[str] = None,
-           batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
+           dtype=None, batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
            executor=None, on_point=None, progress: Progress = None, benchmarks=None,
            scalars: Optional[Sequence[str]] = None) -> SearchResult:
     """CMA-ES merge search (module docstring). `recipe`: a `forgetlab.merge.recipes.Recipe` or its file/dict;
@@ -321,7 +338,10 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     `measure` may be an lm-eval `TASK/METRIC` of the tasks in `benchmarks` (a BenchmarkSpec), run on every
     candidate as mergekit-evolve scores merges. `scalars`: method-wide numeric parameters searched too (default:
     the method's choice, e.g. lines' α and β, searched instead of its per-model weights), within `bounds` and
-    their own ranges."""
+    their own ranges. `dtype` (None: bfloat16 on cuda, float32 elsewhere) is the working copy's precision; the
+    merges are computed in float32 per tensor and the losses reduced in float32. Its peak per worker:
+    `forgetlab.analysis.search_memory`."""
+    from forgetlab.core.memory import dtype_name, job_dtype
     from forgetlab.executors import make_executor
     from forgetlab.merge.recipes import ModelEntry
 
@@ -354,11 +374,12 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     models = [_label(pool, m.model) for m in recipe.models]
     eval_kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task)
     refs = [pool.resolve_ref(m.model) for m in recipe.models]
+    dt = job_dtype(dtype, device)
     factory = _SearchFactory(pool, recipe.method, base_params, pspec.name if pspec else None,
-                             pool.resolve_ref(recipe.base), refs, device, eval_kw, benchmarks, scalar_names)
+                             pool.resolve_ref(recipe.base), refs, device, eval_kw, benchmarks, scalar_names, dt)
     executor = make_executor(executor)
     settings = dict(budget=int(budget), seed=int(seed), sigma0=float(sigma0), bounds=[lo, hi], scalars=scalar_names,
-                    hma_blocks=int(hma_blocks), task=task, popsize=popsize, **eval_kw,
+                    hma_blocks=int(hma_blocks), task=task, popsize=popsize, dtype=dtype_name(dt), **eval_kw,
                     benchmarks=benchmarks.to_dict() if benchmarks is not None else None)
     t_start = time.perf_counter()
     report(progress, 0.0, "starting the workers")
@@ -498,6 +519,7 @@ class SearchSettings:
     popsize: Optional[int] = None
     seed: Optional[int] = None
     device: Optional[str] = None
+    dtype: Optional[str] = None
     batch_size: Optional[int] = None
     max_general: Optional[int] = None
     max_task: Optional[int] = None
@@ -527,3 +549,5 @@ def list_searches(home_path=None) -> list:
 
 ANALYSIS = register(Analysis("search", SearchSettings, check_settings, run_settings, save_search, load_search,
                              list_searches))
+
+from forgetlab.analysis import search_memory  # noqa: E402,F401  (registers the "search" memory estimate)

@@ -197,40 +197,50 @@ def check(pool, model: str, *, against: str = "base", alpha: Optional[float] = N
         heldout_sequences(pool, max_general=1, block_size=block_size, general_mode=general_mode)
 
 
+def text_sequences(pool, *, text=None, lines: Optional[Sequence[str]] = None, max_general: Optional[int] = None,
+                   block_size: int = 128, general_mode: str = "blocks") -> tuple[list[Sequence_], list[str], str]:
+    """(the sequences to score, notes, the source's name): the lines of the file `text` or the strings `lines`
+    (split where longer than the model's context), else the scorecard's held-out blocks."""
+    if text is not None or lines is not None:
+        raw = read_text_lines(text) if text is not None else [str(x) for x in lines if str(x).strip()]
+        if not raw:
+            raise ProbeDataError("The text is empty: type or paste at least one line to score.")
+        seqs, notes = line_sequences(pool.tokenizer, raw, context_length(pool.config))
+        return seqs, notes, str(Path(text).expanduser().resolve()) if text is not None else "typed text"
+    seqs = heldout_sequences(pool, max_general=max_general, block_size=block_size, general_mode=general_mode)
+    return seqs, [], "heldout"
+
+
 def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] = None, text=None,
              lines: Optional[Sequence[str]] = None, split: Optional[str] = None, max_general: Optional[int] = None,
              block_size: int = 128, general_mode: str = "blocks", batch_size: int = 16, device: Optional[str] = None,
-             lens: bool = True, lens_blocks: Optional[int] = LENS_BLOCKS, vocab_chunk: int = VOCAB_CHUNK, home=None,
-             progress: Progress = None) -> TextDiffResult:
+             dtype=None, lens: bool = True, lens_blocks: Optional[int] = LENS_BLOCKS, vocab_chunk: int = VOCAB_CHUNK,
+             home=None, progress: Progress = None) -> TextDiffResult:
     """Score every token of a text under `model` (at WiSE-FT point `alpha` when given) and `against` (see the
     module docstring). The text: the lines of the file `text`, the strings `lines`, or (the default, `split`
     "heldout") the scorecard's held-out blocks (`max_general`, `block_size`, `general_mode` as in
     `forgetlab.core.evaluate.evaluate`). The logit lens reads the first `lens_blocks` sequences (None: all of
-    them; it costs one pass through the head per layer and model); `lens=False` skips it."""
+    them; it costs one pass through the head per layer and model); `lens=False` skips it. `dtype` (None: bfloat16
+    on cuda, float32 elsewhere) is the precision both models are loaded and run in; the logits are taken to
+    float32 before the log-softmax, KL, top-k and the lens's losses. Its peak: `textdiff_memory`."""
     from forgetlab.core.evaluate import check_limits
+    from forgetlab.core.memory import dtype_name, job_dtype
 
     check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk,
                  lens_blocks=lens_blocks)
     _sources(text, lines, split)
     device = device or "cpu"            # as ModelPool.load: both sides on one device
+    dt = job_dtype(dtype, device)
     start = time.perf_counter()
     mref = resolve_model(pool, model, alpha=alpha, home=home)
     aref = resolve_model(pool, against, home=home, role="--against")
     tok = pool.tokenizer
-    notes: list[str] = []
-    if text is not None or lines is not None:
-        raw = read_text_lines(text) if text is not None else [str(x) for x in lines if str(x).strip()]
-        if not raw:
-            raise ProbeDataError("The text is empty: type or paste at least one line to score.")
-        seqs, notes = line_sequences(tok, raw, context_length(pool.config))
-        source = str(Path(text).expanduser().resolve()) if text is not None else "typed text"
-    else:
-        seqs = heldout_sequences(pool, max_general=max_general, block_size=block_size, general_mode=general_mode)
-        source = "heldout"
+    seqs, notes, source = text_sequences(pool, text=text, lines=lines, max_general=max_general,
+                                         block_size=block_size, general_mode=general_mode)
     report(progress, 0.0, f"loading {mref.label} and {aref.label}")
-    base_model = _load(pool, aref, device)
+    base_model = _load(pool, aref, device, dt)
     report(progress, 0.05, f"loaded {aref.label}")
-    tuned_model = _load(pool, mref, device)
+    tuned_model = _load(pool, mref, device, dt)
     readers = (_Reader(base_model, lens), _Reader(tuned_model, lens))
     if lens and not all(r.lens for r in readers):
         notes.append("no logit lens: this architecture has no final norm forgetlab knows how to read the residual "
@@ -249,7 +259,7 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     recipe = {"analysis": KIND, "pool": pool_source(pool), "pool_name": getattr(pool, "name", None), "model": model,
               "against": against, "alpha": mref.alpha, "model_label": mref.label, "source": source,
               "max_general": max_general, "block_size": block_size, "general_mode": general_mode,
-              "batch_size": batch_size, "lens": lens, "lens_blocks": lens_blocks}
+              "batch_size": batch_size, "lens": lens, "lens_blocks": lens_blocks, "dtype": dtype_name(dt)}
     result = TextDiffResult(model=mref.label, against=aref.label, source=source, tokens=frame,
                             docs=[s.name for s in seqs], lens=lens_rows, notes=notes,
                             seconds=time.perf_counter() - start, recipe=recipe)
@@ -296,6 +306,7 @@ class TextDiffSettings:
     general_mode: Optional[str] = None
     batch_size: Optional[int] = None
     device: Optional[str] = None
+    dtype: Optional[str] = None
     lens: Optional[bool] = None
     lens_blocks: Optional[int] = None
 
@@ -318,9 +329,10 @@ def run_settings(pool, settings: TextDiffSettings, progress: Progress = None, ex
 
 
 __all__ = ["CLASSES", "COLUMNS", "ModelRef", "TextDiffResult", "TextDiffSettings", "token_class", "resolve_model",
-           "read_text_lines", "line_sequences", "heldout_sequences", "token_scores", "check", "textdiff",
-           "save_textdiff", "load_textdiff", "list_textdiffs"]
+           "read_text_lines", "line_sequences", "heldout_sequences", "text_sequences", "token_scores", "check",
+           "textdiff", "save_textdiff", "load_textdiff", "list_textdiffs"]
 
 ANALYSIS = register(Analysis(KIND, TextDiffSettings, check_settings, run_settings, save_textdiff, load_textdiff,
                              list_textdiffs))
 
+from forgetlab.analysis import textdiff_memory  # noqa: E402,F401  (registers the "textdiff" memory estimate)

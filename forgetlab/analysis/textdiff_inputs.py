@@ -84,20 +84,24 @@ def resolve_model(pool, ref: Optional[str], *, alpha: Optional[float] = None, ho
                          "Name one of those, or give the path of a model folder.")
 
 
-def _load(pool, mref: ModelRef, device: Optional[str]):
-    """The model for forward passes: the pool's cached model, a fresh working copy at the WiSE-FT point (built
-    by the registry's wise_ft through forgetlab.merge.working_copy, as the sweeps build theirs), or the folder."""
+def _load(pool, mref: ModelRef, device: Optional[str], dtype=None):
+    """The model for forward passes in `dtype` (None: float32): the pool's cached model, a fresh working copy at
+    the WiSE-FT point (built by the registry's wise_ft through forgetlab.merge.working_copy, as the sweeps build
+    theirs: θ0 + α(θ1 − θ0) in float32, rounded once to `dtype`), or the folder."""
+    import torch
+
+    dtype = dtype or torch.float32
     if mref.kind == "pool":
-        return pool.load(mref.ref, device=device)
+        return pool.load(mref.ref, device=device, dtype=dtype)
     if mref.kind == "sweep":
         from forgetlab.merge.working_copy import WorkingCopy
 
-        work = WorkingCopy.load(pool, mref.ref, device=device)
+        work = WorkingCopy.load(pool, mref.ref, device=device, dtype=dtype)
         work.lerp(work.tuned, mref.alpha)
         return work.model.eval()
     from forgetlab.core.checkpoints import load_model
 
-    return load_model(mref.path, device=device)
+    return load_model(mref.path, device=device, dtype=dtype)
 
 
 # ------------------------------------------------------------------------------------------------ texts

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 
 
 def register(sub) -> None:
@@ -25,22 +25,30 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", choices=list(BACKENDS), default="auto")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_dtype(p, what="the models' forward passes (the pooled features, PCA and t-SNE are float32)")
+    shared.add_dry_run(p)
     shared.add_out(p, "CSV file for the coordinates (x, y, task, model, sample)")
     shared.add_out(p, "CSV file for the task-cluster distances", flag="--distances")
     p.set_defaults(func=cmd_features)
 
 
 def cmd_features(args) -> int:
+    """Estimate the peak (stop there with --dry-run), capture the features, map them, print the distances."""
     from forgetlab.analysis.features import capture_features, embed_tsne
     from forgetlab.commands.linearity import write_csv
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
     from forgetlab.core.progress import scaled
 
     pool = ModelPool.from_yaml(args.pool)
+    dtype = job_dtype(args.dtype, args.device)
+    if emit_estimate(estimate("features", pool=pool, tasks=args.tasks, models=args.models, level=args.level,
+                              samples=args.samples, device=args.device, dtype=dtype), args.dry_run):
+        return 0
     update, close = tqdm_progress("features")
     try:
         fs = capture_features(pool, args.tasks, args.models, level=args.level, layer=args.layer, head=args.head,
-                              pooling=args.pooling, samples=args.samples, device=args.device,
+                              pooling=args.pooling, samples=args.samples, device=args.device, dtype=dtype,
                               progress=scaled(update, 0, 0.6))
         result = embed_tsne(fs, perplexity=args.perplexity, seed=args.seed, pca_dims=args.pca_dims,
                             backend=args.backend, progress=scaled(update, 0.6, 1.0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from forgetlab.commands import args as shared
 from forgetlab.commands._executor import executor_from_args, executor_lines
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.commands.sweep import measure_benchmarks
 from forgetlab.core.errors import parse_floats
 
@@ -39,6 +39,8 @@ def register(sub) -> None:
     shared.add_eval_limits(p, pairs="probe")
     shared.add_batch_size(p)
     shared.add_device(p)
+    shared.add_dtype(p, what="each worker's working copy (the merges are computed in float32 per tensor)")
+    shared.add_dry_run(p)
     shared.add_out(p, "also write the table of points to this CSV or JSON file")
     p.add_argument("--save-recipe", metavar="FILE.yaml", help="write the best recipe to this YAML file")
     shared.add_no_save(p)
@@ -47,10 +49,12 @@ def register(sub) -> None:
 
 
 def cmd_search(args) -> int:
-    """Run the search, print every point and the best recipe, save the run."""
+    """Check the settings, estimate a worker's peak (stop there with --dry-run), run the search, print every point
+    and the best recipe, save the run."""
     import yaml
 
-    from forgetlab.analysis.search import save_search, search
+    from forgetlab.analysis.search import check_search, save_search, search
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.outputs import write_text_file
     from forgetlab.core.pool import ModelPool
 
@@ -61,13 +65,21 @@ def cmd_search(args) -> int:
     executor = executor_from_args(args)
     pool = ModelPool.from_yaml(args.pool)
     benchmarks = measure_benchmarks(pool, [args.measure], args.lm_eval_include, args.limit)
+    check_search(args.recipe, pool, budget=args.budget, objective=args.objective, measure=args.measure,
+                 task=args.task, param=args.param, bounds=tuple(bounds), hma_blocks=args.hma_blocks,
+                 benchmarks=benchmarks)
+    dtype = job_dtype(args.dtype, args.device)
+    if emit_estimate(estimate("search", recipe=args.recipe, pool=pool, device=args.device, dtype=dtype,
+                              batch_size=args.batch_size, max_general=args.max_general, max_task=args.max_task),
+                     args.dry_run):
+        return 0
     update, close = tqdm_progress("search")
     try:
         res = search(args.recipe, pool, budget=args.budget, objective=args.objective,
                      max_forgetting=args.max_forgetting, forgetting_weight=args.forgetting_weight,
                      measure=args.measure, task=args.task, param=args.param, bounds=tuple(bounds),
                      hma_blocks=args.hma_blocks, sigma0=args.sigma0, popsize=args.popsize, seed=args.seed,
-                     device=args.device, batch_size=args.batch_size, max_general=args.max_general,
+                     device=args.device, dtype=dtype, batch_size=args.batch_size, max_general=args.max_general,
                      max_task=args.max_task, executor=executor, progress=update, benchmarks=benchmarks)
     finally:
         close()

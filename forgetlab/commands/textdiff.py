@@ -3,7 +3,7 @@ where forgetting shows in text: every token scored under two models (forgetlab.a
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.evaluate import GENERAL_LOSS_MODES
 
 T_LENS_BLOCKS = 64      # forgetlab.analysis.textdiff.LENS_BLOCKS (not imported here: torch loads late)
@@ -36,6 +36,8 @@ def register(sub) -> None:
                    help="held-out blocks as the scorecard cuts them: blocks (default) or documents")
     shared.add_batch_size(p, help="sequences per forward pass")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_dtype(p, what="both models and their forward passes")
+    shared.add_dry_run(p)
     p.add_argument("--no-lens", action="store_true", help="skip the per-layer logit lens")
     p.add_argument("--lens-blocks", type=int, default=T_LENS_BLOCKS,
                    help=f"read the logit lens on the first N sequences (default {T_LENS_BLOCKS}; it costs a pass "
@@ -47,9 +49,11 @@ def register(sub) -> None:
 
 
 def cmd_textdiff(args) -> int:
-    """Check everything, score the text, print the summaries, write --out, save the run (unless --no-save)."""
+    """Check everything, estimate the peak (stop there with --dry-run), score the text, print the summaries, write
+    --out, save the run (unless --no-save)."""
     from forgetlab.analysis import textdiff as T
     from forgetlab.core.errors import ParameterError
+    from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
 
     if args.top < 1:
@@ -58,10 +62,13 @@ def cmd_textdiff(args) -> int:
     kw = dict(against=args.against, alpha=args.alpha, text=args.text, split=args.split,
               max_general=args.max_general, general_mode=args.general_loss, batch_size=args.batch_size)
     T.check(pool, args.model, **kw)
+    dtype = job_dtype(args.dtype, args.device)
+    run = dict(device=args.device, dtype=dtype, lens=not args.no_lens, **kw)
+    if emit_estimate(estimate("textdiff", pool=pool, model=args.model, **run), args.dry_run):
+        return 0
     update, close = tqdm_progress(f"textdiff {args.model}")
     try:
-        result = T.textdiff(pool, args.model, device=args.device, lens=not args.no_lens, lens_blocks=args.lens_blocks,
-                            progress=update, **kw)
+        result = T.textdiff(pool, args.model, lens_blocks=args.lens_blocks, progress=update, **run)
     finally:
         close()
     s = result.summary()

@@ -1,0 +1,77 @@
+"""The memory estimate of a merge search worker (`forgetlab.analysis.search.search`, registered as job "search").
+
+Each worker (`_SearchState`) holds, for the whole search, the base and the N fine-tuned state dicts on the CPU
+in `resident_dtype` (r bytes: the job's 16-bit dtype when every checkpoint is stored in it, else 4) and one
+working copy of the model on the job's device in its dtype (b bytes). Per candidate it merges the whole model
+into a new state dict on the CPU (`merge_state_dicts`: P·r, built tensor by tensor with float32 temporaries of
+the largest tensor — the base's and the N fine-tunes' copies, the result and a mask or score), writes it into the
+copy, frees it, then evaluates the copy on the probe split (`core.eval_memory.eval_batch_bytes`). With P the
+parameters and E the largest tensor's entries:
+
+    on the CPU:  (N + 1)·P·r  +  P·b  +  max(P·r + (N + 3)·E·4,  the largest evaluation batch)
+    on a GPU:    P·b + the largest evaluation batch, and (N + 2)·P·r + (N + 3)·E·4 of host memory beside it
+
+Every Ray worker holds all of it again (one worker per GPU).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, free_bytes, gib, job_dtype,
+                                   register_estimator)
+
+F32 = 4
+
+
+def search_parts(size: ModelSize, *, n_models: int, dtype, resident_bytes: int, batch_bytes: int,
+                 on_gpu: bool = False) -> dict[str, int]:
+    """The parts of one search worker's peak in bytes on its device (module docstring): `n_models` fine-tunes,
+    resident copies of `resident_bytes` per entry, the largest evaluation batch's `batch_bytes`."""
+    largest = max(size.vocab * size.hidden, size.layer_parameters // 3, 1)
+    parts = {"working copy": size.bytes(dtype)}
+    if on_gpu:
+        parts["largest evaluation batch"] = batch_bytes
+        return parts
+    merge = size.parameters * resident_bytes + (n_models + 3) * largest * F32
+    parts["resident base + fine-tunes"] = (n_models + 1) * size.parameters * resident_bytes
+    parts["merged candidate" if merge >= batch_bytes else "largest evaluation batch"] = max(merge, batch_bytes)
+    return parts
+
+
+def host_bytes(size: ModelSize, *, n_models: int, resident_bytes: int) -> int:
+    """The CPU memory a worker whose copy is on a GPU needs: the resident state dicts and one merged candidate."""
+    largest = max(size.vocab * size.hidden, size.layer_parameters // 3, 1)
+    return (n_models + 2) * size.parameters * resident_bytes + (n_models + 3) * largest * F32
+
+
+@register_estimator("search")
+def estimate_search(recipe, pool, *, device: Optional[str] = None, dtype=None, batch_size: int = 16,
+                    max_general: Optional[int] = None, max_task: Optional[int] = None, **_: Any) -> MemoryEstimate:
+    """The peak of one search worker (module docstring) on its device, with the flags that shrink it in the order
+    they help most. On a GPU, a worker whose host memory would not hold its resident copies is refused too (the
+    host's part is then added, so the estimate does not fit). Reads headers and tokenizes the probe texts."""
+    from forgetlab.analysis.search import resident_dtype
+    from forgetlab.core.checkpoints import open_checkpoint
+    from forgetlab.core.eval_memory import eval_batch_bytes
+    from forgetlab.core.evaluate import largest_eval_batch
+    from forgetlab.merge.recipes import load_recipe
+
+    dev = str(device or "cpu")
+    dt = job_dtype(dtype, dev)
+    recipe = load_recipe(recipe)
+    base = open_checkpoint(pool.resolve_ref(recipe.base))
+    tuned = [open_checkpoint(pool.resolve_ref(m.model), base=base) for m in recipe.models]
+    size = ModelSize.of(base)
+    r = dtype_bytes(resident_dtype(dt, [base, *tuned]))
+    rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, split="probe", batch_size=int(batch_size),
+                                   max_general=max_general, max_task=max_task)
+    batch = eval_batch_bytes(size, dtype=dt, batch=rows, seq=seq)
+    on_gpu = dev.startswith("cuda")
+    parts = search_parts(size, n_models=len(tuned), dtype=dt, resident_bytes=r, batch_bytes=batch, on_gpu=on_gpu)
+    if on_gpu:
+        host, free = host_bytes(size, n_models=len(tuned), resident_bytes=r), free_bytes("cpu")
+        if free is not None and host > free:
+            parts[f"host memory short (needs {gib(host)}, {gib(free)} free)"] = host
+    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
+        ["a smaller --batch-size"] if rows > 1 else []) + ["fewer models in the recipe"]
+    return MemoryEstimate("search", dev, dtype_name(dt), parts, fixes=fixes)
