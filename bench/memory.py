@@ -9,7 +9,9 @@ and measures its peak above the bare import of forgetlab and of transformers' Ll
 ≈0.12 GiB, whatever the model's size) with `forgetlab.core.memory.PeakMeter`: the anonymous resident memory on
 the CPU (mapped safetensors pages are page cache, not counted), the allocator's peak on CUDA. Prints, per job: its dtype, the peak in GiB, the peak as a
 multiple of the model's float32 bytes and of its bytes in the job's dtype, the estimate (`core.memory.estimate`)
-and estimate / measured.
+and estimate / measured. A float32 job on these float32 checkpoints that only reads its weights (features,
+textdiff, a search's resident state dicts) keeps them as mapped file pages: its estimate column leaves those
+parts out (`forgetlab.analysis.features_memory.unmapped`), as the measurement does.
 """
 from __future__ import annotations
 
@@ -28,6 +30,9 @@ SIZES = {"100M": dict(hidden_size=768, num_hidden_layers=12, intermediate_size=2
 SWEEP = ["--model", "math", "--task", "math", "--max-general", "4", "--max-task", "4", "--no-save"]
 FT = ["--task", "math", "--steps", "3", "--batch-size", "8", "--eval-every", "3", "--max-general", "4",
       "--max-task", "4", "--no-save"]
+TEXTDIFF = ["--model", "math", "--max-general", "16", "--no-save"]
+SEARCH = ["--budget", "2", "--measure", "answer_loss", "--max-general", "4", "--max-task", "4", "--batch-size", "8",
+          "--no-save"]
 JOBS = {   # name → (CLI arguments after the pool, job dtype)
     "finetune-adamw": (["finetune", *FT, "--optimizer", "adamw", "--dtype", "float32"], "float32"),
     "finetune-mofo": (["finetune", *FT, "--optimizer", "mofo", "--dtype", "float32"], "float32"),
@@ -38,6 +43,14 @@ JOBS = {   # name → (CLI arguments after the pool, job dtype)
     "sweep-alpha-bf16": (["sweep", "alpha", *SWEEP, "--alphas", "0,0.5,1", "--dtype", "bfloat16"], "bfloat16"),
     "sweep-pruning-fapm": (["sweep", "pruning", *SWEEP, "--ratios", "0.2,0.5,0.9", "--scores", "fapm",
                             "--dtype", "float32"], "float32"),
+    # float32 on float32 checkpoints keeps the weights as mapped file pages: the estimate/measured column then
+    # compares the estimate's other parts (features_memory.unmapped) with the measured peak
+    "features": (["features", "--samples", "8", "--dtype", "float32"], "float32"),
+    "features-bf16": (["features", "--samples", "8", "--dtype", "bfloat16"], "bfloat16"),
+    "textdiff": (["textdiff", *TEXTDIFF, "--dtype", "float32"], "float32"),
+    "textdiff-bf16": (["textdiff", *TEXTDIFF, "--dtype", "bfloat16"], "bfloat16"),
+    "search": (["search", *SEARCH, "--dtype", "float32"], "float32"),
+    "search-bf16": (["search", *SEARCH, "--dtype", "bfloat16"], "bfloat16"),
 }
 
 
@@ -59,6 +72,8 @@ def make_pool(root: Path, size: str, zoo: Path) -> Path:
     shutil.copytree(zoo / "data", root / "data")
     text = (zoo / "pool.yaml").read_text().split("probes:", 1)[1]
     (root / "pool.yaml").write_text(f"name: mem-{size}\nbase: base\nmodels:\n  math: ft-math\nprobes:{text}")
+    (root / "search.yaml").write_text(f"method: task_arithmetic\nbase: {root / 'base'}\nmodels:\n"
+                                      f"  - model: {root / 'ft-math'}\n    weight: 1.0\nparams:\n  lam: 1.0\n")
     return root / "pool.yaml"
 
 
@@ -72,21 +87,42 @@ def child(pool: str, job: str, device: str) -> None:
     from forgetlab.core.pool import ModelPool
     import forgetlab.train.runs  # noqa: F401  (registers the finetune estimator)
     import forgetlab.analysis.sweeps  # noqa: F401  (registers the sweep estimator)
+    import forgetlab.analysis.features, forgetlab.analysis.textdiff, forgetlab.analysis.search  # noqa: E401,F401
 
     import transformers.models.llama.modeling_llama  # noqa: F401  (~0.12 GiB of code and tables, any model size)
 
     args, dtype = JOBS[job]
     p = ModelPool.from_yaml(pool)
     size = ModelSize.of(p.checkpoint("base"))
-    est = _estimate(p, args, dtype, device)
+    est = _estimate(p, args, dtype, device, Path(pool).parent)
     del p
     with PeakMeter(device) as meter:
-        words = 2 if args[0] == "sweep" else 1          # "sweep KIND POOL …", "finetune POOL …"
-        code = main([*args[:words], pool, *args[words:], "--device", device])
+        if args[0] == "search":                         # "search RECIPE --pool POOL …"
+            code = main(["search", str(Path(pool).parent / "search.yaml"), "--pool", pool, *args[1:], "--device",
+                         device])
+        else:
+            words = 2 if args[0] == "sweep" else 1      # "sweep KIND POOL …", "finetune POOL …"
+            code = main([*args[:words], pool, *args[words:], "--device", device])
     print(json.dumps({"peak": meter.peak, "estimate": est, "params": size.parameters, "code": code}))
 
 
-def _estimate(pool, args, dtype, device):
+def _estimate(pool, args, dtype, device, root: Path):
+    """The job's estimate in bytes (`root`: the pool's folder), less the parts that are memory-mapped checkpoint pages (not in the RSS)."""
+    from forgetlab.analysis.features_memory import unmapped
+    from forgetlab.core.memory import estimate
+
+    if args[0] == "features":
+        return unmapped(estimate("features", pool=pool, samples=8, device=device, dtype=dtype).parts)
+    if args[0] == "textdiff":
+        return unmapped(estimate("textdiff", pool=pool, model="math", max_general=16, device=device,
+                                 dtype=dtype).parts)
+    if args[0] == "search":
+        return unmapped(estimate("search", recipe=str(root / "search.yaml"), pool=pool,
+                                 max_general=4, max_task=4, batch_size=8, device=device, dtype=dtype).parts)
+    return _estimate_training(pool, args, dtype, device)
+
+
+def _estimate_training(pool, args, dtype, device):
     from forgetlab.core.memory import estimate
     from forgetlab.train.runs import FinetuneConfig
 
@@ -109,6 +145,10 @@ def main() -> None:
     ap.add_argument("--jobs", default=",".join(JOBS))
     ap.add_argument("--zoo", default=str(Path(os.environ.get("FORGETLAB_HOME", Path.home() / ".forgetlab"))
                                          / "zoo" / "pico"))
+    ap.add_argument("--mmap-threshold", type=int, default=None,
+                    help="glibc's M_MMAP_THRESHOLD in each job's process (e.g. 131072, as the tests measure): every "
+                         "larger tensor is then mapped and unmapped on its own, so the peak is the job's live memory "
+                         "rather than freed heap glibc kept (default: glibc's sliding threshold)")
     ap.add_argument("--child", nargs=2, metavar=("POOL", "JOB"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
@@ -119,7 +159,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="forgetlab-mem-") as tmp:
         pool = make_pool(Path(tmp), a.size, zoo)
         env = {**os.environ, "FORGETLAB_HOME": tmp, "PYTHONPATH": str(ROOT)}
-        print(f"{a.size} random Llama on {a.device}, 1 thread; peak above the bare import", flush=True)
+        if a.mmap_threshold is not None:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(a.mmap_threshold)
+        print(f"{a.size} random Llama on {a.device}, 1 thread; peak above the bare import"
+              + (f"; mmap threshold {a.mmap_threshold}" if a.mmap_threshold is not None else ""), flush=True)
         print(f"{'job':26s} {'dtype':9s} {'peak GiB':>9s} {'×fp32':>6s} {'×dtype':>7s} {'estimate':>9s} {'est/meas':>8s}")
         for job in a.jobs.split(","):
             out = subprocess.run([sys.executable, __file__, "--device", a.device, "--child", str(pool), job],

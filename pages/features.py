@@ -5,9 +5,11 @@ import streamlit as st
 
 from forgetlab.analysis import features
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.memory import dtype_name
 from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
 from forgetlab.ui.glossary import explain
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
@@ -30,6 +32,7 @@ anatomy = None
 with show_errors():
     anatomy = pool.anatomy
 level_options = list(features.FEATURE_LEVELS) if anatomy is not None else ["model"]
+device, dtype = device_settings()
 left, right = st.columns([1, 3])
 with left:
     all_models = ["base", *pool.model_names]
@@ -52,11 +55,12 @@ with left:
                                  help="t-SNE's neighbourhood size: about how many neighbours each point keeps close "
                                       "(capped at (points − 1) / 3). Not a model's perplexity.")
     seed = st.number_input("seed", 0, 2**31 - 1, 0, key="features_seed")
-    run = st.button("Map features", type="primary", key="features_run")
+    fits = memory_check("features", pool=pool, tasks=list(tasks), models=list(models), level=level,
+                        samples=int(samples), device=device, dtype=dtype) if models and tasks else True
+    run = st.button("Map features", type="primary", key="features_run", disabled=not fits)
 
-device, _dtype = device_settings()
 key = job_key("features", pool.key, tuple(models), tuple(tasks), level, layer, head, pooling, int(samples),
-              float(perplexity), int(seed), device)
+              float(perplexity), int(seed), device, dtype_name(dtype))
 with right:
     cache = _results()
     start = False
@@ -70,7 +74,8 @@ with right:
         """The map, kept for this process and saved to the workspace's runs/ (kind "features")."""
         settings = features.FeaturesSettings(models=list(models), tasks=list(tasks), level=level, layer=layer,
                                              head=head, pooling=pooling, samples=int(samples),
-                                             perplexity=float(perplexity), seed=int(seed), device=device)
+                                             perplexity=float(perplexity), seed=int(seed), device=device,
+                                             dtype=dtype_name(dtype))
         result = features.ANALYSIS.run(pool, settings, progress)
         cache[key] = result
         return result, features.save_features(result, pool=pool)

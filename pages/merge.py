@@ -43,7 +43,7 @@ max_general, max_task = budget.max_general, budget.max_task
 measure = speciality_measure("merge", pool, benchmarks=True)
 # a benchmark measure (TASK/METRIC of the pool's lm-eval tasks) is run on base, parents and the merge
 bench_settings = SweepMeasures(pool, measure, "general_loss").settings
-device, _dtype = device_settings()
+device, run_dtype = device_settings()     # the search workers' copies run in it (the form has an output dtype)
 budget_caption(budget)
 render_compare(pool, measure, budget, device)    # the default: the full fine-tunes three ways, one click
 
@@ -140,7 +140,7 @@ with right:
 
 st.divider()
 render_search(pool, method, models, params, out_dtype=out_dtype, measure=measure, bench_settings=bench_settings,
-              device=device, max_general=int(max_general), max_task=int(max_task))
+              device=device, max_general=int(max_general), max_task=int(max_task), dtype=run_dtype)
 
 st.divider()
 st.subheader("Earlier merges")

@@ -6,12 +6,14 @@ import time
 import pandas as pd
 import streamlit as st
 
+from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
 from forgetlab.core.scorecards import cached_scorecards
 from forgetlab.ui import budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors
 from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_claims import render_zoo_claims
@@ -67,30 +69,35 @@ st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general t
 
 st.subheader("Scorecards", help=explain("general_loss", "exact_match", "answer_loss"))
 budget = eval_budget()
-device, _dtype = device_settings()
+device, dtype = device_settings()
 remember_stored_scorecards(pool, budget, device)   # the zoo build's cards, when they were made at this budget
 names = ["base", *pool.model_names]
 measure = speciality_measure("models", pool)
 c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
 chosen = c1.multiselect("models to evaluate", names, default=names, key="models_chosen")
-clicked = c2.button("Evaluate", type="primary", key="models_eval")
+fits = memory_check("eval", pool=pool, models=list(chosen), device=device, dtype=dtype,
+                    max_general=budget.max_general, max_task=budget.max_task) if chosen else True
+clicked = c2.button("Evaluate", type="primary", key="models_eval", disabled=not fits)
 budget_caption(budget, note="; each model is evaluated once per budget and shows these numbers on every page")
 
 
 def work(progress, which: list[str], save: bool):
-    """The scorecards of `which` at the app's budget (`forgetlab.core.scorecards`: each computed once per
-    pool, budget and device); a click saves the set to the workspace's runs/ (kind "scorecards")."""
+    """The scorecards of `which` at the app's budget in the sidebar's dtype (`forgetlab.core.scorecards`: each
+    computed once per pool, budget, device and dtype), one model loaded at a time; a click saves the set to the
+    workspace's runs/ (kind "scorecards")."""
     from forgetlab.core.scorecards import pool_scorecard
 
-    out = [pool_scorecard(pool, n, budget, device=device, progress=scaled(progress, i / len(which),
-                                                                          (i + 1) / len(which)))
-           for i, n in enumerate(which)]
+    out = []
+    for i, n in enumerate(which):
+        out.append(pool_scorecard(pool, n, budget, device=device, dtype=dtype,
+                                  progress=scaled(progress, i / len(which), (i + 1) / len(which))))
+        pool.unload(n)      # as `forgetlab eval`: the estimate above counts one model at a time
     if not save:
         return None
     from forgetlab.core.workspace import save_run
 
     recipe = {"pool": str(pool.source or pool.name), "models": list(which), "device": device,
-              **budget.to_dict(), "evaluated": time.time()}
+              "dtype": dtype_name(dtype), **budget.to_dict(), "evaluated": time.time()}
     return save_run("scorecards", recipe, {"cards": [c.to_dict() for c in out]},
                     frame=pd.concat([c.to_frame() for c in out], ignore_index=True) if out else None)
 
@@ -103,14 +110,15 @@ def keep(path) -> None:
 
 from forgetlab.ui.jobs import REGISTRY  # noqa: E402
 
-auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device)
+auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device, dtype_name(dtype))
 # a demo zoo (small models whose build stored cards) is scored at the app's budget on the first visit
-auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None
-        and len(cached_scorecards(pool, names, budget, device=device)) < len(names))
+auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None and fits
+        and len(cached_scorecards(pool, names, budget, device=device, dtype=dtype)) < len(names))
 run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool", on_done=keep)
-run_once(job_key("models", pool.key, chosen, budget.to_dict(), device), lambda progress: work(progress, list(chosen), True),
-         start=clicked and bool(chosen), label="Evaluating", slot="models", on_done=keep)
-cards = cached_scorecards(pool, names, budget, device=device)
+run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_name(dtype)),
+         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen), label="Evaluating",
+         slot="models", on_done=keep)
+cards = cached_scorecards(pool, names, budget, device=device, dtype=dtype)
 if cards:
     from forgetlab.core.evaluate import scorecards_frame
     from forgetlab.plots.models import scorecard_bars

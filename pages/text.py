@@ -4,9 +4,11 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.analysis import textdiff as T
+from forgetlab.core.memory import dtype_name
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
 from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors,
                           workspace_home)
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
@@ -47,6 +49,7 @@ if not choices:
 if st.session_state.get("text_model") not in choices:
     st.session_state.pop("text_model", None)
 
+device, dtype = device_settings()
 left, right = st.columns([1, 2])
 with left:
     model = st.selectbox("model", choices, key="text_model", help="a fine-tuned model of the pool or a merge of "
@@ -70,15 +73,16 @@ with left:
     else:
         max_general = eval_budget().max_general    # the app's one budget: the rise is the scorecards' rise
         budget_caption(note=": its held-out blocks are the text scored here")
-    run = st.button("Score the text", type="primary", key="text_run") or bool(request)
+    settings = dict(against=against, alpha=alpha, lines=lines, max_general=max_general, device=device,
+                    dtype=dtype_name(dtype))
+    fits = memory_check("textdiff", pool=pool, model=model, **settings)
+    run = st.button("Score the text", type="primary", key="text_run", disabled=not fits) or (bool(request) and fits)
 
 with right:
-    device, _dtype = device_settings()
-    settings = dict(against=against, alpha=alpha, lines=lines, max_general=max_general, device=device)
     start = False
     if run:
         with show_errors():
-            T.check(pool, model, **{k: v for k, v in settings.items() if k != "device"})
+            T.check(pool, model, **{k: v for k, v in settings.items() if k not in ("device", "dtype")})
             start = True
     key = job_key("text", pool.key, str(workspace_home()), model, settings)
 

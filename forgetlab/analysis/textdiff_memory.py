@@ -15,12 +15,14 @@ width, heads, vocabulary and layers:
 
 A WiSE-FT point (`--alpha`) is built before the scoring by rewriting a fresh copy tensor by tensor: θ0, θ1 and
 the result of the largest tensor in float32 (3·E·4, `forgetlab.analysis.sweep_memory`); the peak takes the
-larger of that and the scoring's extra.
+larger of that and the scoring's extra. A side loaded in the dtype its safetensors checkpoint stores is held as
+memory-mapped file pages on the CPU (`features_memory.mapped_weights`): counted, under its own name.
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from forgetlab.analysis.features_memory import MAPPED, mapped_weights
 from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
 
 F32 = 4
@@ -28,9 +30,10 @@ TABLE_BYTES_PER_TOKEN = 400
 
 
 def textdiff_parts(size: ModelSize, *, dtype, batch: int, seq: int, longest: int, tokens: int, lens: bool = True,
-                   chunk: int = 32768, wise_ft: bool = False) -> dict[str, int]:
+                   chunk: int = 32768, wise_ft: bool = False, mapped: int = 0) -> dict[str, int]:
     """The parts of the textdiff job's peak in bytes (module docstring): `batch` sequences of at most `seq`
-    tokens in the largest batch, `longest` tokens in the longest sequence, `tokens` tokens scored in all."""
+    tokens in the largest batch, `longest` tokens in the longest sequence, `tokens` tokens scored in all;
+    `mapped` of the two models (0, 1 or 2) held as memory-mapped checkpoint pages."""
     b = dtype_bytes(dtype)
     V, H = max(size.vocab, 1), max(size.hidden, 1)
     held = 2 * batch * seq * H * b * ((size.layers + 2) if lens else 1)
@@ -39,8 +42,9 @@ def textdiff_parts(size: ModelSize, *, dtype, batch: int, seq: int, longest: int
     extra = held + max(forward, scoring)
     if wise_ft:
         extra = max(extra, 3 * max(V * H, size.layer_parameters // 3) * F32)
-    return {"both models' weights": 2 * size.bytes(dtype), "one batch's outputs and scores": extra,
-            "token table": tokens * TABLE_BYTES_PER_TOKEN}
+    parts = {"weights": (2 - mapped) * size.bytes(dtype), "weights" + MAPPED: mapped * size.bytes(dtype),
+             "one batch's outputs and scores": extra, "token table": tokens * TABLE_BYTES_PER_TOKEN}
+    return {k: v for k, v in parts.items() if v or k == "weights"}
 
 
 def _checkpoint(pool, mref):
@@ -77,12 +81,14 @@ def estimate_textdiff(pool, model: str, *, against: str = "base", alpha: Optiona
     refs = [resolve_model(pool, model, alpha=alpha, home=home), resolve_model(pool, against, home=home,
                                                                                role="--against")]
     size = max((ModelSize.of(_checkpoint(pool, r)) for r in refs), key=lambda s: s.parameters)
+    # a WiSE-FT point is a rewritten copy: its pages are the job's own, never the file's
+    mapped = sum(r.kind != "sweep" and mapped_weights(_checkpoint(pool, r), dt, device) for r in refs)
     seqs = text_sequences(pool, text=text, lines=lines, max_general=max_general, block_size=block_size,
                           general_mode=general_mode)[0]
     lengths = [len(s.ids) for s in seqs]
     rows, seq = _largest_batch(lengths, int(batch_size))
     parts = textdiff_parts(size, dtype=dt, batch=rows, seq=seq, longest=max(lengths), tokens=sum(lengths),
-                           lens=lens, chunk=vocab_chunk, wise_ft=alpha is not None)
+                           lens=lens, chunk=vocab_chunk, wise_ft=alpha is not None, mapped=mapped)
     fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
         ["--no-lens"] if lens else []) + (["a smaller --batch-size"] if rows > 1 else [])
     return MemoryEstimate("textdiff", str(device or "cpu"), dtype_name(dt), parts, fixes=fixes)

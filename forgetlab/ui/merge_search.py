@@ -10,11 +10,14 @@ import streamlit as st
 
 from forgetlab.analysis.search import (OBJECTIVES, SEARCH_MEASURES, check_search, save_search, search, search_scalars,
                                       searchable_param)
+from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.memory import dtype_name
 from forgetlab.merge.workflow import pool_recipe, recipe_form
 from forgetlab.plots.merge import search_figure
 from forgetlab.ui import job_key, run_once, show_errors, workspace_home
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.merge_form import preset_form
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.tables import show_table
 
 SEARCH_KEY = "merge_search_result"
@@ -22,8 +25,9 @@ MERGE_BEST_KEY = "merge_search_merge_best"    # set by 'Merge the best': the for
 
 
 def render_search(pool, method: str, models: list[str], params: dict, *, out_dtype, measure: str,
-                  bench_settings: dict, device, max_general: int, max_task: int) -> None:
-    """Draw the search section for the merge composed in the form (method, pool models, parameters)."""
+                  bench_settings: dict, device, max_general: int, max_task: int, dtype=None) -> None:
+    """Draw the search section for the merge composed in the form (method, pool models, parameters); `dtype`
+    (the sidebar's) is the workers' working copies' precision."""
     st.subheader("Search merge weights (CMA-ES)")
     scalars = search_scalars(method)      # lines: its α and β rather than per-model weights
     param = None if scalars else searchable_param(method)
@@ -39,12 +43,19 @@ def render_search(pool, method: str, models: list[str], params: dict, *, out_dty
     objective = c2.selectbox("objective", list(OBJECTIVES), key="merge_search_objective")
     bound = c3.number_input("forgetting bound (nats of held-out loss)", 0.0, 10.0, 0.05, 0.01, format="%.3f",
                             key="merge_search_bound", disabled=objective != "constrained")
-    s_go = st.button("Search weights", key="merge_search_run", disabled=(param is None and not scalars) or not models,
+    try:
+        recipe = pool_recipe(pool, method, models, params, dtype=out_dtype) if models else None
+    except ForgetlabError:      # said when the button is pressed (check_search below)
+        recipe = None
+    fits = recipe is None or memory_check("search", recipe=recipe, pool=pool, device=device, dtype=dtype,
+                                          max_general=int(max_general), max_task=int(max_task))
+    s_go = st.button("Search weights", key="merge_search_run",
+                     disabled=(param is None and not scalars) or not models or not fits,
                      help=None if param else f"{method} has no per-model weight to search; pick another method.")
     s_measure = measure if measure in SEARCH_MEASURES or bench_settings else "exact_match"
     search_kw = dict(budget=s_budget, objective=objective, max_forgetting=float(bound), measure=s_measure,
-                     device=device, max_general=int(max_general), max_task=int(max_task),
-                     benchmarks=bench_settings.get("benchmarks"))
+                     device=device, dtype=dtype_name(dtype) if dtype is not None else None,
+                     max_general=int(max_general), max_task=int(max_task), benchmarks=bench_settings.get("benchmarks"))
     s_settings = dict(method=method, models=list(models), params=params, **search_kw)
     s_start = False
     if s_go:
