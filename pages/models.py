@@ -6,6 +6,7 @@ import time
 import pandas as pd
 import streamlit as st
 
+from forgetlab.core import eval_memory  # noqa: F401  (registers the "eval" memory estimate)
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
 from forgetlab.core.scorecards import cached_scorecards

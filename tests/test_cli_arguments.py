@@ -312,6 +312,9 @@ EXPECTED["finetune"].update(
     lora=(("--lora",), 0, False, "int", None, None, "R"),
     lora_alpha=(("--lora-alpha",), None, False, "float", None, None, "A"),
     lora_targets=(("--lora-targets",), None, False, None, None, None, "NAME[,NAME…]"))
+# Issue 28, features / textdiff / search: the same --dtype and --dry-run.
+for _path in ["features", "textdiff", "search"]:
+    EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
 
 POSITIONALS = {
     "attribution": ["pool"], "features": ["pool"], "finetune": ["pool"], "linearity": ["pool"],

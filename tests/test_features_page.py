@@ -25,3 +25,28 @@ def test_features_page_maps_and_switches_submodule(tiny_gpt2, tmp_path, monkeypa
     at.button(key="features_run").click().run()
     finish_cleanly(at, "features")
     assert list(at.dataframe[0].value["model"]) == ["ft0"]
+
+
+def test_features_page_shows_the_memory_runs_in_the_sidebar_dtype_and_refuses_what_will_not_fit(tiny_llama, tmp_path,
+                                                                                                monkeypatch):
+    import json
+
+    at = start_page("features", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    assert any(c.value.startswith("Memory: needs ≈") and "float32" in c.value for c in at.caption)
+    assert not at.button(key="features_run").disabled
+    at.session_state["app_dtype"] = "bfloat16"          # the sidebar's Dtype reaches the estimate and the job
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "bfloat16" in c.value for c in at.caption)
+    at.number_input(key="features_samples").set_value(4)
+    at.number_input(key="features_perplexity").set_value(3.0)
+    at.button(key="features_run").click().run()
+    finish_cleanly(at, "features")
+    run = next((tmp_path / "runs").iterdir())
+    assert json.loads((run / "recipe.json").read_text())["dtype"] == "bfloat16"
+    import forgetlab.core.memory as memory
+
+    at.session_state["app_dtype"] = "float32"
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="features_run").disabled
+    assert any("will not fit" in e.value and "Dtype" in e.value for e in at.error)

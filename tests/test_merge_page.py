@@ -297,3 +297,29 @@ def test_merge_page_default_merges_the_full_fine_tunes_three_ways_and_judges_own
     got = table.loc[table["model"] == "TIES", "math: gain kept %"].iloc[0]
     assert got == pytest.approx(expected, nan_ok=True)
     assert "perplexity change" in table.columns or "forgetting" in table.columns
+
+
+def test_merge_page_search_shows_its_memory_runs_in_the_sidebar_dtype_and_refuses_what_will_not_fit(
+        tiny_llama, tmp_path, monkeypatch):
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    captions = [c.value for c in at.caption if c.value.startswith("Memory: needs ≈")]
+    assert any("float32" in c and "working copy" in c for c in captions)   # the weight search's line
+    at.session_state["app_dtype"] = "bfloat16"
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "bfloat16" in c.value for c in at.caption)
+    at.number_input(key="merge_search_budget").set_value(2)
+    at.button(key="merge_search_run").click().run()
+    finish_cleanly(at, "merge-search")
+    import json
+
+    run = next((tmp_path / "runs").iterdir())
+    assert json.loads((run / "recipe.json").read_text())["dtype"] == "bfloat16"
+    import forgetlab.core.memory as memory
+
+    at.session_state["app_dtype"] = "float32"
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="merge_search_run").disabled
+    assert any("will not fit" in e.value and "Dtype" in e.value for e in at.error)

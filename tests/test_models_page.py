@@ -121,3 +121,25 @@ def test_the_claims_table_is_shown_whole_and_says_its_budget(tiny_llama, tmp_pat
     at.run()
     assert any("Another evaluation budget than the app's" in c.value for c in at.caption)
     finish_jobs(at, "models")
+
+
+def test_models_page_evaluates_in_the_sidebar_dtype_and_refuses_what_will_not_fit(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("models", tiny_llama.pool_yaml, timeout=120)
+    at.session_state["app_dtype"] = "bfloat16"
+    at.session_state["app_max_task"] = 4
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "bfloat16" in c.value for c in at.caption)
+    at.multiselect(key="models_chosen").set_value(["base"])
+    at.button(key="models_eval").click().run()
+    finish_cleanly(at, "models")
+    finish_jobs(at, "models-anatomy")
+    run = next((tmp_path / "home" / "runs").iterdir())
+    assert json.loads((run / "recipe.json").read_text())["dtype"] == "bfloat16"
+    assert list(at.dataframe[1].value["model"]) == ["base"]            # the bf16 card is the one shown
+    import forgetlab.core.memory as memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="models_eval").disabled
+    assert any("will not fit" in e.value for e in at.error)

@@ -110,3 +110,27 @@ def test_a_clicked_curve_point_gives_its_alpha():
     assert clicked_alpha({"selection": {"points": [{"x": 0.3, "y": 0.7, "curve_number": 1}]}}) == 0.3
     assert clicked_alpha({"selection": {"points": []}}) is None
     assert clicked_alpha(None) is None
+
+
+def test_text_page_shows_the_memory_runs_in_the_sidebar_dtype_and_refuses_what_will_not_fit(tiny_llama, tmp_path,
+                                                                                            monkeypatch):
+    at = start_page("text", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    assert any(c.value.startswith("Memory: needs ≈") and "float32" in c.value for c in at.caption)
+    at.session_state["app_dtype"] = "bfloat16"
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "bfloat16" in c.value for c in at.caption)
+    at.radio(key="text_source").set_value("my own text").run()
+    at.text_area(key="text_lines").set_value("The river flows past the mill.").run()
+    at.button(key="text_run").click().run()
+    finish_cleanly(at, "text")
+    import json
+
+    run = _runs(tmp_path)[0]
+    assert json.loads((run / "recipe.json").read_text())["dtype"] == "bfloat16"
+    import forgetlab.core.memory as memory
+
+    at.session_state["app_dtype"] = "float32"
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="text_run").disabled
+    assert any("will not fit" in e.value and "--no-lens" in e.value for e in at.error)

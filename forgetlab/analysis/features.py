@@ -344,8 +344,10 @@ def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", 
                           samples=samples, device=device, dtype=dtype, progress=scaled(progress, 0.0, 0.6))
     result = embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
                         progress=scaled(progress, 0.6, 1.0))
+    from forgetlab.core.memory import dtype_name, job_dtype
+
     result.meta.update(models=list(dict.fromkeys(fs.labels["model"])), tasks=list(dict.fromkeys(fs.labels["task"])),
-                       samples=samples)
+                       samples=samples, dtype=dtype_name(job_dtype(dtype, device)))
     return result
 
 
