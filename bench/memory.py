@@ -33,6 +33,7 @@ FT = ["--task", "math", "--steps", "3", "--batch-size", "8", "--eval-every", "3"
 TEXTDIFF = ["--model", "math", "--max-general", "16", "--no-save"]
 SEARCH = ["--budget", "2", "--measure", "answer_loss", "--max-general", "4", "--max-task", "4", "--batch-size", "8",
           "--no-save"]
+EVAL = ["--models", "math", "--max-general", "16", "--max-task", "16"]
 JOBS = {   # name → (CLI arguments after the pool, job dtype)
     "finetune-adamw": (["finetune", *FT, "--optimizer", "adamw", "--dtype", "float32"], "float32"),
     "finetune-mofo": (["finetune", *FT, "--optimizer", "mofo", "--dtype", "float32"], "float32"),
@@ -51,6 +52,8 @@ JOBS = {   # name → (CLI arguments after the pool, job dtype)
     "textdiff-bf16": (["textdiff", *TEXTDIFF, "--dtype", "bfloat16"], "bfloat16"),
     "search": (["search", *SEARCH, "--dtype", "float32"], "float32"),
     "search-bf16": (["search", *SEARCH, "--dtype", "bfloat16"], "bfloat16"),
+    "eval": (["eval", *EVAL, "--dtype", "float32"], "float32"),
+    "eval-bf16": (["eval", *EVAL, "--dtype", "bfloat16"], "bfloat16"),
 }
 
 
@@ -107,7 +110,8 @@ def child(pool: str, job: str, device: str) -> None:
 
 
 def _estimate(pool, args, dtype, device, root: Path):
-    """The job's estimate in bytes (`root`: the pool's folder), less the parts that are memory-mapped checkpoint pages (not in the RSS)."""
+    """The job's estimate in bytes (`root`: the pool's folder), less the parts that are memory-mapped checkpoint
+    pages (not in the RSS)."""
     from forgetlab.analysis.features_memory import unmapped
     from forgetlab.core.memory import estimate
 
@@ -116,6 +120,14 @@ def _estimate(pool, args, dtype, device, root: Path):
     if args[0] == "textdiff":
         return unmapped(estimate("textdiff", pool=pool, model="math", max_general=16, device=device,
                                  dtype=dtype).parts)
+    if args[0] == "eval":
+        from forgetlab.analysis.features_memory import mapped_weights
+        from forgetlab.core import eval_memory  # noqa: F401  (registers the "eval" estimate)
+        from forgetlab.core.memory import job_dtype
+
+        est = estimate("eval", pool=pool, models=["math"], max_general=16, max_task=16, device=device, dtype=dtype)
+        mapped = mapped_weights(pool.checkpoint("math"), job_dtype(dtype), device)
+        return est.total - (est.parts["weights"] if mapped else 0)
     if args[0] == "search":
         return unmapped(estimate("search", recipe=str(root / "search.yaml"), pool=pool,
                                  max_general=4, max_task=4, batch_size=8, device=device, dtype=dtype).parts)
