@@ -207,7 +207,8 @@ def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models
     ``layer`` may be negative (−1 = last layer); ``head`` is needed for the ``head`` level.
     ``dtype`` (None: bfloat16 on cuda, float32 elsewhere; a tuple's models keep theirs unless one is given) is
     the precision the models run in; the pooling and everything after it are in float32. From a pool the models
-    are loaded one at a time and released after their features are taken. Its peak: `forgetlab.analysis.features_memory`.
+    are loaded one at a time and released after their features are taken. Its peak:
+    `forgetlab.analysis.features_memory`.
     """
     if level not in FEATURE_LEVELS:
         raise ParameterError(f"Unknown level {level!r}; choose one of {', '.join(FEATURE_LEVELS)}.")

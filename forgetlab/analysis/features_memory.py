@@ -8,7 +8,8 @@ with, at the head level, every head's contribution to the attention output ([bat
 top. With P the parameters, b the dtype's bytes, B the batch, S its longest sequence, H the hidden width,
 I the MLP's, A the attention heads:
 
-    P·b + B·S·(4H + 3I)·b + B·A·S²·4 (eager attention scores) + B·S·H·(b + 4) (the feature and its float32 copy)
+    P·b + B·S·(4H + 3I)·b + B·A·S²·4 (eager attention scores)
+    + B·S·H·(b + 4) (the feature and its float32 copy)
     + at the head level: 2·B·A·S·H·b
     + 8 MiB that loading a model costs beyond its weights (transformers' objects and buffers; measured 6–10 MiB
       at 20M and 100M parameters)
