@@ -151,8 +151,9 @@ def searchable_param(method: str) -> Optional[str]:
 def resident_dtype(dtype: torch.dtype, checkpoints: Sequence[Any]) -> torch.dtype:
     """The dtype a search worker holds the base and fine-tuned weights in: the job's 16-bit dtype when every
     checkpoint is stored in it (nothing is lost, and a merged tensor — computed in float32 per tensor — is
-    rounded to it once, as the working copy would round it), else float32 (a float32 checkpoint rounded to 16
-    bits would lose most of a small task vector)."""
+    rounded to it once, as the working copy would round it; a search of HMA block α then scales that rounded
+    merge, one rounding more), else float32 (a float32 checkpoint rounded to 16 bits would lose most of a small
+    task vector)."""
     from forgetlab.core.pool import stored_float_dtype
 
     if dtype != torch.float32 and all(stored_float_dtype(c) == dtype for c in checkpoints):
