@@ -219,3 +219,19 @@ def test_bad_input():
         train(_model(), _examples(), steps=0)
     with pytest.raises(ParameterError, match="sfa_p"):
         train(_model(), _examples(), steps=2, sfa_p=0.0)
+
+
+def test_grads_finite_checks_every_piece_without_a_float64_copy():
+    from forgetlab.train.trainer import grads_finite
+
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 2500, 3)]
+    params[0].grad = torch.full((10,), 3e38)          # finite, and its float64 square sum is finite too
+    params[1].grad = torch.ones(2500)
+    assert grads_finite(params, piece=1000)           # the third has no gradient: skipped
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        params[1].grad[2345] = bad                    # in the last piece of the second tensor
+        assert not grads_finite(params, piece=1000)
+        params[1].grad[2345] = 1.0
+    half = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    half.grad = torch.tensor([1.0, float("nan"), 0.0], dtype=torch.bfloat16)
+    assert not grads_finite([*params, half])
