@@ -95,7 +95,7 @@ def test_l2_zero_equals_plain_and_l2_pulls_to_init():
     ex = _examples()
     a, b, c = _model(), _model(), _model()
     ra = train(a, ex, steps=15, lr=1e-2, seed=2, eval_every=15)
-    rb = train(b, ex, steps=15, lr=1e-2, seed=2, l2=0.0, eval_every=15)
+    train(b, ex, steps=15, lr=1e-2, seed=2, l2=0.0, eval_every=15)
     rc = train(c, ex, steps=15, lr=1e-2, seed=2, l2=50.0, eval_every=15)
     wa, wb, wc = _weights(a), _weights(b), _weights(c)
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
