@@ -8,12 +8,12 @@
 
 Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
 submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
-device), a MoFO fine-tune, the attribution map when `forgetlab.analysis.attribution` exists, and an α sweep on Ray
-with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
+device), a MoFO fine-tune, a LoRA fine-tune (rank 8, gradient checkpointing), the attribution map, and an α sweep
+on Ray with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
 numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
 computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
-`dtype` column says which (scorecards and the three sweeps run in bfloat16; linearity, features, the merges
-and the fine-tune have no dtype parameter and run in float32 on the GPU). The script exits 1 when a job fails or disagrees, or is skipped (unless `--allow-skip`), 0 otherwise.
+`dtype` column says which (features and the merges run in float32 on the GPU — merges compute θ0 + f(τ) in
+float32 by design —, every other job in bfloat16). The script exits 1 when a job fails or disagrees, or is skipped (unless `--allow-skip`), 0 otherwise.
 Memory: each job's estimate (`forgetlab.core.memory.estimate`, for jobs with an estimator) is printed beside
 its measured peak (`PeakMeter`: CUDA's allocator peak, the CPU's anonymous RSS) and their ratio.
 
@@ -106,7 +106,8 @@ def job_scorecards(pool, models, device, dtype):
 def job_linearity(pool, models, device, dtype):
     from forgetlab.analysis.linearity import nonlinearity_scores
 
-    res = nonlinearity_scores(pool, pool.task_names[0], model=models[0], levels=("layer",), samples=4, device=device)
+    res = nonlinearity_scores(pool, pool.task_names[0], model=models[0], levels=("layer",), samples=4, device=device,
+                              dtype=dtype)
     return [s.nls_mean for s in res.scores]
 
 
@@ -156,7 +157,17 @@ def job_mofo_finetune(pool, models, device, dtype):
     from forgetlab.train.runs import FinetuneConfig, finetune
 
     run = finetune(pool, pool.task_names[0], FinetuneConfig(label="mofo", optimizer="mofo", steps=STEPS, batch_size=4,
-                                                          seed=0), max_general=8, max_task=16, device=device)
+                                                          seed=0), max_general=8, max_task=16, device=device,
+                   dtype=dtype)
+    return [run.final.general_loss]
+
+
+def job_lora_finetune(pool, models, device, dtype):
+    from forgetlab.train.runs import FinetuneConfig, finetune
+
+    run = finetune(pool, pool.task_names[0], FinetuneConfig(label="lora", optimizer="adamw", steps=STEPS, batch_size=4,
+                                                          seed=0, lora=8), max_general=8, max_task=16, device=device,
+                   dtype=dtype, gradient_checkpointing=True)
     return [run.final.general_loss]
 
 
@@ -164,7 +175,7 @@ def job_attribution(pool, models, device, dtype):
     from forgetlab.analysis.attribution import attribute
 
     res = attribute(pool, models[0], task=pool.task_names[0], level="layer", device=device, max_general=8,
-                    max_task=8)
+                    max_task=8, dtype=dtype)
     frame = res.to_frame()
     cols = ["general_loss", "speciality", "answer_loss", "d_general_loss", "d_speciality", "d_answer_loss"]
     return [float(v) for v in frame[cols].astype(float).to_numpy().ravel()]
@@ -191,25 +202,33 @@ def _estimate(job, pool, models, device, dtype):
             import forgetlab.analysis.sweeps  # noqa: F401  (registers the estimator)
             return estimate("sweep", pool=pool, model=models[0], kind="alpha" if "alpha" in job else "pruning",
                             device=device, dtype=dtype, max_general=8, max_task=16).total
-        if job == "MoFO fine-tune":
+        if job in ("MoFO fine-tune", "LoRA fine-tune"):
             from forgetlab.train.runs import FinetuneConfig
-            return estimate("finetune", pool=pool, task=pool.task_names[0], device=device, dtype=torch.float32,
-                            config=FinetuneConfig(label="mofo", optimizer="mofo", steps=STEPS, batch_size=4)).total
+            lora = job.startswith("LoRA")
+            cfg = FinetuneConfig(label=job, optimizer="adamw" if lora else "mofo", steps=STEPS, batch_size=4,
+                                 lora=8 if lora else 0)
+            return estimate("finetune", pool=pool, task=pool.task_names[0], device=device, dtype=dtype, config=cfg,
+                            gradient_checkpointing=lora).total
+        if job == "attribution":
+            import forgetlab.analysis.attribution  # noqa: F401
+            return estimate("attribution", pool=pool, model=models[0], task=pool.task_names[0], level="layer",
+                            device=device, dtype=dtype, max_general=8, max_task=8).total
         if job == "linearity":
             import forgetlab.analysis.linearity  # noqa: F401
             return estimate("linearity", pool=pool, task=pool.task_names[0], model=models[0], levels=("layer",),
-                            samples=4, device=device).total
+                            samples=4, device=device, dtype=dtype).total
     except ForgetlabError:
         return None
     return None
 
 
 STEPS = 10
-JOBS = [("scorecards", job_scorecards, True), ("linearity", job_linearity, False),
+JOBS = [("scorecards", job_scorecards, True), ("linearity", job_linearity, True),
         ("features", job_features, False), ("alpha sweep", job_alpha_sweep, True),
         ("FAPM sweep", job_fapm_sweep, True), ("TIES merge", job_ties_merge, False),
-        ("PCB merge", job_pcb_merge, False), ("MoFO fine-tune", job_mofo_finetune, False),
-        ("attribution", job_attribution, False), ("Ray alpha sweep", job_ray_sweep, True)]
+        ("PCB merge", job_pcb_merge, False), ("MoFO fine-tune", job_mofo_finetune, True),
+        ("LoRA fine-tune", job_lora_finetune, True), ("attribution", job_attribution, True),
+        ("Ray alpha sweep", job_ray_sweep, True)]
 """(name, job, whether it takes the dtype: the others compute in float32 by their API)."""
 
 

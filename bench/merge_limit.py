@@ -9,7 +9,7 @@ reports each method's time as a share of that limit (limit time / method time: 1
 bytes). Each method then runs once more in its own process for its peak RSS, and mergekit 0.1.5 (its own
 venv) runs the methods it has, in its own process, for its wall time (including its start-up) and peak RSS.
 
-    python bench/merge_limit.py [--sizes 27M,100M] [--repeats 3] [--no-mergekit] [--no-rss] [--keep] [--only ROWS]
+    python bench/merge_limit.py [--sizes 27M,100M] [--repeats 3] [--device cuda] [--no-mergekit] [--no-rss] [--keep] [--only ROWS]
 
 Prints one table, the torch threads used and the load average at the start and at the end (the machine is
 shared: compare shares, not seconds).
@@ -117,7 +117,7 @@ def python_read():
 def merge(recipe):
     out = os.path.join(work, "out")
     shutil.rmtree(out, ignore_errors=True)
-    run(recipe, out, threads=spec["threads"])
+    run(recipe, out, threads=spec["threads"], device=spec["device"])
     shutil.rmtree(out, ignore_errors=True)
 
 merge(rows[0][1])  # warm-up: imports, first page-cache fill
@@ -155,7 +155,7 @@ def bench_size(size: str, root: Path, args, env_fl: dict, env: dict) -> list[dic
     rows = [(label, _recipe(m, p, base, fts, n)) for label, m, p, n in ROWS
             if not args.only or any(label.startswith(o) for o in args.only) or label == "task_arithmetic"]
     spec = {"files": files, "out_bytes": (base / "model.safetensors").stat().st_size, "rows": rows,
-            "work": str(root), "repeats": args.repeats, "threads": args.threads}
+            "work": str(root), "repeats": args.repeats, "threads": args.threads, "device": args.device}
     p = subprocess.run([sys.executable, "-c", TIMING_CHILD, json.dumps(spec)], env=env_fl, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"timing child failed:\n{p.stderr[-4000:]}")
@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=lambda t: t.split(","), default=["27M", "100M"], help="27M and/or 100M.")
     ap.add_argument("--repeats", type=int, default=3, help="Interleaved repeats in the timing process (best kept).")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for forgetlab (the engine's default: 1).")
+    ap.add_argument("--device", default="cpu", help="Where forgetlab merges (e.g. cuda; the limit is the files' "
+                    "read+write either way).")
     ap.add_argument("--no-mergekit", dest="mergekit", action="store_false")
     ap.add_argument("--no-rss", dest="rss", action="store_false", help="Skip the per-method processes (peak RSS).")
     ap.add_argument("--workdir", help="Folder for the models (default: a temporary folder, removed at the end).")

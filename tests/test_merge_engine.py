@@ -368,3 +368,27 @@ def test_a_bin_fine_tune_storing_its_tied_head_is_merged_in_memory_as_on_disk(ti
     other["extra.weight"] = torch.zeros(3)
     with pytest.raises(IncompatibleModelsError, match=r"has a tensor 'extra.weight' that the base lacks"):
         merge_state_dicts("task_arithmetic", base.state_dict(), [other])
+
+
+@pytest.mark.parametrize("method,params", [("pcb", {}), ("ties", {"scope": "global", "keep": 0.3}),
+                                           ("localize_stitch", {})])
+def test_inputs_kept_on_the_device_are_read_once_with_the_same_result(tiny_llama, tmp_path, monkeypatch, method,
+                                                                      params):
+    """A global method on a device with room (CUDA: `resident_budget`) reads each checkpoint tensor once and keeps
+    it for its later passes and the merge: the same bytes as reading the files every pass."""
+    import forgetlab.merge.engine as engine
+    from forgetlab.merge.core import TensorReader
+
+    loads = []
+    real_load = TensorReader._load
+    monkeypatch.setattr(TensorReader, "_load", lambda self, entries, i, busy: (loads.append(entries[i].name),
+                                                                              real_load(self, entries, i, busy))[1])
+    plain = run(_recipe(tiny_llama, method, params, 2), tmp_path / "plain")
+    reads_plain = len(loads)
+    loads.clear()
+    monkeypatch.setattr(engine, "resident_budget", lambda device: 1 << 40)
+    kept = run(_recipe(tiny_llama, method, params, 2), tmp_path / "kept")
+    got, exp = _load_folder(kept.out_dir), _load_folder(plain.out_dir)
+    assert set(got) == set(exp) and all(torch.equal(got[k], exp[k]) for k in exp)
+    assert len(loads) == len(set(loads))                     # every tensor read once
+    assert reads_plain >= 3 * len(loads)                     # instead of once per pass and for the merge

@@ -95,7 +95,7 @@ def test_l2_zero_equals_plain_and_l2_pulls_to_init():
     ex = _examples()
     a, b, c = _model(), _model(), _model()
     ra = train(a, ex, steps=15, lr=1e-2, seed=2, eval_every=15)
-    rb = train(b, ex, steps=15, lr=1e-2, seed=2, l2=0.0, eval_every=15)
+    train(b, ex, steps=15, lr=1e-2, seed=2, l2=0.0, eval_every=15)
     rc = train(c, ex, steps=15, lr=1e-2, seed=2, l2=50.0, eval_every=15)
     wa, wb, wc = _weights(a), _weights(b), _weights(c)
     assert all(torch.equal(wa[n], wb[n]) for n in wa)
@@ -219,3 +219,19 @@ def test_bad_input():
         train(_model(), _examples(), steps=0)
     with pytest.raises(ParameterError, match="sfa_p"):
         train(_model(), _examples(), steps=2, sfa_p=0.0)
+
+
+def test_grads_finite_checks_every_piece_without_a_float64_copy():
+    from forgetlab.train.trainer import grads_finite
+
+    params = [torch.nn.Parameter(torch.zeros(n)) for n in (10, 2500, 3)]
+    params[0].grad = torch.full((10,), 3e38)          # finite, and its float64 square sum is finite too
+    params[1].grad = torch.ones(2500)
+    assert grads_finite(params, piece=1000)           # the third has no gradient: skipped
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        params[1].grad[2345] = bad                    # in the last piece of the second tensor
+        assert not grads_finite(params, piece=1000)
+        params[1].grad[2345] = 1.0
+    half = torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))
+    half.grad = torch.tensor([1.0, float("nan"), 0.0], dtype=torch.bfloat16)
+    assert not grads_finite([*params, half])

@@ -257,6 +257,36 @@ def _release_free_heap() -> None:
         pass
 
 
+# glibc's mallopt parameter number and its largest default (the threshold grows up to it as big blocks are freed)
+_M_MMAP_THRESHOLD = -3
+_GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
+
+
+@contextlib.contextmanager
+def large_frees_to_os(threshold: int = 4 << 20):
+    """For the block: every allocation of ≥ `threshold` bytes gets its own mapping, so freeing a tensor that size
+    gives its pages back to the system at once (glibc's mallopt M_MMAP_THRESHOLD; nothing elsewhere).
+
+    glibc raises that threshold each time a mapped block is freed (up to 32 MiB), after which a job's many
+    few-MiB tensors (a layer's gradients, activations, evaluation logits) come from the heap and their freed
+    pages stay resident and fragment: a training loop's resident memory then creeps up from step to step. After
+    the block the threshold is set to glibc's largest default (the dynamic adjustment stays off)."""
+    libc = None
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))
+    except (OSError, AttributeError):
+        libc = None
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_MMAP_THRESHOLD_MAX)
+            libc.malloc_trim(0)
+
+
 class PeakMeter:
     """Context manager measuring a block's peak memory above what the process held when it began.
 

@@ -395,12 +395,30 @@ class TensorReader:
                         pass
 
 
+def resident_budget(device: str) -> int:
+    """Bytes a merge may keep on `device` so as to read its inputs once for all its passes (`collect_stats`'
+    `inputs`): half the free memory of a CUDA device; 0 elsewhere — on the CPU the system's page cache already
+    holds the files between passes, and a second copy would raise the merge's peak memory."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return 0
+    free, _ = torch.cuda.mem_get_info(torch.device(device))
+    return int(free) // 2
+
+
+def resident_bytes(models, entries: Sequence[Entry]) -> int:
+    """Bytes of the float32 base and fine-tuned tensors of every floating-point entry (what `inputs` holds)."""
+    return (1 + len(models)) * 4 * sum(e.numel for e in _float_entries(entries))
+
+
 def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], device: str = "cpu",
-                  progress: Progress = None, fast_io: bool = False, reader: TensorReader | None = None) -> Any:
+                  progress: Progress = None, fast_io: bool = False, reader: TensorReader | None = None,
+                  inputs: dict | None = None) -> Any:
     """Run the method's global first pass over every floating-point tensor (None if it needs none).
     `fast_io`: read through reused slots with a prefetching thread (`TensorReader`; the collectors keep no
     tensor they are given). `reader`: a TensorReader to read with (the engine shares one, and its slots, with
-    `merge_tensors`)."""
+    `merge_tensors`). `inputs`: an empty dict to read the checkpoints once — the first pass keeps a copy of
+    every (base, fine-tuned tensors) in it, the later passes and `merge_tensors(inputs=…)` use those instead of
+    reading the files again (the same numbers; for a device with room for them, `resident_budget`)."""
     if not spec.needs_global_pass(params):
         return None
     floats = _float_entries(entries)
@@ -410,8 +428,13 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     done = 0
     reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
     for p in range(collector.passes):
-        for e, base_t, fts in reader(floats):
-            collector.add(p, e.name, base_t, [ft.sub_(base_t) for ft in fts])  # owned copies: in place
+        replay = inputs is not None and p > 0
+        for e, base_t, fts in (((e, *inputs[e.name]) for e in floats) if replay else reader(floats)):
+            if inputs is not None and p == 0:
+                inputs[e.name] = (base_t.clone(), [ft.clone() for ft in fts])
+            # owned copies are made task vectors in place; kept inputs stay θ
+            taus = [torch.sub(ft, base_t) for ft in fts] if replay else [ft.sub_(base_t) for ft in fts]
+            collector.add(p, e.name, base_t, taus)
             done += 1
             report(progress, done / steps, f"statistics pass {p + 1}/{collector.passes}: {e.name}")
         collector.end_pass(p)
@@ -422,7 +445,8 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
                   prepared: Mapping[str, Any] | None = None, config=None, device: str = "cpu",
                   out_dtype: torch.dtype | None = None, progress: Progress = None,
                   fast_io: bool = False, reader: TensorReader | None = None,
-                  params_for=None, n_layers: int | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+                  params_for=None, n_layers: int | None = None,
+                  inputs: dict | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (name, merged tensor) for every base tensor in order, cast to `out_dtype` (default: the base's
     dtype) on the CPU. Non-floating tensors (e.g. integer buffers) are copied from the base.
 
@@ -430,12 +454,14 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     yielded tensor may then be a view of a read slot, valid until the consumer asks for the next one —
     the engine writes each tensor before asking for the next; a caller that keeps them must leave it off.
     `params_for(name, layer, n_layers)`: the parameters of one tensor, where they vary by tensor (gradients,
-    filters: forgetlab.merge.settings); `n_layers` overrides the layer count (a slice's)."""
+    filters: forgetlab.merge.settings); `n_layers` overrides the layer count (a slice's). `inputs`: the tensors
+    `collect_stats` kept (each handed to the method, then dropped) instead of reading the files."""
     names = [e.name for e in entries]
     n_layers = n_layers or num_layers_of(config, names)
     locate = layer_locator(config)
     reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
-    floats = iter(reader(_float_entries(entries)))
+    floats = (iter(reader(_float_entries(entries))) if inputs is None
+              else ((e, *inputs.pop(e.name)) for e in _float_entries(entries)))
     for i, e in enumerate(entries):
         if not e.dtype.is_floating_point:
             yield e.name, base.read_raw(e.name)

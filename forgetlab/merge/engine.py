@@ -22,7 +22,8 @@ from forgetlab.core import checkpoints as ck
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import check_output_dir
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.merge.core import CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors
+from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors,
+                                  resident_budget, resident_bytes)
 from forgetlab.merge import settings
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
@@ -174,7 +175,10 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     # one reader for every pass: its read slots are reused (write_hf_folder writes each merged tensor before it
     # asks for the next, so a merged tensor may live in a slot)
     reader = TensorReader(base, models, device, reuse=True, prefetch=True)
-    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), reader=reader)
+    # a global pass reads every input 2–5 times; a device with room keeps them after the first read
+    kept = {} if glob and resident_bytes(models, entries) <= resident_budget(device) else None
+    stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), reader=reader,
+                          inputs=kept)
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
             for e in entries]
@@ -198,7 +202,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
         cfg_arg = config
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
-                           params_for=params_for)
+                           params_for=params_for, inputs=kept)
     recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
                                                                     "resolved_params": params}},
                                  sort_keys=False)

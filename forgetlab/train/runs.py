@@ -11,6 +11,7 @@ its YAML file), so every other page can analyse it.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -338,7 +339,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     """
     from forgetlab.core.checkpoints import load_model
     from forgetlab.core.checkpoints.loading import check_device
-    from forgetlab.core.memory import dtype_name, job_dtype
+    from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 
     config = config or FinetuneConfig()
     if start != "base" and start not in pool.model_names:
@@ -382,8 +383,9 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
             on_record(step, rec)
             return rec
     try:
-        result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
-                       distance_fn=distance_fn, progress=progress)
+        with large_frees_to_os() if str(device).startswith("cpu") else contextlib.nullcontext():
+            result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
+                           distance_fn=distance_fn, progress=progress)
     except TrainingError as err:
         partial = getattr(err, "result", None)
         if partial is not None:
