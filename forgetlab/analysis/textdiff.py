@@ -24,6 +24,7 @@ in chunks (`VOCAB_CHUNK` columns), so the memory beyond the forward pass is one 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -224,7 +225,7 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     on cuda, float32 elsewhere) is the precision both models are loaded and run in; the logits are taken to
     float32 before the log-softmax, KL, top-k and the lens's losses. Its peak: `textdiff_memory`."""
     from forgetlab.core.evaluate import check_limits
-    from forgetlab.core.memory import dtype_name, job_dtype
+    from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 
     check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk,
                  lens_blocks=lens_blocks)
@@ -245,8 +246,11 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     if lens and not all(r.lens for r in readers):
         notes.append("no logit lens: this architecture has no final norm forgetlab knows how to read the residual "
                      "stream through")
-    acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
-                 lens_blocks)
+    # on the CPU, the per-sequence logits (S·V·4: megabytes each) go back to the system when freed, instead of
+    # piling up as glibc heap that the next ones fragment (docs/scaling.md, the textdiff row)
+    with large_frees_to_os() if str(device).startswith("cpu") else contextlib.nullcontext():
+        acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
+                     lens_blocks)
     frame = _frame(acc, tok)
     lens_rows = []
     if acc.lens_base is not None and acc.lens_tokens:
