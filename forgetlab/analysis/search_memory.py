@@ -4,8 +4,8 @@ Each worker (`_SearchState`) holds, for the whole search, the base and the N fin
 in `resident_dtype` (r bytes: the job's 16-bit dtype when every checkpoint is stored in it, else 4) and one
 working copy of the model on the job's device in its dtype (b bytes). Per candidate it merges the whole model
 into a new state dict on the CPU (`merge_state_dicts`: P·r, built tensor by tensor), writes it into the copy,
-frees it, then evaluates the copy on the probe split (`core.eval_memory.eval_batch_bytes`, plus the KV cache
-that `evaluate`'s forward passes build: 2·L·B·S·(kv heads · head dim)·b). The merge of one
+frees it, then evaluates the copy on the probe split (`core.eval_memory.eval_batch_bytes`; its forward passes
+build no KV cache). The merge of one
 tensor reads float32 copies of the base's and the N fine-tunes' tensors and works in place, so one of them
 becomes the merged tensor. With P the parameters and E the largest tensor's entries:
 
@@ -46,13 +46,6 @@ def search_parts(size: ModelSize, *, n_models: int, dtype, resident_bytes: int, 
     return parts
 
 
-def kv_cache_bytes(config, size: ModelSize, *, dtype, batch: int, seq: int) -> int:
-    """The KV cache a forward pass over `batch` × `seq` tokens builds when it is not told `use_cache=False`."""
-    heads = max(size.heads, 1)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return 2 * size.layers * batch * seq * (size.hidden // heads) * kv_heads * dtype_bytes(dtype)
-
-
 def host_bytes(size: ModelSize, *, n_models: int, resident_bytes: int) -> int:
     """The CPU memory a worker whose copy is on a GPU needs: the resident state dicts and one merged candidate."""
     largest = max(size.vocab * size.hidden, size.layer_parameters // 3, 1)
@@ -82,8 +75,7 @@ def estimate_search(recipe, pool, *, device: Optional[str] = None, dtype=None, b
     mapped = sum(mapped_weights(c, held, "cpu") for c in [base, *tuned])
     rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, split="probe", batch_size=int(batch_size),
                                    max_general=max_general, max_task=max_task)
-    batch = (eval_batch_bytes(size, dtype=dt, batch=rows, seq=seq)
-             + kv_cache_bytes(base.config, size, dtype=dt, batch=rows, seq=seq))
+    batch = eval_batch_bytes(size, dtype=dt, batch=rows, seq=seq)
     on_gpu = dev.startswith("cuda")
     parts = search_parts(size, n_models=len(tuned), dtype=dt, resident_bytes=r, batch_bytes=batch, on_gpu=on_gpu,
                          mapped=mapped)

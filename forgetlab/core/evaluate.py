@@ -132,8 +132,8 @@ def token_losses(model, examples: Sequence[EncodedExample], batch_size: int = 16
     for start in range(0, len(order), batch_size):
         idx = order[start:start + batch_size]
         batch = collate([examples[i] for i in idx], pad_id)
-        logits = model(input_ids=batch["input_ids"].to(device),
-                       attention_mask=batch["attention_mask"].to(device)).logits[:, :-1]
+        logits = model(input_ids=batch["input_ids"].to(device), attention_mask=batch["attention_mask"].to(device),
+                       use_cache=False).logits[:, :-1]   # no KV cache: one pass, nothing to reuse
         labels = batch["labels"][:, 1:].to(device)
         keep = labels != IGNORE
         for row, i in enumerate(idx):    # one sequence's logits in float32 at a time: memory of one row, not B

@@ -398,7 +398,7 @@ def train(
                 step = i + 1
                 batch = collate([usable[j] for j in batches.next()], pad_id)
                 batch = {k: v.to(dev) for k, v in batch.items()}
-                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
                 loss = causal_lm_loss(out.logits, batch["labels"])
                 if not torch.isfinite(loss):
                     fail(step, "the loss became NaN/inf")
