@@ -199,11 +199,9 @@ class _SearchState:
         """Merge the candidate `item` (None: the base) into the working copy and evaluate it on the probe split.
         On the CPU inside `large_frees_to_os`, so a long search's freed merges and logits go back to the system
         instead of piling up as heap from candidate to candidate."""
-        import contextlib
-
         from forgetlab.core.memory import large_frees_to_os
 
-        with large_frees_to_os() if self.dev.type == "cpu" else contextlib.nullcontext():
+        with large_frees_to_os(self.dev):
             return self._evaluate(item, progress)
 
     def _evaluate(self, item, progress: Progress = None):

@@ -24,7 +24,6 @@ in chunks (`VOCAB_CHUNK` columns), so the memory beyond the forward pass is one 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import time
@@ -248,7 +247,7 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
                      "stream through")
     # on the CPU, the per-sequence logits (S·V·4: megabytes each) go back to the system when freed, instead of
     # piling up as glibc heap that the next ones fragment (docs/scaling.md, the textdiff row)
-    with large_frees_to_os() if str(device).startswith("cpu") else contextlib.nullcontext():
+    with large_frees_to_os(device):
         acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
                      lens_blocks)
     frame = _frame(acc, tok)

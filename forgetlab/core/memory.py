@@ -263,8 +263,8 @@ _GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
 
 
 @contextlib.contextmanager
-def large_frees_to_os(threshold: int = 4 << 20):
-    """For the block: every allocation of ≥ `threshold` bytes gets its own mapping, so freeing a tensor that size
+def large_frees_to_os(device: Any = "cpu", threshold: int = 4 << 20):
+    """For the block, when `device` is the CPU (nothing otherwise): every allocation of ≥ `threshold` bytes gets its own mapping, so freeing a tensor that size
     gives its pages back to the system at once (glibc's mallopt M_MMAP_THRESHOLD; nothing elsewhere).
 
     glibc raises that threshold each time a mapped block is freed (up to 32 MiB), after which a job's many
@@ -272,6 +272,9 @@ def large_frees_to_os(threshold: int = 4 << 20):
     pages stay resident and fragment: a training loop's resident memory then creeps up from step to step. After
     the block the threshold is set to glibc's largest default (the dynamic adjustment stays off)."""
     libc = None
+    if str(device).split(":")[0] != "cpu":
+        yield
+        return
     try:
         import ctypes
 

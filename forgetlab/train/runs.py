@@ -11,7 +11,6 @@ its YAML file), so every other page can analyse it.
 from __future__ import annotations
 
 import collections.abc
-import contextlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -383,7 +382,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
             on_record(step, rec)
             return rec
     try:
-        with large_frees_to_os() if str(device).startswith("cpu") else contextlib.nullcontext():
+        with large_frees_to_os(device):
             result = train(model, examples, **config.train_kwargs(), eval_every=every, eval_fn=fn, pad_id=pad,
                            distance_fn=distance_fn, progress=progress)
     except TrainingError as err:
