@@ -1,7 +1,7 @@
 """Time issue 29's stakeholder demo as a newcomer meets it: the app started as the README says on an empty
 workspace (it builds the pico zoo by itself), then every page's main action with its defaults in Chromium.
 
-    python bench/demo_walk.py [--home DIR] [--shots DIR]
+    python bench/demo_walk.py [--home DIR] [--shots DIR] [--pages Fine-tune,Merge]
 
 Prints, in seconds from the server's start: the first page drawn, the base model ready (pool.yaml written),
 the zoo complete, then each page's main action, and the load average at the start and the end. Run it from a
@@ -25,10 +25,16 @@ from tests.e2e.harness import (chromium, click_nav, exceptions, goto, screenshot
                                wait_idle, wait_jobs)
 
 
+PAGES = ("Models", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune", "Runs",
+         "Glossary")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--home", help="Workspace (default: a new empty folder).")
     ap.add_argument("--shots", help="Folder for a screenshot per page.")
+    ap.add_argument("--pages", default=",".join(PAGES),
+                    help="Comma-separated page titles to walk, in order (default: every page).")
     args = ap.parse_args()
     home = Path(args.home or tempfile.mkdtemp(prefix="demo-walk-"))
     home.mkdir(parents=True, exist_ok=True)
@@ -51,8 +57,7 @@ def main() -> None:
             time.sleep(2)
         page.reload()
         page.wait_for_timeout(2000)
-        for title in ("Models", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune",
-                      "Runs", "Glossary"):
+        for title in [t.strip() for t in args.pages.split(",") if t.strip()]:
             t = time.monotonic()
             click_nav(page, title)
             stem = {"Fine-tune": "finetune"}.get(title, title.lower())

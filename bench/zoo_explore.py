@@ -4,7 +4,8 @@ of eval prompts whose greedy continuation starts with the answer: what a fine-tu
 reach), then fine-tune it on each task and print D(θ, θ0), the scorecard and Δ held-out loss.
 
     python bench/zoo_explore.py NAME [share=0.5] [psteps=1400] [plr=…] [plen=…] [pbatch=…] [hidden=…]
-        [inter=…] [layers=…] [form=prompt|prose|statement] [code=full|basic] [fsteps=…] [flr=…] [ft=0] [threads=1]
+        [inter=…] [layers=…] [form=prompt|prose|statement|terse|equals or per task: math:equals,code:prompt,…]
+        [code=full|basic|words] [fsteps=…] [flr=…] [ft=0] [threads=1]
 
 Works in /tmp/zoo_explore/NAME by default (--root to change; the base is kept there and reused)."""
 import copy, json, sys, time

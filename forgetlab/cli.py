@@ -125,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _check_output_files(args)
         from forgetlab.core.memory import recording
+        from forgetlab.core.threads import governed_threads
 
-        with recording(_meter_device(args)):        # a run saved by the command records its measured peak
+        device = _meter_device(args)
+        # a run saved by the command records its measured peak; torch threads follow the machine's load
+        with recording(device), governed_threads(device):
             return int(args.func(args) or 0)
     except ForgetlabError as exc:
         sys.stderr.write(f"forgetlab: error: {exc}\n")

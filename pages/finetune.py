@@ -45,7 +45,7 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
             f"{pairs} pairs per task).")
     if DEFAULT_SECONDS:
         text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 idle "
-                 "CPU cores (several times that on a busy machine); fewer steps, records or pairs are faster.")
+                 "CPU cores, 40 s beside another process that holds a core; fewer steps, records or pairs are faster.")
     return text
 
 

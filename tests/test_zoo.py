@@ -166,6 +166,40 @@ def test_statement_form_states_each_fact_unlike_its_prompt_with_the_answer_last(
     assert all(any(t.endswith(" " + a) for a in answers) for t in extra)
 
 
+def test_per_task_forms_write_each_task_in_its_own_form_and_one_form_keeps_the_old_text():
+    """issue 31's explorations: `skill_form` may name a form per task; a single form is the text of before."""
+    from forgetlab.zoo.pico import pretraining_texts
+    from forgetlab.zoo.tasks import TaskPair, skill_paragraphs, skill_sentence, task_forms
+
+    assert skill_sentence("math", TaskPair("Compute: 47+8=", "55"), "terse") == "47+8 is 55"
+    assert skill_sentence("code", TaskPair(">>> max(3, 8)\n", "8"), "terse") == "max(3, 8) is 8"
+    assert skill_sentence("math", TaskPair("Compute: 47+8=", "55"), "equals") == "Compute: 47+8 = 55"
+    assert skill_sentence("translate", TaskPair("English: the red fox\nVelari:", "ka vo"), "equals") == \
+        "English: the red fox\nVelari = ka vo"
+    with pytest.raises(ParameterError, match="No equals form for task 'code'"):
+        skill_sentence("code", TaskPair(">>> max(3, 8)\n", "8"), "equals")
+    assert task_forms("prompt", ["math", "code"]) == {"math": "prompt", "code": "prompt"}
+    assert task_forms("math:equals,code:prompt", ["math", "code", "translate"]) == \
+        {"math": "equals", "code": "prompt", "translate": "prose"}
+    with pytest.raises(ParameterError, match="does not have"):
+        task_forms("poetry:equals", ["math"])
+
+    tasks = {n: make_task(n, n_train=50, n_probe=5, n_eval=10) for n in ("math", "code", "translate")}
+    train = {n: t.train for n, t in tasks.items()}
+    general = [LONG + f" {i}" for i in range(40)]
+    spec = get_spec("pico", "tiny")
+    one = replace(spec, data=replace(spec.data, skill_form="prompt"))
+    chars = int(sum(map(len, general)) * spec.data.skill_share / (1.0 - spec.data.skill_share))
+    from forgetlab.zoo.tasks import mix_paragraphs
+    assert pretraining_texts(one, general, train) == mix_paragraphs(
+        general, skill_paragraphs(train, chars, seed=spec.seed, form="prompt"))
+    mixed = replace(spec, data=replace(spec.data, skill_form="math:equals,code:prompt,translate:equals"))
+    extra = [t for t in pretraining_texts(mixed, general, train) if t not in general]
+    assert any(t.startswith("Compute: ") and " = " in t and "\n" not in t for t in extra)   # one fact each
+    assert any(t.startswith(">>> ") and t.count("\n") >= 2 for t in extra)                 # worked examples
+    assert any("\nVelari = " in t for t in extra)
+
+
 def test_velari_lexicon_is_fixed_injective_and_eval_words_are_trained():
     lex = velari_lexicon()
     assert lex == velari_lexicon() and len(set(lex.values())) == len(lex)
@@ -245,7 +279,7 @@ def test_manifest_is_trusted_only_for_same_format_version_and_settings():
 
 
 def test_threads_follow_what_other_processes_use_now_not_the_load_average(tmp_path, monkeypatch):
-    from forgetlab.zoo import threads as zt
+    from forgetlab.core import threads as zt
 
     monkeypatch.setattr(zt, "backward_is_thread_independent", lambda: True)   # where switching is allowed
 

@@ -394,13 +394,13 @@ def test_adapters_do_not_depend_on_the_global_random_state(tmp_path):
 
 
 def test_pretraining_weights_do_not_depend_on_the_thread_count():
-    """The build switches between 1 and 2 torch threads as the machine's load changes (forgetlab.zoo.threads);
+    """The build switches between 1 and 2 torch threads as the machine's load changes (forgetlab.core.threads);
     that keeps it deterministic only if the weights come out the same, bit for bit, at either count. Checked on
     the default pico shape and pretraining batch, where two threads really split the matrix products."""
     from forgetlab.core.data import EncodedExample
     from forgetlab.train.trainer import train
     from forgetlab.zoo.pico import init_model
-    from forgetlab.zoo.threads import backward_is_thread_independent
+    from forgetlab.core.threads import backward_is_thread_independent
 
     if not backward_is_thread_independent():
         pytest.skip("on this CPU torch's backward sums in a thread-dependent order (a linear layer's gradient "
@@ -463,7 +463,7 @@ def test_a_build_that_switches_threads_midway_writes_the_same_models(tmp_path, m
 
 def test_the_governor_keeps_its_threads_where_backward_depends_on_them(monkeypatch):
     """Where 1 and 2 threads give different gradients, a build keeps the count it started with."""
-    import forgetlab.zoo.threads as zt
+    import forgetlab.core.threads as zt
 
     previous = torch.get_num_threads()
     try:

@@ -40,6 +40,8 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
     every update into one huge line."""
     import time
 
+    from forgetlab.core.threads import tick
+
     stream = stream if stream is not None else sys.stderr
     clock = clock or time.monotonic
     if not getattr(stream, "isatty", lambda: False)():
@@ -52,6 +54,7 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
             stream.flush()
 
         def update_plain(fraction: float, message: str = "") -> None:
+            tick()      # torch threads follow the machine's load (forgetlab.core.threads.governed_threads)
             state["fraction"], state["message"] = float(fraction), message or state["message"]
             now = clock()
             if state["last"] is None or now - state["last"] >= interval:
@@ -71,6 +74,7 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
 
     def update(fraction: float, message: str = "") -> None:
+        tick()
         bar.n = int(fraction * 1000)
         if message:
             bar.set_postfix_str(message[:60], refresh=False)

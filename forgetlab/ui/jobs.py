@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
+from forgetlab.core.threads import governed_threads, tick as tick_threads
 from forgetlab.ui.errors import render_error
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
@@ -79,6 +80,7 @@ class Job:
             raise JobCancelled(f"{self.label} was cancelled.")
         self.fraction = min(1.0, max(0.0, float(fraction)))
         self.message = message
+        tick_threads()
 
     __call__ = progress
 
@@ -156,7 +158,8 @@ class JobRegistry:
         from forgetlab.core.memory import recording
 
         try:
-            with recording() as meter:       # a run the job saves records its measured peak
+            # a run the job saves records its measured peak; torch threads follow the machine's load
+            with recording() as meter, governed_threads(meter.device):
                 result = fn(job)
             job.peak = meter.to_dict()
         except JobCancelled:

@@ -33,7 +33,7 @@ from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.core.workspace import ensure_writable, zoo_dir
 from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
 from forgetlab.zoo.presets import ZooSpec, get_spec
-from forgetlab.zoo.threads import ThreadGovernor
+from forgetlab.core.threads import ThreadGovernor
 
 POOL_YAML = "pool.yaml"
 DATA = "data"

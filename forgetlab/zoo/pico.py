@@ -26,7 +26,7 @@ def pretraining_texts(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Se
     Like a real corpus, it holds a little of every skill the fine-tunes later sharpen, but not their prompt
     format: `47 + 8 = 55`, never `Compute: 47+8=`.
     """
-    from forgetlab.zoo.tasks import mix_paragraphs, skill_paragraphs
+    from forgetlab.zoo.tasks import DOCUMENT_FORMS, mix_paragraphs, skill_paragraphs, task_forms
 
     share = float(spec.data.skill_share)
     if not 0.0 <= share < 1.0:
@@ -35,9 +35,14 @@ def pretraining_texts(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Se
     if share == 0.0:
         return general
     chars = int(sum(map(len, general)) * share / (1.0 - share))
-    form = spec.data.skill_form
-    extra = skill_paragraphs({t: list(p) for t, p in tasks.items()}, chars, seed=spec.seed, form=form,
-                             per_paragraph=1 if form == "statement" else 8)
+    forms = task_forms(spec.data.skill_form, list(tasks))
+    extra: list[str] = []
+    # one group of paragraphs per form (one form for every task: exactly the single-form text of before)
+    for i, form in enumerate(dict.fromkeys(forms.values())):
+        group = {t: list(p) for t, p in tasks.items() if forms[t] == form}
+        part = skill_paragraphs(group, chars * len(group) // len(forms), seed=spec.seed + 10 * i, form=form,
+                                per_paragraph=1 if form in DOCUMENT_FORMS else 8)
+        extra = mix_paragraphs(extra, part) if extra else part
     return mix_paragraphs(general, extra)
 
 

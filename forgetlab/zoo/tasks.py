@@ -250,7 +250,39 @@ _STATEMENT_PATTERNS = {
     "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
 }
 
-SKILL_FORMS = ("prose", "prompt", "statement")
+# "terse": as "statement", but with the prompt's own expression and a plain link word (`47+8 is 55`,
+# `max(3, 8) is 8`), so the fact differs from the prompt only in its frame (`Compute: …=`, `>>> …\n`)
+_TERSE_PATTERNS = {
+    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "{0}{1}{2} is {answer}"),
+    "code": (re.compile(r"^>>> (.*)\n$", re.S), "{0} is {answer}"),
+    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
+}
+
+# "equals": the prompt's own frame, its last mark written ` = ` (`Compute: 47+8 = 55`,
+# `English: the red fox\nVelari = ka vopi tesal`), one fact per document
+_EQUALS_PATTERNS = {
+    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "Compute: {0}{1}{2} = {answer}"),
+    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "English: {0}\nVelari = {answer}"),
+}
+
+SKILL_FORMS = ("prose", "prompt", "statement", "terse", "equals")
+DOCUMENT_FORMS = ("statement", "terse", "equals")  # one fact per document: EOS right after each answer
+_DOCUMENT_PATTERNS = {"statement": _STATEMENT_PATTERNS, "terse": _TERSE_PATTERNS, "equals": _EQUALS_PATTERNS}
+
+
+def task_forms(form: str, tasks) -> dict[str, str]:
+    """Each task's skill form from a `DataSpec.skill_form`: one form for every task (`"prompt"`) or one per task
+    (`"math:equals,code:prompt,translate:equals"`; tasks not named take `prose`)."""
+    if ":" not in form:
+        return {t: form for t in tasks}
+    named = {}
+    for part in form.split(","):
+        task, _, f = part.partition(":")
+        named[task.strip()] = f.strip()
+    unknown = set(named) - set(tasks)
+    if unknown:
+        raise ParameterError(f"skill_form names tasks {sorted(unknown)} that the zoo does not have ({', '.join(tasks)}).")
+    return {t: named.get(t, "prose") for t in tasks}
 
 
 def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
@@ -266,11 +298,11 @@ def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
         raise ParameterError(f"Unknown skill form {form!r}; choose one of: {', '.join(SKILL_FORMS)}.")
     if form == "prompt":
         return f"{pair.prompt}{pair.answer}"
-    if form == "statement":
-        if task not in _STATEMENT_PATTERNS:
-            raise ParameterError(f"No statement form for task {task!r}. Choose one of: "
-                                 f"{', '.join(_STATEMENT_PATTERNS)}.")
-        pattern, template = _STATEMENT_PATTERNS[task]
+    if form in DOCUMENT_FORMS:
+        patterns = _DOCUMENT_PATTERNS[form]
+        if task not in patterns:
+            raise ParameterError(f"No {form} form for task {task!r}. Choose one of: {', '.join(patterns)}.")
+        pattern, template = patterns[task]
         m = pattern.match(pair.prompt)
         if m is None:
             raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")

@@ -1,4 +1,5 @@
-"""Torch threads for a zoo build, chosen from what the other processes use now and re-chosen while it runs.
+"""Torch threads for a zoo build or a CPU job, chosen from what the other processes use now and re-chosen
+while it runs.
 
 Two torch threads train the pico model about 1.5–2× faster than one on an idle two-core machine, but up to 10×
 slower when another process holds a core (the threads wait on each other; bench/zoo_build.py). The 1-minute
@@ -13,6 +14,8 @@ checks this machine once; where it fails, the governor picks the count at the st
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import time
 from dataclasses import dataclass, field
@@ -80,9 +83,10 @@ def backward_is_thread_independent() -> bool:
 
 
 def threads_for(wanted: int, others: float, cpus: int) -> int:
-    """`wanted` threads when that many cores are free of other processes (within half a core), else 1."""
+    """As many threads as cores are free of other processes (rounded to the nearest core), at least 1 and at
+    most `wanted`: on two cores, 2 while the others use under half a core, else 1."""
     wanted = max(1, int(wanted))
-    return wanted if cpus - others >= wanted - 0.5 else 1
+    return max(1, min(wanted, int(cpus - others + 0.5)))
 
 
 @dataclass
@@ -140,3 +144,38 @@ class ThreadGovernor:
             self.history.append([round(self.clock() - self._start, 1), threads])  # as JSON gives it back
         self.threads = threads
         torch.set_num_threads(threads)
+
+
+_CURRENT: contextvars.ContextVar[Optional[ThreadGovernor]] = contextvars.ContextVar("forgetlab_threads", default=None)
+
+
+@contextlib.contextmanager
+def governed_threads(device=None, wanted: Optional[int] = None, *,
+                     sampler: Callable[[], Optional[CpuSample]] = read_cpu, cpus: Optional[int] = None):
+    """Run the enclosed CPU job on as many torch threads as cores are free of other processes now
+    (`ThreadGovernor`, `wanted` = this thread's count by default), re-chosen on each `tick()` from the job's
+    progress reports; the count is restored after. On a busy two-core machine two threads run a small model
+    several times slower than one, so a job started beside other work must not keep torch's default.
+
+    Must be entered in the thread that runs the job: torch's thread count is per thread. Does nothing for a
+    job on a GPU (`device` "cuda…"), or inside another governed block."""
+    if (device is not None and str(device).startswith("cuda")) or _CURRENT.get() is not None:
+        yield None
+        return
+    previous = torch.get_num_threads()
+    governor = ThreadGovernor(int(wanted or previous), sampler=sampler, cpus=int(cpus or os.cpu_count() or 1))
+    governor.start()
+    token = _CURRENT.set(governor)
+    try:
+        yield governor
+    finally:
+        _CURRENT.reset(token)
+        torch.set_num_threads(previous)
+
+
+def tick() -> None:
+    """Let the governor of the enclosing `governed_threads` block re-check the thread count (cheap; a no-op
+    outside one). Progress callbacks of the CLI and the app call it."""
+    governor = _CURRENT.get()
+    if governor is not None:
+        governor.tick()
