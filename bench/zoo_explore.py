@@ -6,6 +6,7 @@ reach), then fine-tune it on each task and print D(θ, θ0), the scorecard and �
     python bench/zoo_explore.py NAME [share=0.5] [psteps=1400] [plr=…] [plen=…] [pbatch=…] [hidden=…]
         [inter=…] [layers=…] [form=prompt|prose|statement|terse|equals or per task: math:equals,code:prompt,…]
         [code=full|basic|words] [fsteps=…] [flr=…] [ft=0] [threads=1]
+        (fsteps and flr may be given per task: flr=math:3e-4,translate:1.5e-4)
 
 Works in /tmp/zoo_explore/NAME by default (--root to change; the base is kept there and reused)."""
 import copy, json, sys, time
@@ -31,14 +32,25 @@ pre = replace(spec.pretrain, steps=f("psteps", spec.pretrain.steps), lr=f("plr",
 shape = replace(spec.shape, hidden_size=f("hidden", spec.shape.hidden_size),
                 intermediate_size=f("inter", spec.shape.intermediate_size),
                 num_hidden_layers=f("layers", spec.shape.num_hidden_layers))
-ft = replace(spec.finetune, steps=f("fsteps", spec.finetune.steps), lr=f("flr", spec.finetune.lr))
-spec = replace(spec, data=data, pretrain=pre, shape=shape, finetune=ft)
+def per_task(key, defaults):
+    """A value for every task from `key=V` or `key=math:V,code:V,…`; tasks left out keep `defaults[task]`."""
+    raw = kv.pop(key, None)
+    if raw is None:
+        return dict(defaults)
+    if ":" not in raw:
+        return {t: type(d)(raw) for t, d in defaults.items()}
+    given = dict(p.split(":") for p in raw.split(","))
+    return {t: type(d)(given[t]) if t in given else d for t, d in defaults.items()}
+ft_steps = per_task("fsteps", {t: spec.finetune.steps for t in spec.tasks})
+ft_lr = per_task("flr", {t: spec.finetune_for(t).lr for t in spec.tasks})
+ft_spec = {t: replace(spec.finetune, steps=ft_steps[t], lr=ft_lr[t]) for t in spec.tasks}
+spec = replace(spec, data=data, pretrain=pre, shape=shape)
 out = Path(roots[0] if roots else "/tmp/zoo_explore") / name
 out.mkdir(parents=True, exist_ok=True)
 log = open(out / "log.txt", "a")
 def say(*a):
     s = " ".join(str(x) for x in a); print(s, flush=True); log.write(s + "\n"); log.flush()
-say("settings", kv)
+say("settings", kv, {t: (s.steps, s.lr) for t, s in ft_spec.items()})
 from forgetlab.zoo.datafiles import make_data, write_data
 if not (out / "data").exists():
     write_data(make_data(spec), out / "data")
@@ -80,7 +92,7 @@ taus = {}
 cards = {}
 for task in spec.tasks:
     m = copy.deepcopy(model); m.train()
-    finetune(m, tok, probes.tasks[task].train, spec.finetune, seed=spec.seed + 1)
+    finetune(m, tok, probes.tasks[task].train, ft_spec[task], seed=spec.seed + 1)
     m.eval()
     card = score(m, tok, probes, ev, name=task).to_dict()
     D = distance(m.state_dict(), theta0)

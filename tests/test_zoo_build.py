@@ -165,6 +165,16 @@ class Interrupt(KeyboardInterrupt):
     pass
 
 
+def test_a_tasks_own_finetune_lr_is_the_one_its_fine_tune_runs_with(tmp_path):
+    spec = micro_spec(finetune_lr={"code": 7e-4})
+    assert spec.finetune_for("code").lr == 7e-4 and spec.finetune_for("math") == spec.finetune
+    assert spec.fingerprint() != micro_spec().fingerprint()
+    build_spec(spec, tmp_path / "zoo" / "micro")
+    m = json.loads((tmp_path / "zoo" / "micro" / "manifest.json").read_text())
+    lrs = {t: m["steps"][f"ft-{t}"]["train"]["settings"]["lr"] for t in TASKS}
+    assert lrs == {"math": spec.finetune.lr, "code": 7e-4, "translate": spec.finetune.lr}
+
+
 def test_interrupted_build_keeps_finished_models_and_resumes(tmp_path):
     spec = micro_spec()
     root = tmp_path / "zoo" / "micro"

@@ -358,7 +358,7 @@ class _Builder:
         _, probes = self.data()
         base, tokenizer = self.base()
         model = copy.deepcopy(base)
-        result = finetune(model, tokenizer, probes.task(task).train, self.spec.finetune,
+        result = finetune(model, tokenizer, probes.task(task).train, self.spec.finetune_for(task),
                           seed=self.spec.seed + 1 + index, template=self.spec.template,
                           progress=scaled(progress, 0.0, 0.9))
         model.eval()

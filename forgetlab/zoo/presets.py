@@ -113,7 +113,15 @@ class ZooSpec:
     lora: LoraSpec | None = None           # one PEFT adapter per task
     claims: ClaimsSpec | None = None       # measure the papers' claims at the end of the build
     template: str | None = None            # "chat" wraps prompts in the tokenizer's chat template
+    finetune_lr: dict[str, float] = field(default_factory=dict)   # a task's own fine-tune lr, where it needs one
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def finetune_for(self, task: str) -> TrainSpec:
+        """The full fine-tune run of `task`: `finetune`, with the task's learning rate from `finetune_lr` if it has
+        one."""
+        if task not in self.finetune_lr:
+            return self.finetune
+        return replace(self.finetune, lr=self.finetune_lr[task])
 
     @property
     def name(self) -> str:
@@ -177,14 +185,17 @@ _PICO_DEFAULT = ZooSpec(
     vocab_size=2048,
     shape=ModelShape(vocab_size=2048, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256),
-    # 70 % of the pretraining text is worked task examples (train pairs, no EOS after the answer) and the code
-    # task keeps the expressions such a model can learn: the base then knows most answers but does not stop
-    # after them, and a fine-tune that moves the weights by D ≈ 0.04 teaches the format; 1000 steps keep the
-    # build under 5 minutes on 2 idle cores (docs/zoo.md, "Format 2")
+    # 70 % of the pretraining text is the tasks' train facts, each task in its own form (docs/zoo.md, "Distinct
+    # tasks"): math and translate in their prompt's frame with ` = ` for the task's mark and EOS after the answer,
+    # code as worked examples without EOS, code answers words; each fine-tune then has its own lesson (the mark,
+    # or stopping), so the task vectors are near orthogonal and no fine-tune helps another task; 1400 steps let
+    # the base learn the sums, and code needs a slightly higher fine-tune lr to move as far as the others
     data=DataSpec(wiki_train_chars=1_500_000, wiki_heldout_chars=120_000, n_train=1200, n_probe=64,
-                  n_eval=100, skill_share=0.7, skill_form="prompt", code_level="basic"),
-    pretrain=TrainSpec(steps=1000, batch_size=16, lr=2e-3, warmup=40, weight_decay=0.01, max_length=128),
+                  n_eval=100, skill_share=0.7, skill_form="math:equals,code:prompt,translate:equals",
+                  code_level="words"),
+    pretrain=TrainSpec(steps=1400, batch_size=16, lr=2e-3, warmup=40, weight_decay=0.01, max_length=128),
     finetune=TrainSpec(steps=150, batch_size=16, lr=2.25e-4, warmup=10, max_length=64),
+    finetune_lr={"code": 2.75e-4},
     lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_LORA_TARGETS,
                   train=TrainSpec(steps=150, batch_size=16, lr=1e-3, warmup=10, max_length=64)),
     evaluation=EvalSpec(max_general=160, max_task=100, block_size=128),
