@@ -28,13 +28,16 @@ require_tasks(pool, "fine-tuning")
 
 RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
 # the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)
-# The zoo's own fine-tune recipe (150 steps of 16 pairs at lr 2.25e-4): AdamW learns math (EM 0 → 0.80) at
-# +0.066 nats, MoFO keeps 0.74 at half the forgetting, SFA/L2/L1 keep ~0.70 at ≤ 0.004 nats — the story in one
-# click. Measured with the CLI-equivalent `forgetlab finetune POOL --task math --compare --steps 150 --lr 2.25e-4
-# --batch-size 16 --eval-every 75 --max-general 16 --max-task 50` on two idle cores, 2026-12-05.
+# The zoo's own fine-tune recipe (150 steps of 16 pairs at lr 2.25e-4): AdamW learns math (EM 0 → 0.98) at
+# +0.048 nats, MoFO keeps 0.96 at +0.031, L2/L1-to-init 0.94 at +0.024/+0.027, SFA (p 0.25, β 0.5) forgets
+# nothing and, after its last averaging with θ0 at step 150, keeps nothing of math (EM 0.90 at step 75, before
+# the averaging at 76; 0 at 150, D 0.007) — the story in one click. Measured with
+# the CLI-equivalent `forgetlab finetune POOL --task math --compare --steps 150 --lr 2.25e-4 --batch-size 16
+# --eval-every 75 --max-general 16 --max-task 50`: 30.4 s wall on two idle cores, 2026-12-05 (zoo 594ad755).
 DEFAULT_STEPS, DEFAULT_RECORDS, DEFAULT_GENERAL, DEFAULT_PAIRS = 150, 2, 16, 50
 DEFAULT_LR, DEFAULT_BATCH = 2.25e-4, 16
-DEFAULT_SECONDS = "26 s"
+DEFAULT_TASK = "math"        # the measured default comparison, and the Forgetting page's default model
+DEFAULT_SECONDS = "30 s"
 
 
 
@@ -51,7 +54,9 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
 
 left, right = st.columns([1, 2])
 with left:
-    task = st.selectbox("task", pool.task_names, key="finetune_task")
+    tasks = list(pool.task_names)
+    task = st.selectbox("task", tasks, key="finetune_task",
+                        index=tasks.index(DEFAULT_TASK) if DEFAULT_TASK in tasks else 0)
     start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
     mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
                     help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init, one run each, with the same steps, lr, "

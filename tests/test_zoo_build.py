@@ -447,7 +447,7 @@ def test_a_build_that_switches_threads_midway_writes_the_same_models(tmp_path, m
     import functools
     import importlib
 
-    from forgetlab.zoo import threads as zt
+    from forgetlab.core import threads as zt
 
     zb = importlib.import_module("forgetlab.zoo.build")
     monkeypatch.setattr(zt, "backward_is_thread_independent", lambda: True)   # micro shapes: it holds here
