@@ -234,40 +234,32 @@ def translate_pair(rng: random.Random, lexicon: dict[str, str] | None = None) ->
 
 # ------------------------------------------------------------------------------------ pretraining text
 
-_SKILL_PATTERNS = {
-    "math": (re.compile(r"^Compute: (\d+)([+\-*])(\d+)=$"), "{0} {1} {2} = {answer}"),
-    "code": (re.compile(r"^>>> (.*)\n$", re.S), "In Python, {0} evaluates to {answer}."),
-    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}."),
+# the parts of each task's prompt that the general-text forms below write again
+_PROMPT_PARTS = {
+    "math": re.compile(r"^Compute: (\d+)([+\-*])(\d+)=$"),
+    "code": re.compile(r"^>>> (.*)\n$", re.S),
+    "translate": re.compile(r"^English: (.*)\nVelari:$"),
 }
 
-
-# "statement": each fact on its own, worded unlike the task's prompt and ending with the answer, as a document
-# of its own (so the pretraining text puts EOS right after every answer): the base learns the content and when
-# to stop, but not the prompt format, which each fine-tune then teaches for its own task
-_STATEMENT_PATTERNS = {
-    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "{0} {1} {2} is {answer}"),
-    "code": (re.compile(r"^>>> (.*)\n$", re.S), "In Python, {0} evaluates to {answer}"),
-    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
-}
-
-# "terse": as "statement", but with the prompt's own expression and a plain link word (`47+8 is 55`,
-# `max(3, 8) is 8`), so the fact differs from the prompt only in its frame (`Compute: …=`, `>>> …\n`)
-_TERSE_PATTERNS = {
-    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "{0}{1}{2} is {answer}"),
-    "code": (re.compile(r"^>>> (.*)\n$", re.S), "{0} is {answer}"),
-    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "In Velari, {0} is {answer}"),
-}
-
-# "equals": the prompt's own frame, its last mark written ` = ` (`Compute: 47+8 = 55`,
-# `English: the red fox\nVelari = ka vopi tesal`), one fact per document
-_EQUALS_PATTERNS = {
-    "math": (re.compile(r"^Compute: (\d+)([+\-])(\d+)=$"), "Compute: {0}{1}{2} = {answer}"),
-    "translate": (re.compile(r"^English: (.*)\nVelari:$"), "English: {0}\nVelari = {answer}"),
+_FORM_TEMPLATES = {
+    # "prose": sentences gathered into paragraphs (`47 + 8 = 55`)
+    "prose": {"math": "{0} {1} {2} = {answer}", "code": "In Python, {0} evaluates to {answer}.",
+              "translate": "In Velari, {0} is {answer}."},
+    # "statement": each fact on its own, worded unlike the task's prompt and ending with the answer, as a
+    # document of its own (so the pretraining text puts EOS right after every answer): the base learns the
+    # content and when to stop, but not the prompt format, which each fine-tune then teaches for its own task
+    "statement": {"math": "{0} {1} {2} is {answer}", "code": "In Python, {0} evaluates to {answer}",
+                  "translate": "In Velari, {0} is {answer}"},
+    # "terse": as "statement", but with the prompt's own expression and a plain link word (`47+8 is 55`,
+    # `max(3, 8) is 8`), so the fact differs from the prompt only in its frame (`Compute: …=`, `>>> …\n`)
+    "terse": {"math": "{0}{1}{2} is {answer}", "code": "{0} is {answer}", "translate": "In Velari, {0} is {answer}"},
+    # "equals": the prompt's own frame, its last mark written ` = ` (`Compute: 47+8 = 55`,
+    # `English: the red fox\nVelari = ka vopi tesal`), one fact per document
+    "equals": {"math": "Compute: {0}{1}{2} = {answer}", "translate": "English: {0}\nVelari = {answer}"},
 }
 
 SKILL_FORMS = ("prose", "prompt", "statement", "terse", "equals")
 DOCUMENT_FORMS = ("statement", "terse", "equals")  # one fact per document: EOS right after each answer
-_DOCUMENT_PATTERNS = {"statement": _STATEMENT_PATTERNS, "terse": _TERSE_PATTERNS, "equals": _EQUALS_PATTERNS}
 
 
 def task_forms(form: str, tasks) -> dict[str, str]:
@@ -298,22 +290,13 @@ def skill_sentence(task: str, pair: TaskPair, form: str = "prose") -> str:
         raise ParameterError(f"Unknown skill form {form!r}; choose one of: {', '.join(SKILL_FORMS)}.")
     if form == "prompt":
         return f"{pair.prompt}{pair.answer}"
-    if form in DOCUMENT_FORMS:
-        patterns = _DOCUMENT_PATTERNS[form]
-        if task not in patterns:
-            raise ParameterError(f"No {form} form for task {task!r}. Choose one of: {', '.join(patterns)}.")
-        pattern, template = patterns[task]
-        m = pattern.match(pair.prompt)
-        if m is None:
-            raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")
-        return template.format(*m.groups(), answer=pair.answer)
-    if task not in _SKILL_PATTERNS:
-        raise ParameterError(f"No pretraining form for task {task!r}. Choose one of: {', '.join(_SKILL_PATTERNS)}.")
-    pattern, form = _SKILL_PATTERNS[task]
-    m = pattern.match(pair.prompt)
+    templates = _FORM_TEMPLATES[form]
+    if task not in templates:
+        raise ParameterError(f"No {form} form for task {task!r}. Choose one of: {', '.join(templates)}.")
+    m = _PROMPT_PARTS[task].match(pair.prompt)
     if m is None:
         raise ParameterError(f"The {task} prompt {pair.prompt!r} is not in the task's format.")
-    return form.format(*m.groups(), answer=pair.answer)
+    return templates[task].format(*m.groups(), answer=pair.answer)
 
 
 def skill_paragraphs(tasks: dict[str, list[TaskPair]], chars: int, *, seed: int = 0,
