@@ -342,7 +342,7 @@ def test_skill_sentences_state_the_fact_not_the_prompt_format():
             == "In Velari, the red fox is ka vopi tesal.")
     with pytest.raises(ParameterError, match="not in the task's format"):
         skill_sentence("math", TaskPair("What is 2+2?", "4"))
-    with pytest.raises(ParameterError, match="No pretraining form"):
+    with pytest.raises(ParameterError, match="No prose form for task"):
         skill_sentence("poetry", TaskPair("x", "y"))
 
 
