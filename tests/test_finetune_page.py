@@ -45,6 +45,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     at = open_page("finetune", tiny_llama.pool_yaml)
     at.run()
+    assert at.selectbox(key="finetune_task").value == "math"     # the demo's measured default comparison
     at.radio(key="finetune_mode").set_value("comparison").run()
     at.number_input(key="finetune_steps").set_value(2)
     at.number_input(key="finetune_eval_every").set_value(1)

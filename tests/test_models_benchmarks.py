@@ -299,6 +299,7 @@ def test_fine_tunes_measured_by_a_benchmark_cli_api_and_page(tiny_llama, tmp_pat
     assert "nosuch_task" in capsys.readouterr().err
 
     at = _open_with_measure("finetune", pool_yaml)
+    at.selectbox(key="finetune_task").set_value("copy").run()      # the CLI runs above train copy
     at.radio(key="finetune_mode").set_value("one run").run()
     at.number_input(key="finetune_steps").set_value(2)
     at.number_input(key="finetune_batch").set_value(4)
@@ -430,6 +431,7 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
     assert len([p for p in (home / "runs").iterdir() if "finetune" in p.name]) == 1   # nothing more saved
 
     at = _open_with_measure("finetune", pool_yaml)
+    at.selectbox(key="finetune_task").set_value("copy").run()      # the CLI runs above train copy
     at.selectbox(key="finetune_general_measure").set_value("tiny_cloze/acc").run()
     at.radio(key="finetune_mode").set_value("one run").run()
     for key, value in (("finetune_steps", 2), ("finetune_batch", 4), ("finetune_lr", 1e-2),
