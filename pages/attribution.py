@@ -16,6 +16,7 @@ from forgetlab.ui.memory import memory_check
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.choices import index_of
 
 page_header("Attribution",
             "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — what "
@@ -35,7 +36,7 @@ with left:
     model = st.selectbox("fine-tuned model", pool.model_names, key="attribution_model")
     guess = default_task(pool, model)
     tasks = list(pool.task_names)
-    task = st.selectbox("speciality task", tasks, index=tasks.index(guess) if guess in tasks else 0,
+    task = st.selectbox("speciality task", tasks, index=index_of(tasks, guess),
                         key=f"attribution_task_{model}", help=explain("speciality")) if tasks else None
     level = st.radio("level", list(A.LEVELS), index=1, key="attribution_level", horizontal=True,
                      help="layer: one part per decoder layer; module: attn / mlp / norm per layer; head: attention "

@@ -17,6 +17,7 @@ from forgetlab.ui.memory import memory_check
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.choices import index_of
 
 page_header("Fine-tune",
             "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
@@ -54,9 +55,7 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
 
 left, right = st.columns([1, 2])
 with left:
-    tasks = list(pool.task_names)
-    task = st.selectbox("task", tasks, key="finetune_task",
-                        index=tasks.index(DEFAULT_TASK) if DEFAULT_TASK in tasks else 0)
+    task = st.selectbox("task", pool.task_names, key="finetune_task", index=index_of(pool.task_names, DEFAULT_TASK))
     start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
     mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
                     help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init, one run each, with the same steps, lr, "

@@ -19,6 +19,7 @@ from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import alpha_point_link
+from forgetlab.ui.choices import index_of
 
 page_header("Forgetting",
             "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
@@ -43,11 +44,11 @@ left, right = st.columns([1, 2])
 with left:
     names = list(pool.model_names)
     model = st.selectbox("fine-tuned model", names, key="forgetting_model",
-                         index=names.index(DEFAULT_MODEL) if DEFAULT_MODEL in names else 0)
+                         index=index_of(names, DEFAULT_MODEL))
     guess = sweeps.default_task(pool, model)
     task_options = ["(mean over tasks)", *pool.task_names]
     task_choice = st.selectbox("speciality task", task_options,
-                               index=task_options.index(guess) if guess in task_options else 0,
+                               index=index_of(task_options, guess),
                                key=f"forgetting_task_{model}", help=explain("speciality"))
     task = None if task_choice == task_options[0] else task_choice
     measures = sweep_measures("forgetting", pool); measure = measures.measure

@@ -13,6 +13,7 @@ from forgetlab.ui.glossary import explain
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.choices import index_of
 
 page_header("Linearity",
             "Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
@@ -44,7 +45,7 @@ left, right = st.columns([1, 3])
 with left:
     task = st.selectbox("task", pool.task_names, key="linearity_task")
     models = pool.model_names
-    model = st.selectbox("fine-tuned model", models, index=models.index(task) if task in models else 0,
+    model = st.selectbox("fine-tuned model", models, index=index_of(models, task),
                          key="linearity_model")
     n_probe = len(pool.probes.tasks[task].probe)
     if n_probe == 0:

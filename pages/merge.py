@@ -22,6 +22,7 @@ from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import open_text_view
+from forgetlab.ui.choices import index_of
 
 page_header("Merge",
             "Merge fine-tuned models into one; each merged model is written into the workspace and scored at once "
@@ -53,7 +54,7 @@ left, right = st.columns([1, 2])
 with left:
     models = st.multiselect("fine-tuned models", pool.model_names, default=default_merge_models(pool),
                             key="merge_models")
-    method = st.selectbox("method", list(METHODS), index=list(METHODS).index("ties") if "ties" in METHODS else 0,
+    method = st.selectbox("method", list(METHODS), index=index_of(METHODS, "ties"),
                           key="merge_method", help=explain_group("merge"))
     spec = METHODS[method]
     st.caption(f"{spec.description}  \n{spec.formula}" if spec.formula else spec.description)

@@ -12,6 +12,7 @@ import streamlit as st
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
 from forgetlab.ui.settings import (POOL_KEY, pool_path, render_budget_settings, render_device_settings, set_pool_path,
                                    workspace_home, zoo_presets)
+from forgetlab.ui.choices import index_of
 
 OWN = "Your own pool.yaml…"
 CHOICE_KEY = "app_pool_choice"
@@ -101,7 +102,7 @@ def render_first_run() -> None:
                    "is saved.")
         return
     sizes = list(SIZES)
-    size = st.selectbox("Zoo size", sizes, index=sizes.index("default") if "default" in sizes else 0,
+    size = st.selectbox("Zoo size", sizes, index=index_of(sizes, "default"),
                         format_func=lambda s: SIZE_NOTES.get(s, s), key="app_zoo_size")
     home = workspace_home()
     key = job_key("zoo-build", str(home), "pico", size)
