@@ -45,9 +45,16 @@ def main() -> None:
     with streamlit_server(ROOT / "app.py", env=env, log=home / "streamlit.log") as url, chromium() as page:
         goto(page, url)
         print(f"{time.monotonic() - t0:7.1f} s  first page drawn", flush=True)
-        base_at = None
+        base_at = learning_at = None
+        shots_at = [60.0, 150.0]          # the build panel, while the base pre-trains
         while True:
             m = json.loads(manifest.read_text()) if manifest.is_file() else {}
+            now = time.monotonic() - t0
+            if learning_at is None and page.get_by_text("the base model is learning").count():
+                learning_at = now
+                print(f"{learning_at:7.1f} s  the base learning shown (build panel)", flush=True)
+            if args.shots and base_at is None and shots_at and now >= shots_at[0]:
+                screenshot(page, f"walk-building-{int(shots_at.pop(0))}s", Path(args.shots))
             if base_at is None and (home / "zoo" / "pico" / "pool.yaml").is_file():
                 base_at = time.monotonic() - t0
                 print(f"{base_at:7.1f} s  base model ready (pool.yaml written)", flush=True)

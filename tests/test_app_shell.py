@@ -577,9 +577,15 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     monkeypatch.setenv("FORGETLAB_AUTO_ZOO", "1")
     gate, reported, calls = threading.Event(), threading.Event(), []
 
-    def fake_build(preset="pico", size="default", home=None, force=False, progress=None):
+    from forgetlab.zoo.watch import PretrainingSnapshot, ProbeAnswer
+
+    def fake_build(preset="pico", size="default", home=None, force=False, progress=None, on_snapshot=None):
         calls.append((preset, size, str(home)))
         progress(0.3, "base: step 300/1000, loss 3.2")
+        for step in (0, 300):
+            on_snapshot(PretrainingSnapshot(step, 1000, 5.0 - step / 300, (
+                ProbeAnswer("math", "Compute: 47+8=", "55", ", the", "Compute: 47+8 =", " 55" if step else " 4"),
+                ProbeAnswer("code", ">>> max('a', 'b')\n", "b", "a", ">>> max('a', 'b')\n", "a\n>>>"))))
         reported.set()
         assert gate.wait(20)
         root = shutil.copytree(tiny_llama.root, Path(home) / "zoo" / "pico")
@@ -595,6 +601,12 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     shown = " ".join(m.value for m in at.markdown)
     assert "Building the demo zoo" in shown and "pre-training the base model (step 300/1000" in shown, shown
     assert len(at.get("progress")) >= 1
+    # the base learning, while nothing is ready: the latest snapshot's answers and the curve so far
+    assert "the base model is learning** — step 300 of 1000. It knows **1 of 2**" in shown, shown
+    table = at.dataframe[0].value
+    assert list(table["task"]) == ["math", "code"]
+    assert list(table["the base writes "]) == ["' 55'  ✓", "'a'  ✗"]
+    assert len(at.get("plotly_chart")) == 1
     assert "being built now" in " ".join(c.value for c in at.caption)
     second = _app(tmp_path / "other-tree", monkeypatch)     # another browser session, same workspace
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))

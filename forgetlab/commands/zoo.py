@@ -1,6 +1,8 @@
 """CLI: `forgetlab zoo build` and `forgetlab zoo show` — the embedded demo zoo."""
 from __future__ import annotations
 
+import sys
+
 from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 
@@ -39,9 +41,16 @@ def _common(p) -> None:
 def cmd_build(args) -> int:
     from forgetlab.zoo import build
 
+    from tqdm import tqdm
+
     update, close = tqdm_progress(f"zoo {args.preset}/{args.size}")
+
+    def said(snapshot) -> None:     # what the base answers while it pre-trains, above the progress bar
+        tqdm.write(snapshot.line(), file=sys.stderr)
+
     try:
-        result = build(preset=args.preset, size=args.size, home=args.home, force=args.force, progress=update)
+        result = build(preset=args.preset, size=args.size, home=args.home, force=args.force, progress=update,
+                       on_snapshot=said)
     finally:
         close()
     if not result.built:

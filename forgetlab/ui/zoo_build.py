@@ -5,7 +5,9 @@ workspace, shared by every browser session, `forgetlab.ui.jobs.REGISTRY`) and re
 build writes pool.yaml after every finished model (`forgetlab.zoo.build`), so the sidebar offers the zoo as soon
 as its base exists and each fine-tune joins it the moment it is saved. Every page shows a banner with the
 build's stage, progress and an estimate of the time left, and reruns the app when a new model is ready (a few
-times per build); the banner's poll stops when the build ends, so an idle server stays idle.
+times per build); the banner's poll stops when the build ends, so an idle server stays idle. Until the base is
+saved (the longest step), the banner shows the base learning (`forgetlab.zoo.watch`): its held-out loss and
+what it answers to a few held-out prompts of each task, in the task's format and in the pre-training text's.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import time
 from pathlib import Path
 
+import pandas as pd
 import streamlit as st
 
 from forgetlab.ui.jobs import REGISTRY, Job, job_key
@@ -57,7 +60,13 @@ def start_build(home: Path) -> Job:
     from forgetlab.zoo import build
 
     def work(progress):
-        return build(preset=PRESET, size=SIZE, home=home, progress=progress)
+        snapshots: list = []
+
+        def on_snapshot(snapshot) -> None:
+            snapshots.append(snapshot)
+            progress.publish(list(snapshots))
+
+        return build(preset=PRESET, size=SIZE, home=home, progress=progress, on_snapshot=on_snapshot)
 
     job, _ = REGISTRY.start(build_key(home), work, label="Building the demo zoo", restart=False)
     return job
@@ -124,5 +133,49 @@ def render_build_banner(home: Path, has_pool: bool) -> None:
             st.progress(job.fraction)
             st.caption("Ready: " + (", ".join(ready) if ready else "nothing yet") + ". Each model joins the "
                        "pool in the sidebar as soon as it is saved; the pages work on the models that are ready.")
+            if not ready and job.partial:
+                render_pretraining(job.partial, job.version)
 
     _banner()
+
+
+FIGURE_KEY = "zoo_build_pretraining_figure"
+
+
+def render_pretraining(snapshots: list, version: int) -> None:
+    """The base while it pre-trains: what it answers now to one held-out prompt per task, asked in the task's
+    format and in the pre-training text's form, and its held-out loss with the counts of watched facts it knows
+    and answers, over the steps so far (the figure is rebuilt only when a new snapshot arrived)."""
+    from forgetlab.plots.zoo import pretraining_figure
+
+    last = snapshots[-1]
+    left, right = st.columns([3, 2])
+    with left:
+        st.markdown(f"**Meanwhile, the base model is learning** — step {last.step} of {last.steps}. It knows "
+                    f"**{last.known} of {len(last.answers)}** watched facts in the form the pre-training text "
+                    f"states them, and answers **{last.correct}** in the tasks' own format.")
+        frame = last.to_frame().drop_duplicates("task")
+        table = pd.DataFrame({
+            "task": frame["task"],
+            "the task's prompt → right answer": frame["prompt"].str.strip() + " → " + frame["answer"],
+            "the base writes": frame["said"].map(_shown) + frame["correct"].map({True: "  ✓", False: "  ✗"}),
+            "asked as the pre-training text puts it": frame["form_prompt"].str.strip(),
+            "the base writes ": frame["form_said"].str.split("\n").str[0].map(_shown)
+            + frame["knows"].map({True: "  ✓", False: "  ✗"}),
+        })
+        st.dataframe(table, hide_index=True, width="stretch")
+        st.caption("Prompts from each task's evaluation split, which the pre-training text never holds. That text "
+                   "states the tasks' facts in its own form, never in the task's format, so the base learns the "
+                   "content but not the format; each fine-tune then teaches its task's format, and the pages "
+                   "measure what that lesson costs on general text.")
+    with right:
+        cached = st.session_state.get(FIGURE_KEY)
+        if cached is None or cached[0] != version:
+            cached = (version, pretraining_figure(snapshots))
+            st.session_state[FIGURE_KEY] = cached
+        st.plotly_chart(cached[1], key="zoo_build_pretraining_fig")
+
+
+def _shown(text: str) -> str:
+    """A model's output for a table cell: quoted, with newlines made visible, "(nothing)" when empty."""
+    return repr(text) if text.strip() else "(nothing)"

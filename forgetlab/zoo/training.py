@@ -22,12 +22,13 @@ def _pad_id(tokenizer) -> int:
 
 
 def pretrain(model: torch.nn.Module, tokenizer, texts: Sequence[str], run: TrainSpec, *, seed: int,
-             progress: Progress = None) -> TrainResult:
-    """Pretrain `model` in place on `texts` cut into blocks of `run.max_length` tokens (AdamW, cosine decay)."""
+             progress: Progress = None, eval_every: int | None = None, eval_fn=None) -> TrainResult:
+    """Pretrain `model` in place on `texts` cut into blocks of `run.max_length` tokens (AdamW, cosine decay);
+    `eval_fn(model, step)` at step 0, every `eval_every` steps and at the end (it must not change the model)."""
     blocks = encode_text(tokenizer, texts, block_size=run.max_length)
     return train(model, blocks, steps=run.steps, batch_size=run.batch_size, lr=run.lr, optimizer="adamw",
                  weight_decay=run.weight_decay, warmup=run.warmup, seed=seed, pad_id=_pad_id(tokenizer),
-                 progress=progress)
+                 eval_every=eval_every, eval_fn=eval_fn, record_distance=False, progress=progress)
 
 
 def finetune(model: torch.nn.Module, tokenizer, pairs: Sequence[TaskPair], run: TrainSpec, *, seed: int,
