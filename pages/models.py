@@ -17,7 +17,9 @@ from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure,
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
+from forgetlab.ui.zoo_build import render_pretraining
 from forgetlab.ui.zoo_claims import render_zoo_claims
+from forgetlab.zoo.watch import stored_snapshots
 
 page_header("Models",
             "What is in the pool, how good is each model at its task and at general text, "
@@ -25,6 +27,10 @@ page_header("Models",
 
 pool = require_pool()
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
+snapshots = stored_snapshots(pool)      # a pico zoo's record of its base learning (nothing for a user's own pool)
+if snapshots:
+    with st.expander("How the base model learned: its pre-training, step by step"):
+        render_pretraining(snapshots, version=-1, live=False)
 for warning in pool.warnings:
     st.warning(warning)
 

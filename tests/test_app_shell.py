@@ -605,7 +605,7 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     assert "the base model is learning** — step 300 of 1000. It knows **1 of 2**" in shown, shown
     table = at.dataframe[0].value
     assert list(table["task"]) == ["math", "code"]
-    assert list(table["the base writes "]) == ["' 55'  ✓", "'a'  ✗"]
+    assert list(table["then the base writes"]) == ["' 55'  ✓", "'a'  ✗"]
     assert len(at.get("plotly_chart")) == 1
     assert "being built now" in " ".join(c.value for c in at.caption)
     second = _app(tmp_path / "other-tree", monkeypatch)     # another browser session, same workspace

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from forgetlab.core.data import EncodedExample, TaskPair
-from forgetlab.zoo.watch import (PretrainingSnapshot, ProbeAnswer, every, greedy_answer, snapshot_recorder,
-                                 watched_pairs)
+from forgetlab.core.data import TaskPair
+from forgetlab.zoo.watch import (PER_TASK, PretrainingSnapshot, ProbeAnswer, every, greedy_answer,
+                                 snapshot_recorder, watched_pairs)
 from tests.test_zoo_build import micro_spec
 
 
@@ -72,7 +72,7 @@ def test_snapshots_every_so_often_and_their_round_trip():
     assert watched_pairs({"math": [TaskPair("a", "1"), TaskPair("b", "2")], "code": []}, per_task=1) == [
         ("math", TaskPair("a", "1"), "")]
     pairs = [TaskPair(f"Compute: {i}+1=", str(i + 1)) for i in range(10, 15)]
-    assert watched_pairs({"math": pairs}, {"math": "equals"}) == [
+    assert watched_pairs({"math": pairs}, {"math": "equals"}, per_task=3) == [
         ("math", p, p.prompt[:-1] + " =") for p in pairs[:3]]
 
 
@@ -93,7 +93,8 @@ def test_a_snapshot_holds_the_held_out_loss_and_the_answers_and_leaves_the_model
     expected, _ = general_loss(model, tok, general, block_size=32, max_blocks=3)
     assert kept == seen and len(kept) == 1
     assert kept[0].step == 5 and kept[0].steps == 10 and kept[0].loss == pytest.approx(expected, rel=1e-6)
-    assert kept[0].answers[0].said == greedy_answer(model, tok, "Compute: 47+8=")
+    room = len(tok("55", add_special_tokens=False)["input_ids"]) + 4     # the answer, EOS and a little more
+    assert kept[0].answers[0].said == greedy_answer(model, tok, "Compute: 47+8=", max_new_tokens=room)
     assert kept[0].answers[0].form_said == greedy_answer(model, tok, "Compute: 47+8 =", stop="\n")
 
 
@@ -127,9 +128,14 @@ def test_the_build_records_the_base_snapshots_and_hands_them_over(tmp_path):
     manifest = json.loads((tmp_path / "zoo" / "micro" / "manifest.json").read_text())
     recorded = [PretrainingSnapshot.from_dict(s) for s in manifest["steps"]["base"]["snapshots"]]
     assert recorded == seen
+    from forgetlab.zoo.watch import stored_snapshots
+
+    assert stored_snapshots(tmp_path / "zoo" / "micro" / "pool.yaml") == seen == stored_snapshots(
+        tmp_path / "zoo" / "micro")
+    assert stored_snapshots(tmp_path) == [] and stored_snapshots(None) == []
     steps = spec.pretrain.steps
     assert [s.step for s in seen] == [0, *range(every(steps), steps + 1, every(steps))]
-    assert [a.task for a in seen[-1].answers] == [t for t in spec.tasks for _ in range(3)]
+    assert [a.task for a in seen[-1].answers] == [t for t in spec.tasks for _ in range(PER_TASK)]
     from forgetlab.zoo.tasks import task_forms
     from forgetlab.zoo.watch import form_prompt
 
@@ -161,3 +167,33 @@ def test_the_pretraining_figure_draws_the_loss_and_the_two_counts_per_snapshot()
     assert list(loss.x) == [0, 10, 20] and list(loss.y) == [6.0, 5.0, 4.0]
     assert list(known.y) == [0, 1, 1] and list(correct.y) == [0, 0, 1]
     assert known.yaxis == correct.yaxis == "y2" and loss.yaxis == "y"
+
+
+def test_the_models_page_view_shows_how_a_zoos_base_learned(pico_zoo, tiny_llama):
+    from streamlit.testing.v1 import AppTest
+
+    def page(pool_yaml: str):
+        import streamlit as st
+
+        from forgetlab.core.pool import ModelPool
+        from forgetlab.ui.zoo_build import render_pretraining
+        from forgetlab.zoo.watch import stored_snapshots
+
+        snapshots = stored_snapshots(ModelPool.from_yaml(pool_yaml))
+        if snapshots:
+            render_pretraining(snapshots, version=-1, live=False)
+        st.text(f"snapshots={len(snapshots)}")
+
+    at = AppTest.from_function(page, args=(str(pico_zoo.pool_yaml),)).run(timeout=60)
+    assert not at.exception
+    from forgetlab.zoo.watch import stored_snapshots
+
+    last = stored_snapshots(pico_zoo.pool_yaml)[-1]
+    assert at.text[-1].value == f"snapshots={len(stored_snapshots(pico_zoo.pool_yaml))}" and last.step == 120
+    assert f"At the end of its pre-training (step 120) the base knew **{last.known} of {len(last.answers)}**" in \
+        at.markdown[0].value
+    assert list(at.dataframe[0].value["task"]) == ["math", "code", "translate"]
+    assert len(at.get("plotly_chart")) == 1
+
+    at = AppTest.from_function(page, args=(str(tiny_llama.pool_yaml),)).run(timeout=60)
+    assert not at.exception and at.text[-1].value == "snapshots=0" and not at.dataframe

@@ -142,38 +142,46 @@ def render_build_banner(home: Path, has_pool: bool) -> None:
 FIGURE_KEY = "zoo_build_pretraining_figure"
 
 
-def render_pretraining(snapshots: list, version: int) -> None:
-    """The base while it pre-trains: what it answers now to one held-out prompt per task, asked in the task's
-    format and in the pre-training text's form, and its held-out loss with the counts of watched facts it knows
-    and answers, over the steps so far (the figure is rebuilt only when a new snapshot arrived)."""
+def render_pretraining(snapshots: list, version: int, *, live: bool = True) -> None:
+    """The base while it pre-trains (`live`), or after: what it answers to one held-out prompt per task, asked
+    in the task's format and in the pre-training text's form, and its held-out loss with the counts of watched
+    facts it knows and answers, over the steps so far (the figure is rebuilt only when `version` changes)."""
     from forgetlab.plots.zoo import pretraining_figure
 
     last = snapshots[-1]
-    left, right = st.columns([3, 2])
-    with left:
+    counts = (f"**{last.known} of {len(last.answers)}** watched facts in the form the pre-training text states "
+              f"them, and answers **{last.correct}** in the tasks' own format")
+    if live:
         st.markdown(f"**Meanwhile, the base model is learning** — step {last.step} of {last.steps}. It knows "
-                    f"**{last.known} of {len(last.answers)}** watched facts in the form the pre-training text "
-                    f"states them, and answers **{last.correct}** in the tasks' own format.")
-        frame = last.to_frame().drop_duplicates("task")
-        table = pd.DataFrame({
-            "task": frame["task"],
-            "the task's prompt → right answer": frame["prompt"].str.strip() + " → " + frame["answer"],
-            "the base writes": frame["said"].map(_shown) + frame["correct"].map({True: "  ✓", False: "  ✗"}),
-            "asked as the pre-training text puts it": frame["form_prompt"].str.strip(),
-            "the base writes ": frame["form_said"].str.split("\n").str[0].map(_shown)
-            + frame["knows"].map({True: "  ✓", False: "  ✗"}),
-        })
-        st.dataframe(table, hide_index=True, width="stretch")
-        st.caption("Prompts from each task's evaluation split, which the pre-training text never holds. That text "
-                   "states the tasks' facts in its own form, never in the task's format, so the base learns the "
-                   "content but not the format; each fine-tune then teaches its task's format, and the pages "
-                   "measure what that lesson costs on general text.")
+                    f"{counts}.")
+    else:
+        st.markdown(f"At the end of its pre-training (step {last.step}) the base knew {counts}.")
+    frame = last.to_frame().drop_duplicates("task")
+    st.dataframe(pd.DataFrame({
+        "task": frame["task"],
+        "prompt → right answer": frame["prompt"].str.strip() + " → " + frame["answer"],
+        "in the task's format, the base writes": frame["said"].map(_shown) + frame["correct"].map(_mark),
+        "as the pre-training text puts it": frame["form_prompt"].str.strip(),
+        "then the base writes": frame["form_said"].str.split("\n").str[0].map(_shown) + frame["knows"].map(_mark),
+    }), hide_index=True, width="stretch")
+    left, right = st.columns([2, 3], vertical_alignment="center")
+    left.caption("Prompts from each task's evaluation split, which the pre-training text never holds. That text "
+                 "states the tasks' facts in its own form, never in the task's format, so the base learns the "
+                 "content but not the format; each fine-tune then teaches its task's format, and the pages "
+                 "measure what that lesson costs on general text.")
     with right:
+        if not live:
+            st.plotly_chart(pretraining_figure(snapshots), key="zoo_pretraining_record_fig")
+            return
         cached = st.session_state.get(FIGURE_KEY)
         if cached is None or cached[0] != version:
             cached = (version, pretraining_figure(snapshots))
             st.session_state[FIGURE_KEY] = cached
         st.plotly_chart(cached[1], key="zoo_build_pretraining_fig")
+
+
+def _mark(right: bool) -> str:
+    return "  ✓" if right else "  ✗"
 
 
 def _shown(text: str) -> str:

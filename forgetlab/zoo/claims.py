@@ -435,20 +435,10 @@ def _mean(values) -> float:
 def stored_claims(pool_or_path) -> Optional[ZooClaims]:
     """The claims a zoo build stored in the manifest beside a pool file (a `ModelPool` read from YAML, or the
     path of its pool.yaml or zoo folder); None for a pool that is not a zoo, or a zoo without claims."""
-    import json
-    from pathlib import Path
+    from forgetlab.zoo.manifest import manifest_beside
 
-    from forgetlab.zoo.manifest import MANIFEST
-
-    source = getattr(pool_or_path, "source", pool_or_path)
-    if source is None:
-        return None
-    path = Path(source)
-    path = path / MANIFEST if path.is_dir() else path.parent / MANIFEST
-    if not path.is_file():
-        return None
+    data = (manifest_beside(pool_or_path) or {}).get("claims")
     try:
-        data = json.loads(path.read_text(encoding="utf-8")).get("claims")
         return ZooClaims.from_dict(data) if isinstance(data, dict) and data.get("claims") else None
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+    except (ValueError, AttributeError, TypeError, KeyError):
         return None

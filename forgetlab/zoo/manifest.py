@@ -61,6 +61,23 @@ def read_manifest(root: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def manifest_beside(pool_or_path) -> dict[str, Any] | None:
+    """The manifest of the zoo a pool comes from (a `ModelPool` read from YAML, or the path of its pool.yaml or
+    zoo folder); None for a pool that is not a zoo, or a manifest that cannot be read."""
+    source = getattr(pool_or_path, "source", pool_or_path)
+    if source is None:
+        return None
+    path = Path(source)
+    path = path / MANIFEST if path.is_dir() else path.parent / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
     """Write `manifest` to `root/manifest.json` atomically (temporary file in `root`, then `os.replace`)."""
     path = Path(root) / MANIFEST

@@ -21,7 +21,7 @@ import torch
 from forgetlab.core.data import TaskPair, format_prompt
 
 SNAPSHOTS = 14          # snapshots per pre-training, besides the one before the first step
-PER_TASK = 3            # watched eval prompts per task
+PER_TASK = 8            # watched eval prompts per task
 MAX_NEW_TOKENS = 16
 GENERAL_BLOCKS = 8      # held-out blocks behind each snapshot's general loss
 
@@ -146,12 +146,17 @@ def snapshot_recorder(tokenizer, pairs: Sequence[tuple[str, TaskPair, str]], gen
 
     kept: list[PretrainingSnapshot] = []
 
+    def room(answer: str) -> int:
+        """Enough new tokens to write the answer, its EOS and a little more (exact match needs no more)."""
+        return len(tokenizer(answer, add_special_tokens=False)["input_ids"]) + 4
+
     def record(model, step: int) -> dict:
         was = model.training
         model.eval()
         loss, _ = general_loss(model, tokenizer, general, block_size=block_size, max_blocks=blocks)
         answers = tuple(
-            ProbeAnswer(task, p.prompt, p.answer, greedy_answer(model, tokenizer, p.prompt, template=template),
+            ProbeAnswer(task, p.prompt, p.answer,
+                        greedy_answer(model, tokenizer, p.prompt, template=template, max_new_tokens=room(p.answer)),
                         form, greedy_answer(model, tokenizer, form, stop="\n") if form else "")
             for task, p, form in pairs)
         model.train(was)
@@ -162,3 +167,15 @@ def snapshot_recorder(tokenizer, pairs: Sequence[tuple[str, TaskPair, str]], gen
         return {}
 
     return record, kept
+
+
+def stored_snapshots(pool_or_path) -> list[PretrainingSnapshot]:
+    """The snapshots of the base's pre-training that a zoo build stored in its manifest (`steps.base.snapshots`);
+    [] for a pool that is not a pico zoo, or one built before they were recorded."""
+    from forgetlab.zoo.manifest import manifest_beside
+
+    base = ((manifest_beside(pool_or_path) or {}).get("steps") or {}).get("base") or {}
+    try:
+        return [PretrainingSnapshot.from_dict(s) for s in base.get("snapshots") or []]
+    except (KeyError, TypeError, ValueError):
+        return []
