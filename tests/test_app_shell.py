@@ -603,7 +603,7 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     assert len(at.get("progress")) >= 1
     # the base learning, while nothing is ready: the latest snapshot's answers and the curve so far
     assert "the base model is learning** — step 300 of 1000. It knows **1 of 2**" in shown, shown
-    table = at.dataframe[0].value
+    table = at.table[0].value
     assert list(table["task"]) == ["math", "code"]
     assert list(table["then the base writes"]) == ["' 55'  ✓", "'a'  ✗"]
     assert len(at.get("plotly_chart")) == 1

@@ -192,8 +192,8 @@ def test_the_models_page_view_shows_how_a_zoos_base_learned(pico_zoo, tiny_llama
     assert at.text[-1].value == f"snapshots={len(stored_snapshots(pico_zoo.pool_yaml))}" and last.step == 120
     assert f"At the end of its pre-training (step 120) the base knew **{last.known} of {len(last.answers)}**" in \
         at.markdown[0].value
-    assert list(at.dataframe[0].value["task"]) == ["math", "code", "translate"]
+    assert list(at.table[0].value["task"]) == ["math", "code", "translate"]
     assert len(at.get("plotly_chart")) == 1
 
     at = AppTest.from_function(page, args=(str(tiny_llama.pool_yaml),)).run(timeout=60)
-    assert not at.exception and at.text[-1].value == "snapshots=0" and not at.dataframe
+    assert not at.exception and at.text[-1].value == "snapshots=0" and not at.table

@@ -27,8 +27,8 @@ def pretraining_figure(snapshots: Sequence[PretrainingSnapshot]) -> go.Figure:
                              hovertemplate=f"step %{{x}}<br>%{{y}} of {total} answered<extra></extra>"),
                   secondary_y=True)
     last = snapshots[-1].steps if snapshots else 1
-    fig.update_layout(height=280, margin={"l": 10, "r": 10, "t": 10, "b": 10},
-                      legend={"orientation": "v", "x": 1.12, "y": 1})
+    fig.update_layout(height=320, margin={"l": 10, "r": 10, "t": 10, "b": 10},
+                      legend={"orientation": "h", "x": 0, "y": -0.3})
     fig.update_xaxes(title="pre-training step", range=[0, last])
     fig.update_yaxes(title="held-out loss (nats) ↓", rangemode="tozero", secondary_y=False)
     fig.update_yaxes(title=f"watched facts (of {total})", range=[0, max(total, 1) + 0.5], secondary_y=True,
