@@ -606,6 +606,8 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     table = at.table[0].value
     assert list(table["task"]) == ["math", "code"]
     assert list(table["then the base writes"]) == ["' 55'  ✓", "'a'  ✗"]
+    # st.table renders Markdown: a code prompt's `>>>` is escaped, or it would show as three nested quotes
+    assert list(table["prompt → right answer"]) == ["Compute: 47+8= → 55", "\\>\\>\\> max('a', 'b') → b"]
     assert len(at.get("plotly_chart")) == 1
     assert "being built now" in " ".join(c.value for c in at.caption)
     second = _app(tmp_path / "other-tree", monkeypatch)     # another browser session, same workspace

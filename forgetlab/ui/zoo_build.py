@@ -12,6 +12,7 @@ what it answers to a few held-out prompts of each task, in the task's format and
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -168,9 +169,9 @@ def render_pretraining(snapshots: list, version: int, *, live: bool = True) -> N
     # st.table, not st.dataframe: the model outputs wrap, so no column is cut off at the right edge
     st.table(pd.DataFrame({
         "task": frame["task"],
-        "prompt → right answer": frame["prompt"].str.strip() + " → " + frame["answer"],
+        "prompt → right answer": (frame["prompt"].str.strip() + " → " + frame["answer"]).map(_literal),
         "in the task's format, the base writes": frame["said"].map(_shown) + frame["correct"].map(_mark),
-        "as the pre-training text puts it": frame["form_prompt"].str.strip(),
+        "as the pre-training text puts it": frame["form_prompt"].str.strip().map(_literal),
         "then the base writes": frame["form_said"].str.split("\n").str[0].map(_shown) + frame["knows"].map(_mark),
     }), hide_index=True)
     left, right = st.columns([2, 3], vertical_alignment="center")
@@ -195,4 +196,13 @@ def _mark(right: bool) -> str:
 
 def _shown(text: str) -> str:
     """A model's output for a table cell: quoted, with newlines made visible, "(nothing)" when empty."""
-    return repr(text) if text.strip() else "(nothing)"
+    return _literal(repr(text)) if text.strip() else "(nothing)"
+
+
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>#|~])")
+
+
+def _literal(text: str) -> str:
+    """`text` with Markdown's marks escaped: st.table renders its cells as Markdown, which made a code prompt's
+    `>>>` three nested quotes."""
+    return _MARKDOWN.sub(r"\\\1", text)
