@@ -40,7 +40,7 @@ class ProbeAnswer:
 
     @property
     def correct(self) -> bool:
-        """Whether the model wrote exactly the answer and then stopped (the task's exact match)."""
+        """Whether the model wrote exactly the answer and then stopped: the task's exact match, compared as text."""
         return self.said == self.answer
 
     @property
@@ -66,6 +66,7 @@ class PretrainingSnapshot:
 
     @classmethod
     def from_dict(cls, data: dict) -> "PretrainingSnapshot":
+        """The snapshot `to_dict` wrote."""
         return cls(int(data["step"]), int(data["steps"]), float(data["loss"]),
                    tuple(ProbeAnswer(**a) for a in data.get("answers", ())))
 
