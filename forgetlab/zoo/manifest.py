@@ -68,14 +68,7 @@ def manifest_beside(pool_or_path) -> dict[str, Any] | None:
     if source is None:
         return None
     path = Path(source)
-    path = path / MANIFEST if path.is_dir() else path.parent / MANIFEST
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_manifest(path if path.is_dir() else path.parent)
 
 
 def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
