@@ -21,6 +21,7 @@ warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a mod
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -258,6 +259,17 @@ class ModelPool:
         """Forget loaded models (one, or all when `name` is None) to free memory."""
         for key in [k for k in self._loaded if name is None or k[0] == name]:
             del self._loaded[key]
+
+    @contextlib.contextmanager
+    def released(self):
+        """A block after which the models it loaded are forgotten again (those loaded before it stay): a job that
+        scores models one after another holds one at a time, and the models a caller keeps loaded stay loaded."""
+        before = set(self._loaded)
+        try:
+            yield self
+        finally:
+            for key in [k for k in self._loaded if k not in before]:
+                del self._loaded[key]
 
     @property
     def tokenizer(self):

@@ -24,6 +24,7 @@ from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
+from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate with its job)
 from forgetlab.merge.recipes import ModelEntry, Recipe, load_recipe
 from forgetlab.merge.registry import get_method
 
@@ -100,16 +101,19 @@ def merge_into_workspace(recipe: Recipe, name: str, *, home: str | Path | None =
 
 
 def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, device: str | None = None,
-                   max_general: int | None = 32, max_task: int | None = 50,
+                   dtype=None, max_general: int | None = 32, max_task: int | None = 50,
                    benchmarks=None, benchmark_manager=None, name: str | None = None,
                    progress: Progress = None) -> list[Scorecard]:
     """Scorecards of the base, the parents and the merged model (in that order) on the pool's probe data
     (eval split); saves them as scorecards.json in the merged folder. The base's and parents' cards come from
-    the pool's scorecard cache (`forgetlab.core.scorecards.pool_scorecard`: computed once per budget, the
-    numbers every page shows for them). `benchmarks` (a BenchmarkSpec, e.g. the
+    the pool's scorecard cache (`forgetlab.core.scorecards.pool_scorecard`: computed once per budget, device and
+    dtype, the numbers every page shows for them). Every model is scored in `dtype` (default: bfloat16 on cuda,
+    float32 on the CPU; `forgetlab.core.memory.job_dtype`), one at a time: a model this call loads is released
+    before the next one is (`ModelPool.released`). `benchmarks` (a BenchmarkSpec, e.g. the
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
     from forgetlab.core.checkpoints import load_model
+    from forgetlab.core.memory import job_dtype
     from forgetlab.core.outputs import record_file
 
     if pool.probes is None:
@@ -123,14 +127,17 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
     budget = Budget(max_general, max_task)
+    dt = job_dtype(dtype, device)
     for i, n in enumerate(names):
-        cards.append(pool_scorecard(pool, n, budget, device=device, progress=scaled(progress, i / steps,
-                                                                                     (i + 1) / steps), **bench))
-    model = load_model(merged_dir, device=device)
+        with pool.released():
+            cards.append(pool_scorecard(pool, n, budget, device=device, dtype=dt,
+                                        progress=scaled(progress, i / steps, (i + 1) / steps), **bench))
+    model = load_model(merged_dir, device=device, dtype=dt)
     cards.append(evaluate(model, pool.tokenizer, pool.probes, name=name or merged_dir.name, max_general=max_general,
                           max_task=max_task, progress=scaled(progress, (steps - 1) / steps, 1.0), **bench))
     del model
     payload = {"parents": list(parents), "max_general": max_general, "max_task": max_task,
+               "device": str(device or "cpu"), "dtype": str(dt).removeprefix("torch."),
                "cards": [c.to_dict() for c in cards]}
     try:
         (merged_dir / SCORECARDS).write_text(json.dumps(payload, indent=2))
@@ -166,11 +173,11 @@ def recipe_parents(pool, recipe: Recipe) -> list[str]:
 
 
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
-                       device: str = "cpu", max_general: int | None = 32, max_task: int | None = 50,
+                       device: str = "cpu", dtype=None, max_general: int | None = 32, max_task: int | None = 50,
                        benchmarks=None, benchmark_manager=None,
                        progress: Progress = None) -> tuple[MergeResult, list[Scorecard]]:
     """Merge `recipe` into `out_dir` and score it beside the pool's base and the recipe's parents
-    (`evaluate_merge`, with `benchmarks`' lm-eval metrics in every card), as one output: the folder appears
+    (`evaluate_merge` in `dtype`, with `benchmarks`' lm-eval metrics in every card), as one output: the folder appears
     complete with its scorecards.json, or not at all. Parents, tasks, include folder and limit are checked
     before the merge starts; a failed evaluation leaves nothing (an existing `out_dir`, replaced only with
     `overwrite`, stays as it was). `benchmark_manager`: the lm-eval TaskManager of `benchmarks`, if already
@@ -197,8 +204,8 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
         for f in inner.iterdir():               # the merged folder's files become the output's own
             f.replace(tmp / f.name)
         inner.rmdir()
-        cards = evaluate_merge(pool, tmp, parents, device=device, max_general=max_general, max_task=max_task,
-                               benchmarks=benchmarks, benchmark_manager=manager, name=out.name,
+        cards = evaluate_merge(pool, tmp, parents, device=device, dtype=dtype, max_general=max_general,
+                               max_task=max_task, benchmarks=benchmarks, benchmark_manager=manager, name=out.name,
                                progress=scaled(progress, 0.4, 1.0))
     return replace(result, out_dir=out), cards
 
