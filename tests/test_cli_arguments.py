@@ -315,6 +315,10 @@ EXPECTED["finetune"].update(
 # Issue 28, features / textdiff / search: the same --dtype and --dry-run.
 for _path in ["features", "textdiff", "search"]:
     EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
+# Issue 28 (6 Dec): merge (its scoring's dtype) and pcb-search (and the device its working copy runs on).
+for _path in ["merge", "pcb-search"]:
+    EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
+EXPECTED["pcb-search"]["device"] = (("--device",), None, False, "_device", None, None, None)
 
 POSITIONALS = {
     "attribution": ["pool"], "features": ["pool"], "finetune": ["pool"], "linearity": ["pool"],
@@ -349,7 +353,7 @@ HELPS = {
 }
 # Commands whose --device default (None) ends on the CPU (ModelPool.load), and those where it means cuda when
 # available (load_model / check_device).
-CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff"}
+CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff", "pcb-search"}
 CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma",
                 "sweep lines", "sweep rank", "sweep iso"}
 

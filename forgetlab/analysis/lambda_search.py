@@ -19,6 +19,7 @@ import torch
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.executors import PoolWorkerFactory
+from forgetlab.analysis.lambda_search_memory import estimate_pcb_search  # noqa: F401  (registers its estimate)
 from forgetlab.merge.api import without_tied_copies
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
 from forgetlab.merge.methods import pcb as pcbmod
@@ -152,17 +153,20 @@ def cma_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[st
 
 
 def probe_loss(pool, tasks: Sequence[str] | None = None, split: str = "probe", max_task: int | None = 32,
-               batch_size: int = 16, device: str | None = None) -> Callable[[Mapping[str, torch.Tensor]], float]:
+               batch_size: int = 16, device: str | None = None,
+               dtype=None) -> Callable[[Mapping[str, torch.Tensor]], float]:
     """Validation loss for the λ search: the mean answer loss over the pool's tasks (their `split` pairs),
-    on one working copy of the base model whose weights are replaced at every call."""
+    on one working copy of the base model in `dtype` (default: bfloat16 on cuda, float32 on the CPU) whose
+    weights are replaced at every call."""
     from forgetlab.core.checkpoints import load_model
     from forgetlab.core.evaluate import task_score
+    from forgetlab.core.memory import job_dtype
 
     probes = pool.probes
     if probes is None or not probes.tasks:
         raise ParameterError("The λ search needs probe data: give the pool task probe files (pool.yaml probes).")
     names = list(tasks) if tasks else list(probes.tasks)
-    model = load_model(pool.checkpoint("base"), device=device)
+    model = load_model(pool.checkpoint("base"), device=device, dtype=job_dtype(dtype, device))
     tok = pool.tokenizer
     dev = next(model.parameters()).device
 
@@ -185,7 +189,7 @@ class _PcbState:
     """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
 
     def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
-                 device: Optional[str]):
+                 device: Optional[str], dtype=None):
         from forgetlab.core.checkpoints import open_checkpoint
 
         base = open_checkpoint(base_ref)
@@ -193,7 +197,7 @@ class _PcbState:
         fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
         self.comps = pcb_components(self.base, fts, keep, scope)
         del fts
-        self.loss = probe_loss(pool, device=device)
+        self.loss = probe_loss(pool, device=device, dtype=dtype)
 
     def __call__(self, lambdas, progress: Progress = None) -> float:
         return float(self.loss(compose(self.base, self.comps, lambdas)))
@@ -212,12 +216,14 @@ class pcb_batch_loss:
     """Context manager giving `batch_loss(list of λ vectors) -> losses` for `cma_lambdas`, evaluated on an
     executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
 
-    def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None):
+    def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None,
+                 dtype=None):
         from forgetlab.executors import make_executor
 
         self.executor = make_executor(executor)
         refs = [pool.resolve_ref(m.model) for m in recipe.models]
-        self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device)
+        self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device,
+                                   None if dtype is None else str(dtype).removeprefix("torch."))
         self.workers_used: list[dict] = []
 
     def __enter__(self):
@@ -234,10 +240,10 @@ class pcb_batch_loss:
 
 
 def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task: Optional[int] = 32,
-                      device: Optional[str] = None, executor=None, progress: Progress = None):
+                      device: Optional[str] = None, dtype=None, executor=None, progress: Progress = None):
     """PCB's per-task λ search (CMA-ES, `cma_lambdas`) for a pcb `recipe`
-    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split — in this
-    process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
+    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split, scored
+    in `dtype` (`probe_loss`; its memory: `lambda_search_memory`) — in this process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
     Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
     from forgetlab.core.checkpoints import open_checkpoint
     from forgetlab.executors import make_executor, worker_id
@@ -251,9 +257,9 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress)
     executor = make_executor(executor)
     if executor.name == "local":
-        loss = probe_loss(pool, max_task=max_task, device=device)
+        loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
         return cma_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
-    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device)
+    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype)
     with on as batch:
         res = cma_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
     return res, on.workers_used

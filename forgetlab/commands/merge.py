@@ -6,7 +6,7 @@ import json
 import yaml
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.outputs import write_text_file
 
 
@@ -26,6 +26,9 @@ def register(subparsers) -> None:
                    "and save the scorecards as OUT_DIR/scorecards.json; needs --pool")
     shared.add_benchmarks(p, "the base, the parents and the merge (implies --eval)")
     shared.add_eval_limits(p, prefix="--eval: ")
+    shared.add_dtype(p, what="the scoring of the base, the parents and the merge (--eval); the merge itself is "
+                     "computed in float32 and written in the recipe's dtype")
+    shared.add_dry_run(p)
     p.set_defaults(func=_merge)
 
     m = subparsers.add_parser("methods", help="List the merge methods with their parameters and defaults.")
@@ -44,6 +47,9 @@ def register(subparsers) -> None:
     s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
     s.add_argument("--seed", type=int, default=0, help="Seed of CMA-ES.")
     shared.add_out(s, "Write the recipe with the λ found (per model) to this YAML file.")
+    shared.add_device(s, help=shared.DEVICE_CPU_HELP)
+    shared.add_dtype(s, what="the working copy that scores each λ")
+    shared.add_dry_run(s)
     shared.add_executor(s)
     s.set_defaults(func=_pcb_search)
 
@@ -60,10 +66,20 @@ def _merge(args) -> int:
     if evaluate and not args.pool:
         raise ParameterError("Evaluating the merge (--eval, --lm-eval) needs the pool whose probe data and base "
                              "judge it: add --pool POOL.yaml.")
+    if args.dtype is not None and not evaluate:
+        raise ParameterError("--dtype sets the precision the merge is scored in: add --eval (and --pool); the "
+                             "merge's own output dtype is the recipe's `dtype:`.")
     pool = None
     if args.pool:
         from forgetlab.core.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
+    from forgetlab.core.memory import estimate
+    from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate)
+
+    est = estimate("merge", recipe=args.recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
+                   max_general=args.max_general, max_task=args.max_task)
+    if emit_estimate(est, args.dry_run):
+        return 0
     update, close = tqdm_progress("merge")
     try:
         if evaluate:
@@ -72,7 +88,7 @@ def _merge(args) -> int:
 
             bench, manager = benchmark_spec(args, pool)         # tasks checked before the merge starts
             res, cards = merge_and_evaluate(args.recipe, args.out_dir, pool, overwrite=args.overwrite,
-                                            device=args.device, max_general=args.max_general,
+                                            device=args.device, dtype=args.dtype, max_general=args.max_general,
                                             max_task=args.max_task, benchmarks=bench, benchmark_manager=manager,
                                             progress=update)
         else:
@@ -135,6 +151,7 @@ def _pcb_search(args) -> int:
     from forgetlab.analysis.lambda_search import pcb_lambda_search
     from forgetlab.commands._executor import executor_from_args
     from forgetlab.core.errors import ParameterError
+    from forgetlab.core.memory import estimate
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge.recipes import ModelEntry, load_recipe
 
@@ -142,11 +159,14 @@ def _pcb_search(args) -> int:
     if recipe.method != "pcb":
         raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
     pool = ModelPool.from_yaml(args.pool)
+    est = estimate("pcb_search", pool=pool, recipe=recipe, device=args.device, dtype=args.dtype)
+    if emit_estimate(est, args.dry_run):
+        return 0
     executor = executor_from_args(args)
     update, close = tqdm_progress("λ search")
     try:
-        res, workers = pcb_lambda_search(pool, recipe, budget=args.budget, seed=args.seed, executor=executor,
-                                         progress=update)
+        res, workers = pcb_lambda_search(pool, recipe, budget=args.budget, seed=args.seed, device=args.device,
+                                         dtype=args.dtype, executor=executor, progress=update)
     finally:
         close()
     if executor.name != "local":

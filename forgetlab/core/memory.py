@@ -74,6 +74,11 @@ def gib(n_bytes: float) -> str:
 _LAYER = re.compile(r"(?:^|\.)layers?\.(\d+)\.|(?:^|\.)h\.(\d+)\.|(?:^|\.)blocks?\.(\d+)\.")
 
 
+def in_decoder_layer(name: str) -> bool:
+    """Whether tensor `name` belongs to a numbered transformer layer (`layers.3.`, `h.3.`, `blocks.3.`)."""
+    return _LAYER.search(name) is not None
+
+
 @dataclass(frozen=True)
 class ModelSize:
     """The sizes a memory estimate needs, read from a checkpoint's tensor headers and config.
