@@ -18,6 +18,7 @@ from forgetlab.ui.merge_compare import judge_figure, render_compare
 from forgetlab.ui.glossary import explain_group
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
+from forgetlab.ui.memory import memory_check
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
@@ -44,9 +45,9 @@ max_general, max_task = budget.max_general, budget.max_task
 measure = speciality_measure("merge", pool, benchmarks=True)
 # a benchmark measure (TASK/METRIC of the pool's lm-eval tasks) is run on base, parents and the merge
 bench_settings = SweepMeasures(pool, measure, "general_loss").settings
-device, run_dtype = device_settings()     # the search workers' copies run in it (the form has an output dtype)
+device, run_dtype = device_settings()     # merges are scored in it (the form's "output dtype" is what is written)
 budget_caption(budget)
-render_compare(pool, measure, budget, device)    # the default: the full fine-tunes three ways, one click
+render_compare(pool, measure, budget, device, run_dtype)    # the default: the full fine-tunes three ways, one click
 
 st.divider()
 st.subheader("Compose a merge")
@@ -72,7 +73,16 @@ with left:
     dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
     default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
-    go = st.button("Merge and evaluate", type="primary", key="merge_run")
+    try:
+        planned = pool_recipe(pool, method, models, params)
+    except ParameterError:
+        planned = None          # pressing the button says what is wrong
+    fits = planned is None or memory_check("merge", recipe=planned, pool=pool, device=device, dtype=run_dtype,
+                                           evaluate=True, max_general=max_general, max_task=max_task)
+    if search and planned is not None:
+        fits = memory_check("pcb_search", pool=pool, recipe=planned, device=device, dtype=run_dtype,
+                            max_task=int(max_task)) and fits
+    go = st.button("Merge and evaluate", type="primary", key="merge_run", disabled=not fits)
     go = st.session_state.pop(MERGE_BEST_KEY, False) or go
 
 with right:
@@ -93,11 +103,12 @@ with right:
         if search:
             start_recipe = pool_recipe(pool, method, models, params, dtype=out_dtype)
             found = pcb_lambda_search(pool, start_recipe, budget=int(budget), max_task=int(max_task), device=device,
-                                      executor=session_executor(), progress=scaled(progress, 0.0, 0.4))[0]
+                                      dtype=run_dtype, executor=session_executor(),
+                                      progress=scaled(progress, 0.0, 0.4))[0]
             merge_params["lam"] = [round(v, 6) for v in found.lambdas]
         recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
         recipe.name = name
-        result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, device=device,
+        result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, device=device, dtype=run_dtype,
                                            max_general=int(max_general), max_task=int(max_task),
                                            benchmarks=bench_settings.get("benchmarks"),
                                            progress=scaled(progress, 0.4 if search else 0.0, 1.0))

@@ -323,3 +323,29 @@ def test_merge_page_search_shows_its_memory_runs_in_the_sidebar_dtype_and_refuse
     at.run()
     assert at.button(key="merge_search_run").disabled
     assert any("will not fit" in e.value and "Dtype" in e.value for e in at.error)
+
+
+def test_merge_page_shows_the_merges_memory_scores_in_the_sidebar_dtype_and_refuses_what_will_not_fit(
+        tiny_llama, tmp_path, monkeypatch):
+    import json
+
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    lines = [c.value for c in at.caption if c.value.startswith("Memory: needs ≈")]
+    assert sum("evaluating: weights" in c for c in lines) == 2          # the comparison's line and the form's
+    at.session_state["app_dtype"] = "bfloat16"
+    at.session_state["app_max_general"] = 2
+    at.session_state["app_max_task"] = 3
+    at.run()
+    assert all("bfloat16" in c.value for c in at.caption if "evaluating:" in c.value)
+    at.text_input(key="merge_name_ties").set_value("in-bf16")
+    at.button(key="merge_run").click().run()
+    finish_cleanly(at, "merge")
+    saved = json.loads((tmp_path / "merges" / "in-bf16" / "scorecards.json").read_text())
+    assert saved["dtype"] == "bfloat16" and saved["device"] == "cpu"
+    import forgetlab.core.memory as memory
+
+    at.session_state["app_dtype"] = "float32"
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="merge_run").disabled and at.button(key="merge_default_run").disabled
+    assert sum("will not fit" in e.value and "Dtype" in e.value for e in at.error) >= 2

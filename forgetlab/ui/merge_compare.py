@@ -68,8 +68,27 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
     return pd.DataFrame(rows, columns=["model", "role", *kept, "mean gain kept %", spec, "forgetting"])
 
 
-def render_compare(pool, measure: str, budget, device: str) -> None:
-    """Draw the default comparison: the full fine-tunes, the three methods, one button, then its verdict."""
+def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
+    """The memory line of the comparison: the largest of its merges' estimates (they run one after another)."""
+    from forgetlab.core.errors import ForgetlabError
+    from forgetlab.core.memory import estimate
+    from forgetlab.ui.memory import memory_check
+
+    if not models or not methods:
+        return True
+    kw = dict(pool=pool, device=device, dtype=dtype, evaluate=True, max_general=budget.max_general,
+              max_task=budget.max_task)
+    try:
+        recipes = [pool_recipe(pool, m, models, {}) for m in methods]
+        largest = max(recipes, key=lambda r: estimate("merge", recipe=r, **kw).total)
+    except ForgetlabError:
+        return True           # pressing the button says what is wrong
+    return memory_check("merge", recipe=largest, **kw)
+
+
+def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
+    """Draw the default comparison: the full fine-tunes, the three methods, one button, then its verdict (every
+    model scored in `dtype`, the sidebar's)."""
     st.subheader("What merging is for: one model that keeps every fine-tune's skill")
     choices = [m for m in COMPARE_METHODS if m in METHODS] + [m for m in METHODS if m not in COMPARE_METHODS]
     c1, c2, c3 = st.columns([2.6, 2.6, 1.5], vertical_alignment="bottom")
@@ -79,8 +98,9 @@ def render_compare(pool, measure: str, budget, device: str) -> None:
     methods = c2.multiselect("methods", choices, default=[m for m in COMPARE_METHODS if m in METHODS],
                              format_func=lambda m: METHOD_NAMES.get(m, m), key="merge_default_methods",
                              help="Each with its default parameters; compose your own merge below.")
+    fits = _fits(pool, models, methods, device, dtype, budget)
     clicked = c3.button("Merge and compare", type="primary", key="merge_default_run",
-                        disabled=not models or not methods)
+                        disabled=not models or not methods or not fits)
     st.caption("Each merge is written into the workspace's merges/ and scored with the base and its parents. The "
                "chart shows, for each parent's own task, how much of that parent's gain over the base the merge "
                "keeps (100 % = as good as the parent), and what the merge costs in held-out loss.")
@@ -97,7 +117,8 @@ def render_compare(pool, measure: str, budget, device: str) -> None:
         for i, method in enumerate(methods):
             recipe = pool_recipe(pool, method, models, {}, name=names[method])
             result, cards = merge_and_evaluate(recipe, workspace_merge_dir(names[method]), pool, device=device,
-                                               max_general=budget.max_general, max_task=budget.max_task,
+                                               dtype=dtype, max_general=budget.max_general,
+                                               max_task=budget.max_task,
                                                progress=scaled(progress, i / len(methods), (i + 1) / len(methods)))
             done.append({"method": method, "name": result.out_dir.name, "path": str(result.out_dir), "cards": cards})
         return done
@@ -112,7 +133,8 @@ def render_compare(pool, measure: str, budget, device: str) -> None:
             for method in methods:
                 pool_recipe(pool, method, models, {}).validated_params()
             start = True
-    run_once(job_key("merge_default", home, pool.key, models, methods, budget.to_dict(), device, stamp), work,
+    run_once(job_key("merge_default", home, pool.key, models, methods, budget.to_dict(), device, str(dtype), stamp),
+             work,
              start=start, slot="merge_default", on_done=keep,
              label=f"Merging {len(models)} models {len(methods)} ways")
     done = st.session_state.get(COMPARE_KEY)
