@@ -17,10 +17,12 @@ probes:
 ```
 
 On creation the pool checks that every model matches the base (architecture, tensor names and shapes) and
-warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a model is never loaded twice.
+warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a model is never loaded twice;
+a job that visits models one at a time `borrow`s each (unloaded after unless the caller had it loaded).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -258,6 +260,23 @@ class ModelPool:
         """Forget loaded models (one, or all when `name` is None) to free memory."""
         for key in [k for k in self._loaded if name is None or k[0] == name]:
             del self._loaded[key]
+
+    def loaded(self) -> list[tuple[str, str, torch.dtype]]:
+        """The (name, device, dtype) of every model the pool holds loaded now, in the order they were loaded."""
+        return list(self._loaded)
+
+    @contextlib.contextmanager
+    def borrow(self, name: str, device: str | None = None, dtype: torch.dtype = torch.float32):
+        """`load(name, device, dtype)` for the length of a `with` block: on leaving it the model is unloaded again
+        unless the pool held it (same name, device and dtype) before the block, so a job that visits models one
+        at a time holds one at a time and leaves the caller's loaded models as they were."""
+        key = (name, device or "cpu", dtype)
+        held = key in self._loaded
+        try:
+            yield self.load(name, device=device, dtype=dtype)
+        finally:
+            if not held:
+                self._loaded.pop(key, None)
 
     @property
     def tokenizer(self):
