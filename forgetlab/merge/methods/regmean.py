@@ -108,7 +108,8 @@ class _GramHooks:
         return hook
 
     def grams(self) -> dict[str, torch.Tensor]:
-        return {p: (s / max(1, self.counts[p])).to(torch.float32).cpu() for p, s in self.sums.items()}
+        """Σ xᵀx / n per module, float32 on the CPU; the float64 sums are let go as each Gram is made."""
+        return {p: (self.sums.pop(p) / max(1, self.counts[p])).to(torch.float32).cpu() for p in list(self.sums)}
 
     def close(self) -> None:
         for h in self.handles:
@@ -193,8 +194,9 @@ def regmean_grams(ctx, plus_plus: bool = False) -> dict[str, Gram]:
     else:
         with contextlib.ExitStack() as stack:
             transposed = _regmean_pp_grams(ctx, names, encs, out, stack)
-    return {f"{path}.weight": Gram(torch.stack(gs), transposed[path]) for path, gs in out.items()
-            if all(g is not None for g in gs)}
+    # stacked path by path, each list let go once stacked (not every Gram twice at the end)
+    return {f"{path}.weight": Gram(torch.stack(gs), transposed[path]) for path, gs in
+            ((path, out.pop(path)) for path in list(out)) if all(g is not None for g in gs)}
 
 
 def _regmean_pp_grams(ctx, names: list[str], encs: list, out: dict[str, list], stack) -> dict[str, bool]:
