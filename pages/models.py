@@ -135,7 +135,7 @@ if cards:
 elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
     st.info("No scorecards yet at this budget: press **Evaluate**.")
 
-render_benchmarks(pool, device)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
+render_benchmarks(pool, device, dtype)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
 
 if pool.model_names:
     from forgetlab.plots.models import cosine_heatmap, norms_heatmap

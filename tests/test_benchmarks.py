@@ -238,3 +238,32 @@ def test_a_merge_is_judged_by_benchmarks_beside_its_parents(tiny_llama, tasks_di
     direct = evaluate_benchmarks(load_model(res.out_dir, device="cpu"), load_tokenizer(tiny_llama.base),
                                  ["tiny_cloze"], include=tasks_dir, limit=6)
     assert cards[-1].benchmarks == direct
+
+
+def test_benchmark_pool_holds_one_model_at_a_time_in_the_jobs_dtype(tiny_llama, tasks_dir):
+    """Each model is loaded in the asked dtype, evaluated and unloaded before the next; a model the caller had
+    loaded stays loaded (and is not loaded twice)."""
+    import torch
+
+    from forgetlab.core.benchmarks import BenchmarkSpec, benchmark_pool
+    from forgetlab.core.pool import ModelPool
+    from tests.pool_helper import LoadWatch
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    spec = BenchmarkSpec(general=["tiny_cloze"], include=str(tasks_dir))
+    mine = pool.load("ft0")                                           # the caller's own: float32 on the CPU
+    watch = LoadWatch(pool)
+    with watch.watching():
+        table = benchmark_pool(pool, ["base", "ft0", "ft1"], spec, limit=3, threads=1)
+    assert watch.names == ["base", "ft0", "ft1"]
+    assert watch.peak == 2                                            # the caller's ft0 + the one being evaluated
+    assert pool.loaded() == [("ft0", "cpu", torch.float32)] and pool.load("ft0") is mine
+    assert table.models == ["base", "ft0", "ft1"]
+
+    pool.unload()
+    seen = []
+    original = pool.load
+    pool.load = lambda name, device=None, dtype=torch.float32: seen.append(dtype) or original(name, device, dtype)
+    half = benchmark_pool(pool, ["ft1"], spec, limit=3, dtype="bfloat16", threads=1)
+    assert seen == [torch.bfloat16] and pool.loaded() == []
+    assert set(half.results["ft1"]["tiny_cloze"]) == {"acc", "acc_norm"}

@@ -94,6 +94,7 @@ def test_the_button_runs_every_model_saves_the_run_and_the_table_shows_lm_evals_
     assert len(runs) == 1
     recipe = json.loads((runs[0] / "recipe.json").read_text())
     assert recipe["kind"] == "benchmarks" and recipe["limit"] == 5 and recipe["models"] == ["base", "ft0", "ft1"]
+    assert recipe["dtype"] == "float32"                                # the sidebar's dtype (cpu's default)
     assert json.loads((runs[0] / "results.json").read_text())["results"]["ft1"]["tiny_cloze"] == direct
     assert "limit 5 per task" in " ".join(c.value for c in at.caption)
     from forgetlab.core.workspace import load_run

@@ -17,7 +17,8 @@ probes:
 ```
 
 On creation the pool checks that every model matches the base (architecture, tensor names and shapes) and
-warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a model is never loaded twice.
+warns about NaN/Inf weights, naming the tensors. Loaded models are cached: a model is never loaded twice;
+a job that visits models one at a time `borrow`s each (unloaded after unless the caller had it loaded).
 """
 from __future__ import annotations
 
@@ -260,6 +261,10 @@ class ModelPool:
         for key in [k for k in self._loaded if name is None or k[0] == name]:
             del self._loaded[key]
 
+    def loaded(self) -> list[tuple[str, str, torch.dtype]]:
+        """The (name, device, dtype) of every model the pool holds loaded now, in the order they were loaded."""
+        return list(self._loaded)
+
     @contextlib.contextmanager
     def released(self):
         """A block after which the models it loaded are forgotten again (those loaded before it stay): a job that
@@ -270,6 +275,13 @@ class ModelPool:
         finally:
             for key in [k for k in self._loaded if k not in before]:
                 del self._loaded[key]
+
+    @contextlib.contextmanager
+    def borrow(self, name: str, device: str | None = None, dtype: torch.dtype = torch.float32):
+        """`load(name, device, dtype)` for the length of a `with` block (`released`): on leaving it the model is
+        unloaded again unless the pool held it (same name, device and dtype) before the block."""
+        with self.released():
+            yield self.load(name, device=device, dtype=dtype)
 
     @property
     def tokenizer(self):

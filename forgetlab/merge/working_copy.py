@@ -55,18 +55,20 @@ class TensorMerger:
 
 
 class LazyTensors(Mapping):
-    """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32). A read
-    may share memory with the checkpoint's memory map: never write into it."""
+    """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32, moved to
+    `device` when one is given). A read may share memory with the checkpoint's memory map: never write into it."""
 
-    def __init__(self, ckpt, names: Sequence[str]):
+    def __init__(self, ckpt, names: Sequence[str], device=None):
         self.ckpt = ckpt
         self._names = list(names)
         self._set = set(names)
+        self.device = device
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._set:
             raise KeyError(name)
-        return self.ckpt.read(name, dtype=torch.float32)
+        t = self.ckpt.read(name, dtype=torch.float32)
+        return t if self.device is None else t.to(self.device)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
@@ -76,6 +78,39 @@ class LazyTensors(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._set
+
+
+def stored_params(ckpt, model, device=None) -> Optional[LazyTensors]:
+    """The parameters of `model` (named as `model.named_parameters(remove_duplicate=False)` names them) read
+    lazily from the checkpoint `ckpt`, when those reads are exactly what loading `ckpt` in float32 gives: a
+    safetensors folder that stores every parameter under the model's name and shape (a tied alias through the
+    name stored). None otherwise (an adapter, a GGUF or .bin file, renamed tensors): then load the model."""
+    from forgetlab.core.checkpoints import SafetensorsCheckpoint
+
+    if type(ckpt) is not SafetensorsCheckpoint:
+        return None
+    infos = ckpt.infos()
+    params = dict(model.named_parameters(remove_duplicate=False))
+    stored = {id(p): n for n, p in reversed(list(params.items()))}
+    for name, p in params.items():
+        info = infos.get(stored[id(p)])
+        if info is None or tuple(info.shape) != tuple(p.shape):
+            return None
+    return _Aliased(ckpt, {n: stored[id(p)] for n, p in params.items()}, device)
+
+
+class _Aliased(LazyTensors):
+    """LazyTensors whose names may be tied aliases, each read under the name the checkpoint stores it by."""
+
+    def __init__(self, ckpt, alias: dict[str, str], device=None):
+        super().__init__(ckpt, list(alias), device)
+        self._alias = alias
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._set:
+            raise KeyError(name)
+        t = self.ckpt.read(self._alias[name], dtype=torch.float32)
+        return t if self.device is None else t.to(self.device)
 
 
 class WorkingCopy:

@@ -65,18 +65,21 @@ def latest_benchmarks(pool: "ModelPool") -> "tuple[BenchmarkTable, SavedRun] | N
     return None
 
 
-def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str):
-    """The job: run the pool's benchmarks on `models`, save the table to Runs; returns (table, run folder)."""
+def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str, dtype=None):
+    """The job: run the pool's benchmarks on `models` (loaded one at a time in `dtype`, the sidebar's; None:
+    the device's default), save the table to Runs with the dtype in its recipe; returns (table, run folder)."""
     def work(progress):
         from forgetlab.core.benchmarks import benchmark_pool
+        from forgetlab.core.memory import dtype_name, job_dtype
         from forgetlab.core.workspace import save_run
 
         spec = pool_spec(pool)
-        table = benchmark_pool(pool, models, spec, limit=limit, device=device, progress=progress,
+        dt = job_dtype(dtype, device)
+        table = benchmark_pool(pool, models, spec, limit=limit, device=device, dtype=dt, progress=progress,
                                threads=1 if device == "cpu" else None)     # see benchmark_pool: 1 is faster
         recipe = {"pool": _pool_id(pool), "models": list(models), "tasks": table.tasks,
                   "general": list(spec.general), "task_benchmarks": {k: list(v) for k, v in spec.tasks.items()},
-                  "include": table.include, "limit": table.limit, "device": device,
+                  "include": table.include, "limit": table.limit, "device": device, "dtype": dtype_name(dt),
                   "threads": 1 if device == "cpu" else None, "evaluated": time.time()}
         path = save_run(KIND, recipe, table.to_dict(), frame=table.to_frame())
         return table, path
@@ -90,8 +93,9 @@ def show_benchmark_table(table: "BenchmarkTable", *, key: str = "models_bench_ta
     st.dataframe(frame.style.format(precision=3, na_rep=""), hide_index=True, key=key, width="stretch")
 
 
-def render_benchmarks(pool: "ModelPool", device: str = "cpu") -> None:
-    """The whole section: heading, stored table (if any), limit + button, the job's progress and errors."""
+def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> None:
+    """The whole section: heading, stored table (if any), limit + button, the job's progress and errors. The
+    button's job loads the models in `dtype` (the sidebar's; None: the device's default)."""
     st.subheader("Benchmarks (lm-evaluation-harness)")
     spec = pool_spec(pool)
     if spec is None:
@@ -116,8 +120,10 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu") -> None:
     def keep(done) -> None:
         st.toast(f"Saved under {done[1]}")
 
-    key = job_key(SLOT, pool.key, str(_pool_id(pool)), models, int(limit), device)
-    done = run_once(key, benchmark_job(pool, models, int(limit), device), start=clicked,
+    from forgetlab.core.memory import dtype_name, job_dtype
+
+    key = job_key(SLOT, pool.key, str(_pool_id(pool)), models, int(limit), device, dtype_name(job_dtype(dtype, device)))
+    done = run_once(key, benchmark_job(pool, models, int(limit), device, dtype), start=clicked,
                     label="Running the benchmarks", slot=SLOT, on_done=keep)
     latest = latest_benchmarks(pool)
     if done is not None and (latest is None or str(latest[1].path) != str(done[1])):

@@ -27,9 +27,24 @@ def fisher_average(thetas: Sequence[torch.Tensor], fishers: Sequence[torch.Tenso
     return num / den
 
 
-def empirical_fisher(model, enc, progress=None) -> dict[str, torch.Tensor]:
-    """Mean over the encoded pairs of (∂ log p(answer | prompt)/∂θ)², one pair at a time (answer tokens only)."""
-    work = copy.deepcopy(model).train(False)
+def empirical_fisher(model, enc, progress=None, *, own: bool = False) -> dict[str, torch.Tensor]:
+    """Mean over the encoded pairs of (∂ log p(answer | prompt)/∂θ)², one pair at a time (answer tokens only).
+
+    The gradients are taken on a copy of `model`, or with `own` on the model itself (its weights are not
+    changed; its gradients and requires_grad flags are reset afterwards), which saves a copy when nobody else
+    runs it meanwhile."""
+    work = model.train(False) if own else copy.deepcopy(model).train(False)
+    flags = [p.requires_grad for p in work.parameters()]
+    try:
+        return _fisher_of(work, enc, progress)
+    finally:
+        if own:
+            for p, flag in zip(work.parameters(), flags):
+                p.grad = None
+                p.requires_grad_(flag)
+
+
+def _fisher_of(work, enc, progress) -> dict[str, torch.Tensor]:
     for p in work.parameters():
         p.requires_grad_(True)
     dev = next(work.parameters()).device
@@ -51,19 +66,32 @@ def empirical_fisher(model, enc, progress=None) -> dict[str, torch.Tensor]:
             if p.grad is not None:
                 acc[name].add_(p.grad.detach().float() ** 2)
         report(progress, (i + 1) / n, f"fisher: pair {i + 1}/{n}")
-    return {k: (v / max(1, n)).cpu() for k, v in acc.items()}
+    work.zero_grad(set_to_none=True)
+    return {k: v.div_(max(1, n)).cpu() for k, v in acc.items()}     # in place: no second copy of the sums
 
 
 def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
-    """The prepare hook: per tensor name, the stacked Fishers (T, …) of the fine-tuned models."""
+    """The prepare hook: per tensor name, the stacked Fishers (T, …) of the fine-tuned models.
+
+    One fine-tuned model at a time is loaded (`ModelPool.borrow`: unloaded after unless the caller held it) and
+    its gradients are taken on it directly when the pool did not hold it before (on a copy when it did); each
+    model's Fisher is written into the (T, …) stacks as soon as it is known."""
     from forgetlab.core.progress import scaled
 
     names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]))
     T = len(names)
-    per = []
+    out: dict[str, torch.Tensor] = {}
     for t, (name, enc) in enumerate(zip(names, encs)):
-        per.append(empirical_fisher(ctx.pool.load(name), enc, scaled(ctx.progress, t / T, (t + 1) / T)))
-    return {k: torch.stack([f[k] for f in per]) for k in per[0]}
+        held = (name, "cpu", torch.float32) in ctx.pool.loaded()
+        with ctx.pool.borrow(name) as model:
+            fisher = empirical_fisher(model, enc, scaled(ctx.progress, t / T, (t + 1) / T), own=not held)
+        for k in list(fisher):
+            f = fisher.pop(k)
+            if k not in out:
+                out[k] = torch.empty((T, *f.shape), dtype=f.dtype)
+            out[k][t].copy_(f)
+            del f
+    return out
 
 
 @method("fisher", "Fisher merging: average the models weighted entry by entry by their diagonal Fisher on their tasks.",

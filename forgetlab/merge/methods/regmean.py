@@ -17,7 +17,7 @@ Defaults: α = 0.6 for regmean (fusion-bench's gpt2_regmean.yaml, its decoder-LM
 hook (a pool with probe data is needed, as for slwm); the merge of each tensor then streams."""
 from __future__ import annotations
 
-import copy
+import contextlib
 import re
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -108,7 +108,8 @@ class _GramHooks:
         return hook
 
     def grams(self) -> dict[str, torch.Tensor]:
-        return {p: (s / max(1, self.counts[p])).to(torch.float32).cpu() for p, s in self.sums.items()}
+        """Σ xᵀx / n per module, float32 on the CPU; the float64 sums are let go as each Gram is made."""
+        return {p: (self.sums.pop(p) / max(1, self.counts[p])).to(torch.float32).cpu() for p in list(self.sums)}
 
     def close(self) -> None:
         for h in self.handles:
@@ -163,65 +164,96 @@ def _stopper(layer_module):
 
 @torch.no_grad()
 def regmean_grams(ctx, plus_plus: bool = False) -> dict[str, Gram]:
-    """The prepare hook of regmean / regmean_pp: per linear weight name, the stacked Grams (module docstring)."""
+    """The prepare hook of regmean / regmean_pp: per linear weight name, the stacked Grams (module docstring).
+
+    regmean loads one fine-tuned model at a time (`ModelPool.borrow`: unloaded after unless the caller held it).
+    regmean_pp runs a merged model of its own (the base loaded afresh) and reads each fine-tuned model's
+    parameters from its checkpoint, one decoder layer at a time (`stored_params`); only a model whose
+    checkpoint cannot be read so (an adapter, GGUF, .bin) is loaded whole, for the length of the hook."""
     p = ctx.params
     names, encs, _ = probe_inputs(ctx, int(p["samples"]))
-    models = [ctx.pool.load(n) for n in names]
-    T = len(models)
-    lin_paths = list(_linears(models[0]))
-    if not lin_paths:
-        raise ParameterError("regmean found no linear layers inside decoder layers (layers.<i>. / h.<i>.) of the model.")
+    T = len(names)
     out: dict[str, list] = {}
+    transposed: dict[str, bool] = {}
     if not plus_plus:
-        for t, (m, enc) in enumerate(zip(models, encs)):
-            hooks = _GramHooks(_linears(m))
-            try:
-                _run_batches(m, enc, hooks)
-            finally:
-                hooks.close()
+        for t, (name, enc) in enumerate(zip(names, encs)):
+            with ctx.pool.borrow(name) as m:
+                lins = _linears(m)
+                if not lins:
+                    raise ParameterError("regmean found no linear layers inside decoder layers (layers.<i>. / "
+                                         "h.<i>.) of the model.")
+                transposed = transposed or {path: tr for path, (_, tr) in lins.items()}
+                hooks = _GramHooks(lins)
+                try:
+                    _run_batches(m, enc, hooks)
+                finally:
+                    hooks.close()
             for path, g in hooks.grams().items():
                 out.setdefault(path, [None] * T)[t] = g
             report(ctx.progress, (t + 1) / T, f"regmean: Grams of {names[t]}")
     else:
-        merged = copy.deepcopy(ctx.pool.load("base")).eval()
-        layers = _decoder_layers(merged)
-        in_layer = {n for path, _ in layers for n, _ in merged.get_submodule(path).named_parameters(prefix=path)}
-        params = dict(merged.named_parameters())
-        sds = [dict(m.named_parameters()) for m in models]
-        for n, prm in params.items():       # outside the decoder layers: the mean of the θt
-            if n not in in_layer:
-                prm.copy_(torch.stack([sd[n].detach().to(prm.device) for sd in sds]).mean(dim=0))
-        for li, (path, layer) in enumerate(layers):
-            lp = [n for n in params if n.startswith(path + ".")]
-            lins = {k: v for k, v in _linears(merged).items() if k.startswith(path + ".")}
-            grams: dict[str, list] = {}
-            stop = _stopper(layer)
-            try:
-                for t in range(T):
-                    for n in lp:
-                        params[n].copy_(sds[t][n].detach())
-                    hooks = _GramHooks(lins)
-                    try:
-                        _run_batches(merged, encs[t], hooks)
-                    finally:
-                        hooks.close()
-                    for k, g in hooks.grams().items():
-                        grams.setdefault(k, [None] * T)[t] = g
-            finally:
-                stop.remove()
-            for n in lp:                      # merge layer ℓ now: the next layer's inputs pass through it
-                mod_path = n.rsplit(".", 1)[0]
-                if n.endswith(".weight") and mod_path in grams:
-                    w = regmean_solve([sd[n].detach() for sd in sds], grams[mod_path], p["alpha"], lins[mod_path][1])
-                else:
-                    w = torch.stack([sd[n].detach() for sd in sds]).mean(dim=0)
-                params[n].copy_(w.to(params[n].device, params[n].dtype))
-            for k, g in grams.items():
-                out[k] = g
-            report(ctx.progress, (li + 1) / len(layers), f"regmean++: layer {li} merged")
-    lin = _linears(models[0])
-    return {f"{path}.weight": Gram(torch.stack(gs), lin[path][1]) for path, gs in out.items()
-            if all(g is not None for g in gs)}
+        with contextlib.ExitStack() as stack:
+            transposed = _regmean_pp_grams(ctx, names, encs, out, stack)
+    # stacked path by path, each list let go once stacked (not every Gram twice at the end)
+    return {f"{path}.weight": Gram(torch.stack(gs), transposed[path]) for path, gs in
+            ((path, out.pop(path)) for path in list(out)) if all(g is not None for g in gs)}
+
+
+def _regmean_pp_grams(ctx, names: list[str], encs: list, out: dict[str, list], stack) -> dict[str, bool]:
+    """RegMean++'s layer-by-layer pass (module docstring): fills `out` (module path → the T Grams) and returns
+    module path → stored (out, in). Fine-tuned parameters are read from the checkpoints layer by layer; a model
+    whose checkpoint cannot be read so is borrowed whole from the pool into `stack` (an ExitStack)."""
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.merge.working_copy import stored_params
+
+    p, T, pool = ctx.params, len(names), ctx.pool
+    merged = load_model(pool.checkpoint("base"), device="cpu", dtype=torch.float32).eval()   # our own copy
+    lin_all = _linears(merged)
+    if not lin_all:
+        raise ParameterError("regmean found no linear layers inside decoder layers (layers.<i>. / h.<i>.) of the model.")
+    sds = []
+    for n in names:
+        sd = stored_params(pool.checkpoint(n), merged)
+        if sd is None:
+            sd = dict(stack.enter_context(pool.borrow(n)).named_parameters())
+        sds.append(sd)
+    layers = _decoder_layers(merged)
+    in_layer = {n for path, _ in layers for n, _ in merged.get_submodule(path).named_parameters(prefix=path)}
+    params = dict(merged.named_parameters())
+    for n, prm in params.items():       # outside the decoder layers: the mean of the θt
+        if n not in in_layer:
+            prm.copy_(torch.stack([sd[n].detach().to(prm.device) for sd in sds]).mean(dim=0))
+    for li, (path, layer) in enumerate(layers):
+        lp = [n for n in params if n.startswith(path + ".")]
+        theirs = [{n: sd[n].detach() for n in lp} for sd in sds]     # layer ℓ of every model: T layers at once
+        lins = {k: v for k, v in lin_all.items() if k.startswith(path + ".")}
+        grams: dict[str, list] = {}
+        stop = _stopper(layer)
+        try:
+            for t in range(T):
+                for n in lp:
+                    params[n].copy_(theirs[t][n])
+                hooks = _GramHooks(lins)
+                try:
+                    _run_batches(merged, encs[t], hooks)
+                finally:
+                    hooks.close()
+                for k, g in hooks.grams().items():
+                    grams.setdefault(k, [None] * T)[t] = g
+        finally:
+            stop.remove()
+        for n in lp:                      # merge layer ℓ now: the next layer's inputs pass through it
+            mod_path = n.rsplit(".", 1)[0]
+            if n.endswith(".weight") and mod_path in grams:
+                w = regmean_solve([th[n] for th in theirs], grams[mod_path], p["alpha"], lins[mod_path][1])
+            else:
+                w = torch.stack([th[n] for th in theirs]).mean(dim=0)
+            params[n].copy_(w.to(params[n].device, params[n].dtype))
+        del theirs
+        for k, g in grams.items():
+            out[k] = g
+        report(ctx.progress, (li + 1) / len(layers), f"regmean++: layer {li} merged")
+    return {path: tr for path, (_, tr) in lin_all.items()}
 
 
 def _regmean(job: TensorJob) -> torch.Tensor:

@@ -16,6 +16,8 @@ tensors; per row or column for head slices). They plug into the merge registry a
 """
 from __future__ import annotations
 
+import contextlib
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -27,7 +29,7 @@ from forgetlab.core.submodules import (CAPTURES, capture_inputs,
                                           check_head_decomposition, check_same_structure, encode_samples, param_dict,
                                           run_submodule, select_pairs)
 from forgetlab.core.anatomy import Anatomy
-from forgetlab.core.errors import ParameterError
+from forgetlab.core.errors import IncompatibleModelsError, ParameterError
 from forgetlab.core.progress import Progress, report
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 from forgetlab.merge.working_copy import WorkingCopy
@@ -36,6 +38,7 @@ SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
 DEFAULT_LEVEL = "attn_mlp"
 DEFAULT_SAMPLES = 30
 DEFAULT_RIDGE = 1e-4
+_GROUP_SAMPLES = 32   # probe pairs whose submodule inputs are held at once when θt are read from checkpoints
 
 
 def solve_weights(G: np.ndarray, b: np.ndarray, ridge: float = DEFAULT_RIDGE) -> tuple[np.ndarray, bool]:
@@ -165,6 +168,15 @@ def _resolve(pool_or_models, tasks, models, device):
         tasks = list(tasks) if tasks else [f"task{i + 1}" for i in range(len(fts))]
         return base, fts, tok, pairs, tasks, list(models or tasks), None
     pool = pool_or_models
+    tasks, models = _pool_tasks(pool, tasks, models)
+    base = pool.load("base", device=device)
+    fts = [pool.load(m, device=device) for m in models]
+    pairs = [pool.probes.tasks[t].probe for t in tasks]
+    return base, fts, pool.tokenizer, pairs, tasks, models, getattr(pool.probes, "template", None)
+
+
+def _pool_tasks(pool, tasks, models) -> tuple[list[str], list[str]]:
+    """(tasks, models) of a pool, one task per model (models default to those named like the pool's tasks)."""
     if models is None and tasks is None:
         models = [m for m in pool.model_names if m in pool.probes.tasks] or pool.model_names
     if models is None:
@@ -182,10 +194,51 @@ def _resolve(pool_or_models, tasks, models, device):
         raise ParameterError(f"{len(models)} models but {len(tasks)} tasks; give one task per model.")
     for t in tasks:
         pool.probes.task(t)
-    base = pool.load("base", device=device)
-    fts = [pool.load(m, device=device) for m in models]
+    return tasks, models
+
+
+def _weight_inputs(pool_or_models, tasks, models, device, stack):
+    """(working copy of the base, [θt mapping per model], tokenizer, [pairs per task], tasks, models, template,
+    lazy). From a pool, the working copy is the base loaded afresh and θ0 and the θt are read from the
+    checkpoints when asked (`stored_params`, lazy True), so no fine-tuned model is loaded; a checkpoint that
+    cannot be read so is borrowed whole from the pool into `stack` (an ExitStack) for the length of the job."""
+    if isinstance(pool_or_models, (tuple, list)):
+        base, fts, tok, pairs, tasks, models, template = _resolve(pool_or_models, tasks, models, device)
+        for m, ft in zip(models, fts):
+            check_same_structure(base, ft, m)
+        return WorkingCopy.of(base), [param_dict(ft) for ft in fts], tok, pairs, tasks, models, template, False
+    from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
+    from forgetlab.merge.working_copy import stored_params
+
+    pool = pool_or_models
+    tasks, models = _pool_tasks(pool, tasks, models)
+    base_ck = pool.checkpoint("base")
+    work, lazy = None, False
+    if type(base_ck) is SafetensorsCheckpoint:
+        own = load_model(base_ck, device=device or "cpu", dtype=torch.float32)
+        theta0 = stored_params(base_ck, own, device=next(own.parameters()).device)
+        if theta0 is not None:
+            work, lazy = WorkingCopy(own, theta0), True
+    if work is None:
+        work = WorkingCopy.of(stack.enter_context(pool.borrow("base", device)))
+    dev = next(work.model.parameters()).device
+    base_an = Anatomy.from_model(work.model)
+    targets = []
+    for m in models:
+        ckpt = pool.checkpoint(m)
+        theta = stored_params(ckpt, work.model, device=dev) if lazy else None
+        if theta is None:
+            ft = stack.enter_context(pool.borrow(m, device))
+            check_same_structure(work.model, ft, m)
+            theta = param_dict(ft)
+        else:
+            an = Anatomy.from_config(ckpt.config)
+            if not base_an.same_structure(an):
+                raise IncompatibleModelsError(f"The base ({base_an.describe()}) and {m} ({an.describe()}) differ "
+                                              "in structure.")
+        targets.append(theta)
     pairs = [pool.probes.tasks[t].probe for t in tasks]
-    return base, fts, pool.tokenizer, pairs, tasks, models, getattr(pool.probes, "template", None)
+    return work, targets, pool.tokenizer, pairs, tasks, models, getattr(pool.probes, "template", None), lazy
 
 
 def _masked_flat(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -210,17 +263,27 @@ def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, model
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
     if not (ridge >= 0):
         raise ParameterError(f"ridge must be ≥ 0; got {ridge}.")
-    base, fts, tok, pairs, tasks, models, template = _resolve(pool_or_models, tasks, models, device)
-    if not fts:
+    with contextlib.ExitStack() as stack:
+        work, targets, tok, pairs, tasks, models, template, lazy = _weight_inputs(pool_or_models, tasks, models,
+                                                                                  device, stack)
+        return _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, samples, ridge, capture,
+                          batch_size, max_length, progress)
+
+
+def _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, samples, ridge, capture,
+               batch_size, max_length, progress) -> SlwmWeights:
+    """slwm_weights' accumulation and solve on a working copy of the base and the θt mappings `targets`.
+
+    The batches of a task are taken in groups (one batch, or about `_GROUP_SAMPLES` probe pairs when the θt are
+    read from checkpoints, `lazy`): the group's submodule inputs are captured, then layer by layer every θt's
+    layer is read once for the whole group. Each accumulator still adds the batches in their order, so the
+    grouping changes no number."""
+    if not targets:
         raise ParameterError("slwm needs at least one fine-tuned model.")
-    for m, ft in zip(models, fts):
-        check_same_structure(base, ft, m)
-    anatomy = Anatomy.from_model(base)
+    anatomy = Anatomy.from_model(work.model)
     chosen = [select_pairs(p, samples, t) for p, t in zip(pairs, tasks)]
-    T = len(fts)
+    T = len(targets)
     kinds = {"layer": ("layer",), "attn_mlp": ("attn", "mlp"), "head_mlp": ("head", "mlp")}[level]
-    targets = [param_dict(ft) for ft in fts]
-    work = WorkingCopy.of(base)
     dev = next(work.model.parameters()).device
     L = anatomy.num_layers
     accs: dict[tuple, _Acc] = {}
@@ -229,50 +292,65 @@ def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, model
             for h in (range(anatomy.num_heads) if k == "head" else [None]):
                 accs[(i, k, h)] = _Acc(np.zeros((T, T)), np.zeros(T))
     encs = [encode_samples(tok, p, max_length=max_length, template=template) for p in chosen]
-    chunks = [(t, a, min(a + batch_size, len(e))) for t, e in enumerate(encs) for a in range(0, len(e), batch_size)]
-    total = max(1, len(chunks) * L)
+    per_group = max(1, _GROUP_SAMPLES // max(1, batch_size)) if lazy else 1
+    groups = []
+    for t, e in enumerate(encs):
+        spans = [(a, min(a + batch_size, len(e))) for a in range(0, len(e), batch_size)]
+        groups += [(t, spans[g:g + per_group]) for g in range(0, len(spans), per_group)]
+    total = max(1, sum(len(sp) for _, sp in groups) * L)
     step = 0
     checked = False
     with torch.no_grad():
-        for t, a, b in chunks:
-            chunk = encs[t].chunk(a, b)
-            ids, mask = chunk.input_ids.to(dev), chunk.mask().to(dev)
+        for t, spans in groups:
             work.lerp(targets[t], 1.0 if capture == "finetuned" else 0.0)
-            caps, _ = capture_inputs(work.model, anatomy, ids, range(L))
+            batches = []
+            for a, b in spans:
+                chunk = encs[t].chunk(a, b)
+                ids, mask = chunk.input_ids.to(dev), chunk.mask().to(dev)
+                caps, _ = capture_inputs(work.model, anatomy, ids, range(L))
+                batches.append((a, b, mask, caps))
             for i in range(L):
                 names = anatomy.params_of("layer", layer=i)
-                work.lerp(targets[0], 0.0, names)
-                f0 = {k: run_submodule(work, anatomy, i, k, caps[i]) for k in kinds}
-                if "head" in kinds and not checked:
-                    check_head_decomposition(work, anatomy, i, caps[i], f0["head"])
-                    checked = True
-                deltas = {k: [] for k in kinds}
-                for j in range(T):
-                    work.lerp(targets[j], 1.0, names)
+                layer, theta0 = targets, work.base
+                if lazy:        # layer i of θ0 and of every θt read once for the group, not once per batch
+                    layer = [{n: tg[n] for n in names} for tg in targets]
+                    work.base = ChainMap({n: theta0[n] for n in names}, theta0)
+                for a, b, mask, caps in batches:
+                    work.lerp(layer[0], 0.0, names)
+                    f0 = {k: run_submodule(work, anatomy, i, k, caps[i]) for k in kinds}
+                    if "head" in kinds and not checked:
+                        check_head_decomposition(work, anatomy, i, caps[i], f0["head"])
+                        checked = True
+                    deltas = {k: [] for k in kinds}
+                    for j in range(T):
+                        work.lerp(layer[j], 1.0, names)
+                        for k in kinds:
+                            deltas[k].append(_masked_flat(run_submodule(work, anatomy, i, k, caps[i]) - f0[k], mask))
                     for k in kinds:
-                        deltas[k].append(_masked_flat(run_submodule(work, anatomy, i, k, caps[i]) - f0[k], mask))
-                for k in kinds:
-                    D = torch.stack(deltas[k])  # [T, M] or [T, heads, M]
-                    if k == "head":
-                        gram = torch.einsum("inm,jnm->nij", D, D).numpy()
-                        for h in range(anatomy.num_heads):
-                            acc = accs[(i, k, h)]
-                            acc.G += gram[h]
-                            acc.b += gram[h][:, t]
+                        D = torch.stack(deltas[k])  # [T, M] or [T, heads, M]
+                        if k == "head":
+                            gram = torch.einsum("inm,jnm->nij", D, D).numpy()
+                            for h in range(anatomy.num_heads):
+                                acc = accs[(i, k, h)]
+                                acc.G += gram[h]
+                                acc.b += gram[h][:, t]
+                                acc.count += b - a
+                        else:
+                            gram = (D @ D.T).numpy()
+                            acc = accs[(i, k, None)]
+                            acc.G += gram
+                            acc.b += gram[:, t]
                             acc.count += b - a
-                    else:
-                        gram = (D @ D.T).numpy()
-                        acc = accs[(i, k, None)]
-                        acc.G += gram
-                        acc.b += gram[:, t]
-                        acc.count += b - a
-                step += 1
-                report(progress, step / total, f"task {tasks[t]}: layer {i}")
+                    step += 1
+                    report(progress, step / total, f"task {tasks[t]}: layer {i}")
+                work.base = theta0
+                del layer
+            del batches
     subs = []
     for (i, k, h), acc in accs.items():
         w, fb = solve_weights(acc.G, acc.b, ridge)
         subs.append(SubmoduleWeights(i, k, h, w, fb, acc.G))
-    shapes = {n: tuple(p.shape) for n, p in base.named_parameters(remove_duplicate=False)}
+    shapes = {n: tuple(p.shape) for n, p in work.model.named_parameters(remove_duplicate=False)}
     report(progress, 1.0, "weights solved")
     return SlwmWeights(level, tasks, models, len(chosen[0]), float(ridge), capture, subs, anatomy, shapes)
 
