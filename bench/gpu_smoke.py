@@ -8,11 +8,12 @@
 
 Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
 submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
-device), a MoFO fine-tune, a LoRA fine-tune (rank 8, gradient checkpointing), the attribution map, and an α sweep
+device), the Merge page's path (a TIES merge through the streaming engine into a folder, then scored in the job's
+dtype), PCB's λ search (its start point's probe loss), a MoFO fine-tune, a LoRA fine-tune (rank 8, gradient checkpointing), the attribution map, and an α sweep
 on Ray with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
 numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
 computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
-`dtype` column says which (features and the merges run in float32 on the GPU — merges compute θ0 + f(τ) in
+`dtype` column says which (the in-memory merges run in float32 on the GPU — merges compute θ0 + f(τ) in
 float32 by design —, every other job in bfloat16). The script exits 1 when a job fails or disagrees, or is skipped (unless `--allow-skip`), 0 otherwise.
 Memory: each job's estimate (`forgetlab.core.memory.estimate`, for jobs with an estimator) is printed beside
 its measured peak (`PeakMeter`: CUDA's allocator peak, the CPU's anonymous RSS) and their ratio.
@@ -115,7 +116,7 @@ def job_features(pool, models, device, dtype):
     from forgetlab.analysis.features import capture_features
 
     fs = capture_features(pool, pool.task_names[:2], ["base", models[0]], level="layer", layer=-1, samples=4,
-                          device=device)
+                          device=device, dtype=dtype)
     return [float(abs(fs.X).mean()), float(fs.X.std())]
 
 
@@ -151,6 +152,33 @@ def job_ties_merge(pool, models, device, dtype):
 
 def job_pcb_merge(pool, models, device, dtype):
     return _merge("pcb", pool, models, device, keep=0.2)
+
+
+def _recipe(method, pool, models):
+    return {"method": method, "base": str(pool.resolve_ref("base")),
+            "models": [{"model": str(pool.resolve_ref(m))} for m in models[:2]]}
+
+
+def job_merge_and_evaluate(pool, models, device, dtype):
+    """The Merge page's path: TIES through the streaming engine into a folder, then the base, parents and merge
+    scored in the job's dtype."""
+    import tempfile
+
+    from forgetlab.merge.workflow import merge_and_evaluate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _, cards = merge_and_evaluate(_recipe("ties", pool, models), Path(tmp) / "m", pool, device=device,
+                                      dtype=dtype, max_general=8, max_task=16)
+    return [c.general_loss for c in cards] + [t.answer_loss for t in cards[-1].tasks.values()]
+
+
+def job_pcb_search(pool, models, device, dtype):
+    from forgetlab.analysis.lambda_search import pcb_lambda_search
+    from forgetlab.merge.recipes import load_recipe
+
+    res, _ = pcb_lambda_search(pool, load_recipe({**_recipe("pcb", pool, models), "params": {"scope": "global"}}),
+                               budget=1, max_task=16, device=device, dtype=dtype)
+    return [res.initial_loss]
 
 
 def job_mofo_finetune(pool, models, device, dtype):
@@ -213,6 +241,16 @@ def _estimate(job, pool, models, device, dtype):
             import forgetlab.analysis.attribution  # noqa: F401
             return estimate("attribution", pool=pool, model=models[0], task=pool.task_names[0], level="layer",
                             device=device, dtype=dtype, max_general=8, max_task=8).total
+        if job == "merge + evaluate":
+            return estimate("merge", recipe=_recipe("ties", pool, models), pool=pool, device=device, dtype=dtype,
+                            evaluate=True, max_general=8, max_task=16).total
+        if job == "PCB λ search":
+            return estimate("pcb_search", pool=pool, recipe=_recipe("pcb", pool, models), device=device,
+                            dtype=dtype, max_task=16).total
+        if job == "features":
+            import forgetlab.analysis.features  # noqa: F401
+            return estimate("features", pool=pool, tasks=pool.task_names[:2], models=["base", models[0]],
+                            level="layer", layer=-1, samples=4, device=device, dtype=dtype).total
         if job == "linearity":
             import forgetlab.analysis.linearity  # noqa: F401
             return estimate("linearity", pool=pool, task=pool.task_names[0], model=models[0], levels=("layer",),
@@ -224,9 +262,10 @@ def _estimate(job, pool, models, device, dtype):
 
 STEPS = 10
 JOBS = [("scorecards", job_scorecards, True), ("linearity", job_linearity, True),
-        ("features", job_features, False), ("alpha sweep", job_alpha_sweep, True),
+        ("features", job_features, True), ("alpha sweep", job_alpha_sweep, True),
         ("FAPM sweep", job_fapm_sweep, True), ("TIES merge", job_ties_merge, False),
-        ("PCB merge", job_pcb_merge, False), ("MoFO fine-tune", job_mofo_finetune, True),
+        ("PCB merge", job_pcb_merge, False), ("merge + evaluate", job_merge_and_evaluate, True),
+        ("PCB λ search", job_pcb_search, True), ("MoFO fine-tune", job_mofo_finetune, True),
         ("LoRA fine-tune", job_lora_finetune, True), ("attribution", job_attribution, True),
         ("Ray alpha sweep", job_ray_sweep, True)]
 """(name, job, whether it takes the dtype: the others compute in float32 by their API)."""

@@ -10,7 +10,9 @@ memory, sampled every 2 ms) above the process after importing forgetlab's merge 
 peak in MiB and in units of the largest tensor in float32 (E·4), the estimate (`forgetlab.merge.memory`) in the
 same units, estimate / measured, and the method's working memory beyond the N + 1 tensors read, in units of E·4
 (what `forgetlab.merge.memory.WORKING` holds).
-Methods that take one fine-tune (slerp, nearswap, wise_ft…) merge one; methods that need a pool are left out.
+Methods that take one fine-tune (slerp, nearswap, wise_ft…) merge one; methods that need a pool (fisher, regmean,
+slwm) get one naming the models after the zoo's tasks, with its probe data, and the peak includes their prepare
+phase (forward passes on the CPU).
 """
 from __future__ import annotations
 
@@ -28,8 +30,12 @@ VOCAB = 32000
 LARGEST = VOCAB * SIZE["hidden_size"]
 
 
+TASKS = ("math", "code", "translate")
+
+
 def make_models(root: Path, zoo: Path, n: int = 3) -> None:
-    """A random base and `n` noisy copies of it (float32 safetensors) with the zoo's tokenizer."""
+    """A random base and `n` noisy copies of it (float32 safetensors) with the zoo's tokenizer, and a pool.yaml
+    naming them after the zoo's tasks (math: ft0, …) with its probe data, for the methods that need a pool."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -48,6 +54,10 @@ def make_models(root: Path, zoo: Path, n: int = 3) -> None:
                 p.add_(torch.randn_like(p) * 0.01)
         base.save_pretrained(root / f"ft{t}")
         tok.save_pretrained(root / f"ft{t}")
+    shutil.copytree(zoo / "data", root / "data")
+    probes = (zoo / "pool.yaml").read_text().split("probes:", 1)[1]
+    members = "".join(f"  {task}: ft{t}\n" for t, task in enumerate(TASKS[:n]))
+    (root / "pool.yaml").write_text(f"name: merge-memory\nbase: base\nmodels:\n{members}probes:{probes}")
 
 
 def child(root: str, method: str, n: int, reference: bool) -> None:
@@ -59,7 +69,9 @@ def child(root: str, method: str, n: int, reference: bool) -> None:
     from forgetlab.cli import main
     from forgetlab.core.memory import PeakMeter, estimate
     from forgetlab.merge import load_plugins
+    from forgetlab.merge.registry import get_method
     import forgetlab.merge.engine  # noqa: F401  (the merge code, imported before the meter starts)
+    import transformers.models.llama.modeling_llama  # noqa: F401  (a pool method's forward passes need it)
     from forgetlab.merge.memory import estimate_merge  # noqa: F401
 
     load_plugins()
@@ -70,7 +82,10 @@ def child(root: str, method: str, n: int, reference: bool) -> None:
     base = Path(root)
     recipe = base / f"{method}-{n}.yaml"
     models = "".join(f"  - model: {base}/ft{t}\n" for t in range(n))
-    recipe.write_text(f"method: {method}\nbase: {base}/base\nmodels:\n{models}")
+    extra = ""
+    if get_method(method).needs_pool:      # the pool's probe data, each model's task named
+        extra = f"pool: {base}/pool.yaml\nparams:\n  tasks: {','.join(TASKS[:n])}\n"
+    recipe.write_text(f"method: {method}\nbase: {base}/base\nmodels:\n{models}{extra}")
     out = base / f"out-{method}-{n}"
     est = estimate("merge", recipe=str(recipe)).total
     if reference:       # the GPU's estimate of the working tensors, on the CPU's tensors read
@@ -98,7 +113,7 @@ def main() -> None:
     zoo = Path(args.zoo) if args.zoo else home() / "zoo" / "pico"
     if not (zoo / "base").exists():
         sys.exit(f"No pico zoo at {zoo}: build it with `forgetlab zoo build` or pass --zoo DIR.")
-    methods = [m for m in (args.methods.split(",") if args.methods else METHODS) if not METHODS[m].needs_pool]
+    methods = args.methods.split(",") if args.methods else list(METHODS)
     counts = [int(x) for x in args.models.split(",")]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,8 @@ in bfloat16 as 7–8B checkpoints are (a float32 model loaded from float32 safet
 pages, which the meter does not count). Each hook then runs in a fresh Python process on the CPU, one thread,
 with `samples` probe pairs per task, under `forgetlab.core.memory.PeakMeter` (anonymous resident memory above
 what the process held after importing forgetlab and transformers' Llama code and opening the pool). Prints per
-method the peak in GiB, the peak / one model's float32 bytes, and the models the pool still holds afterwards.
+method the peak in GiB, the peak / one model's float32 bytes, the statistics' own share, the "merge" estimate's
+prepare phase / the peak (`forgetlab.merge.memory.prepare_parts`), and the models the pool still holds afterwards.
 
 `--src DIR`: the forgetlab source tree the hooks import (default: this checkout), e.g. a `git worktree` of an
 older commit, to compare before and after a change with the same script.
@@ -72,9 +73,16 @@ def child(pool: str, method: str, samples: int) -> None:
     with PeakMeter("cpu") as meter:
         prepared = spec.prepare(PrepareContext(p, None, [], list(TASKS), params))
     held = [k[0] for k in p._loaded]                                 # works on old code too (no .loaded() there)
+    try:                                                             # the "merge" estimate's prepare phase
+        from forgetlab.merge.memory import gram_entries, prepare_parts
+
+        est = sum(prepare_parts(method, ModelSize.of(p.checkpoint("base")), len(TASKS),
+                                gram_entries(p.checkpoint("base"))).values())
+    except ImportError:                                              # an older tree has no estimate
+        est = 0
     out = sum(getattr(v, "grams", v).nbytes for v in prepared.values() if hasattr(getattr(v, "grams", v), "nbytes"))
     print(json.dumps({"peak": meter.peak, "params": ModelSize.of(p.checkpoint("base")).parameters, "held": held,
-                      "out": out}))
+                      "out": out, "estimate": est}))
 
 
 def main() -> None:
@@ -105,7 +113,7 @@ def main() -> None:
               f"task, CPU, 1 thread, mmap threshold {a.mmap_threshold or 'glibc default'}; source {a.src}; peak "
               "above the bare import; ×model: per one model's float32 bytes; output: the prepared statistics "
               "themselves", flush=True)
-        print(f"{'method':12s} {'peak GiB':>9s} {'×model':>7s} {'output ×model':>14s}  held after")
+        print(f"{'method':12s} {'peak GiB':>9s} {'×model':>7s} {'output ×model':>14s} {'est/meas':>9s}  held after")
         for method in a.methods.split(","):
             out = subprocess.run([sys.executable, __file__, "--samples", str(a.samples), "--child", str(pool),
                                   method], env=env, capture_output=True, text=True)
@@ -115,8 +123,8 @@ def main() -> None:
                 continue
             r = json.loads(line)
             model = 4 * r["params"]
-            print(f"{method:12s} {r['peak'] / 2**30:9.3f} {r['peak'] / model:7.2f} {r['out'] / model:14.2f}  "
-                  f"{', '.join(r['held']) or '-'}", flush=True)
+            print(f"{method:12s} {r['peak'] / 2**30:9.3f} {r['peak'] / model:7.2f} {r['out'] / model:14.2f} "
+                  f"{r['estimate'] / max(r['peak'], 1):9.2f}  {', '.join(r['held']) or '-'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ F32 = 4
 # for N fine-tuned models, as (a, b). Measured on the CPU at N = 2 and 3 (python bench/merge_memory.py; its
 # table is in docs/scaling.md) and rounded up by 0.1. FAST is what the CPU kernels hold (`MethodSpec.fast`, the
 # path a float32 merge on the CPU takes); REFERENCE is what the reference functions hold, the path on a GPU
-# (measured on the CPU with the kernels turned off: `bench/merge_memory.py --reference`). A method not listed
-# (a plugin, or one that needs a pool) gets DEFAULT_WORKING: the largest a and the largest b measured.
+# (measured on the CPU with the kernels turned off: `bench/merge_memory.py --reference`; a method with no kernel
+# falls back to FAST). A method not listed (a plugin) gets DEFAULT_WORKING: the largest a and the largest b measured.
 FAST = {
     "linear": (2.1, 0), "wise_ft": (3.1, 0), "hma": (3.1, 0), "task_arithmetic": (0.4, 0), "ties": (0.4, 0),
     "dare_linear": (0.4, 0), "dare_ties": (0.4, 0), "breadcrumbs": (1.9, 0), "consensus": (0.4, 0),
@@ -40,6 +40,8 @@ FAST = {
     "arcee_fusion": (5.4, 0), "ram": (0.6, 0), "ramplus_tl": (0.6, 0), "sce": (2.2, 0), "della": (0.4, 0),
     "della_linear": (0.4, 0), "breadcrumbs_ties": (0.4, 0), "lines": (0.4, 0), "tsv": (0.7, 0), "iso_c": (0.6, 0),
     "iso_cts": (0.9, 0), "cart": (2.1, 1.0), "localize_stitch": (5.4, 0), "knots": (0.1, 0), "passthrough": (0.1, 0),
+    # the pool methods' whole peak less the tensors read (their prepare phase included, so an upper bound)
+    "fisher": (7.1, 3.1), "regmean": (1.0, 3.3), "regmean_pp": (4.7, 1.9), "slwm": (4.9, 0.6),
 }
 REFERENCE = {
     "linear": (2.1, 0), "wise_ft": (3.1, 0), "hma": (3.1, 0), "task_arithmetic": (0.4, 0), "ties": (6.6, 1.5),
@@ -76,18 +78,24 @@ def merge_parts(largest: int, stored_bytes: int, n_models: int, method: str, *, 
 
 
 def prepare_parts(method: str, size: ModelSize, n_models: int, linear_inputs: int) -> dict[str, int]:
-    """The parts of a pool method's prepare phase on the CPU (float32): the models it holds at once and its
-    statistics. `linear_inputs`: Σ d_in² over the linear layers of the decoder layers (regmean's Gram entries)."""
+    """The parts of a pool method's prepare phase on the CPU (float32; the hooks hold one model at a time, see
+    docs/merging.md): the statistics, which the formula needs whole (a Fisher of the model's size per fine-tune;
+    a Gram of d_in² per linear layer and fine-tune, `linear_inputs` = Σ d_in²), and what the hook holds beside
+    them, in model sizes measured by `bench/prepare_memory.py` on a 42M Llama (fisher: the model, its gradients
+    and their running sum, 3.1; regmean 2.2, regmean_pp 2.3, slwm 2.3: the model or working copy, the layers read
+    from the checkpoints and the forward passes) and rounded up. The forward passes' share shrinks with the
+    model, so these are upper bounds for larger ones."""
     model = size.bytes("float32")
-    if method == "fisher":      # one model and its gradients at a time; every model's diagonal Fisher kept
-        return {"model + gradients": 2 * model, "Fishers (one per model)": n_models * model}
+    if method == "fisher":
+        return {"model, gradients and their running sum": int(3.2 * model),
+                "Fishers (one per fine-tune)": n_models * model}
     if method in ("regmean", "regmean_pp"):
-        held = {"regmean": 1, "regmean_pp": 1 + n_models}[method]
-        return {"models loaded": held * model, "Gram matrices": n_models * linear_inputs * F32}
-    return {"models loaded (base + one fine-tune)": 2 * model}
+        return {"model and forward passes": int({"regmean": 2.3, "regmean_pp": 2.4}[method] * model),
+                "Gram matrices": n_models * linear_inputs * F32}
+    return {"working copy, layers read and forward passes": int(2.4 * model)}
 
 
-def _linear_inputs(ckpt) -> int:
+def gram_entries(ckpt) -> int:
     """Σ d_in² over the 2-D weights inside decoder layers (from the headers)."""
     from forgetlab.core.memory import in_decoder_layer
 
@@ -125,7 +133,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     size = ModelSize.of(sources.base_ck)
     fixes = []
     if spec.needs_pool:
-        prep = prepare_parts(spec.name, size, n, _linear_inputs(sources.base_ck))
+        prep = prepare_parts(spec.name, size, n, gram_entries(sources.base_ck))
         if dev.startswith("cpu"):
             phases["preparing"] = prep
         else:
