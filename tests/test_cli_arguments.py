@@ -319,6 +319,7 @@ for _path in ["features", "textdiff", "search"]:
 for _path in ["merge", "pcb-search"]:
     EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
 EXPECTED["pcb-search"]["device"] = (("--device",), None, False, "_device", None, None, None)
+EXPECTED["slwm-weights"]["dry_run"] = _DRY_RUN
 
 POSITIONALS = {
     "attribution": ["pool"], "features": ["pool"], "finetune": ["pool"], "linearity": ["pool"],

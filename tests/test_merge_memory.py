@@ -184,3 +184,18 @@ def test_merge_is_scored_in_the_jobs_dtype_one_model_at_a_time(tiny_llama, tmp_p
     for a, b in zip(bf, f32):
         assert a.general_loss == pytest.approx(b.general_loss, rel=0.02)
     assert f32[-1].general_loss != bf[-1].general_loss     # two precisions, two sets of numbers
+
+
+def test_slwm_weights_dry_run_prints_its_estimate(tiny_llama, capsys, monkeypatch):
+    from forgetlab.core.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    est = estimate("slwm_weights", pool=pool)
+    assert est.total == int(2.4 * ModelSize.of(pool.checkpoint("base")).bytes("float32"))
+    assert main(["slwm-weights", str(tiny_llama.pool_yaml), "--dry-run"]) == 0
+    assert "slwm_weights in float32 needs ≈" in capsys.readouterr().out
+    import forgetlab.core.memory as memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    assert main(["slwm-weights", str(tiny_llama.pool_yaml)]) == 2
+    assert "will not fit" in capsys.readouterr().err

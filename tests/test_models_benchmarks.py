@@ -466,3 +466,27 @@ def test_a_metric_the_task_does_not_report_is_refused_before_any_work(tiny_llama
     check_metrics(["exact_match", "tiny_cloze/acc", "tiny_cloze/acc_norm"], spec)        # the real ones pass
     with pytest.raises(BenchmarkError, match="did you mean tiny_cloze/acc_norm"):
         check_metrics(["tiny_cloze/acc_nrm"], spec)
+
+
+def test_the_benchmarks_button_shows_its_memory_and_refuses_what_will_not_fit(tiny_llama, tmp_path, monkeypatch):
+    from forgetlab.core.memory import ModelSize, estimate
+    from forgetlab.core.pool import ModelPool
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    pool_yaml = _bench_pool(tiny_llama, tmp_path)
+    pool = ModelPool.from_yaml(pool_yaml)
+    f32 = estimate("benchmarks", pool=pool, dtype="float32")
+    bf = estimate("benchmarks", pool=pool, dtype="bfloat16")
+    size = ModelSize.of(pool.checkpoint("base"))
+    assert f32.parts["weights"] == size.bytes("float32") and bf.parts["weights"] == size.bytes("bfloat16")
+    assert f32.parts["longest request"] > bf.parts["longest request"] > 0
+    at = open_page("models", pool_yaml, timeout=120)
+    at.run()
+    assert any(c.value.startswith("Memory: needs ≈") and "longest request" in c.value for c in at.caption)
+    assert not at.button(key="models_bench_run").disabled
+    import forgetlab.core.memory as memory
+
+    monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+    at.run()
+    assert at.button(key="models_bench_run").disabled
+    assert any("will not fit" in e.value and "longest request" in e.value for e in at.error)

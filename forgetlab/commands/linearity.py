@@ -50,6 +50,7 @@ def register(sub) -> None:
     shared.add_samples(p)
     p.add_argument("--ridge", type=float, default=1e-4, help="ridge relative to tr(G)/T (default 1e-4)")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
+    shared.add_dry_run(p)
     shared.add_out(p, "CSV file")
     p.set_defaults(func=cmd_slwm_weights)
 
@@ -101,6 +102,11 @@ def cmd_slwm_weights(args) -> int:
     from forgetlab.merge.methods.slwm import slwm_weights
 
     pool = ModelPool.from_yaml(args.pool)
+    from forgetlab.core.memory import estimate
+    from forgetlab.merge.memory import estimate_slwm_weights  # noqa: F401  (registers the estimate)
+
+    if emit_estimate(estimate("slwm_weights", pool=pool, models=args.models, device=args.device), args.dry_run):
+        return 0
     update, close = tqdm_progress("slwm weights")
     try:
         w = slwm_weights(pool, args.tasks, models=args.models, level=args.level, samples=args.samples,

@@ -38,3 +38,22 @@ def estimate_eval(pool, models: Optional[Sequence[str]] = None, *, device: Optio
     return MemoryEstimate("eval", str(device or "cpu"), dtype_name(dt),
                           {"weights": size.bytes(dt), "largest batch": eval_batch_bytes(size, dtype=dt, batch=rows,
                                                                                           seq=seq)}, fixes=fixes)
+
+
+@register_estimator("benchmarks")
+def estimate_benchmarks(pool, models: Optional[Sequence[str]] = None, *, device: Optional[str] = None, dtype=None,
+                        batch_size: int = 1, **_: Any) -> MemoryEstimate:
+    """The peak of running lm-eval's tasks (`forgetlab.core.benchmarks.benchmark_pool`) on `models` one after
+    another: the largest one's weights in `dtype` plus one request batch at the longest sequence lm-eval may feed
+    it (the model's context, `max_position_embeddings`, else lm-eval's default 2048), scored as `eval_batch_bytes`
+    scores a batch. Requests are as long as the task's prompt, so this is an upper bound. Reads headers only."""
+    dt = job_dtype(dtype, device)
+    names = list(models) if models else ["base", *pool.model_names]
+    ckpt = max((pool.checkpoint(n) for n in names), key=lambda c: ModelSize.of(c).parameters)
+    size = ModelSize.of(ckpt)
+    seq = int(getattr(ckpt.config, "max_position_embeddings", 0) or 2048)
+    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + ["fewer models"]
+    return MemoryEstimate("benchmarks", str(device or "cpu"), dtype_name(dt),
+                          {"weights": size.bytes(dt),
+                           "longest request": eval_batch_bytes(size, dtype=dt, batch=int(batch_size), seq=seq)},
+                          fixes=fixes)

@@ -19,7 +19,7 @@ phases, and the estimate shows that phase's parts.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, free_bytes, gib, job_dtype,
                                    register_estimator)
@@ -156,3 +156,14 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     phase, parts = max(phases.items(), key=lambda kv: sum(kv[1].values()))
     return MemoryEstimate("merge", dev, dtype_name(dt), {f"{phase}: {k}": v for k, v in parts.items()},
                           fixes=fixes or ["fewer models in the recipe"])
+
+
+@register_estimator("slwm_weights")
+def estimate_slwm_weights(pool, models: Optional[Sequence[str]] = None, *, device: Optional[str] = None,
+                          **_: Any) -> MemoryEstimate:
+    """The peak of `forgetlab slwm-weights` (`forgetlab.merge.methods.slwm.slwm_weights` on a pool): slwm's prepare
+    phase (`prepare_parts`), in float32 on `device`. Reads headers only."""
+    size = ModelSize.of(pool.checkpoint("base"))
+    n = len(models) if models else len(pool.model_names)
+    return MemoryEstimate("slwm_weights", str(device or "cpu"), "float32",
+                          prepare_parts("slwm", size, n, 0))

@@ -114,7 +114,12 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> Non
                                  f"pool.yaml says {spec.limit or 'all'}). Small limits are quick but noisy.")
     models = ["base", *pool.model_names]
     c2.write("")
-    clicked = c2.button(f"Run benchmarks on all {len(models)} models", key="models_bench_run",
+    from forgetlab.core.eval_memory import estimate_benchmarks  # noqa: F401  (registers the estimate)
+    from forgetlab.ui.memory import memory_check
+
+    with c2:
+        fits = memory_check("benchmarks", pool=pool, models=models, device=device, dtype=dtype)
+    clicked = c2.button(f"Run benchmarks on all {len(models)} models", key="models_bench_run", disabled=not fits,
                         help="Runs in the background; the result is saved to Runs.")
 
     def keep(done) -> None:
