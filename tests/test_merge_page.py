@@ -342,6 +342,7 @@ def test_merge_page_shows_the_merges_memory_scores_in_the_sidebar_dtype_and_refu
     finish_cleanly(at, "merge")
     saved = json.loads((tmp_path / "merges" / "in-bf16" / "scorecards.json").read_text())
     assert saved["dtype"] == "bfloat16" and saved["device"] == "cpu"
+    assert saved["memory"]["device"] == "cpu" and saved["memory"]["peak_bytes"] > 0   # measured by the app's job
     import forgetlab.core.memory as memory
 
     at.session_state["app_dtype"] = "float32"

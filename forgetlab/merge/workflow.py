@@ -113,7 +113,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
     from forgetlab.core.checkpoints import load_model
-    from forgetlab.core.memory import job_dtype
+    from forgetlab.core.memory import job_dtype, recorded_peak
     from forgetlab.core.outputs import record_file
 
     if pool.probes is None:
@@ -138,6 +138,7 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     del model
     payload = {"parents": list(parents), "max_general": max_general, "max_task": max_task,
                "device": str(device or "cpu"), "dtype": str(dt).removeprefix("torch."),
+               "memory": recorded_peak(),     # the peak so far (merge and scoring), measured by the CLI or app
                "cards": [c.to_dict() for c in cards]}
     try:
         (merged_dir / SCORECARDS).write_text(json.dumps(payload, indent=2))
