@@ -9,8 +9,8 @@
 Jobs: scorecards (base and a fine-tune, loaded in bfloat16), linearity (layer level), features (captured
 submodule features), a WiSE-FT α sweep, a FAPM pruning sweep, a TIES and a PCB merge (in memory, on the
 device), the Merge page's path (a TIES merge through the streaming engine into a folder, then scored in the job's
-dtype), PCB's λ search (its start point's probe loss), a MoFO fine-tune, a LoRA fine-tune (rank 8, gradient checkpointing), the attribution map, and an α sweep
-on Ray with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
+dtype), PCB's λ search (its start point's probe loss), a MoFO fine-tune, a LoRA fine-tune (rank 8, gradient
+checkpointing), the attribution map, and an α sweep on Ray with one worker per visible GPU. Each job prints its wall time, peak GPU memory, the largest difference of its
 numbers from the CPU float32 run and whether that is within tolerance (bfloat16: 5e-2 relative; jobs whose API
 computes in float32 on the GPU: 2e-3 relative, the GPU's reduction order being the only difference). The
 `dtype` column says which (the in-memory merges run in float32 on the GPU — merges compute θ0 + f(τ) in

@@ -241,9 +241,10 @@ class pcb_batch_loss:
 
 def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task: Optional[int] = 32,
                       device: Optional[str] = None, dtype=None, executor=None, progress: Progress = None):
-    """PCB's per-task λ search (CMA-ES, `cma_lambdas`) for a pcb `recipe`
-    (its keep, scope and first λ as the start), minimising the mean answer loss on `pool`'s probe split, scored
-    in `dtype` (`probe_loss`; its memory: `lambda_search_memory`) — in this process, or with each CMA-ES generation evaluated at once on an executor's workers (`pcb_batch_loss`).
+    """PCB's per-task λ search (CMA-ES, `cma_lambdas`) for a pcb `recipe` (its keep, scope and first λ as the
+    start), minimising the mean answer loss on `pool`'s probe split, scored in `dtype` (`probe_loss`; its memory:
+    `lambda_search_memory`) — in this process, or with each CMA-ES generation evaluated at once on an executor's
+    workers (`pcb_batch_loss`).
     Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
     from forgetlab.core.checkpoints import open_checkpoint
     from forgetlab.executors import make_executor, worker_id
