@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 28's GPU measurements as one prepared run, from the repository root on a CUDA machine (≈ 9 min):
+#
+#     bash bench/gpu_issue28.sh          # logs under $OUT (the device tool's folder) or /tmp/gpu28
+#
+# 1. bench/gpu_smoke.py: every job on cuda against CPU float32, with each estimate beside CUDA's peak;
+# 2. bench/merge_limit.py: PCB (global), TIES and task arithmetic on cuda against the read+write limit (aim: PCB
+#    at ≥ 0.3 of it);
+# 3. bench/sweep_point_cost.py: a FAPM sweep point against a WiSE-FT point on cuda (aim: ≤ 1.5×);
+# 4. bench/memory.py: each job's CUDA peak as a multiple of the model's bytes, beside its estimate.
+# The pools are random Llamas with the tiny tokenizer and probe data of gpu_smoke's `tiny_pool` (no zoo to build).
+# The machine needs torch with CUDA, transformers, safetensors, peft, pandas, PyYAML and tqdm; cma (the λ search)
+# and ray travel as wheels where the image lacks them (`--allow-skip` lets a job that cannot run be reported).
+set -u -o pipefail
+OUT=${OUT:-/tmp/gpu28}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+PY=${PY:-python3}
+POOL=$(mktemp -d)
+export FORGETLAB_HOME="$POOL/home"
+"$PY" -c "import sys; sys.path.insert(0, 'bench'); from pathlib import Path; from gpu_smoke import tiny_pool; \
+tiny_pool(Path('$POOL'))" || exit 1
+nvidia-smi --query-gpu=name,memory.total --format=csv 2>&1 | tee "$OUT/device.txt"
+timeout 180 "$PY" bench/gpu_smoke.py --pool "$POOL/pool.yaml" --allow-skip 2>&1 | tee "$OUT/gpu_smoke.txt"
+timeout 150 "$PY" bench/merge_limit.py --sizes 27M,100M --device cuda --no-mergekit \
+    --only pcb,ties,task_arithmetic 2>&1 | tee "$OUT/merge_limit.txt"
+timeout 90 "$PY" bench/sweep_point_cost.py --size 100M --device cuda --zoo "$POOL" 2>&1 | tee "$OUT/sweep_point_cost.txt"
+timeout 150 "$PY" bench/memory.py --size 100M --device cuda --zoo "$POOL" 2>&1 | tee "$OUT/memory.txt"
