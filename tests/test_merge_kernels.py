@@ -268,3 +268,42 @@ def test_pcb_constant_products():
     base = torch.zeros(300)
     want = base + pcb.pcb_merge([t.clone() for t in taus], 0.2, [1.0, 1.0])
     torch.testing.assert_close(pcb.pcb_merge_into_(base.clone(), taus, 0.2, [1.0, 1.0]), want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n", [1000, (1 << 20) + 4097])
+def test_the_gpus_sort_selection_gives_kthvalues_value(n):
+    """`_smallest(by_sort=True)` (what a CUDA tensor takes: torch.sort, ~20× faster there than torch.kthvalue on
+    one slice) against torch.kthvalue, with ties and signed zeros, and through the bracketed k-th largest."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    x[: n // 10] = 0.5                                     # ties
+    x[n // 10: n // 10 + 7] = -0.0
+    for j in (1, 2, n // 3, n // 10, n - 1, n):
+        assert K._smallest(x, j, by_sort=True).item() == torch.kthvalue(x, j).values.item()
+    import unittest.mock as mock
+
+    real = K._smallest
+    with mock.patch.object(K, "_smallest", lambda v, j: real(v, j, by_sort=True)):
+        for k in (1, n // 7, n // 2, n):
+            assert K._kth_largest_tensor(x, k).item() == torch.kthvalue(x, n - k + 1).values.item()
+
+
+def test_radix_select_counts_on_the_values_device_path_as_the_cpu_kernels_do(monkeypatch):
+    """RadixSelect fed through its torch path (the GPU's: histograms counted where the values are) and through the
+    numpy path give the exact k-th largest of the whole stream."""
+    g = torch.Generator().manual_seed(3)
+    chunks = [torch.rand(s, generator=g) for s in (70_000, 5, 300_000, 1)]
+    chunks[1][:] = 0.25                                    # ties across chunks
+    chunks[0][:100] = 0.25
+    whole = torch.cat(chunks)
+    for k in (1, 17, whole.numel() // 3, whole.numel()):
+        found = []
+        for device_path in (False, True):
+            monkeypatch.setattr(K, "DEVICE_PATH_ON_CPU", device_path)
+            sel = K.RadixSelect(k)
+            for _ in range(2):
+                for c in chunks:
+                    sel.add(c)
+                sel.advance()
+            found.append(sel.value)
+        assert found[0] == found[1] == torch.sort(whole, descending=True).values[k - 1].item()
