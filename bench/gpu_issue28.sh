@@ -9,9 +9,15 @@
 # 3. bench/sweep_point_cost.py: a FAPM sweep point against a WiSE-FT point on cuda (aim: ≤ 1.5×);
 # 4. bench/memory.py: each job's CUDA peak as a multiple of the model's bytes, beside its estimate.
 # The pools are random Llamas with the tiny tokenizer and probe data of gpu_smoke's `tiny_pool` (no zoo to build).
-# The machine needs torch with CUDA, transformers, safetensors, peft, pandas, PyYAML and tqdm; cma (the λ search)
-# and ray travel as wheels where the image lacks them (`--allow-skip` lets a job that cannot run be reported).
+# The machine needs torch with CUDA, transformers, safetensors, peft, pandas, PyYAML and tqdm (the device image has
+# them). cma (the λ search) and ray are not there: a job that needs them is reported as skipped (`--allow-skip`),
+# or they travel as wheels: here, `echo /.whl/ >> .git/info/exclude; python3 -m pip download --no-deps
+# --only-binary=:all: -d .whl cma` (a pure-Python wheel), then carry `.whl`; this script installs what it finds.
 set -u -o pipefail
+if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 OUT=${OUT:-/tmp/gpu28}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

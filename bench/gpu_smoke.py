@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from forgetlab.core.errors import MissingDependencyError
+
 GENERAL = [
     "The river flows through the old town and past the mill. Farmers bring grain to the market every week.",
     "A library keeps books, maps and letters. Readers come in the morning and leave in the evening.",
@@ -328,6 +330,10 @@ def run(pool_yaml: Path, device: str, dtype, skip=(), dry=False, allow_skip=Fals
                      if est and not dry and meter.peak > 0 else "")
             rows.append((name, str(jd).replace("torch.", ""), wall, peak, diff,
                          f"{'ok' if ok else 'DISAGREES'} (tol {tol:g}; CPU {t_cpu:.1f} s{ratio})"))
+        except MissingDependencyError as exc:      # e.g. cma or ray not installed on the GPU machine
+            failed |= not allow_skip
+            rows.append((name, "-", float("nan"), float("nan"), float("nan"),
+                         f"skipped ({exc})"[:120] + ("" if allow_skip else ": FAILS without --allow-skip")))
         except Exception as exc:  # noqa: BLE001 - the table reports every failure
             failed = True
             rows.append((name, "-", float("nan"), float("nan"), float("nan"), f"FAILED: {type(exc).__name__}: {exc}"[:160]))
