@@ -31,4 +31,7 @@ timeout 180 "$PY" bench/gpu_smoke.py --pool "$POOL/pool.yaml" --allow-skip 2>&1 
 timeout 150 "$PY" bench/merge_limit.py --sizes 27M,100M --device cuda --no-mergekit \
     --only pcb,ties,task_arithmetic 2>&1 | tee "$OUT/merge_limit.txt"
 timeout 90 "$PY" bench/sweep_point_cost.py --size 100M --device cuda --zoo "$POOL" 2>&1 | tee "$OUT/sweep_point_cost.txt"
-timeout 150 "$PY" bench/memory.py --size 100M --device cuda --zoo "$POOL" 2>&1 | tee "$OUT/memory.txt"
+# every job but features (the tiny pool has 6 probe pairs per task, features asks 8; gpu_smoke measures features)
+JOBS=finetune-adamw,finetune-mofo,finetune-adamw-bf16,finetune-lora-bf16-ckpt,sweep-alpha,sweep-alpha-bf16
+JOBS=$JOBS,sweep-pruning-fapm,textdiff,textdiff-bf16,search,search-bf16,eval,eval-bf16
+timeout 150 "$PY" bench/memory.py --size 100M --device cuda --zoo "$POOL" --jobs "$JOBS" 2>&1 | tee "$OUT/memory.txt"
