@@ -199,3 +199,24 @@ def test_slwm_weights_dry_run_prints_its_estimate(tiny_llama, capsys, monkeypatc
     monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
     assert main(["slwm-weights", str(tiny_llama.pool_yaml)]) == 2
     assert "will not fit" in capsys.readouterr().err
+
+
+def test_a_gpu_job_whose_host_cannot_hold_its_part_does_not_fit(tiny_llama, tmp_path, monkeypatch):
+    """On cuda, PCB's λ search keeps its state dicts and a pool merge its statistics on the host: a host too small
+    for them shows as a part of its own (`core.memory.host_shortfall`), so the estimate does not fit."""
+    import forgetlab.analysis.lambda_search  # noqa: F401  (registers the "pcb_search" estimate)
+    import forgetlab.core.memory as memory
+    from forgetlab.core.pool import ModelPool
+
+    pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
+    pcb = _recipe_file(tmp_path, tiny_llama, method="pcb")
+    fisher = tmp_path / "fisher.yaml"
+    fisher.write_text(pcb.read_text().replace("method: pcb", "method: fisher") + f"pool: {tiny_llama.pool_yaml}\n")
+    for job, kw in (("pcb_search", dict(pool=pool, recipe=pcb)), ("merge", dict(recipe=fisher))):
+        roomy = estimate(job, device="cuda", **kw)
+        assert not any(k.startswith(("host memory short", "merging: host memory short")) for k in roomy.parts)
+        monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)
+        short = estimate(job, device="cuda", **kw)
+        monkeypatch.undo()
+        [part] = [k for k in short.parts if "host memory short" in k]
+        assert "needs" in part and "free)" in part and not short.fits

@@ -15,7 +15,8 @@ from typing import Any, Optional
 import torch
 
 from forgetlab.core.eval_memory import eval_batch_bytes
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 F32 = 4
 
@@ -43,7 +44,7 @@ def estimate_attribution(pool, model: str, *, task: Optional[str] = None, level:
     rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, tasks=[task], batch_size=int(batch_size),
                                    max_general=max_general, max_task=max_task)
     extra = max(write_bytes(size, stored == {torch.float32}), eval_batch_bytes(size, dtype=dt, batch=rows, seq=seq))
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
+    fixes = dtype_fixes(dt) + (
         ["a smaller --batch-size"] if batch_size > 1 else [])
     return MemoryEstimate("attribution", str(device or "cpu"), dtype_name(dt),
                           {"weights": size.bytes(dt), "one write or evaluation batch": extra}, fixes=fixes)

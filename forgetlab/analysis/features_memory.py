@@ -30,7 +30,8 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 F32 = 4
 TSNE_LIBRARIES = 36 * 1024 ** 2      # openTSNE + scikit-learn loaded after transformers (measured: 36.3 MiB)
@@ -111,6 +112,6 @@ def estimate_features(pool, tasks: Optional[Sequence[str]] = None, models: Optio
     beyond = tsne_bytes(points * len(names), size.hidden, loaded) - unmapped(parts)
     if beyond > 0:
         parts["PCA and t-SNE, beyond the capture"] = beyond
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
+    fixes = dtype_fixes(dt) + (
         ["--level attn (the head level holds every head's output)"] if level == "head" else [])
     return MemoryEstimate("features", str(device or "cpu"), dtype_name(dt), parts, fixes=fixes)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, free_bytes, gib, job_dtype,
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_fixes, dtype_name, host_shortfall, job_dtype,
                                    register_estimator)
 
 F32 = 4
@@ -50,12 +50,6 @@ def estimate_pcb_search(pool, recipe, *, device: Optional[str] = None, dtype=Non
     parts = {"working copy": size.bytes(dt), "largest evaluation batch": eval_batch_bytes(size, dtype=dt, batch=rows,
                                                                                           seq=seq)}
     host = host_parts(size, n)
-    if dev.startswith("cpu"):
-        parts.update(host)
-    else:
-        need, free = sum(host.values()), free_bytes("cpu")
-        if free is not None and need > free:
-            parts[f"host memory short (needs {gib(need)}, {gib(free)} free)"] = need
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + [
-        "fewer models in the recipe", "PCB's λ given by hand (no search)"]
+    parts.update(host if dev.startswith("cpu") else host_shortfall(sum(host.values())))
+    fixes = dtype_fixes(dt) + ["fewer models in the recipe", "PCB's λ given by hand (no search)"]
     return MemoryEstimate("pcb_search", dev, dtype_name(dt), parts, fixes=fixes)

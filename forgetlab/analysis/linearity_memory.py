@@ -13,7 +13,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 F32 = 4
 
@@ -69,9 +70,7 @@ def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str]
     stored = {stored_float_dtype(pool.checkpoint(x)) for x in ("base", name)}
     parts = linearity_parts(size, dtype=dt, batch=batch, seq=seq, levels=levels,
                             stored_float32=stored == {torch.float32})
-    fixes = []
-    if dtype_bytes(dt) == 4:
-        fixes.append("--dtype bfloat16 (sidebar: Dtype)")
+    fixes = dtype_fixes(dt)
     if "head" in levels:
         fixes.append("--levels without head")
     if batch > 1:

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from forgetlab.analysis.features_memory import MAPPED, mapped_weights
-from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, free_bytes, gib, job_dtype,
-                                   register_estimator)
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, host_shortfall,
+                                   job_dtype, register_estimator)
 
 F32 = 4
 
@@ -80,9 +80,6 @@ def estimate_search(recipe, pool, *, device: Optional[str] = None, dtype=None, b
     parts = search_parts(size, n_models=len(tuned), dtype=dt, resident_bytes=r, batch_bytes=batch, on_gpu=on_gpu,
                          mapped=mapped)
     if on_gpu:
-        host, free = host_bytes(size, n_models=len(tuned), resident_bytes=r), free_bytes("cpu")
-        if free is not None and host > free:
-            parts[f"host memory short (needs {gib(host)}, {gib(free)} free)"] = host
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
-        ["a smaller --batch-size"] if rows > 1 else []) + ["fewer models in the recipe"]
+        parts.update(host_shortfall(host_bytes(size, n_models=len(tuned), resident_bytes=r)))
+    fixes = dtype_fixes(dt) + (["a smaller --batch-size"] if rows > 1 else []) + ["fewer models in the recipe"]
     return MemoryEstimate("search", dev, dtype_name(dt), parts, fixes=fixes)

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 EVAL_BLOCK = 128        # tokens per general-text block (core.evaluate.general_loss)
 MERGE_COPIES = {"alpha": 3}   # float32 tensors of the largest shape alive while one tensor is merged (docstring)
@@ -54,9 +55,7 @@ def estimate_sweep(pool, model: str, *, kind: str = "pruning", device: Optional[
     if max_general is not None and max_task is not None:
         batch_size = min(int(batch_size), max(int(max_general), int(max_task)))
     parts = sweep_parts(size, dtype=dt, batch_size=batch_size, kind=kind)
-    fixes = []
-    if dtype_bytes(dt) == 4:
-        fixes.append("--dtype bfloat16 (sidebar: Dtype)")
+    fixes = dtype_fixes(dt)
     if "evaluation" in parts and batch_size > 1:
         fixes.append("a smaller --batch-size")
     fixes.append("--device-map auto (spread the working copy over GPUs, CPU and disk)")

@@ -23,7 +23,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from forgetlab.analysis.features_memory import MAPPED, mapped_weights
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 F32 = 4
 TABLE_BYTES_PER_TOKEN = 400
@@ -89,6 +90,6 @@ def estimate_textdiff(pool, model: str, *, against: str = "base", alpha: Optiona
     rows, seq = _largest_batch(lengths, int(batch_size))
     parts = textdiff_parts(size, dtype=dt, batch=rows, seq=seq, longest=max(lengths), tokens=sum(lengths),
                            lens=lens, chunk=vocab_chunk, wise_ft=alpha is not None, mapped=mapped)
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
+    fixes = dtype_fixes(dt) + (
         ["--no-lens"] if lens else []) + (["a smaller --batch-size"] if rows > 1 else [])
     return MemoryEstimate("textdiff", str(device or "cpu"), dtype_name(dt), parts, fixes=fixes)

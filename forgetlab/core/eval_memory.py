@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 F32 = 4
 
@@ -33,7 +34,7 @@ def estimate_eval(pool, models: Optional[Sequence[str]] = None, *, device: Optio
     size = max((ModelSize.of(pool.checkpoint(n)) for n in names), key=lambda s: s.parameters)
     rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, batch_size=int(batch_size), max_general=max_general,
                                    max_task=max_task, general_mode=general_mode)
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + (
+    fixes = dtype_fixes(dt) + (
         ["--device-map auto (spread the model over devices and CPU)", "smaller --max-general/--max-task"])
     return MemoryEstimate("eval", str(device or "cpu"), dtype_name(dt),
                           {"weights": size.bytes(dt), "largest batch": eval_batch_bytes(size, dtype=dt, batch=rows,
@@ -52,7 +53,7 @@ def estimate_benchmarks(pool, models: Optional[Sequence[str]] = None, *, device:
     ckpt = max((pool.checkpoint(n) for n in names), key=lambda c: ModelSize.of(c).parameters)
     size = ModelSize.of(ckpt)
     seq = int(getattr(ckpt.config, "max_position_embeddings", 0) or 2048)
-    fixes = (["--dtype bfloat16 (sidebar: Dtype)"] if dtype_bytes(dt) == 4 else []) + ["fewer models"]
+    fixes = dtype_fixes(dt) + ["fewer models"]
     return MemoryEstimate("benchmarks", str(device or "cpu"), dtype_name(dt),
                           {"weights": size.bytes(dt),
                            "longest request": eval_batch_bytes(size, dtype=dt, batch=int(batch_size), seq=seq)},

@@ -156,6 +156,24 @@ def free_bytes(device: Any = "cpu") -> int | None:
     return None
 
 
+DTYPE_FIX = "--dtype bfloat16 (sidebar: Dtype)"
+
+
+def dtype_fixes(dtype: torch.dtype | str) -> list[str]:
+    """[DTYPE_FIX] for a 4-byte job dtype (halving the weights is then the first fix to name), else []."""
+    return [DTYPE_FIX] if dtype_bytes(dtype) == 4 else []
+
+
+def host_shortfall(need: int, what: str = "") -> dict[str, int]:
+    """The part a GPU job's estimate adds when the CPU cannot hold the `need` bytes the job keeps on the host
+    ("host memory short`what` (needs X, Y free)": need), so that the estimate does not fit; {} when it can or the
+    free memory is unknown."""
+    free = free_bytes("cpu")
+    if free is None or need <= free:
+        return {}
+    return {f"host memory short{what} (needs {gib(need)}, {gib(free)} free)": need}
+
+
 @dataclass
 class MemoryEstimate:
     """A job's estimated peak on its device: `parts` maps what holds memory ("weights", "gradients",

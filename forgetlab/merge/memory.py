@@ -11,7 +11,7 @@ The engine (`forgetlab.merge.engine`) merges one tensor at a time, so its peak i
 A method with a global pass on a CUDA device with room keeps every input there for its later passes
 (`merge.core.resident_budget`: half the free memory at most); that part is added when it applies. A method that
 prepares coefficients from the pool (regmean, regmean_pp, fisher, slwm) runs forward passes first, on the CPU:
-its statistics and the models it loads (`PREPARE`) form a phase of their own.
+its statistics and the models it loads (`prepare_parts`) form a phase of their own.
 
 `merge --eval` and the Merge page then score the base, the parents and the merge one after another in the job's
 dtype: the "eval" estimate (`forgetlab.core.eval_memory`) of the largest of them. A job's peak is the larger of its
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, free_bytes, gib, job_dtype,
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, job_dtype,
                                    register_estimator)
 
 F32 = 4
@@ -122,7 +122,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     sources = open_sources(recipe)
     entries = _float_entries(check_compatible(sources.base, sources.models))
     big = max(entries, key=lambda e: e.numel)
-    stored = dtype_bytes(big.dtype) if big.dtype.is_floating_point else F32
+    stored = dtype_bytes(big.dtype)
     n = len(sources.models)
     resident = 0
     if dev.startswith("cuda") and spec.needs_global_pass(params):
@@ -137,10 +137,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
         if dev.startswith("cpu"):
             phases["preparing"] = prep
         else:
-            host, free = sum(prep.values()), free_bytes("cpu")
-            if free is not None and host > free:
-                phases["merging"][f"host memory short for {spec.name}'s statistics (needs {gib(host)}, "
-                                  f"{gib(free)} free)"] = host
+            phases["merging"].update(host_shortfall(sum(prep.values()), f" for {spec.name}'s statistics"))
         fixes.append("fewer models, or a method that needs no forward passes")
     if evaluate:
         if pool is None:

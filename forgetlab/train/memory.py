@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import MemoryEstimate, ModelSize, dtype_bytes, dtype_name, job_dtype, register_estimator
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
+                                   register_estimator)
 
 
 def _lora_parameters(size: ModelSize, config) -> int:
@@ -87,9 +88,7 @@ def estimate_finetune(pool, task: str, config=None, configs: Optional[Sequence[A
     runs = list(configs) if configs else [config or FinetuneConfig()]
     best = max((run_parts(size, c, dtype=dt, seq=seq, gradient_checkpointing=gradient_checkpointing) for c in runs),
                key=lambda parts: sum(parts.values()))
-    fixes = []
-    if dtype_bytes(dt) == 4:
-        fixes.append("--dtype bfloat16 (sidebar: Dtype)")
+    fixes = dtype_fixes(dt)
     if not any(getattr(c, "lora", 0) for c in runs):
         fixes.append("--lora 16 (page: LoRA)")
     if not gradient_checkpointing:
