@@ -56,18 +56,20 @@ class TensorMerger:
 
 class LazyTensors(Mapping):
     """A read-only mapping name → tensor that reads each tensor from a checkpoint when asked (float32, moved to
-    `device` when one is given). A read may share memory with the checkpoint's memory map: never write into it."""
+    `device` when one is given; `alias` maps a name to the one the checkpoint stores it under, for tied
+    parameters). A read may share memory with the checkpoint's memory map: never write into it."""
 
-    def __init__(self, ckpt, names: Sequence[str], device=None):
+    def __init__(self, ckpt, names: Sequence[str], device=None, alias: Optional[dict[str, str]] = None):
         self.ckpt = ckpt
         self._names = list(names)
         self._set = set(names)
         self.device = device
+        self._alias = alias or {}
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._set:
             raise KeyError(name)
-        t = self.ckpt.read(name, dtype=torch.float32)
+        t = self.ckpt.read(self._alias.get(name, name), dtype=torch.float32)
         return t if self.device is None else t.to(self.device)
 
     def __iter__(self) -> Iterator[str]:
@@ -96,21 +98,7 @@ def stored_params(ckpt, model, device=None) -> Optional[LazyTensors]:
         info = infos.get(stored[id(p)])
         if info is None or tuple(info.shape) != tuple(p.shape):
             return None
-    return _Aliased(ckpt, {n: stored[id(p)] for n, p in params.items()}, device)
-
-
-class _Aliased(LazyTensors):
-    """LazyTensors whose names may be tied aliases, each read under the name the checkpoint stores it by."""
-
-    def __init__(self, ckpt, alias: dict[str, str], device=None):
-        super().__init__(ckpt, list(alias), device)
-        self._alias = alias
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        if name not in self._set:
-            raise KeyError(name)
-        t = self.ckpt.read(self._alias[name], dtype=torch.float32)
-        return t if self.device is None else t.to(self.device)
+    return LazyTensors(ckpt, list(params), device, alias={n: stored[id(p)] for n, p in params.items()})
 
 
 class WorkingCopy:

@@ -22,6 +22,11 @@ def memory_check(job: str, **kwargs: Any) -> bool:
         est: MemoryEstimate = estimate(job, **kwargs)
     except ForgetlabError:
         return True
+    return show_estimate(est)
+
+
+def show_estimate(est: MemoryEstimate) -> bool:
+    """Draw an estimate already made (`memory_check`'s line, or its refusal naming the fixes); whether it fits."""
     if est.fits:
         st.caption(f"Memory: needs ≈ {gib(est.total)}"
                    + (f", {gib(est.free)} free on {est.device}" if est.free is not None else "")

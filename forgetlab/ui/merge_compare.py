@@ -72,18 +72,18 @@ def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
     """The memory line of the comparison: the largest of its merges' estimates (they run one after another)."""
     from forgetlab.core.errors import ForgetlabError
     from forgetlab.core.memory import estimate
-    from forgetlab.ui.memory import memory_check
+    from forgetlab.ui.memory import show_estimate
 
     if not models or not methods:
         return True
     kw = dict(pool=pool, device=device, dtype=dtype, evaluate=True, max_general=budget.max_general,
               max_task=budget.max_task)
     try:
-        recipes = [pool_recipe(pool, m, models, {}) for m in methods]
-        largest = max(recipes, key=lambda r: estimate("merge", recipe=r, **kw).total)
+        largest = max((estimate("merge", recipe=pool_recipe(pool, m, models, {}), **kw) for m in methods),
+                      key=lambda est: est.total)
     except ForgetlabError:
         return True           # pressing the button says what is wrong
-    return memory_check("merge", recipe=largest, **kw)
+    return show_estimate(largest)
 
 
 def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
