@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from forgetlab.core import threads as ct
@@ -103,3 +104,30 @@ def test_app_job_runs_governed_in_its_own_thread(monkeypatch):
     job, started = JobRegistry().start("governed-job", work)
     assert started and job.wait(30) and job.result == 1
     assert seen["thread"].startswith("forgetlab-job-") and seen["threads"] == 1
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "grad"])
+def test_backward_probe_runs_in_any_autograd_mode(monkeypatch, mode):
+    """The probe's first call often comes from a progress report inside torch.no_grad() (evaluation, linearity)
+    or inference_mode(): it must run its backward pass there too, and leave the caller's mode as it was."""
+    monkeypatch.setattr(ct, "_PROBE", {})
+    context = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode, "grad": torch.enable_grad}[mode]
+    with context():
+        before = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        assert isinstance(ct.backward_is_thread_independent(), bool)
+        assert (torch.is_grad_enabled(), torch.is_inference_mode_enabled()) == before
+
+
+def test_first_tick_inside_no_grad_with_the_real_probe(monkeypatch):
+    """A governed job whose first progress report comes inside torch.no_grad(), with the real probe (not a stub):
+    what `forgetlab eval` and the Linearity page do on every machine with two or more cores."""
+    monkeypatch.setattr(ct, "_PROBE", {})
+    previous = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with ct.governed_threads("cpu", sampler=_samples(0.0, 0.0), cpus=2) as gov, torch.no_grad():
+            gov.interval = 0.0
+            ct.tick()
+            assert "ok" in ct._PROBE and not torch.is_grad_enabled()
+    finally:
+        torch.set_num_threads(previous)

@@ -67,15 +67,18 @@ def backward_is_thread_independent() -> bool:
     machine (checked once per process, on a pico-sized product: 2048 rows of 128 → 352)."""
     if "ok" not in _PROBE:
         previous = torch.get_num_threads()
-        g = torch.Generator().manual_seed(0)
-        x, w = torch.randn(2048, 128, generator=g), torch.randn(352, 128, generator=g)
         grads = []
+        # the first tick often comes inside torch.no_grad() or inference_mode() (evaluation, linearity): the
+        # probe makes its tensors and runs its backward pass with autograd on, whatever the caller's mode is
         try:
-            for threads in (1, 2):
-                torch.set_num_threads(threads)
-                wt = w.clone().requires_grad_(True)
-                (x @ wt.T).square().sum().backward()
-                grads.append(wt.grad)
+            with torch.inference_mode(False), torch.enable_grad():
+                g = torch.Generator().manual_seed(0)
+                x, w = torch.randn(2048, 128, generator=g), torch.randn(352, 128, generator=g)
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    wt = w.clone().requires_grad_(True)
+                    (x @ wt.T).square().sum().backward()
+                    grads.append(wt.grad)
         finally:
             torch.set_num_threads(previous)
         _PROBE["ok"] = bool(torch.equal(grads[0], grads[1]))
