@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge.methods.common import UNIT, weights_param
+from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 
 
@@ -196,9 +196,8 @@ def _nuslerp(job: TensorJob) -> torch.Tensor:
 
 
 def _check_multislerp(params: dict, n: int) -> None:
-    if params["normalize_weights"] and abs(sum(params["weights"])) < 1e-12:
-        raise ParameterError("multislerp: the weights sum to 0, so they cannot be normalised; change a weight or "
-                             "set normalize_weights: false.")
+    if params["normalize_weights"]:
+        check_weight_sum(params["weights"], "multislerp", "normalize_weights")
 
 
 @method("multislerp", "Multi-SLERP: barycentric spherical interpolation of several task vectors.",
