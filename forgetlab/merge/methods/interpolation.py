@@ -99,7 +99,7 @@ def _check_linear(params: dict, n: int) -> None:
 
 @method("linear", "Model soup: weighted average of the fine-tuned models.",
         (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
-        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False)
+        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False)
 def _linear(job: TensorJob) -> torch.Tensor:
     return linear(job.finetuned, job.params["weights"], job.params["normalize"])
 
