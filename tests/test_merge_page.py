@@ -11,9 +11,11 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     assert at.title[0].value == "Merge"
     assert any("Compose a merge" in i.value for i in at.info)
     # parameters come from the registry with their defaults
-    assert at.number_input(key="merge_ties_keep").value == 0.2
+    # keep is one number per model (issue 41: mergekit's per-model density), as della's density
+    assert [at.number_input(key=f"merge_ties_keep_{m}").value for m in ("ft0", "ft1")] == [0.2, 0.2]
     assert at.selectbox(key="merge_ties_scope").value == "tensor"
-    at.number_input(key="merge_ties_keep").set_value(0.5)
+    for m in ("ft0", "ft1"):
+        at.number_input(key=f"merge_ties_keep_{m}").set_value(0.5)
     at.text_input(key="merge_name_ties").set_value("first")
     at.session_state["app_max_general"] = 2
     at.session_state["app_max_task"] = 3
@@ -132,12 +134,13 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     assert (merged[0] / "scorecards.json").exists() and list(merged[0].glob("*.safetensors"))
     written = yaml.safe_load((merged[0] / "recipe.yaml").read_text())
     assert [m["weight"] for m in written["models"]] == [m["weight"] for m in best["models"]]
-    assert written["params"] == best["params"]
+    from forgetlab.merge.recipes import Recipe                             # keep: the form's per model (issue 41)
+    assert Recipe.from_dict(written).validated_params() == Recipe.from_dict(best).validated_params()
     assert at.dataframe[0].value["model"].iloc[-1] == merged[0].name        # its scorecard, above the search
-    at.number_input(key="merge_ties_keep").set_value(0.5).run()
+    at.number_input(key="merge_ties_keep_ft0").set_value(0.5).run()
     at.button(key="merge_search_use").click().run()
     assert not at.exception, at.exception
-    assert at.number_input(key="merge_ties_keep").value == 0.2             # the searched recipe's, again
+    assert at.number_input(key="merge_ties_keep_ft0").value == 0.2         # the searched recipe's, again
     assert at.number_input(key="merge_ties_weights_ft1").value == best["models"][1]["weight"]
 
 

@@ -95,7 +95,7 @@ def test_bad_recipes():
     with pytest.raises(ParameterError, match="Unknown recipe key"):
         Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "paramz": {}})
     with pytest.raises(ParameterError, match="per-model parameter"):
-        Recipe.from_dict({"method": "ties", "base": "b", "models": [{"model": "a", "keep": 0.1}]}).method_params()
+        Recipe.from_dict({"method": "ties", "base": "b", "models": [{"model": "a", "lam": 0.1}]}).method_params()
 
 
 def test_cli_merge_methods_and_export(tiny_llama, tmp_path, capsys):
@@ -195,10 +195,10 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
     recipe = pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "weights": [0.25, 1.5]})
     method, models, params = recipe_form(pool, recipe.to_dict())
     assert (method, models) == ("ties", ["ft1", "ft0"])
-    assert params == {"keep": 0.3, "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5], "normalize": True,
-                      "rescale": False}
+    assert params == {"keep": [0.3, 0.3], "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5], "normalize": True,
+                      "rescale": False}                                 # keep: per model since issue 41
     assert pool_recipe(pool, method, models, params).to_dict() == \
-        pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "lam": 1.0, "scope": "tensor",
+        pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": [0.3, 0.3], "lam": 1.0, "scope": "tensor",
                                                    "weights": [0.25, 1.5], "normalize": True,
                                                    "rescale": False}).to_dict()
     linear = load_recipe({"method": "linear", "base": str(tiny_llama.base),
