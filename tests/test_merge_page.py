@@ -353,3 +353,23 @@ def test_merge_page_shows_the_merges_memory_scores_in_the_sidebar_dtype_and_refu
     at.run()
     assert at.button(key="merge_run").disabled and at.button(key="merge_default_run").disabled
     assert sum("will not fit" in e.value and "Dtype" in e.value for e in at.error) >= 2
+
+
+def test_merge_page_shows_the_notes_of_a_merge_made_from_a_mergekit_recipe(tiny_llama, tmp_path, monkeypatch, capsys):
+    """Issue 41: a mergekit parameter that mergekit ignores (sce's weight) is merged as mergekit merges it, with a
+    note: the CLI prints it, the merge's recipe.yaml keeps it, and the Merge page's list of merges shows it."""
+    import yaml
+
+    from forgetlab.cli import main
+
+    ft0, ft1 = (str(p) for p in tiny_llama.finetuned.values())
+    mk = tmp_path / "sce.yaml"
+    mk.write_text(yaml.safe_dump({"merge_method": "sce", "base_model": str(tiny_llama.base),
+                                  "models": [{"model": ft0, "parameters": {"weight": 1.0}},
+                                             {"model": ft1, "parameters": {"weight": 0.4}}]}))
+    assert main(["merge", str(mk), str(tmp_path / "merges" / "sce-weights")]) == 0
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note.startswith("note: mergekit's sce ignores `weight`") and note.endswith("no effect on this merge.")
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    saved = [d.value for d in at.dataframe if "notes" in d.value.columns]
+    assert len(saved) == 1 and list(saved[0]["notes"]) == [note[len("note: "):]]

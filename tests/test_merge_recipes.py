@@ -78,9 +78,10 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
                          "parameters": {"t": 0.3}})      # mergekit's slerp is a forgetlab method now (issue 25)
     assert (slerp.method, slerp.base, [m.model for m in slerp.models]) == ("slerp", "b", ["a"])
     assert slerp.validated_params()["t"] == 0.3
-    with pytest.raises(ParameterError, match="one value"):
-        load_recipe({"merge_method": "ties", "base_model": "b",
-                     "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
+    per_model = load_recipe({"merge_method": "ties", "base_model": "b",   # issue 41: per model, as mergekit reads it
+                             "models": [{"model": "a", "parameters": {"density": 0.2}},
+                                        {"model": "c", "parameters": {"density": 0.5}}]})
+    assert per_model.validated_params()["keep"] == [0.2, 0.5]
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
         Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
     with pytest.raises(ParameterError, match="scope: tensor"):
@@ -355,9 +356,9 @@ def test_per_model_settings_mergekit_would_ignore_are_refused():
     d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
     with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
         Recipe.from_mergekit(d)
-    d = _mk("task_arithmetic")                                        # density: task_arithmetic trims nothing
-    with pytest.raises(ParameterError, match=r"task_arithmetic.*density"):
-        Recipe.from_mergekit(d)
+    d = _mk("task_arithmetic")                    # density: task_arithmetic trims nothing, and mergekit ignores it
+    assert Recipe.from_mergekit(d).notes == ["mergekit's task_arithmetic ignores `density` (it does not sparsify "
+                                             "the task vectors): it has no effect on this merge."]   # issue 41
 
 
 @pytest.mark.parametrize("models", [("/m/a", "/m/a"), ("/m/b", "/m/b", "/m/a"),

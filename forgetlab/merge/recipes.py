@@ -124,7 +124,11 @@ class Recipe:
     optionally `slices` (layer ranges stacked into a new model, mergekit's frankenmerges) and `tokenizer`
     (the output vocabulary: {source: base | union | MODEL, tokens: …, pad_to_multiple_of: N}).
 
-    Parameter values may vary by tensor (per-layer gradients, name filters: forgetlab.merge.settings)."""
+    Parameter values may vary by tensor (per-layer gradients, name filters: forgetlab.merge.settings).
+
+    `notes`: what the reader of the recipe should be told and the merge does not show, one line each (a mergekit
+    parameter that mergekit ignores, so it changes nothing here either); not part of the recipe itself (not in
+    `to_dict`): the CLI prints them, a merge keeps them in its recipe.yaml and the Merge page shows them."""
 
     method: str
     base: str
@@ -136,6 +140,7 @@ class Recipe:
     pool: str | None = None
     slices: list[Slice] | None = None
     tokenizer: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
 
     # -- parameters
     @property
