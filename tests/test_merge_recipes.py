@@ -356,9 +356,13 @@ def test_per_model_settings_mergekit_would_ignore_are_refused():
     d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
     with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
         Recipe.from_mergekit(d)
-    d = _mk("task_arithmetic")                    # density: task_arithmetic trims nothing, and mergekit ignores it
-    assert Recipe.from_mergekit(d).notes == ["mergekit's task_arithmetic ignores `density` (it does not sparsify "
-                                             "the task vectors): it has no effect on this merge."]   # issue 41
+
+
+def test_a_parameter_mergekit_ignores_is_accepted_with_a_note():
+    """issue 41: task_arithmetic trims nothing and mergekit ignores its density: mergekit's result, and a note."""
+    assert Recipe.from_mergekit(_mk("task_arithmetic")).notes == [
+        "mergekit's task_arithmetic ignores `density` (it does not sparsify the task vectors): it has no effect on "
+        "this merge."]
 
 
 @pytest.mark.parametrize("models", [("/m/a", "/m/a"), ("/m/b", "/m/b", "/m/a"),
