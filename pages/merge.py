@@ -113,7 +113,7 @@ with right:
                                            benchmarks=bench_settings.get("benchmarks"),
                                            progress=scaled(progress, 0.4 if search else 0.0, 1.0))
         return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
-                "seconds": result.seconds, "search": found}
+                "seconds": result.seconds, "search": found, "notes": list(result.notes)}
 
     def keep(report) -> None:
         st.session_state[REPORT_KEY] = report
@@ -128,6 +128,8 @@ with right:
     else:
         st.subheader(f"{report['name']}")
         st.caption(f"merged in {report['seconds']:.1f} s into {report['path']}")
+        for note in report.get("notes", []):
+            st.info(note)
         frame = cards_frame(report["cards"], merged=[report["name"]])
         with show_errors():
             st.plotly_chart(judge_figure(pool, report["cards"], [report["name"]], measure), key="merge_chart")
@@ -188,4 +190,6 @@ else:
         show_table(frame, key="merge_compare_table")
         for m in picked:
             with st.expander(f"recipe of {m.name}"):
+                for note in m.notes:
+                    st.info(note)
                 st.code(m.recipe_yaml(), language="yaml")

@@ -145,6 +145,10 @@ FAST_METHODS = [
     ("breadcrumbs", {"keep": 0.3, "gamma": 0.05, "lam": 0.5}), ("fapm", {}), ("fapm", {"score": "magnitude"}),
     ("fapm", {"score": "relative", "ratio": 0.5}), ("pcb", {"scope": "tensor"}), ("pcb", {"scope": "global"}),
     ("pcb", {"scope": "tensor", "keep": 0.5, "lam": [0.5, 1.0, 1.5]}),
+    # issue 41: the sparsity knob per model (mergekit's per-model density and gamma)
+    ("ties", {"keep": [0.1, 0.5, 1.0], "weights": [1.0, 0.5, 2.0]}), ("ties", {"keep": [0.0, 0.3, 0.8]}),
+    ("ties", {"keep": [0.1, 0.6, 0.9], "scope": "global"}), ("dare_ties", {"drop": [0.2, 0.5, 0.9], "seed": 3}),
+    ("dare_linear", {"drop": [0.0, 0.5, 1.0]}), ("breadcrumbs", {"keep": [0.1, 0.3, 0.5], "gamma": [0.0, 0.05, 0.1]}),
 ]
 
 

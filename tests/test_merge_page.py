@@ -11,9 +11,11 @@ def test_merge_page_runs_evaluates_and_lists_merges(tiny_llama, tmp_path, monkey
     assert at.title[0].value == "Merge"
     assert any("Compose a merge" in i.value for i in at.info)
     # parameters come from the registry with their defaults
-    assert at.number_input(key="merge_ties_keep").value == 0.2
+    # keep is one number per model (issue 41: mergekit's per-model density), as della's density
+    assert [at.number_input(key=f"merge_ties_keep_{m}").value for m in ("ft0", "ft1")] == [0.2, 0.2]
     assert at.selectbox(key="merge_ties_scope").value == "tensor"
-    at.number_input(key="merge_ties_keep").set_value(0.5)
+    for m in ("ft0", "ft1"):
+        at.number_input(key=f"merge_ties_keep_{m}").set_value(0.5)
     at.text_input(key="merge_name_ties").set_value("first")
     at.session_state["app_max_general"] = 2
     at.session_state["app_max_task"] = 3
@@ -132,12 +134,13 @@ def test_merge_page_searches_weights_shows_every_point_and_its_worker_and_merges
     assert (merged[0] / "scorecards.json").exists() and list(merged[0].glob("*.safetensors"))
     written = yaml.safe_load((merged[0] / "recipe.yaml").read_text())
     assert [m["weight"] for m in written["models"]] == [m["weight"] for m in best["models"]]
-    assert written["params"] == best["params"]
+    from forgetlab.merge.recipes import Recipe                             # keep: the form's per model (issue 41)
+    assert Recipe.from_dict(written).validated_params() == Recipe.from_dict(best).validated_params()
     assert at.dataframe[0].value["model"].iloc[-1] == merged[0].name        # its scorecard, above the search
-    at.number_input(key="merge_ties_keep").set_value(0.5).run()
+    at.number_input(key="merge_ties_keep_ft0").set_value(0.5).run()
     at.button(key="merge_search_use").click().run()
     assert not at.exception, at.exception
-    assert at.number_input(key="merge_ties_keep").value == 0.2             # the searched recipe's, again
+    assert at.number_input(key="merge_ties_keep_ft0").value == 0.2         # the searched recipe's, again
     assert at.number_input(key="merge_ties_weights_ft1").value == best["models"][1]["weight"]
 
 
@@ -350,3 +353,23 @@ def test_merge_page_shows_the_merges_memory_scores_in_the_sidebar_dtype_and_refu
     at.run()
     assert at.button(key="merge_run").disabled and at.button(key="merge_default_run").disabled
     assert sum("will not fit" in e.value and "Dtype" in e.value for e in at.error) >= 2
+
+
+def test_merge_page_shows_the_notes_of_a_merge_made_from_a_mergekit_recipe(tiny_llama, tmp_path, monkeypatch, capsys):
+    """Issue 41: a mergekit parameter that mergekit ignores (sce's weight) is merged as mergekit merges it, with a
+    note: the CLI prints it, the merge's recipe.yaml keeps it, and the Merge page's list of merges shows it."""
+    import yaml
+
+    from forgetlab.cli import main
+
+    ft0, ft1 = (str(p) for p in tiny_llama.finetuned.values())
+    mk = tmp_path / "sce.yaml"
+    mk.write_text(yaml.safe_dump({"merge_method": "sce", "base_model": str(tiny_llama.base),
+                                  "models": [{"model": ft0, "parameters": {"weight": 1.0}},
+                                             {"model": ft1, "parameters": {"weight": 0.4}}]}))
+    assert main(["merge", str(mk), str(tmp_path / "merges" / "sce-weights")]) == 0
+    note = capsys.readouterr().out.splitlines()[0]
+    assert note.startswith("note: mergekit's sce ignores `weight`") and note.endswith("no effect on this merge.")
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    saved = [d.value for d in at.dataframe if "notes" in d.value.columns]
+    assert len(saved) == 1 and list(saved[0]["notes"]) == [note[len("note: "):]]

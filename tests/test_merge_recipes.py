@@ -78,9 +78,10 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
                          "parameters": {"t": 0.3}})      # mergekit's slerp is a forgetlab method now (issue 25)
     assert (slerp.method, slerp.base, [m.model for m in slerp.models]) == ("slerp", "b", ["a"])
     assert slerp.validated_params()["t"] == 0.3
-    with pytest.raises(ParameterError, match="one value"):
-        load_recipe({"merge_method": "ties", "base_model": "b",
-                     "models": [{"model": "a", "parameters": {"density": 0.2}}, {"model": "c", "parameters": {"density": 0.5}}]})
+    per_model = load_recipe({"merge_method": "ties", "base_model": "b",   # issue 41: per model, as mergekit reads it
+                             "models": [{"model": "a", "parameters": {"density": 0.2}},
+                                        {"model": "c", "parameters": {"density": 0.5}}]})
+    assert per_model.validated_params()["keep"] == [0.2, 0.5]
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
         Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
     with pytest.raises(ParameterError, match="scope: tensor"):
@@ -95,7 +96,7 @@ def test_bad_recipes():
     with pytest.raises(ParameterError, match="Unknown recipe key"):
         Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "paramz": {}})
     with pytest.raises(ParameterError, match="per-model parameter"):
-        Recipe.from_dict({"method": "ties", "base": "b", "models": [{"model": "a", "keep": 0.1}]}).method_params()
+        Recipe.from_dict({"method": "ties", "base": "b", "models": [{"model": "a", "lam": 0.1}]}).method_params()
 
 
 def test_cli_merge_methods_and_export(tiny_llama, tmp_path, capsys):
@@ -195,10 +196,10 @@ def test_recipe_form_is_the_inverse_of_pool_recipe(tiny_llama):
     recipe = pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "weights": [0.25, 1.5]})
     method, models, params = recipe_form(pool, recipe.to_dict())
     assert (method, models) == ("ties", ["ft1", "ft0"])
-    assert params == {"keep": 0.3, "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5], "normalize": True,
-                      "rescale": False}
+    assert params == {"keep": [0.3, 0.3], "lam": 1.0, "scope": "tensor", "weights": [0.25, 1.5], "normalize": True,
+                      "rescale": False}                                 # keep: per model since issue 41
     assert pool_recipe(pool, method, models, params).to_dict() == \
-        pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": 0.3, "lam": 1.0, "scope": "tensor",
+        pool_recipe(pool, "ties", ["ft1", "ft0"], {"keep": [0.3, 0.3], "lam": 1.0, "scope": "tensor",
                                                    "weights": [0.25, 1.5], "normalize": True,
                                                    "rescale": False}).to_dict()
     linear = load_recipe({"method": "linear", "base": str(tiny_llama.base),
@@ -355,9 +356,13 @@ def test_per_model_settings_mergekit_would_ignore_are_refused():
     d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
     with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
         Recipe.from_mergekit(d)
-    d = _mk("task_arithmetic")                                        # density: task_arithmetic trims nothing
-    with pytest.raises(ParameterError, match=r"task_arithmetic.*density"):
-        Recipe.from_mergekit(d)
+
+
+def test_a_parameter_mergekit_ignores_is_accepted_with_a_note():
+    """issue 41: task_arithmetic trims nothing and mergekit ignores its density: mergekit's result, and a note."""
+    assert Recipe.from_mergekit(_mk("task_arithmetic")).notes == [
+        "mergekit's task_arithmetic ignores `density` (it does not sparsify the task vectors): it has no effect on "
+        "this merge."]
 
 
 @pytest.mark.parametrize("models", [("/m/a", "/m/a"), ("/m/b", "/m/b", "/m/a"),

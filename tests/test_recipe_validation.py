@@ -69,7 +69,7 @@ def test_bad_mergekit_yaml_gives_messages(change, message):
 
 def test_mergekit_import_gives_a_valid_recipe_round_trip():
     r = Recipe.from_mergekit({**MK, "parameters": {"density": 0.3, "lambda": 0.8}})
-    assert r.validated_params()["keep"] == 0.3
+    assert r.validated_params()["keep"] == [0.3]          # one per model (issue 41)
     again = load_recipe(r.to_yaml())
     assert again.validated_params() == r.validated_params()
 

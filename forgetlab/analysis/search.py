@@ -132,8 +132,8 @@ def _per_model_param(method: str, name: Optional[str]):
 
     spec = get_method(method)
     numeric = [p for p in spec.params if p.per_model and p.type in ("float", "floats")]
-    if name is None:
-        return numeric[0] if numeric else None
+    if name is None:  # the models' weights where the method has them (not a per-model sparsity knob such as keep)
+        return next((p for p in numeric if p.name == "weights"), numeric[0] if numeric else None)
     for p in numeric:
         if p.name == name or p.model_key == name:
             return p
@@ -142,8 +142,8 @@ def _per_model_param(method: str, name: Optional[str]):
 
 
 def searchable_param(method: str) -> Optional[str]:
-    """The per-model numeric parameter `search` tunes for `method` by default (its first one, e.g. `weights`
-    of TIES, `lam` of PCB), or None when the method has none."""
+    """The per-model numeric parameter `search` tunes for `method` by default (`weights` where it has them, else
+    its first one, e.g. `lam` of PCB), or None when the method has none."""
     spec = _per_model_param(method, None)
     return spec.name if spec is not None else None
 

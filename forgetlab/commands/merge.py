@@ -69,6 +69,11 @@ def _merge(args) -> int:
     if args.dtype is not None and not evaluate:
         raise ParameterError("--dtype sets the precision the merge is scored in: add --eval (and --pool); the "
                              "merge's own output dtype is the recipe's `dtype:`.")
+    from forgetlab.merge.recipes import load_recipe
+
+    recipe = load_recipe(args.recipe)                   # read once: its notes first, then estimate and merge
+    for note in recipe.notes:
+        emit(f"note: {note}")
     pool = None
     if args.pool:
         from forgetlab.core.pool import ModelPool
@@ -76,7 +81,7 @@ def _merge(args) -> int:
     from forgetlab.core.memory import estimate
     from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate)
 
-    est = estimate("merge", recipe=args.recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
+    est = estimate("merge", recipe=recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
                    max_general=args.max_general, max_task=args.max_task)
     if emit_estimate(est, args.dry_run):
         return 0
@@ -87,12 +92,12 @@ def _merge(args) -> int:
             from forgetlab.merge.workflow import merge_and_evaluate
 
             bench, manager = benchmark_spec(args, pool)         # tasks checked before the merge starts
-            res, cards = merge_and_evaluate(args.recipe, args.out_dir, pool, overwrite=args.overwrite,
+            res, cards = merge_and_evaluate(recipe, args.out_dir, pool, overwrite=args.overwrite,
                                             device=args.device, dtype=args.dtype, max_general=args.max_general,
                                             max_task=args.max_task, benchmarks=bench, benchmark_manager=manager,
                                             progress=update)
         else:
-            res = run(args.recipe, args.out_dir, progress=update, overwrite=args.overwrite, device=args.device,
+            res = run(recipe, args.out_dir, progress=update, overwrite=args.overwrite, device=args.device,
                       pool=pool)
     finally:
         close()
@@ -142,7 +147,11 @@ def _export(args) -> int:
     text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out is not None:
         emit(f"wrote {write_text_file(args.out, text, overwrite=args.overwrite)}")
+        for note in recipe.notes:
+            emit(f"note: {note}")
     else:
+        for note in recipe.notes:  # YAML comments: the output stays a recipe
+            emit(f"# note: {note}")
         emit(text.rstrip("\n"))
     return 0
 

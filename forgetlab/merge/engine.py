@@ -49,11 +49,12 @@ class MergeResult:
     seconds: float
     global_pass: bool
     stats: Any = field(default=None, repr=False)
+    notes: list[str] = field(default_factory=list)   # the recipe's notes (`Recipe.notes`), for the CLI and the page
 
     def to_dict(self) -> dict:
         return {"out_dir": str(self.out_dir), "method": self.method, "params": self.params,
                 "n_tensors": self.n_tensors, "n_parameters": self.n_parameters, "seconds": self.seconds,
-                "global_pass": self.global_pass}
+                "global_pass": self.global_pass, "notes": list(self.notes)}
 
     def to_frame(self):
         import pandas as pd
@@ -203,15 +204,22 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
                            params_for=params_for, inputs=kept)
-    recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
-                                                                    "resolved_params": params}},
-                                 sort_keys=False)
+    recipe_text = _recipe_text(recipe, params)
     ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
                        extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes,
                        inputs=inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
-                       time.perf_counter() - t0, glob, stats)
+                       time.perf_counter() - t0, glob, stats, list(recipe.notes))
+
+
+def _recipe_text(recipe: Recipe, params: dict) -> str:
+    """The merge's recipe.yaml: the recipe, and under `forgetlab` the versions, the resolved parameters and the
+    recipe's notes (a saved merge shows them again)."""
+    meta = {"version": _version(), "torch": str(torch.__version__), "resolved_params": params}
+    if recipe.notes:
+        meta["notes"] = list(recipe.notes)
+    return yaml.safe_dump({**recipe.to_dict(), "forgetlab": meta}, sort_keys=False)
 
 
 def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> tuple[Any, Any]:
@@ -306,14 +314,14 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
         cfg_json["dtype"] = recipe.dtype
         if "torch_dtype" in cfg_json:
             cfg_json["torch_dtype"] = recipe.dtype
-    recipe_text = yaml.safe_dump({**recipe.to_dict(), "forgetlab": {"version": _version(), "torch": str(torch.__version__),
-                                                                    "resolved_params": params}}, sort_keys=False)
+    recipe_text = _recipe_text(recipe, params)
     ck.write_hf_folder(out, stream, None, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
                        extra_files={**({} if vocab is None else vocab.tokenizer_files()),
                                     "config.json": json.dumps(cfg_json, indent=2) + "\n", "recipe.yaml": recipe_text},
                        max_shard_bytes=max_shard_bytes, inputs=sources.inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
-    return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False)
+    return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False,
+                       notes=list(recipe.notes))
 
 
 def _version() -> str:

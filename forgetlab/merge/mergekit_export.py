@@ -26,8 +26,10 @@ def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[s
         covered.add(p.fl)
         if p.fl_per_model:
             key = _model_key(spec, p.fl)
-            for m, src in zip(models, per_model):
-                v = src.get(key, params.get(p.fl))
+            for i, (m, src) in enumerate(zip(models, per_model)):
+                shared = params.get(p.fl)  # given once for all models: a value, or a list of one per model
+                one_each = isinstance(shared, (list, tuple)) and not settings.is_filter_list(shared)
+                v = src.get(key, shared[i] if one_each else shared)
                 if v is None:  # forgetlab's default, written: mergekit's may differ or be missing
                     v = next(q.default for q in spec.params if q.name == p.fl)
                 if v is not None:
@@ -65,6 +67,7 @@ def to_mergekit(recipe: Recipe) -> dict:
     table = mergekit_params(spec)
     recipe.validated_params()
     full = {p.name: recipe.params.get(p.name, p.default) for p in spec.params if not p.per_model}
+    full.update({p.name: recipe.params[p.name] for p in spec.params if p.per_model and p.name in recipe.params})
     if recipe.seed is not None:
         full.pop("seed", None)
     out: dict[str, Any] = {"merge_method": recipe.method}

@@ -48,7 +48,10 @@ def _rescale_to_mk(v: Any) -> Any:
 @dataclass(frozen=True)
 class MkParam:
     """One mergekit parameter of a method: its forgetlab parameter (None: accepted, no effect), whether mergekit
-    takes it per model and whether forgetlab does, value converters and mergekit's default."""
+    takes it per model and whether forgetlab does, value converters and mergekit's default. `collapse`: per-model
+    values that agree are imported as one value (the sparsity knobs of the older methods, so that their recipes
+    read as before); `ignored`: mergekit reads the parameter and ignores it — why, for the notice an imported
+    recipe carries (`Recipe.notes`)."""
 
     mk: str
     fl: str | None
@@ -57,6 +60,8 @@ class MkParam:
     default: Any = REQUIRED
     to_fl: Callable[[Any], Any] = lambda v: v
     to_mk: Callable[[Any], Any] = lambda v: v
+    collapse: bool = False
+    ignored: str | None = None
 
 
 _GTA_DEFAULTS = {  # (normalize, rescale) defaults of mergekit's generalized task arithmetic methods
@@ -78,20 +83,29 @@ def _dialect(name: str) -> dict[str, MkParam] | None:
            "lambda": MkParam("lambda", "lam", False, False, 1.0),
            "normalize": MkParam("normalize", "normalize", False, False, norm),
            "int8_mask": MkParam("int8_mask", None, False, False, False)}
-    if name == "task_arithmetic":
-        out["rescale"] = MkParam("rescale", None, False, False, False)
-        out["density"] = MkParam("density", None, True, False, 1.0)
+    if name == "task_arithmetic":  # mergekit's task_arithmetic has no sparsification: density and rescale are read
+        no_sparsify = "it does not sparsify the task vectors"  # and left unused
+        out["rescale"] = MkParam("rescale", None, False, False, False, ignored=no_sparsify)
+        out["density"] = MkParam("density", None, True, False, 1.0, ignored=no_sparsify)
     elif name in ("ties", "breadcrumbs"):
         out["rescale"] = MkParam("rescale", "rescale", False, False, resc)
-        out["density"] = MkParam("density", "keep", True, False, 1.0)
+        out["density"] = MkParam("density", "keep", True, True, 1.0, collapse=True)
     else:
         out["rescale"] = MkParam("rescale", "rescale", False, False, resc, _rescale_to_fl, _rescale_to_mk)
-        out["density"] = MkParam("density", "drop", True, False, 1.0,
+        out["density"] = MkParam("density", "drop", True, True, 1.0,
                                  lambda v: settings.map_values(v, _complement),
-                                 lambda v: settings.map_values(v, _complement))
+                                 lambda v: settings.map_values(v, _complement), collapse=True)
     if name == "breadcrumbs":
-        out["gamma"] = MkParam("gamma", "gamma", True, False, 0.01)
+        out["gamma"] = MkParam("gamma", "gamma", True, True, 0.01, collapse=True)
     return out
+
+
+# parameters that published configs give a mergekit method which that method does not read (mergekit ignores every
+# parameter its method does not declare): accepted, with a notice that they change nothing
+MERGEKIT_IGNORED = {
+    "sce": (MkParam("weight", None, True, False, 1.0,
+                    ignored="SCE weighs each model by the mean square of its selected task vector"),),
+}
 
 
 def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
@@ -111,6 +125,8 @@ def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
         out[key] = MkParam(key, p.name, p.per_model, p.per_model, default, **conv)
     if spec.name in INT8_MASK and "int8_mask" not in out:
         out["int8_mask"] = MkParam("int8_mask", None, False, False, False)
+    for p in MERGEKIT_IGNORED.get(spec.name, ()):
+        out.setdefault(p.mk, p)
     return out
 
 

@@ -5,8 +5,9 @@ A mergekit method name is importable when a forgetlab method is registered under
 Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
 with `per_model=True` and `model_key` = mergekit's key (e.g. `weight` → `weights`), every other parameter keeps
 mergekit's name. The six methods forgetlab had before mergekit's others keep their own names for the
-sparsity knob (`DIALECT`): `density` is `keep` for ties and breadcrumbs and `1 − drop` for dare_*, and
-mergekit's per-model density/gamma are one value for all models there. Values are read with mergekit's
+sparsity knob (`DIALECT`): `density` is `keep` for ties and breadcrumbs and `1 − drop` for dare_*, per model
+as in mergekit (one value when all models agree). A parameter mergekit reads and ignores (task_arithmetic's
+density, sce's weight) is accepted and named in the recipe's `notes`. Values are read with mergekit's
 defaults (its `merge_methods/registry.py` and each method's signature), and written explicitly into the
 imported recipe, so the merge does not depend on forgetlab's defaults. Gradients and filters
 (forgetlab.merge.settings), `slices`, `tokenizer_source` / `tokenizer:` and `out_dtype` are read as mergekit
@@ -94,12 +95,16 @@ def _model_entry(e: Any, where: str) -> tuple[str, dict]:
 
 
 def _to_forgetlab(method: str, table: Mapping[str, MkParam], top: dict, per_model: list[tuple[str, dict]],
-                  where: str) -> tuple[dict, list[dict]]:
+                  where: str, notes: list[str] | None = None) -> tuple[dict, list[dict]]:
     """mergekit settings (top-level and per model, already read as settings) → forgetlab's (global params, one
-    dict of per-model params per model), every parameter explicit."""
+    dict of per-model params per model), every parameter explicit. A parameter mergekit reads and ignores
+    (`MkParam.ignored`) adds a line to `notes` when the recipe gives it."""
     params: dict[str, Any] = {}
     models: list[dict] = [{} for _ in per_model]
     for mk, p in table.items():
+        given = top.get(mk) is not None or (p.mk_per_model and any(mp.get(mk) is not None for _, mp in per_model))
+        if p.fl is None and p.ignored and given and notes is not None:
+            notes.append(f"mergekit's {method} ignores `{mk}` ({p.ignored}): it has no effect on this merge.")
         if p.mk_per_model:
             values = []
             for ref, mp in per_model:
@@ -116,12 +121,11 @@ def _to_forgetlab(method: str, table: Mapping[str, MkParam], top: dict, per_mode
                     v = combine(v, p.default)
                 values.append(v)
             if p.fl is None:
-                if any(settings.leaves(v) != [p.default] for v in values):
-                    raise ParameterError(f"mergekit's {method} ignores `{mk}` (it does not sparsify); remove it, or "
-                                         f"use a method that does (ties, dare_linear, breadcrumbs).")
                 continue
             values = [p.to_fl(v) for v in values]
-            if p.fl_per_model:
+            if p.fl_per_model and p.collapse and values and len({repr(v) for v in values}) == 1:
+                params[p.fl] = values[0]  # one value for all models, as these methods' recipes always wrote it
+            elif p.fl_per_model:
                 for m, v in zip(models, values):
                     m[p.fl] = v
             else:
@@ -187,10 +191,12 @@ def from_mergekit(d: Mapping[str, Any]) -> Recipe:
     if base is None and method not in BASE_IGNORED + BASE_OPTIONAL:
         raise ParameterError(f"mergekit {method} needs a base_model (mergekit stops with 'Merge method requires a "
                              "base input'): add base_model: PATH, the model the others were fine-tuned from.")
+    notes: list[str] = []
     if d.get("slices"):
-        recipe = _import_slices(d, spec, table, top, base)
+        recipe = _import_slices(d, spec, table, top, base, notes)
     else:
-        recipe = _import_models(d, spec, table, top, base)
+        recipe = _import_models(d, spec, table, top, base, notes)
+    recipe.notes = list(dict.fromkeys(notes))  # once each (every slice reads the same parameters)
     recipe.dtype = _dtype(d)
     recipe.tokenizer = _tokenizer(d)
     if recipe.tokenizer is not None:
@@ -211,7 +217,7 @@ def _check_tokenizer_source(recipe: Recipe) -> None:
                              "paths exactly as it is written under models.")
 
 
-def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> Recipe:
+def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None, notes: list[str]) -> Recipe:
     method = spec.name
     entries = _check_models_list(d.get("models"), "The mergekit recipe's `models`")
     refs: list[tuple[str, dict]] = []
@@ -239,7 +245,8 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> R
                                  f"this recipe gives it {len(refs)} ({', '.join(r for r, _ in refs)}): keep one "
                                  "model, or write slices.")
         params, _ = _to_forgetlab(method, _per_input_as_shared(table),
-                                  {**top, **{k: combine(v, top.get(k)) for k, v in refs[0][1].items()}}, [], "")
+                                  {**top, **{k: combine(v, top.get(k)) for k, v in refs[0][1].items()}}, [], "",
+                                  notes)
         return Recipe(method, refs[0][0], [], params)
     if base is None:
         base = refs[0][0] if refs else None  # config and tokenizer only (linear, karcher, nuslerp, multislerp)
@@ -247,7 +254,7 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None) -> R
         raise ParameterError(f"The mergekit recipe lists only its base_model ({base}) under `models`; add the "
                              "fine-tuned models to merge into it.")
     _check_counts(spec, len(refs), base)
-    params, per_model = _to_forgetlab(method, table, top, refs, "")
+    params, per_model = _to_forgetlab(method, table, top, refs, "", notes)
     if method in BASE_OPTIONAL:  # without base_model mergekit interpolates the models themselves
         params["use_base"] = d.get("base_model") is not None
     models = [ModelEntry(ref, {_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
@@ -273,7 +280,7 @@ def _check_counts(spec: MethodSpec, n: int, base: str | None) -> None:
                              f"recipe gives {n}.")
 
 
-def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None) -> Recipe:
+def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, notes: list[str]) -> Recipe:
     method = spec.name
     if method in BASE_OPTIONAL and base is None:
         raise ParameterError(f"mergekit {method} with slices and no base_model is not supported: forgetlab merges "
@@ -310,12 +317,13 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None) -> R
         if method == "passthrough":
             ref, mp, lr = srcs[0]
             p, _ = _to_forgetlab(method, _per_input_as_shared(table), {**merged_top, **{k: combine(v, merged_top.get(k))
-                                                                                     for k, v in mp.items()}}, [], where)
+                                                                                     for k, v in mp.items()}}, [], where,
+                               notes)
             sources = [SliceSource(ref, _range(lr, i))]
             slices.append(Slice(sources, p))
             continue
         non_base = [(r, mp) for r, mp, _ in srcs if not (base is not None and r == base and method not in BASE_IGNORED)]
-        params, per_model = _to_forgetlab(method, table, merged_top, non_base, where)
+        params, per_model = _to_forgetlab(method, table, merged_top, non_base, where, notes)
         pm = iter(per_model)
         sources = []
         for r, mp, lr in srcs:

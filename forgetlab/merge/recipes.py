@@ -124,7 +124,11 @@ class Recipe:
     optionally `slices` (layer ranges stacked into a new model, mergekit's frankenmerges) and `tokenizer`
     (the output vocabulary: {source: base | union | MODEL, tokens: …, pad_to_multiple_of: N}).
 
-    Parameter values may vary by tensor (per-layer gradients, name filters: forgetlab.merge.settings)."""
+    Parameter values may vary by tensor (per-layer gradients, name filters: forgetlab.merge.settings).
+
+    `notes`: what the reader of the recipe should be told and the merge does not show, one line each (a mergekit
+    parameter that mergekit ignores, so it changes nothing here either); not part of the recipe itself (not in
+    `to_dict`): the CLI prints them, a merge keeps them in its recipe.yaml and the Merge page shows them."""
 
     method: str
     base: str
@@ -136,6 +140,7 @@ class Recipe:
     pool: str | None = None
     slices: list[Slice] | None = None
     tokenizer: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list, compare=False, repr=False)
 
     # -- parameters
     @property
@@ -250,9 +255,8 @@ class Recipe:
         if unknown:
             raise ParameterError(f"Unknown recipe key(s) {', '.join(map(repr, unknown))}; a recipe has "
                                  f"{', '.join(sorted(allowed - {'forgetlab'}))}.")
-        for k in ("method", "base"):
-            if k not in d or d[k] in (None, ""):
-                raise ParameterError(f"The recipe has no `{k}`.")
+        if d.get("method") in (None, ""):
+            raise ParameterError("The recipe has no `method`.")
         spec = get_method(str(d["method"]))
         if d.get("models") in (None, "", []) and spec.min_models > 0 and d.get("slices") is None:
             raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
@@ -274,7 +278,10 @@ class Recipe:
         params = {k: _checked(v, f"params.{k}") for k, v in params.items()}
         slices = None if d.get("slices") is None else _slices(d["slices"])
         tokenizer = None if d.get("tokenizer") is None else check_tokenizer(d["tokenizer"])
-        recipe = cls(str(d["method"]), str(d["base"]), models, dict(params), dtype, check_seed(d.get("seed")),
+        base = d.get("base")
+        if base in (None, ""):
+            base = _base_donor(spec, params, models, slices)
+        recipe = cls(str(d["method"]), str(base), models, dict(params), dtype, check_seed(d.get("seed")),
                      d.get("name"), d.get("pool"), slices, tokenizer)
         if slices is not None:
             for sl in slices:
@@ -296,6 +303,22 @@ class Recipe:
         """The equivalent mergekit YAML dict (refused for methods or settings mergekit does not have)."""
         from forgetlab.merge.mergekit_yaml import to_mergekit
         return to_mergekit(self)
+
+
+def _base_donor(spec, params: Mapping[str, Any], models: list[ModelEntry], slices: list[Slice] | None) -> str:
+    """The `base` of a recipe that gives none: refused for a method that reads θ0 (`MethodSpec.needs_base`); else
+    the first model, which then only lends the output its config and tokenizer (as mergekit takes them from its
+    first model when base_model is left out)."""
+    plain = {k: v for k, v in params.items() if not settings.is_setting(v)}
+    if spec.needs_base(validate_params(spec, plain, n_models=len(models) or 1)):
+        hint = (" (or use_base: false, to interpolate the models themselves)" if "use_base" in spec.param_names
+                else "")
+        raise ParameterError(f"The recipe has no `base`, which {spec.name} merges the models into: add base: PATH, "
+                             f"the model the others were fine-tuned from{hint}.")
+    first = models[0].model if models else (slices[0].sources[0].model if slices else None)
+    if first is None:
+        raise ParameterError("The recipe has no `base` and no models: list the models to merge under `models`.")
+    return first
 
 
 def _checked(value: Any, where: str) -> Any:

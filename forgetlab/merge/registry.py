@@ -160,6 +160,9 @@ class MethodSpec:
     extra: dict = field(default_factory=dict)
     fast: Callable[[TensorJob], torch.Tensor | None] | None = None
     in_place: bool = True       # False: the method only reads the job's tensors (callers need not copy them)
+    # whether θ0 is an input of the merge (True, or a function of the parameters, e.g. multislerp's use_base);
+    # a method without one takes config and tokenizer from its first model when a recipe names no base
+    base_input: bool | Callable[[dict], bool] = True
 
     def apply(self, job: TensorJob) -> torch.Tensor:
         """The merged tensor of one job: the CPU kernel when there is one and the job's tensors are float32 on
@@ -191,6 +194,13 @@ class MethodSpec:
         if self.global_when is None:
             return True
         return bool(self.global_when({**self.defaults(), **dict(params or {})}))
+
+    def needs_base(self, params: Mapping[str, Any] | None = None) -> bool:
+        """Whether the merge reads the base's weights θ0 with these parameters (defaults filled in); without it a
+        recipe may leave out `base` (the weighted average `linear`, `karcher`, multislerp with use_base false)."""
+        if callable(self.base_input):
+            return bool(self.base_input({**self.defaults(), **dict(params or {})}))
+        return bool(self.base_input)
 
     @property
     def global_pass(self) -> bool:

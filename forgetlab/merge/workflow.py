@@ -243,11 +243,18 @@ class SavedMerge:
         g, t = self.budget
         return f"{'all' if g is None else g} blocks, {'all' if t is None else t} pairs"
 
+    @property
+    def notes(self) -> list[str]:
+        """The notes of the recipe it was merged from (`Recipe.notes`, kept in recipe.yaml)."""
+        meta = self.recipe.get("forgetlab")
+        return [str(n) for n in (meta.get("notes") or [])] if isinstance(meta, dict) else []
+
     def to_row(self) -> dict:
         models = [Path(str(m.get("model") if isinstance(m, dict) else m)).name for m in self.recipe.get("models", [])]
         return {"name": self.name, "method": self.recipe.get("method"), "models": ", ".join(models),
                 "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created)),
-                "evaluated": bool(self.cards), "evaluation budget": self.budget_text() if self.cards else ""}
+                "evaluated": bool(self.cards), "evaluation budget": self.budget_text() if self.cards else "",
+                "notes": " ".join(self.notes)}
 
     def recipe_yaml(self) -> str:
         return yaml.safe_dump({k: v for k, v in self.recipe.items() if k != "forgetlab"}, sort_keys=False)

@@ -1,5 +1,6 @@
 """Model Breadcrumbs (docs/methods.md#breadcrumbs): per tensor, drop the largest γ fraction of τ's entries
-(outliers) and the smallest ones, so that exactly ⌊keep·n⌋ survive; no rescale; then task arithmetic.
+(outliers) and the smallest ones, so that exactly ⌊keep·n⌋ survive (keep and γ: one for all models, or one per
+model); no rescale; then task arithmetic.
 
 Reference: `breadcrumbs_counts`, `breadcrumbs_mask`, `breadcrumbs`. CPU kernel: `breadcrumbs_` (in place)."""
 from __future__ import annotations
@@ -94,23 +95,29 @@ def breadcrumbs_(tau: torch.Tensor, n_top: int, n_keep: int) -> torch.Tensor:
 
 
 def _check_breadcrumbs(params: dict, n: int) -> None:
-    if params["keep"] + params["gamma"] > 1 + 1e-12:
-        raise ParameterError(f"breadcrumbs needs keep + gamma ≤ 1; got keep={params['keep']}, "
-                             f"gamma={params['gamma']}. Lower one of them.")
+    m = max(len(v) if isinstance(v, list) else 1 for v in (params["keep"], params["gamma"]))
+    keeps, gammas = (v if isinstance(v, list) else [v] * m for v in (params["keep"], params["gamma"]))
+    for i, (keep, gamma) in enumerate(zip(keeps, gammas)):
+        if keep + gamma > 1 + 1e-12:
+            who = f" for model {i + 1}" if len({*keeps}) > 1 or len({*gammas}) > 1 else ""
+            raise ParameterError(f"breadcrumbs needs keep + gamma ≤ 1; got keep={keep}, gamma={gamma}{who}. Lower "
+                                 "one of them.")
 
 
 @method("breadcrumbs", "Model Breadcrumbs: drop the largest outliers and the smallest entries, then add.",
-        (ParamSpec("keep", "float", 0.1, "Fraction of entries kept per tensor (keep + gamma ≤ 1).", UNIT),
-         ParamSpec("gamma", "float", 0.01, "Fraction of largest-magnitude entries removed per tensor.", UNIT),
+        (ParamSpec("keep", "float", 0.1, "Fraction of entries kept per tensor (keep + gamma ≤ 1); one number, or "
+                   "one per model.", UNIT, per_model=True, model_key="keep"),
+         ParamSpec("gamma", "float", 0.01, "Fraction of largest-magnitude entries removed per tensor; one number, "
+                   "or one per model.", UNIT, per_model=True, model_key="gamma"),
          lam_param(), weights_param(), normalize_param(False), rescale_param(False)),
         check=_check_breadcrumbs, mergekit="breadcrumbs",
         formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ) (/ Σ wt with normalize)")
 def _breadcrumbs(job: TensorJob) -> torch.Tensor:
     p = job.params
     parts = []
-    for tau in job.take_taus():
-        part = breadcrumbs(tau, p["keep"], p["gamma"])
-        if p["rescale"] and p["keep"] < 1:  # mergekit's L1 rescale of the sparsified task vector
+    for tau, keep, gamma in zip(job.take_taus(), p["keep"], p["gamma"]):
+        part = breadcrumbs(tau, keep, gamma)
+        if p["rescale"] and keep < 1:  # mergekit's L1 rescale of the sparsified task vector
             part = part * l1_scale(l1_norm(tau), l1_norm(part))
         parts.append(part)
     return add_scaled(job, parts, normalized_lam(p["lam"], p["weights"], p["normalize"]))
@@ -119,11 +126,13 @@ def _breadcrumbs(job: TensorJob) -> torch.Tensor:
 @fast_kernel("breadcrumbs")
 def _breadcrumbs_fast(job: TensorJob) -> torch.Tensor | None:
     p = job.params
-    if p["keep"] >= 1 or p["rescale"]:
+    if any(keep >= 1 for keep in p["keep"]) or p["rescale"]:
         return None
     taus = job.take_taus()
-    if p["keep"] + p["gamma"] > 1 + 1e-12:
-        breadcrumbs(taus[0], p["keep"], p["gamma"])  # raises the same message
-    n_top, n_keep = breadcrumbs_counts(job.base.numel(), p["keep"], p["gamma"])
+    parts = []
+    for tau, keep, gamma in zip(taus, p["keep"], p["gamma"]):
+        if keep + gamma > 1 + 1e-12:
+            breadcrumbs(tau, keep, gamma)  # raises the same message
+        parts.append(breadcrumbs_(tau, *breadcrumbs_counts(job.base.numel(), keep, gamma)))
     lam = normalized_lam(p["lam"], p["weights"], p["normalize"])
-    return add_scaled(job, [breadcrumbs_(tau, n_top, n_keep) for tau in taus], lam)
+    return add_scaled(job, parts, lam)

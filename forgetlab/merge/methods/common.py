@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge.registry import ParamSpec, TensorJob
 
 
@@ -70,6 +71,22 @@ def l1_scale(before: float, after: float) -> float:
 def l1_norm(t: torch.Tensor) -> float:
     """Σ|t| in float32, as mergekit sums it (`tensor.abs().sum()`)."""
     return float(t.abs().sum())
+
+
+def check_weight_sum(weights, method: str, switch: str) -> float:
+    """Σ wt of weights a method divides by (with `switch` on), refused only where that division is undefined: a
+    sum that is exactly 0 (in float32, as mergekit sums them, or in float64) or not finite. The scale of the
+    weights does not matter (1e-13 each is an average like any other). Returns the float64 sum."""
+    import math
+
+    w = [float(x) for x in weights]
+    total = math.fsum(w)
+    single = float(torch.tensor(w, dtype=torch.float32).sum())
+    if total == 0 or single == 0 or not math.isfinite(total) or not math.isfinite(single):
+        raise ParameterError(f"{method}: the weights {w} sum to {single if math.isfinite(single) else total}, so "
+                             f"dividing by their sum ({switch}: true) is undefined; change a weight so that they do "
+                             f"not cancel out, or set {switch}: false.")
+    return total
 
 
 def normalized_lam(lam: float, weights, normalize: bool) -> float:

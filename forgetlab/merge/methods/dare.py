@@ -1,6 +1,7 @@
-"""DARE (docs/methods.md#dare): drop each entry of a task vector with probability p, with masks seeded per
-(tensor, model) (`forgetlab.merge.registry.tensor_generator`), rescale the survivors, then either task
-arithmetic (`dare_linear`) or TIES's sign election (`dare_ties`).
+"""DARE (docs/methods.md#dare): drop each entry of a task vector with probability p (one for all models, or one per
+model as mergekit's per-model density), with masks seeded per (tensor, model)
+(`forgetlab.merge.registry.tensor_generator`), rescale the survivors, then either task arithmetic (`dare_linear`)
+or TIES's sign election (`dare_ties`).
 
 Both follow mergekit 0.1.5's meaning of these names, defaults included: `rescale` is "l1" (the survivors are
 scaled so that the task vector keeps its L1 norm, mergekit's `rescale: true`), "inverse" (× 1/(1 − p), the DARE
@@ -88,16 +89,19 @@ def dare_(tau: torch.Tensor, drop: float, generator: torch.Generator, rescale: s
 
 def _dare_parts(job: TensorJob) -> list[torch.Tensor]:
     p = job.params
-    return [dare(tau, p["drop"], job.generator(i), p["rescale"]) for i, tau in enumerate(job.take_taus())]
+    return [dare(tau, drop, job.generator(i), p["rescale"])
+            for i, (tau, drop) in enumerate(zip(job.take_taus(), p["drop"]))]
 
 
 def _dare_parts_fast(job: TensorJob) -> list[torch.Tensor]:
     p = job.params
-    return [dare_(tau, p["drop"], job.generator(i), p["rescale"]) for i, tau in enumerate(job.take_taus())]
+    return [dare_(tau, drop, job.generator(i), p["rescale"])
+            for i, (tau, drop) in enumerate(zip(job.take_taus(), p["drop"]))]
 
 
 def _params() -> tuple[ParamSpec, ...]:
-    return (ParamSpec("drop", "float", 0.9, "Probability p of dropping each entry (mergekit's 1 − density).", UNIT),
+    return (ParamSpec("drop", "float", 0.9, "Probability p of dropping each entry (mergekit's 1 − density); one "
+                      "number, or one per model.", UNIT, per_model=True, model_key="drop"),
             lam_param(), weights_param(), seed_param(),
             ParamSpec("rescale", "str", "l1", "How the survivors are rescaled: \"l1\" keeps the task vector's L1 "
                       "norm (mergekit's rescale: true), \"inverse\" × 1/(1 − p) (the DARE paper), \"none\" "

@@ -9,7 +9,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.layers import FIRST, LAST
-from forgetlab.merge.methods.common import UNIT, weights_param
+from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
@@ -17,7 +17,8 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = No
            normalize: bool = True) -> torch.Tensor:
     """Linear merge / model soup: θ = Σ wi·θi / Σ wi (without the division when `normalize` is False).
 
-    Weights default to 1. A zero weight sum with normalize=True is refused (the result would be undefined).
+    Weights default to 1. With normalize=True a weight sum of exactly 0 (or not finite) is refused
+    (`common.check_weight_sum`: the result would be undefined); any other scale is an average like another.
     """
     if not tensors:
         raise ParameterError("linear needs at least one tensor.")
@@ -28,10 +29,8 @@ def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = No
     for t, wi in zip(tensors, w):
         out.add_(t.to(torch.float32), alpha=wi)
     if normalize:
-        total = sum(w)
-        if abs(total) < 1e-12:
-            raise ParameterError("linear weights sum to 0; with normalize on, give weights with a non-zero sum.")
-        out.div_(total)
+        check_weight_sum(w, "linear", "normalize")
+        out.div_(sum(w))
     return out
 
 
@@ -94,14 +93,13 @@ def hma(base: torch.Tensor, finetuned: torch.Tensor, alpha: float) -> torch.Tens
 
 
 def _check_linear(params: dict, n: int) -> None:
-    if params["normalize"] and abs(sum(params["weights"])) < 1e-12:
-        raise ParameterError("linear weights sum to 0, so normalising by their sum is undefined; change a weight "
-                             "or set normalize: false.")
+    if params["normalize"]:
+        check_weight_sum(params["weights"], "linear", "normalize")
 
 
 @method("linear", "Model soup: weighted average of the fine-tuned models.",
         (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
-        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False)
+        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False)
 def _linear(job: TensorJob) -> torch.Tensor:
     return linear(job.finetuned, job.params["weights"], job.params["normalize"])
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge.methods.common import UNIT, weights_param
+from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 
 
@@ -182,7 +182,7 @@ def _slerp(job: TensorJob) -> torch.Tensor:
          ParamSpec("nuslerp_row_wise", "bool", False, "With nuslerp_flatten false: one angle per column vector "
                    "(mergekit's dim 0) instead of per row; ignored when flattening, as in mergekit."),
          _use_base_param()),
-        min_models=2, max_models=2, mergekit="nuslerp", in_place=False,
+        min_models=2, max_models=2, mergekit="nuslerp", in_place=False, base_input=lambda p: p["use_base"],
         extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
         formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)")
 def _nuslerp(job: TensorJob) -> torch.Tensor:
@@ -196,15 +196,14 @@ def _nuslerp(job: TensorJob) -> torch.Tensor:
 
 
 def _check_multislerp(params: dict, n: int) -> None:
-    if params["normalize_weights"] and abs(sum(params["weights"])) < 1e-12:
-        raise ParameterError("multislerp: the weights sum to 0, so they cannot be normalised; change a weight or "
-                             "set normalize_weights: false.")
+    if params["normalize_weights"]:
+        check_weight_sum(params["weights"], "multislerp", "normalize_weights")
 
 
 @method("multislerp", "Multi-SLERP: barycentric spherical interpolation of several task vectors.",
         (weights_param(), ParamSpec("normalize_weights", "bool", True, "Divide the weights by their sum."),
          ParamSpec("eps", "float", 1e-8, "Small constant added to norms.", (0.0, 1.0)), _use_base_param()),
-        check=_check_multislerp, mergekit="multislerp", in_place=False,
+        check=_check_multislerp, mergekit="multislerp", in_place=False, base_input=lambda p: p["use_base"],
         formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|")
 def _multislerp(job: TensorJob) -> torch.Tensor:
     p = job.params
@@ -218,7 +217,7 @@ def _multislerp(job: TensorJob) -> torch.Tensor:
         "by their mean norm.",
         (ParamSpec("max_iter", "int", 10, "Most gradient steps per tensor.", (1, 1000)),
          ParamSpec("tol", "float", 1e-5, "Stop when the tangent step is shorter than this.", (0.0, 1.0))),
-        mergekit="karcher", in_place=False,
+        mergekit="karcher", in_place=False, base_input=False,
         formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩")
 def _karcher(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)

@@ -1,6 +1,6 @@
-"""TIES-merging (docs/methods.md#ties): trim each task vector to its top `keep` fraction by |τ| (per tensor,
-or with one threshold over the whole task vector for scope="global"), elect a sign per entry, and average the
-entries that agree with it (the disjoint mean). With weights w (default 1) the election and the mean follow
+"""TIES-merging (docs/methods.md#ties): trim each task vector to its top `keep` fraction by |τ| (one fraction for
+all models or one per model, mergekit's per-model density; per tensor, or with one threshold over the whole task
+vector for scope="global"), elect a sign per entry, and average the entries that agree with it (the disjoint mean). With weights w (default 1) the election and the mean follow
 mergekit's generalisation: elected sign = sign(Σt wt·τ̂t) (ties → +), merged = Σt wt·τ̂t·[agree] /
 Σt wt·[agree] (0 where none agree). `dare_ties` (forgetlab.merge.methods.dare) uses the same election.
 
@@ -173,12 +173,13 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
 
 class TiesGlobalCollector:
     """Global TIES trimming thresholds: per task, the exact k-th largest |τt| over the whole task vector,
-    k = keep_count(total entries, keep). Two passes (RadixSelect)."""
+    k = keep_count(total entries, keep_t) (`keep`: one fraction, or one per task). Two passes (RadixSelect)."""
 
     passes = 2
 
-    def __init__(self, n_tasks: int, total: int, keep: float):
-        self.selects = [RadixSelect(keep_count(total, keep)) for _ in range(n_tasks)]
+    def __init__(self, n_tasks: int, total: int, keep: float | Sequence[float]):
+        keeps = keep if isinstance(keep, (list, tuple)) else [keep] * n_tasks
+        self.selects = [RadixSelect(keep_count(total, k)) for k in keeps]
 
     def add(self, pass_index, name, base, taus):
         for sel, tau in zip(self.selects, taus):
@@ -193,20 +194,22 @@ class TiesGlobalCollector:
 
 
 def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
-    keep, taus = job.params["keep"], job.take_taus()
+    keeps, taus = job.params["keep"], job.take_taus()
     before = [l1_norm(tau) for tau in taus] if job.params.get("rescale") else None
     if job.params["scope"] == "global":
         out = [tau.mul_(threshold_mask(tau.abs(), thr)) for tau, thr in zip(taus, job.stats)]
     else:
-        out = [tau if keep >= 1 else tau.mul_(magnitude_mask(tau, keep)) for tau in taus]
-    if before is not None and keep < 1:  # mergekit leaves a tensor it does not sparsify (density ≥ 1) as it is
-        for tau, b in zip(out, before):
-            tau.mul_(l1_scale(b, l1_norm(tau)))
+        out = [tau if keep >= 1 else tau.mul_(magnitude_mask(tau, keep)) for tau, keep in zip(taus, keeps)]
+    if before is not None:  # mergekit leaves a tensor it does not sparsify (density ≥ 1) as it is
+        for tau, b, keep in zip(out, before, keeps):
+            if keep < 1:
+                tau.mul_(l1_scale(b, l1_norm(tau)))
     return out
 
 
 @method("ties", "TIES: trim each task vector, elect signs, average the agreeing entries.",
-        (ParamSpec("keep", "float", 0.2, "Fraction of each task vector's entries kept (top |τ|).", UNIT),
+        (ParamSpec("keep", "float", 0.2, "Fraction of each task vector's entries kept (top |τ|); one number, or "
+                   "one per model (mergekit's per-model density).", UNIT, per_model=True, model_key="keep"),
          lam_param(), scope_param("tensor"), weights_param(), normalize_param(True), rescale_param(False)),
         mergekit="ties", collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
@@ -223,14 +226,15 @@ def _ties_fast(job: TensorJob) -> torch.Tensor | None:
     # the same trim, election and disjoint mean, in place: exact selection instead of a sort, numpy masks,
     # blocks that stay in cache; the result is written into the base the job owns
     p = job.params
-    if p["rescale"] and p["keep"] < 1:
+    keeps = p["keep"]
+    if p["rescale"] and any(k < 1 for k in keeps):
         return None  # the reference computes the L1 norms of the trimmed task vectors
     taus = job.take_taus()
     if p["scope"] == "global":
         cuts = [math.inf if thr is None else thr for thr in job.stats]
-    elif p["keep"] < 1:
-        k = keep_count(job.base.numel(), p["keep"])
-        cuts = [top_cut_(tau, k) for tau in taus]
+    elif any(k < 1 for k in keeps):
+        n = job.base.numel()
+        cuts = [None if k >= 1 else top_cut_(tau, keep_count(n, k)) for tau, k in zip(taus, keeps)]
     else:
         cuts = None
     return ties_combine_into_(job.base, taus, p["weights"], p["lam"], cuts, normalize=p["normalize"])
