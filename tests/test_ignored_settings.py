@@ -112,3 +112,62 @@ def test_cli_merge_of_a_recipe_with_a_duplicate_or_null_exits_2_and_writes_nothi
         err = capsys.readouterr().err
         assert "lam" in err and "Traceback" not in err
         assert not (tmp_path / f"out{i}").exists()
+
+
+# -- LoRA: rank 0 and an empty target list are refused, not read as "full fine-tune" / "every layer" -------------
+
+@pytest.mark.parametrize("extra, message", [
+    (["--lora", "0"], "LoRA rank must be ≥ 1; got 0. Leave --lora out for a full fine-tune"),
+    (["--lora", "-2"], "LoRA rank must be ≥ 1; got -2"),
+    (["--lora", "2", "--lora-targets", ""], "argument --lora-targets: names no module"),
+    (["--lora", "2", "--lora-targets", " , "], "argument --lora-targets: names no module"),
+    (["--lora", "2", "--lora-targets", "q_proj,,v_proj"], "has an empty name"),
+    (["--lora-targets", "q_proj"], "apply only to a LoRA fine-tune: add --lora R"),
+])
+def test_finetune_refuses_lora_rank_0_and_empty_targets_with_exit_2(extra, message, tiny_llama, tmp_path,
+                                                                    monkeypatch, capsys):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    try:
+        code = main(["finetune", str(tiny_llama.pool_yaml), "--task", "math", "--steps", "1", "--no-save", *extra])
+    except SystemExit as exc:                   # argparse's own refusal
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_lora_target_list_is_refused_by_the_library_too(tiny_llama):
+    from forgetlab.core.checkpoints import load_model
+    from forgetlab.train.lora import check_lora
+    from forgetlab.train.runs import standard_configs
+
+    model = load_model(tiny_llama.base)
+    with pytest.raises(ParameterError, match="target layers are an empty list; choose at least one of"):
+        check_lora(model, 2, None, [])
+    assert "q_proj" in check_lora(model, 2, None, None)          # None still means every linear layer
+    assert standard_configs(lora=2, lora_targets=[])[0].lora_targets == []    # kept, so that it is refused
+
+
+def test_finetune_page_refuses_an_empty_choice_of_adapted_layers(tiny_llama, tmp_path, monkeypatch):
+    import shutil
+
+    from tests.jobs_helper import finish_jobs, open_page
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    at = open_page("finetune", root / "pool.yaml")
+    at.run()
+    at.radio(key="finetune_mode").set_value("one run").run()
+    at.radio(key="finetune_weights").set_value("a LoRA adapter").run()
+    assert at.number_input(key="finetune_lora_r").min == 1                       # no rank 0 on the page
+    at.multiselect(key="finetune_lora_targets").set_value([])
+    at.number_input(key="finetune_steps").set_value(2)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.button(key="finetune_run").click().run()
+    finish_jobs(at, "finetune")
+    assert not at.exception, at.exception
+    assert any("empty list" in e.value for e in at.error), [e.value for e in at.error]
+    assert at.session_state["finetune_result"] is None if "finetune_result" in at.session_state else True, \
+        "no result: nothing was trained"

@@ -82,7 +82,7 @@ def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8,
     (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
     `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight."""
     common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, lora=int(lora), lora_alpha=lora_alpha,
-                  lora_targets=list(lora_targets) if lora_targets else None)
+                  lora_targets=list(lora_targets) if lora_targets is not None else None)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
         FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
