@@ -132,15 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except _Terminated:
-        sys.stderr.write("forgetlab: terminated; nothing half-written was kept.\n")
+    except _Terminated as exc:
+        sys.stderr.write(f"forgetlab: terminated; nothing half-written was kept{_kept(exc)}.\n")
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        sys.stderr.write("forgetlab: interrupted; nothing half-written was kept.\n")
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"forgetlab: interrupted; nothing half-written was kept{_kept(exc)}.\n")
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _kept(exc: BaseException) -> str:
+    """What an interrupted command had finished, when the interrupt says so (forgetlab.core.poolsaves)."""
+    return f" ({exc})" if str(exc) else ""
 
 
 class _Terminated(KeyboardInterrupt):

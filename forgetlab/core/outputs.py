@@ -32,10 +32,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from forgetlab.core.errors import ForgetlabError, OutputExistsError, WorkspaceError
 
@@ -239,7 +240,8 @@ def check_output_dir(out: str | Path, overwrite: bool = False, inputs: Iterable[
     return out
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with id `pid` is running (this one included)."""
     if pid == os.getpid():
         return True
     try:
@@ -260,7 +262,7 @@ def clean_stale(folder: str | Path) -> list[Path]:
         return done
     for entry in folder.iterdir():
         m = _TEMP.match(entry.name)
-        if not m or entry.is_symlink() or not entry.is_dir() or _pid_alive(int(m["pid"])):
+        if not m or entry.is_symlink() or not entry.is_dir() or process_alive(int(m["pid"])):
             continue
         target = folder / m["name"]
         # an empty one: killed between creating the folder and marking it partial
@@ -356,13 +358,42 @@ def disk_full_error(out: Path, existed: bool) -> WorkspaceError:
 
 
 @contextlib.contextmanager
+def signals_held(signums: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM for the block: one that arrives meanwhile is delivered, as usual, when the block
+    ends — for a few steps that must happen together (a folder landing and its entry in a pool file). Only the
+    main thread receives signals; elsewhere the block just runs."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {}
+    for signum in signums:
+        handler = signal.getsignal(signum)
+        if handler is not None:          # None: set outside Python, which Python cannot put back
+            previous[signum] = handler
+            signal.signal(signum, lambda n, frame: arrived.append(n))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
 def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
-                      inputs: Iterable[str | Path] = (), kind: str = "output") -> Iterator[Path]:
+                      inputs: Iterable[str | Path] = (), kind: str = "output",
+                      then: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside `out_dir`; rename it to `out_dir` on success, delete it on failure.
 
     An existing `out_dir` is refused unless `overwrite`, and even then replaced only when forgetlab wrote it
     and it holds none of `inputs` (see the module docstring); the old one goes only once the new is complete.
-    `kind` is recorded in the output's marker file.
+    `kind` is recorded in the output's marker file. `then(out_dir)` runs right after the folder lands, with
+    Ctrl-C and SIGTERM held (`signals_held`): what must exist together with the folder (its entry in a pool
+    file). If `then` fails, the folder is taken back (an old one put back), so neither is left.
     """
     inputs = list(inputs)
     out = check_output_dir(out_dir, overwrite, inputs)
@@ -372,7 +403,7 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
         except OSError as exc:
             raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
                                  "folder.") from None
-        with _atomic_output_dir(out, overwrite, inputs, kind) as tmp:
+        with _atomic_output_dir(out, overwrite, inputs, kind, then) as tmp:
             yield tmp
 
 
@@ -397,7 +428,8 @@ def removed_if_failed(made: Iterable[Path]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> Iterator[Path]:
+def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str,
+                       then: Callable[[Path], None] | None = None) -> Iterator[Path]:
     with _writer_lock(out):
         clean_stale(out.parent)
         existed = out.exists() or out.is_symlink()
@@ -427,15 +459,26 @@ def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> I
                                                   "records": file_records(tmp, files)}) + "\n")
             (tmp / PARTIAL).unlink()
             tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
-            if out.exists() or out.is_symlink():
+            replacing = out.exists() or out.is_symlink()
+            if replacing:
                 check_replaceable(out, inputs)
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
-                os.rmdir(old)
-                out.rename(old)
+            with signals_held() if then is not None else contextlib.nullcontext():
+                old = None
+                if replacing:
+                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+                    os.rmdir(old)
+                    out.rename(old)
                 tmp.rename(out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out)
+                if then is not None:
+                    try:
+                        then(out)
+                    except BaseException:
+                        out.rename(tmp)             # taken back: removed below, the old one put back
+                        if old is not None:
+                            old.rename(out)
+                        raise
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, Exception) and is_disk_full(exc):

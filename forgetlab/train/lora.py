@@ -130,17 +130,19 @@ def trainable_parameters(model: torch.nn.Module) -> int:
 
 
 def save_adapter(pool, model, name: str, *, target: Path, run_json: Optional[str] = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, update_yaml: bool = True) -> Path:
     """Save a LoRA model trained from the pool's base as a PEFT adapter folder (adapter_config.json +
     adapter_model.safetensors, written atomically) at `target`, add it to the pool as `{adapter: …}` and to
-    the pool's YAML file; the analyses and merges read it as base + (α/R)·B·A."""
+    the pool's YAML file (with `update_yaml`), both or neither (forgetlab.core.poolsaves); the analyses and merges
+    read it as base + (α/R)·B·A."""
     from forgetlab.core.outputs import atomic_output_dir
+    from forgetlab.core.poolsaves import save_into_pool
 
-    with atomic_output_dir(target, overwrite=overwrite, kind="adapter") as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        if run_json is not None:
-            (tmp / "finetune.json").write_text(run_json)
-    pool.add(name, {"adapter": str(target)})
-    if getattr(pool, "source", None):
-        pool.add_to_yaml(name)
-    return target
+    def write(then) -> Path:
+        with atomic_output_dir(target, overwrite=overwrite, kind="adapter", then=then) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            if run_json is not None:
+                (tmp / "finetune.json").write_text(run_json)
+        return target
+
+    return save_into_pool(pool, name, target, write, adapter=True, update_yaml=update_yaml)

@@ -154,13 +154,14 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
 
 def save_model(model, tokenizer, out_dir: str | Path, overwrite: bool = False,
                extra_files: dict[str, str | bytes] | None = None, inputs: Iterable[str | Path] = (),
-               kind: str = "model") -> Path:
+               kind: str = "model", then=None) -> Path:
     """Save a transformers model (+ tokenizer) as an HF safetensors folder, atomically (forgetlab.core.outputs:
-    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`)."""
+    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`; `then(folder)` runs as the
+    folder lands, and its failure takes the folder back: `atomic_output_dir`)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind) as tmp:
+    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind, then=then) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
