@@ -1,8 +1,8 @@
 """What forgetlab wrote into an output folder, file by file, and which of those files have changed since.
 
 The marker of a finished output (`forgetlab.core.outputs.MARKER`) records every file forgetlab wrote there: its
-size, its hash (HASH, XXH3-128) and its stat signature (mtime, ctime, inode). `changed_files` compares a folder with that record
-before anything replaces or removes it:
+size, its hash (HASH, XXH3-128) and its stat signature (mtime, ctime, inode). `changed_files` compares a folder
+with that record before anything replaces or removes it:
 
 - a file whose size, mtime, ctime and inode are all as recorded has not been written since — the kernel sets a
   file's ctime on every change of its contents or metadata and no program can set it back — so it is not read
@@ -152,7 +152,7 @@ def changed_files(folder: str | Path, marker: Mapping, marker_path: str | Path, 
     """Of `files` (relative paths in `folder`), those that `ours` says forgetlab wrote and that have changed since:
     judged by their record in `marker` where it has one (`unchanged`), else by time — a ctime later than the
     marker's (`marker["unrecorded_since"]` when forgetlab rewrote an old marker, else the marker file's own ctime).
-    Files to hash are hashed several at a time."""
+    A file that cannot be read counts as changed. Files to hash are hashed several at a time."""
     folder = Path(folder)
     records = marker.get("records") if isinstance(marker.get("records"), Mapping) else {}
     since = marker.get("unrecorded_since")
@@ -163,9 +163,14 @@ def changed_files(folder: str | Path, marker: Mapping, marker_path: str | Path, 
     def is_changed(rel: str) -> bool:
         p = folder / rel
         record = records.get(rel)
-        if isinstance(record, Mapping):
-            return not unchanged(p, record)
-        return os.lstat(p).st_ctime_ns > since
+        try:
+            if isinstance(record, Mapping):
+                return not unchanged(p, record)
+            return os.lstat(p).st_ctime_ns > since
+        except FileNotFoundError:          # removed meanwhile: nothing of the user's to lose there
+            return False
+        except OSError:                    # unreadable: cannot tell, so it counts as changed (the safe side)
+            return True
 
     flags = _parallel(is_changed, todo)
     return sorted(rel for rel, flag in zip(todo, flags) if flag)
