@@ -15,7 +15,7 @@ import sys
 
 import forgetlab.commands
 from forgetlab import __version__
-from forgetlab.commands.args import OUTPUT_FILES, add_overwrite
+from forgetlab.commands.args import OUTPUT_FILES, add_overwrite, finite_number, whole_number
 from forgetlab.core.errors import ForgetlabError
 
 
@@ -45,19 +45,6 @@ COUNTS = {"batch_size", "max_general", "max_task", "max_train", "samples", "step
 NON_NEGATIVE = {"warmup"}
 
 
-def _at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}; got {value}")
-        return value
-    parse.__name__ = "count" if minimum else "number"
-    return parse
-
-
 def _device(text: str) -> str:
     from forgetlab.core.checkpoints import check_device
     from forgetlab.core.errors import ParameterError
@@ -69,16 +56,21 @@ def _device(text: str) -> str:
 
 
 def _check_arguments(parser: argparse.ArgumentParser) -> None:
-    """Give every command the same checks for counts (≥ 1), devices (usable here) and output files
-    (`--overwrite` to replace one): argparse then exits 2 with a one-line message naming the argument."""
+    """Give every command the same checks for counts (≥ 1), other whole numbers (within 64 bits), decimal numbers
+    (finite), devices (usable here) and output files (`--overwrite` to replace one): argparse then exits 2 with
+    a one-line message naming the argument (forgetlab.commands.args.whole_number, finite_number)."""
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in action.choices.values():
                 _check_arguments(sub)
         elif action.dest in COUNTS and action.type is int:
-            action.type = _at_least(1)
+            action.type = whole_number(1, name="count")
         elif action.dest in NON_NEGATIVE and action.type is int:
-            action.type = _at_least(0)
+            action.type = whole_number(0, name="number")
+        elif action.type is int:
+            action.type = whole_number()
+        elif action.type is float:
+            action.type = finite_number
         elif action.dest == "device":
             action.type = _device
     dests = {a.dest for a in parser._actions}
@@ -140,15 +132,20 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
-    except _Terminated:
-        sys.stderr.write("forgetlab: terminated; nothing half-written was kept.\n")
+    except _Terminated as exc:
+        sys.stderr.write(f"forgetlab: terminated; nothing half-written was kept{_kept(exc)}.\n")
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        sys.stderr.write("forgetlab: interrupted; nothing half-written was kept.\n")
+    except KeyboardInterrupt as exc:
+        sys.stderr.write(f"forgetlab: interrupted; nothing half-written was kept{_kept(exc)}.\n")
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _kept(exc: BaseException) -> str:
+    """What an interrupted command had finished, when the interrupt says so (forgetlab.core.poolsaves)."""
+    return f" ({exc})" if str(exc) else ""
 
 
 class _Terminated(KeyboardInterrupt):

@@ -72,7 +72,7 @@ with left:
                                 help="scale α/r of the update (default 2·r)")
         offered = checkpoint_targets(pool.checkpoint(start))
         targets = st.multiselect("adapted layers", offered, default=offered, key="finetune_lora_targets")
-        lora = dict(lora=int(rank), lora_alpha=float(alpha), lora_targets=targets or None)
+        lora = dict(lora=int(rank), lora_alpha=float(alpha), lora_targets=targets)  # none chosen: refused, not all
     checkpointing = st.checkbox("gradient checkpointing", key="finetune_checkpointing",
                                 help="recompute each layer's activations in the backward pass instead of keeping "
                                      "them: less memory, about a third more time")

@@ -188,9 +188,11 @@ def test_existing_output_is_refused_unless_overwrite(tiny_llama, tmp_path):
         run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
     assert (ours / "notes.txt").read_text() == "the user's, added after the first merge"
     (ours / "notes.txt").unlink()
-    (ours / "recipe.yaml").write_text("stale")
     run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
-    assert (ours / "recipe.yaml").read_text() != "stale"
+    (ours / "recipe.yaml").write_text("edited")       # issue 41: a file of ours the user changed is theirs now
+    with pytest.raises(OutputExistsError, match="changed since forgetlab wrote them: recipe.yaml"):
+        run(_recipe(tiny_llama, "linear", {}), ours, overwrite=True)
+    assert (ours / "recipe.yaml").read_text() == "edited"
 
 
 def test_incompatible_models_are_refused_before_writing(tiny_llama, tiny_gpt2, tmp_path):

@@ -118,10 +118,12 @@ def test_overwrite_replaces_forgetlab_own_merge(recipe, tmp_path):
     marker = json.loads((out / MARKER).read_text())
     assert marker["kind"] == "merge" and marker["written_by"] == "forgetlab"
     assert marker["files"] == sorted(p.name for p in out.iterdir() if p.name != MARKER)
-    (out / "recipe.yaml").write_text("edited by hand")      # forgetlab's own file, changed: still forgetlab's
     assert _merge_cli(recipe, out, "--overwrite") == 0
-    assert (out / "recipe.yaml").read_text() != "edited by hand"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged", "recipe.yaml"]   # no lock, temp or old copy
+    # issue 41: a file of forgetlab's that the user changed is theirs now (it was replaced before)
+    (out / "recipe.yaml").write_text("edited by hand")
+    assert _merge_cli(recipe, out, "--overwrite") == 2
+    assert (out / "recipe.yaml").read_text() == "edited by hand"
 
 
 def test_overwrite_keeps_what_the_user_added_inside_an_earlier_merge(recipe, tmp_path, capsys):

@@ -126,8 +126,9 @@ def test_cli_lora_dry_run_and_bad_input(tiny_llama, tmp_path, capsys):
     assert main(["finetune", y, "--task", "math", "--lora", "4", "--dtype", "bfloat16", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "finetune in bfloat16 needs ≈" in out and "free on cpu" in out and "fits" in out
-    assert main(["finetune", y, "--task", "math", "--lora", "0", "--lora-alpha", "8"]) == 2
-    assert "--lora needs a rank ≥ 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:       # issue 41: refused by the argument's type, before anything runs
+        main(["finetune", y, "--task", "math", "--lora", "0", "--lora-alpha", "8"])
+    assert exc.value.code == 2 and "LoRA rank must be ≥ 1" in capsys.readouterr().err
     assert main(["finetune", y, "--task", "math", "--lora", "4", "--lora-targets", "q_proj,nope", "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "nope" in err and "q_proj" in err and "down_proj" in err

@@ -315,10 +315,25 @@ def cluster_distances(points: np.ndarray, labels: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "task_a", "task_b", "distance"])
 
 
+def check_tsne(perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50) -> None:
+    """ParameterError unless the t-SNE settings are ones scikit-learn and openTSNE accept: a finite perplexity > 0,
+    at least one PCA dimension, and a seed from 0 to 2**32 − 1 (numpy's legacy seeding)."""
+    if not 0 < float(perplexity) < float("inf"):
+        raise ParameterError(f"perplexity must be a finite number > 0 (about the number of neighbours each point "
+                             f"keeps; 30 is usual); got {perplexity}.")
+    if int(pca_dims) < 1:
+        raise ParameterError(f"pca_dims must be at least 1 (the dimensions PCA keeps before t-SNE; 50 is usual); "
+                             f"got {pca_dims}.")
+    if isinstance(seed, bool) or not 0 <= int(seed) <= 2**32 - 1:
+        raise ParameterError(f"seed must be a whole number from 0 to 2**32 − 1 (numpy's seeds, which PCA and t-SNE "
+                             f"use); got {seed!r}.")
+
+
 def embed_tsne(features: FeatureSet, *, perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50,
                backend: str = "auto", progress: Progress = None) -> TsneResult:
     """PCA to ``pca_dims`` dimensions, then seeded 2-D t-SNE; coordinates with (task, model) labels and the
-    distances between task clusters per model (module docstring)."""
+    distances between task clusters per model (module docstring). Settings are checked by `check_tsne`."""
+    check_tsne(perplexity, seed, pca_dims)
     if len(features) == 0:
         raise ParameterError("No features to embed.")
     report(progress, 0.05, "PCA")
@@ -341,6 +356,7 @@ def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", 
                 perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50, backend: str = "auto",
                 device: Optional[str] = None, dtype=None, progress: Progress = None) -> TsneResult:
     """`capture_features` (in `dtype`) then `embed_tsne`, in one call (what the Features page and CLI run)."""
+    check_tsne(perplexity, seed, pca_dims)                 # before the features are captured, not after
     fs = capture_features(pool_or_data, tasks, models, level=level, layer=layer, head=head, pooling=pooling,
                           samples=samples, device=device, dtype=dtype, progress=scaled(progress, 0.0, 0.6))
     result = embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,

@@ -286,7 +286,8 @@ def search_scalars(method: str, param: Optional[str] = None, scalars: Optional[S
 
 
 def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: Optional[str], param: Optional[str],
-             bounds: tuple[float, float], hma_blocks: int, benchmarks, scalars: Optional[Sequence[str]] = None):
+             bounds: tuple[float, float], hma_blocks: int, benchmarks, scalars: Optional[Sequence[str]] = None,
+             sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0):
     """The search's checks of its settings (see `check_search`); returns (recipe, the searched parameter's spec
     or None, (low, high), the searched method-wide parameters)."""
     from forgetlab.merge.recipes import load_recipe
@@ -306,6 +307,17 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
         raise ParameterError(f"budget must be at least 1 evaluation; got {budget}.")
     if int(hma_blocks) < 0:
         raise ParameterError(f"hma_blocks must be ≥ 0; got {hma_blocks}.")
+    if int(hma_blocks) > pool.anatomy.num_layers:
+        raise ParameterError(f"hma_blocks must be at most the model's {pool.anatomy.num_layers} layers (one α per "
+                             f"block of layers); got {hma_blocks}.")
+    if not 0 < float(sigma0) < math.inf:
+        raise ParameterError(f"sigma0 (CMA-ES's first step size) must be a finite number > 0, e.g. 0.3; got {sigma0}.")
+    if popsize is not None and int(popsize) < 2:
+        raise ParameterError(f"popsize must be at least 2 (CMA-ES compares candidates), or left out for CMA-ES's "
+                             f"default; got {popsize}.")
+    if not 0 <= int(seed) <= 2**32 - 2:
+        raise ParameterError(f"seed must be a whole number from 0 to 2**32 − 2 (CMA-ES is seeded with seed + 1); got "
+                             f"{seed}.")
     lo, hi = float(bounds[0]), float(bounds[1])
     if not lo < hi:
         raise ParameterError(f"bounds must be LOW < HIGH; got {bounds}.")
@@ -327,12 +339,15 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
 
 def check_search(recipe, pool, *, budget: int = 30, objective: str = "constrained", measure: str = "exact_match",
                  task: Optional[str] = None, param: Optional[str] = None, bounds: tuple[float, float] = (0.0, 2.0),
-                 hma_blocks: int = 0, benchmarks=None, scalars: Optional[Sequence[str]] = None, **_ignored) -> None:
+                 hma_blocks: int = 0, benchmarks=None, scalars: Optional[Sequence[str]] = None, sigma0: float = 0.3,
+                 popsize: Optional[int] = None, seed: int = 0, **_ignored) -> None:
     """Raise the ForgetlabError that `search(recipe, pool, ...)` would raise for these settings (recipe, budget,
-    objective, measure, task, parameter, bounds, probe data), without loading a model: the app checks a search
-    before starting it in the background. Other `search` keyword arguments are accepted and ignored."""
+    objective, measure, task, parameter, bounds, blocks, CMA-ES's step size, population and seed, probe data),
+    without loading a model: the app checks a search before starting it in the background. Other `search`
+    keyword arguments are accepted and ignored."""
     _checked(recipe, pool, budget=budget, objective=objective, measure=measure, task=task, param=param,
-             bounds=bounds, hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars)
+             bounds=bounds, hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars, sigma0=sigma0,
+             popsize=popsize, seed=seed)
 
 
 def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", max_forgetting: float = 0.05,
@@ -363,7 +378,8 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
         raise MissingDependencyError("The merge search needs the cma package: pip install cma") from None
     recipe, pspec, (lo, hi), scalar_names = _checked(recipe, pool, budget=budget, objective=objective,
                                                      measure=measure, task=task, param=param, bounds=bounds,
-                                                     hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars)
+                                                     hma_blocks=hma_blocks, benchmarks=benchmarks, scalars=scalars,
+                                                     sigma0=sigma0, popsize=popsize, seed=seed)
     base_params = recipe.validated_params()
     n = len(recipe.models)
     start: list[float] = []

@@ -1,12 +1,17 @@
 """CLI arguments that several commands share, each declared once here: one function per argument or group.
 
-The checks live in `forgetlab.cli._check_arguments` and go by `dest`: counts (`--max-general`, `--batch-size`,
-`--samples`, `--limit`, `--workers`) must be ≥ 1, `--device` must be usable on this machine, and a parser
-with an output file (a dest in `OUTPUT_FILES`) gets `--overwrite` (`add_overwrite`) when it has none.
-An argument whose meaning differs from command to command (`--model`, `--task`, `--seed`, …) stays in its
-command; so does the help of `--out`, which names what each command writes.
+The checks live in `forgetlab.cli._check_arguments` and go by `dest` and type: counts (`--max-general`,
+`--batch-size`, `--samples`, `--limit`, `--workers`) must be ≥ 1, every other whole number must fit in 64 bits
+(`whole_number`), every decimal number must be finite (`finite_number`: `nan` and `inf` are refused), `--device`
+must be usable on this machine, and a parser with an output file (a dest in `OUTPUT_FILES`) gets `--overwrite`
+(`add_overwrite`) when it has none. `--seed` (`add_seed`) is a whole number in the range of the generator it
+seeds. An argument whose meaning differs from command to command (`--model`, `--task`, …) stays in its command;
+so does the help of `--out`, which names what each command writes.
 """
 from __future__ import annotations
+
+import argparse
+import math
 
 POOL_HELP = "pool.yaml"
 DEVICE_HELP = "cpu or cuda (default: cuda when available)"
@@ -17,6 +22,103 @@ EVAL_BATCH_HELP = "evaluation batch size"
 
 # Dests of the options that name an output file: checked before the command runs (cli._check_output_files).
 OUTPUT_FILES = ("out", "curves", "distances", "save_recipe")
+
+INT64_MAX = 2**63 - 1          # the largest whole number torch and numpy take as an index, size or count
+TORCH_SEED_MAX = 2**63 - 1     # torch.manual_seed / torch.Generator, and a recipe's seed (merge.recipes.check_seed)
+NUMPY_SEED_MAX = 2**32 - 1     # numpy's legacy seeding, used by scikit-learn, openTSNE and cma
+FLOAT32_MAX = 3.4028234663852886e38   # torch.finfo(torch.float32).max: settings become float32 tensor scalars
+
+
+def whole_number(minimum: int | None = None, maximum: int = INT64_MAX, name: str = "integer"):
+    """An argparse type: a whole number in [`minimum`, `maximum`] (default: what fits in 64 bits, the range torch
+    and numpy accept), so that argparse exits 2 with a message naming the argument instead of a traceback from
+    deep inside a library. `name` is the type's name in argparse's messages ("count", "seed", …)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}; got {value}")
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {_power_of_two(maximum)} ({maximum:,}); got {value}")
+        if minimum is None and value < -maximum - 1:
+            raise argparse.ArgumentTypeError(f"must be at least {-maximum - 1:,}; got {value}")
+        return value
+    parse.__name__ = name
+    return parse
+
+
+def _power_of_two(maximum: int) -> str:
+    """`maximum` written as 2**b − k when it lies just below a power of two (2**63 − 1, 2**32 − 2)."""
+    bits = maximum.bit_length()
+    below = (1 << bits) - maximum
+    return f"2**{bits} − {below}" if 0 < below <= 16 and bits > 8 else str(maximum)
+
+
+def finite_number(text: str) -> float:
+    """An argparse type: a finite decimal number within float32's range (`nan`, `inf` and `1e300` are refused: no
+    setting forgetlab takes means anything there, and torch would fail or compute garbage with them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number; got {text!r}")
+    if abs(value) > FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must lie within ±{FLOAT32_MAX:.4g} (the float32 range torch computes "
+                                         f"in); got {text!r}")
+    return value
+
+
+finite_number.__name__ = "finite"
+
+
+def add_seed(p, *, help: str, maximum: int = TORCH_SEED_MAX, default: int = 0) -> None:
+    """`--seed N` (dest `seed`): a whole number from 0 to `maximum`, the range of the generator it seeds
+    (TORCH_SEED_MAX for torch's, NUMPY_SEED_MAX for numpy's legacy seeding; less where the command derives
+    further seeds from it). `help` says what it seeds."""
+    p.add_argument("--seed", type=whole_number(0, maximum, "seed"), default=default,
+                   help=f"{help} (a whole number from 0 to {_power_of_two(maximum)}; default {default})")
+
+
+def add_lora(p) -> None:
+    """`--lora R`, `--lora-alpha A` and `--lora-targets NAME[,NAME…]` (dests `lora`, `lora_alpha`,
+    `lora_targets`): a LoRA fine-tune instead of a full one. The rank is ≥ 1 (left out: a full fine-tune); the
+    targets, when given, a non-empty list (read into a list of names)."""
+    p.add_argument("--lora", type=_lora_rank, default=None, metavar="R",
+                   help="train a LoRA adapter of rank R ≥ 1 instead of every weight (saved with --save-as as a "
+                        "PEFT adapter); the optimizer and the fixes act on the adapter's parameters. Leave it out "
+                        "for a full fine-tune")
+    p.add_argument("--lora-alpha", type=finite_number, default=None, metavar="A", help="LoRA alpha (default 2·R)")
+    p.add_argument("--lora-targets", type=_module_names, default=None, metavar="NAME[,NAME…]",
+                   help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
+                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
+
+
+def _lora_rank(text: str) -> int:
+    value = whole_number(None)(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"LoRA rank must be ≥ 1; got {value}. Leave --lora out for a full "
+                                         "fine-tune")
+    return value
+
+
+_lora_rank.__name__ = "rank"
+
+
+def _module_names(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",")]
+    if not any(names):
+        raise argparse.ArgumentTypeError(f"names no module (got {text!r}); give names such as q_proj,v_proj, or "
+                                         "leave --lora-targets out for every linear layer of the blocks")
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"has an empty name in {text!r}; separate module names with single "
+                                         "commas, e.g. q_proj,v_proj")
+    return names
+
+
+_module_names.__name__ = "names"
 
 
 def add_pool(p, *, flag: bool = False, required: bool = True, help: str = POOL_HELP) -> None:

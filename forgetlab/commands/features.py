@@ -22,7 +22,7 @@ def register(sub) -> None:
     shared.add_samples(p, default=None)
     p.add_argument("--perplexity", type=float, default=30.0)
     p.add_argument("--pca-dims", type=int, default=50)
-    p.add_argument("--seed", type=int, default=0)
+    shared.add_seed(p, help="seed of PCA and t-SNE", maximum=shared.NUMPY_SEED_MAX)
     p.add_argument("--backend", choices=list(BACKENDS), default="auto")
     shared.add_device(p, help=shared.DEVICE_CPU_HELP)
     shared.add_dtype(p, what="the models' forward passes (the pooled features, PCA and t-SNE are float32)")
@@ -34,12 +34,13 @@ def register(sub) -> None:
 
 def cmd_features(args) -> int:
     """Estimate the peak (stop there with --dry-run), capture the features, map them, print the distances."""
-    from forgetlab.analysis.features import capture_features, embed_tsne
+    from forgetlab.analysis.features import capture_features, check_tsne, embed_tsne
     from forgetlab.commands.linearity import write_csv
     from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
     from forgetlab.core.progress import scaled
 
+    check_tsne(args.perplexity, args.seed, args.pca_dims)   # before the features are captured, not after
     pool = ModelPool.from_yaml(args.pool)
     dtype = job_dtype(args.dtype, args.device)
     if emit_estimate(estimate("features", pool=pool, tasks=args.tasks, models=args.models, level=args.level,

@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--warmup", type=int, default=0, help="linear warm-up steps before the cosine decay")
     p.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
-    p.add_argument("--seed", type=int, default=0)
+    shared.add_seed(p, help="seed of the batch order, dropout and LoRA's initial weights")
     p.add_argument("--sfa-p", type=float, default=None, help="SFA: average with the start every ⌈p·T⌉ steps")
     p.add_argument("--sfa-beta", type=float, default=0.5, help="SFA: θ ← (1 − β)·θ + β·θo (default 0.5)")
     p.add_argument("--l1", type=float, default=0.0, help="L1-to-init penalty λ (loss + λ‖θ − θo‖₁); with --compare "
@@ -44,13 +44,7 @@ def register(sub) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute each layer's activations in the backward pass instead of keeping them "
                         "(less memory, about a third more time)")
-    p.add_argument("--lora", type=int, default=0, metavar="R",
-                   help="train a LoRA adapter of rank R instead of every weight (saved with --save-as as a PEFT "
-                        "adapter); the optimizer and the fixes act on the adapter's parameters")
-    p.add_argument("--lora-alpha", type=float, default=None, metavar="A", help="LoRA alpha (default 2·R)")
-    p.add_argument("--lora-targets", default=None, metavar="NAME[,NAME…]",
-                   help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
-                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
+    shared.add_lora(p)
     shared.add_dry_run(p)
     p.add_argument("--save-as", default=None, help="save the fine-tuned model into the pool under this name")
     shared.add_out(p, "also write the trajectories to this CSV or JSON file")
@@ -79,12 +73,10 @@ def cmd_finetune(args) -> int:
     if args.save_as is not None and not args.compare:
         check_save_as(pool, args.save_as)          # before training, not after
     measure, general = check_measure(args.measure), check_general_measure(args.general_measure)
-    lora = dict(lora=args.lora, lora_alpha=args.lora_alpha,
-                lora_targets=[t.strip() for t in args.lora_targets.split(",") if t.strip()] if args.lora_targets
-                else None)
-    if args.lora < 0 or (args.lora == 0 and (args.lora_alpha is not None or args.lora_targets)):
-        raise ParameterError("--lora needs a rank ≥ 1 (e.g. --lora 16); --lora-alpha and --lora-targets only "
-                             "apply with it.")
+    lora = dict(lora=args.lora or 0, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets)
+    if args.lora is None and (args.lora_alpha is not None or args.lora_targets is not None):
+        raise ParameterError("--lora-alpha and --lora-targets apply only to a LoRA fine-tune: add --lora R (a rank "
+                             "≥ 1, e.g. --lora 16), or leave them out for a full fine-tune.")
     if args.compare:
         configs = standard_configs(args.steps, args.lr, batch_size=args.batch_size, seed=args.seed,
                                    fraction=args.fraction, sfa_p=args.sfa_p or 0.25, sfa_beta=args.sfa_beta,

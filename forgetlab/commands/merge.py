@@ -45,7 +45,7 @@ def register(subparsers) -> None:
     s.add_argument("recipe", help="A pcb recipe (its keep, lam and scope are used; λ is the start).")
     shared.add_pool(s, flag=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
     s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
-    s.add_argument("--seed", type=int, default=0, help="Seed of CMA-ES.")
+    shared.add_seed(s, help="Seed of CMA-ES", maximum=shared.NUMPY_SEED_MAX - 1)   # CMA-ES is seeded with seed + 1
     shared.add_out(s, "Write the recipe with the λ found (per model) to this YAML file.")
     shared.add_device(s, help=shared.DEVICE_CPU_HELP)
     shared.add_dtype(s, what="the working copy that scores each λ")

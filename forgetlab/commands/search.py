@@ -35,7 +35,7 @@ def register(sub) -> None:
                    help="also search one α ∈ [0, 1] per block of layers scaling the merged task vector (HMA)")
     p.add_argument("--sigma0", type=float, default=0.3, help="CMA-ES initial step size (default 0.3)")
     p.add_argument("--popsize", type=int, default=None, help="CMA-ES population (default: cma's 4 + 3 ln n)")
-    p.add_argument("--seed", type=int, default=0, help="CMA-ES seed")
+    shared.add_seed(p, help="CMA-ES seed", maximum=shared.NUMPY_SEED_MAX - 1)   # CMA-ES is seeded with seed + 1
     shared.add_eval_limits(p, pairs="probe")
     shared.add_batch_size(p)
     shared.add_device(p)

@@ -59,7 +59,7 @@ def register(sub) -> None:
                    help="TIES keep fractions (also DELLA's densities and SCE's select_topk)")
     k.add_argument("--methods", nargs="+", default=["dare", "ties"],
                    help="dare ties della sce (sce merges the model with the pool's other fine-tuned models)")
-    k.add_argument("--seed", type=int, default=0, help="DARE and DELLA seed")
+    shared.add_seed(k, help="DARE and DELLA seed")
     k.set_defaults(func=cmd_sweep)
 
     k = kinds.add_parser("hma", help="HMA: one α per block of layers, over a grid of α tuples")

@@ -6,10 +6,12 @@ Every folder forgetlab writes (merges, saved fine-tunes, zoo steps) goes through
   partial, and renamed into place only when complete; on any failure (an error, Ctrl-C, SIGTERM) the temporary
   folder is removed;
 - a finished folder carries the marker file `.forgetlab-output.json`, which lists the files forgetlab wrote
-  there; `overwrite=True` replaces only a folder with that marker, and only while it holds nothing else —
-  never a folder forgetlab did not write, one to which the user has added files of their own (a NOTES.md, a
-  folder of eval results, a model saved inside it: they are named and nothing is changed), a file, a symbolic
-  link (or what it points to), a folder holding one of the job's inputs, or the current working folder;
+  there with their sizes and hashes (forgetlab.core.filerecords); `overwrite=True` replaces only a folder with
+  that marker, and only while it holds nothing else and nothing changed — never a folder forgetlab did not
+  write, one to which the user has added files of their own (a NOTES.md, a folder of eval results, a model saved
+  inside it) or in which they changed a file forgetlab wrote (a model re-saved after more training): those are
+  named and nothing is changed; nor a file, a symbolic link (or what it points to), a folder holding one of the
+  job's inputs, or the current working folder;
 - one writer per target at a time (an exclusive lock `.<name>.lock` beside it, removed afterwards): a second
   job writing the same target is refused at once instead of silently replacing the first one's result; a
   user's own file that happens to carry the lock's name is used as it is and kept;
@@ -30,10 +32,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from forgetlab.core.errors import ForgetlabError, OutputExistsError, WorkspaceError
 
@@ -109,12 +112,29 @@ def check_replaceable(out: str | Path, inputs: Iterable[str | Path] = ()) -> Non
     if _contains(real, Path.cwd().resolve()):
         raise OutputRefusedError(f"{out} is (or contains) the current working folder; choose another output "
                                  "folder.")
+    problem = user_files_message(out)
+    if problem:
+        raise OutputRefusedError(f"{problem} --overwrite replaces only forgetlab's own, unchanged files, so nothing "
+                                 "was changed. Move those out of the folder (or choose another output folder), then "
+                                 "run again.")
+
+
+def _shown(files: list[str]) -> str:
+    return ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+
+
+def user_files_message(out: str | Path) -> str:
+    """What in forgetlab's output folder `out` is the user's (`foreign_files`: files forgetlab did not write there;
+    `changed_files`: files it wrote that were changed since), as a sentence naming them; "" when there is none."""
+    out = absolute(out)
+    parts = []
     foreign = foreign_files(out)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise OutputRefusedError(f"{out} holds files forgetlab did not write there: {shown}. --overwrite "
-                                 "replaces only forgetlab's own files, so nothing was changed. Move those out "
-                                 "of the folder (or choose another output folder), then run again.")
+        parts.append(f"files forgetlab did not write there: {_shown(foreign)}")
+    changed = changed_files(out)
+    if changed:
+        parts.append(f"files changed since forgetlab wrote them: {_shown(changed)}")
+    return f"{out} holds {'; and '.join(parts)}." if parts else ""
 
 
 # What forgetlab wrote into its outputs before the marker listed the files (forgetlab ≤ 0.1.0, before 4 Dec
@@ -136,22 +156,45 @@ def written_files(folder: Path) -> list[str]:
     return sorted(found)
 
 
+def _read_marker(out: Path) -> dict:
+    try:
+        marker = json.loads((out / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def _ownership(marker: dict):
+    """A test of a relative path: is it one of the files that `marker` says forgetlab wrote (for an old marker
+    without a list: named like forgetlab's files, not in a sub-folder)?"""
+    listed = marker.get("files")
+    ours = {MARKER}
+    if isinstance(listed, list):
+        ours.update(str(f) for f in listed)
+        return ours.__contains__
+
+    def is_ours(rel: str) -> bool:
+        return rel in ours or ("/" not in rel and bool(_LEGACY_OUTPUT_FILES.match(rel)))
+    return is_ours
+
+
+def changed_files(out: str | Path) -> list[str]:
+    """The files forgetlab wrote into its output folder `out` that were changed since (re-saved, edited, replaced):
+    by their recorded size and hash, or — for a marker written before those were recorded — by a change time
+    later than the marker's (forgetlab.core.filerecords). A file that was removed is not listed."""
+    from forgetlab.core.filerecords import changed_files as changed
+
+    out = absolute(out)
+    marker = _read_marker(out)
+    is_ours = _ownership(marker)
+    return changed(out, marker, out / MARKER, lambda rel: rel != MARKER and is_ours(rel), written_files(out))
+
+
 def foreign_files(out: Path) -> list[str]:
     """The files in forgetlab's output folder `out` that forgetlab did not write there (the user's own):
     everything not listed in its marker (for an old marker without a list: not named like forgetlab's files,
     or in a sub-folder). Empty folders the user made count too."""
-    try:
-        marker = json.loads((out / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        marker = {}
-    listed = marker.get("files") if isinstance(marker, dict) else None
-    ours = {MARKER}
-    if isinstance(listed, list):
-        ours.update(str(f) for f in listed)
-        is_ours = ours.__contains__
-    else:
-        def is_ours(rel: str) -> bool:
-            return rel in ours or ("/" not in rel and bool(_LEGACY_OUTPUT_FILES.match(rel)))
+    is_ours = _ownership(_read_marker(out))
     foreign = [f for f in written_files(out) if not is_ours(f)]
     for root, dirs, files in os.walk(out):
         if not dirs and not files and Path(root) != out:
@@ -160,19 +203,29 @@ def foreign_files(out: Path) -> list[str]:
 
 
 def record_file(folder: str | Path, rel: str) -> None:
-    """Add `rel` to the files that forgetlab's output `folder` lists as its own (for a file forgetlab writes
-    into a finished output, such as a merge's scorecards.json), so that a later overwrite may replace it.
-    Does nothing for a folder without forgetlab's marker or with an old marker without a list."""
+    """Add `rel` to the files that forgetlab's output `folder` lists as its own, with its size and hash (for a
+    file forgetlab writes into a finished output, such as a merge's scorecards.json), so that a later overwrite
+    may replace it. Does nothing for a folder without forgetlab's marker or with an old marker without a list.
+    An old marker keeps the time it was first written (`unrecorded_since`), by which its other files are
+    judged (forgetlab.core.filerecords)."""
+    from forgetlab.core.filerecords import file_records
     from forgetlab.core.yamlio import write_atomic
 
-    marker = absolute(folder) / MARKER
+    folder = absolute(folder)
+    marker = folder / MARKER
     try:
         data = json.loads(marker.read_text(encoding="utf-8"))
+        first_written = os.stat(marker).st_ctime_ns
     except (OSError, ValueError):
         return
-    if isinstance(data, dict) and isinstance(data.get("files"), list) and rel not in data["files"]:
-        data["files"] = sorted([*data["files"], rel])
-        write_atomic(marker, json.dumps(data) + "\n")
+    if not (isinstance(data, dict) and isinstance(data.get("files"), list)):
+        return
+    records = data.get("records") if isinstance(data.get("records"), dict) else {}
+    if any(f not in records for f in data["files"]) and not isinstance(data.get("unrecorded_since"), int):
+        data["unrecorded_since"] = first_written
+    data["files"] = sorted({*data["files"], rel})
+    data["records"] = {**records, **file_records(folder, [rel])}
+    write_atomic(marker, json.dumps(data) + "\n")
 
 
 def check_output_dir(out: str | Path, overwrite: bool = False, inputs: Iterable[str | Path] = ()) -> Path:
@@ -187,7 +240,8 @@ def check_output_dir(out: str | Path, overwrite: bool = False, inputs: Iterable[
     return out
 
 
-def _pid_alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with id `pid` is running (this one included)."""
     if pid == os.getpid():
         return True
     try:
@@ -208,7 +262,7 @@ def clean_stale(folder: str | Path) -> list[Path]:
         return done
     for entry in folder.iterdir():
         m = _TEMP.match(entry.name)
-        if not m or entry.is_symlink() or not entry.is_dir() or _pid_alive(int(m["pid"])):
+        if not m or entry.is_symlink() or not entry.is_dir() or process_alive(int(m["pid"])):
             continue
         target = folder / m["name"]
         # an empty one: killed between creating the folder and marking it partial
@@ -304,13 +358,42 @@ def disk_full_error(out: Path, existed: bool) -> WorkspaceError:
 
 
 @contextlib.contextmanager
+def signals_held(signums: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Hold Ctrl-C and SIGTERM for the block: one that arrives meanwhile is delivered, as usual, when the block
+    ends — for a few steps that must happen together (a folder landing and its entry in a pool file). Only the
+    main thread receives signals; elsewhere the block just runs."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = {}
+    for signum in signums:
+        handler = signal.getsignal(signum)
+        if handler is not None:          # None: set outside Python, which Python cannot put back
+            previous[signum] = handler
+            signal.signal(signum, lambda n, frame: arrived.append(n))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(arrived):
+            signal.raise_signal(signum)
+
+
+@contextlib.contextmanager
 def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
-                      inputs: Iterable[str | Path] = (), kind: str = "output") -> Iterator[Path]:
+                      inputs: Iterable[str | Path] = (), kind: str = "output",
+                      then: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yield a temporary folder beside `out_dir`; rename it to `out_dir` on success, delete it on failure.
 
     An existing `out_dir` is refused unless `overwrite`, and even then replaced only when forgetlab wrote it
     and it holds none of `inputs` (see the module docstring); the old one goes only once the new is complete.
-    `kind` is recorded in the output's marker file.
+    `kind` is recorded in the output's marker file. `then(out_dir)` runs right after the folder lands, with
+    Ctrl-C and SIGTERM held (`signals_held`): what must exist together with the folder (its entry in a pool
+    file). If `then` fails, the folder is taken back (an old one put back), so neither is left.
     """
     inputs = list(inputs)
     out = check_output_dir(out_dir, overwrite, inputs)
@@ -320,7 +403,7 @@ def atomic_output_dir(out_dir: str | Path, overwrite: bool = False, *,
         except OSError as exc:
             raise WorkspaceError(f"Cannot write into {out.parent} ({exc.strerror or exc}); choose a writable "
                                  "folder.") from None
-        with _atomic_output_dir(out, overwrite, inputs, kind) as tmp:
+        with _atomic_output_dir(out, overwrite, inputs, kind, then) as tmp:
             yield tmp
 
 
@@ -345,7 +428,8 @@ def removed_if_failed(made: Iterable[Path]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> Iterator[Path]:
+def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str,
+                       then: Callable[[Path], None] | None = None) -> Iterator[Path]:
     with _writer_lock(out):
         clean_stale(out.parent)
         existed = out.exists() or out.is_symlink()
@@ -366,21 +450,35 @@ def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str) -> I
             yield tmp
             import forgetlab
 
+            from forgetlab.core.filerecords import HASH, file_records
+
             files = [f for f in written_files(tmp) if f not in (MARKER, PARTIAL)]
             (tmp / MARKER).write_text(json.dumps({"written_by": "forgetlab", "kind": kind,
                                                   "version": forgetlab.__version__, "time": time.time(),
-                                                  "files": files}) + "\n")
+                                                  "files": files, "hash": HASH,
+                                                  "records": file_records(tmp, files)}) + "\n")
             (tmp / PARTIAL).unlink()
             tmp.chmod(0o755)  # mkdtemp makes it private; a saved model should be readable like any folder
-            if out.exists() or out.is_symlink():
+            replacing = out.exists() or out.is_symlink()
+            if replacing:
                 check_replaceable(out, inputs)
-                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
-                os.rmdir(old)
-                out.rename(old)
+            with signals_held() if then is not None else contextlib.nullcontext():
+                old = None
+                if replacing:
+                    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-{os.getpid()}-", dir=out.parent))
+                    os.rmdir(old)
+                    out.rename(old)
                 tmp.rename(out)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                tmp.rename(out)
+                if then is not None:
+                    try:
+                        then(out)
+                    except BaseException:
+                        out.rename(tmp)             # taken back: removed below, the old one put back
+                        if old is not None:
+                            old.rename(out)
+                        raise
+                if old is not None:
+                    shutil.rmtree(old, ignore_errors=True)
         except BaseException as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             if isinstance(exc, Exception) and is_disk_full(exc):

@@ -209,6 +209,15 @@ class ModelPool:
             self._warn_nonfinite(name, ckpt)
         return ckpt
 
+    def remove(self, name: str) -> None:
+        """Forget the fine-tuned model `name` (its files and the pool file are left as they are)."""
+        if name not in self.entries:
+            raise ForgetlabError(f"The pool has no model named {name!r}.")
+        del self.entries[name]
+        self._checkpoints.pop(name, None)
+        for key in [k for k in self._loaded if k[0] == name]:
+            del self._loaded[key]
+
     def _warn_nonfinite(self, name: str, ckpt: Checkpoint) -> None:
         bad = ckpt.nonfinite_tensors()
         if bad:

@@ -2,7 +2,9 @@
 
 - `safe_load` reads plain data only (PyYAML's safe loader: no `!!python` tags) and refuses, before any value is
   used, a document whose aliases expand to more than `MAX_NODES` values (a "billion laughs" alias bomb of a few
-  hundred bytes would otherwise cost minutes and gigabytes in whatever walks it).
+  hundred bytes would otherwise cost minutes and gigabytes in whatever walks it), and a mapping that gives one
+  key twice (`{lam: 1, lam: 2}`: YAML parsers keep the last and drop the first without a word). A key that a
+  merge key (`<<: *anchor`) brings in may be given again: that is how YAML overrides a merged value.
 - `edit_yaml_file` changes a file the user owns through a round-trip parser (ruamel.yaml): comments, key
   order and keys forgetlab does not know are kept; the file is replaced atomically.
 """
@@ -57,8 +59,41 @@ def expanded_size(node: yaml.Node) -> int:
     return size(node)
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def duplicate_key(node: yaml.Node, construct: Callable[[yaml.Node], Any]) -> tuple[Any, int, int] | None:
+    """The first key given twice in one mapping of the document `node` (before merge keys are applied): (key,
+    line of its first use, line of its second), lines counted from 1; None when there is none. `construct`
+    turns a key's node into its value, so that `1` and `0x1`, or `a` and `"a"`, count as the same key."""
+    seen_nodes: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen_nodes:
+            continue
+        seen_nodes.add(id(n))
+        if isinstance(n, yaml.SequenceNode):
+            stack.extend(n.value)
+        elif isinstance(n, yaml.MappingNode):
+            first: dict[Any, int] = {}
+            for k, v in n.value:
+                stack.extend((k, v))
+                if k.tag == _MERGE_TAG or not isinstance(k, yaml.ScalarNode):
+                    continue
+                key = construct(k)
+                try:
+                    if key in first:
+                        return key, first[key], k.start_mark.line + 1
+                    first[key] = k.start_mark.line + 1
+                except TypeError:   # an unhashable key: the loader refuses it itself
+                    continue
+    return None
+
+
 def safe_load(text: str, source: str = "the YAML document") -> Any:
-    """Parse `text` as plain YAML data; YamlError for malformed YAML or an alias expansion over MAX_NODES."""
+    """Parse `text` as plain YAML data; YamlError for malformed YAML, an alias expansion over MAX_NODES or a
+    key given twice in one mapping."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -67,6 +102,12 @@ def safe_load(text: str, source: str = "the YAML document") -> Any:
         if expanded_size(node) > MAX_NODES:
             raise YamlError(f"{source} uses YAML aliases (&anchor/*alias) that expand to more than {MAX_NODES:,} "
                             "values; forgetlab refuses it before reading any value. Write the values out plainly.")
+        dup = duplicate_key(node, loader.construct_object)
+        if dup is not None:
+            key, first, second = dup
+            where = f"line {first}" if first == second else f"lines {first} and {second}"
+            raise YamlError(f"{source} gives the key {key!r} twice in one mapping ({where}); "
+                            "YAML would keep only the last value and silently drop the first. Keep one of them.")
         return loader.construct_document(node)
     except yaml.YAMLError as exc:
         raise YamlError(f"{source} is not valid YAML: {exc}") from None

@@ -322,8 +322,10 @@ def _base_donor(spec, params: Mapping[str, Any], models: list[ModelEntry], slice
 
 
 def _checked(value: Any, where: str) -> Any:
-    """A parameter value of forgetlab's YAML: plain, `{gradient: [...]}` or a filter list (checked)."""
-    return settings.check(value, where) if (isinstance(value, Mapping) or settings.is_filter_list(value)) else value
+    """A parameter value of forgetlab's YAML: plain, `{gradient: [...]}` or a filter list (checked; a null is
+    refused by settings.check)."""
+    return settings.check(value, where) if (value is None or isinstance(value, Mapping)
+                                            or settings.is_filter_list(value)) else value
 
 
 def _layer_range(value: Any, where: str) -> tuple[int, int]:

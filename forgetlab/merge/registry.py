@@ -319,8 +319,15 @@ def _coerce(spec_name: str, p: ParamSpec, value: Any, n_models: int | None) -> A
 def validate_params(method: str | MethodSpec, params: Mapping[str, Any], n_models: int | None = None) -> dict:
     """Check and complete a method's parameters: unknown names are refused (the message lists the valid
     ones), values are coerced to their type and checked against their range/choices, per-model values are
-    expanded to one per model, and missing ones take their defaults. Also checks the number of models."""
+    expanded to one per model, and missing ones take their defaults; one given as None (a YAML null) is refused
+    rather than silently given its default. Also checks the number of models."""
     spec = get_method(method) if isinstance(method, str) else method
+    empty = [k for k, v in params.items() if v is None or (isinstance(v, (list, tuple)) and None in v)]
+    if empty:
+        p = next(q for q in spec.params if q.name == empty[0]) if empty[0] in spec.param_names else None
+        default = f", {p.default!r}" if p is not None else ""
+        raise ParameterError(f"{spec.name}: {empty[0]} has no value (None, or an empty YAML `{empty[0]}:`); give "
+                             f"one, or leave {empty[0]} out to use its default{default}.")
     unknown = [k for k in params if k not in spec.param_names]
     if unknown:
         raise ParameterError(f"{spec.name} has no parameter {', '.join(map(repr, unknown))}; its parameters "

@@ -40,7 +40,12 @@ def is_setting(value: Any) -> bool:
 
 def check(value: Any, where: str) -> Any:
     """A setting checked for its shape (gradients non-empty lists of scalars, filter entries with `value` and a
-    string `filter`); returns it with tuples as lists. Refuses with what to write instead."""
+    string `filter`); returns it with tuples as lists. Refuses with what to write instead, and refuses an empty
+    value (YAML null: `alpha:` with nothing after it), which would otherwise silently become the default."""
+    if value is None:
+        raise ParameterError(f"{where} has no value (YAML null: the key is followed by nothing, `~` or `null`); "
+                             "write the value after the colon (e.g. `alpha: 0.5`), or remove the key to use the "
+                             "method's default.")
     if is_gradient(value):
         grad = value["gradient"]
         if not isinstance(grad, (list, tuple)) or not grad or not all(isinstance(v, SCALARS) for v in grad):
@@ -62,6 +67,8 @@ def check(value: Any, where: str) -> Any:
                 raise ParameterError(f"{where}: a filter is a part of tensor names such as self_attn or mlp; got "
                                      f"{entry['filter']!r}.")
             inner = entry["value"]
+            if inner is None:
+                check(inner, f"{where} (the `value` of its filter entry {dict(entry)!r})")
             if isinstance(inner, (list, tuple)) and not is_filter_list(inner):
                 inner = {"gradient": list(inner)}  # mergekit's bare-list gradient inside a filter entry
             if not isinstance(inner, SCALARS):
@@ -136,7 +143,10 @@ def to_mergekit(value: Any) -> Any:
 
 
 def from_mergekit(value: Any, where: str) -> Any:
-    """A mergekit parameter value (scalar, bare-list gradient, or filter list) as forgetlab's setting."""
+    """A mergekit parameter value (scalar, bare-list gradient, or filter list) as forgetlab's setting. A null is
+    refused, as mergekit refuses it (its ParameterSetting has no None)."""
+    if value is None:
+        check(value, where)
     if isinstance(value, (list, tuple)):
         if not value:
             raise ParameterError(f"{where}: an empty list gives no value (mergekit then stops or takes the "

@@ -48,13 +48,17 @@ def checkpoint_targets(ckpt) -> list[str]:
 def check_lora(model: torch.nn.Module, rank: int, alpha: Optional[float],
                targets: Optional[Sequence[str]]) -> list[str]:
     """Check a LoRA request against `model` and return the target module names (default: all of
-    `linear_module_names`). Rank must be ≥ 1, alpha > 0, and every target one of the model's linear layers."""
+    `linear_module_names`, for `targets` None). Rank must be ≥ 1, alpha > 0, and the targets one or more of the
+    model's linear layers: an empty list is refused, not read as the default."""
     if int(rank) != rank or int(rank) < 1:
         raise ParameterError(f"--lora needs a rank ≥ 1 (e.g. 8 or 16); got {rank}.")
     if alpha is not None and not float(alpha) > 0:
         raise ParameterError(f"--lora-alpha must be > 0 (default 2·rank = {2 * int(rank)}); got {alpha}.")
     known = linear_module_names(model)
-    chosen = list(targets) if targets else known
+    if targets is not None and not list(targets):
+        raise ParameterError(f"The LoRA target layers are an empty list; choose at least one of {', '.join(known)}, "
+                             "or leave the targets out (None) for every linear layer of the blocks.")
+    chosen = list(targets) if targets is not None else known
     unknown = [t for t in chosen if t not in known]
     if unknown or not chosen:
         raise ParameterError(f"LoRA target module(s) {', '.join(unknown) or '(none)'} are not linear layers of this "
@@ -126,17 +130,19 @@ def trainable_parameters(model: torch.nn.Module) -> int:
 
 
 def save_adapter(pool, model, name: str, *, target: Path, run_json: Optional[str] = None,
-                 overwrite: bool = False) -> Path:
+                 overwrite: bool = False, update_yaml: bool = True) -> Path:
     """Save a LoRA model trained from the pool's base as a PEFT adapter folder (adapter_config.json +
     adapter_model.safetensors, written atomically) at `target`, add it to the pool as `{adapter: …}` and to
-    the pool's YAML file; the analyses and merges read it as base + (α/R)·B·A."""
+    the pool's YAML file (with `update_yaml`), both or neither (forgetlab.core.poolsaves); the analyses and merges
+    read it as base + (α/R)·B·A."""
     from forgetlab.core.outputs import atomic_output_dir
+    from forgetlab.core.poolsaves import save_into_pool
 
-    with atomic_output_dir(target, overwrite=overwrite, kind="adapter") as tmp:
-        model.save_pretrained(str(tmp), safe_serialization=True)
-        if run_json is not None:
-            (tmp / "finetune.json").write_text(run_json)
-    pool.add(name, {"adapter": str(target)})
-    if getattr(pool, "source", None):
-        pool.add_to_yaml(name)
-    return target
+    def write(then) -> Path:
+        with atomic_output_dir(target, overwrite=overwrite, kind="adapter", then=then) as tmp:
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            if run_json is not None:
+                (tmp / "finetune.json").write_text(run_json)
+        return target
+
+    return save_into_pool(pool, name, target, write, adapter=True, update_yaml=update_yaml)

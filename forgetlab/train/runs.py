@@ -82,7 +82,7 @@ def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8,
     (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
     `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight."""
     common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, lora=int(lora), lora_alpha=lora_alpha,
-                  lora_targets=list(lora_targets) if lora_targets else None)
+                  lora_targets=list(lora_targets) if lora_targets is not None else None)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
         FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
@@ -537,14 +537,19 @@ def check_save_as(pool, name: str, *, out_dir=None, overwrite: bool = False) -> 
     """Check, before any training, that a fine-tune can be saved into the pool as `name`: a plain name
     (forgetlab.core.outputs.check_name), not 'base' nor a model the pool has, and a target folder that may be
     written. Returns the target folder."""
-    from forgetlab.core.outputs import check_name, check_output_dir
+    from forgetlab.core.outputs import absolute, check_name, check_output_dir
+    from forgetlab.core.poolsaves import finish_interrupted_saves
 
     check_name(name, "model name")
     if name == "base":
         raise ParameterError("'base' names the pool's base model; choose another name for the fine-tune.")
+    target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
+    if name in finish_interrupted_saves(pool, absolute(target).parent):    # a save killed half-way: finished
+        raise ForgetlabError(f"{name!r} was saved into {target} by an earlier fine-tune that was stopped before "
+                             f"it could add it to {pool.source}; it is added there now. Choose another name to "
+                             "save this fine-tune too.")
     if name in pool.model_names:
         raise ForgetlabError(f"The pool has a model named {name!r} already; choose another name.")
-    target = Path(out_dir) if out_dir is not None else default_model_dir(pool, name)
     check_output_dir(target, overwrite)
     return target
 
@@ -556,9 +561,11 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
     (a round-trip edit: the user's comments and keys stay). A LoRA fine-tune of the base is saved as a PEFT
     adapter folder (`{adapter: …}` in the pool); one of another pool model is merged into it and saved whole.
 
-    An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused.
+    An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused. The folder
+    and the pool's entry appear together or not at all, even when interrupted (forgetlab.core.poolsaves).
     """
     from forgetlab.core.checkpoints import save_model
+    from forgetlab.core.poolsaves import save_into_pool
 
     target = check_save_as(pool, name, out_dir=out_dir, overwrite=overwrite)
     run_json = json.dumps(run.to_dict(), indent=2, default=str) if run is not None else None
@@ -566,18 +573,16 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
         if run is None or run.start == "base":   # an adapter of the pool's base: saved as such
             from forgetlab.train.lora import save_adapter
 
-            return save_adapter(pool, model, name, target=target, run_json=run_json, overwrite=overwrite)
+            return save_adapter(pool, model, name, target=target, run_json=run_json, overwrite=overwrite,
+                                update_yaml=update_yaml)
         model = model.merge_and_unload()         # an adapter of another model: saved merged, as a full model
     extra = {"finetune.json": run_json} if run_json is not None else None
     inputs = [pool.checkpoint(n).path for n in ["base", *pool.model_names]]
     if getattr(pool, "source", None):
         inputs.append(pool.source)
-    path = save_model(model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra, inputs=inputs,
-                      kind="finetune")
-    pool.add(name, str(path))
-    if update_yaml and getattr(pool, "source", None):
-        pool.add_to_yaml(name)
-    return path
+    return save_into_pool(pool, name, target, lambda then: save_model(
+        model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra, inputs=inputs, kind="finetune",
+        then=then), update_yaml=update_yaml)
 
 
 from forgetlab.train import memory as _memory  # noqa: E402,F401  (registers the "finetune" memory estimator)

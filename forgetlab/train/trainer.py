@@ -317,8 +317,13 @@ def train(
         if not (0.0 < sfa_p <= 1.0):
             raise ParameterError(f"sfa_p must lie in (0, 1]; got {sfa_p}. 0.25 averages 4 times per run.")
         check_fraction("sfa_beta", sfa_beta)
-    if l1 < 0 or l2 < 0:
-        raise ParameterError(f"l1 and l2 must be ≥ 0; got l1={l1}, l2={l2}.")
+    if not (0 <= l1 < math.inf and 0 <= l2 < math.inf):
+        raise ParameterError(f"l1 and l2 must be finite numbers ≥ 0; got l1={l1}, l2={l2}.")
+    if not 0 <= weight_decay < math.inf:
+        raise ParameterError(f"weight_decay must be a finite number ≥ 0 (0: none); got {weight_decay}.")
+    if isinstance(seed, bool) or int(seed) != seed or not 0 <= int(seed) <= 2**63 - 1:
+        raise ParameterError(f"seed must be a whole number from 0 to 2**63 − 1 (it seeds torch's generator); got "
+                             f"{seed!r}.")
     if eval_every is not None and int(eval_every) < 1:
         raise ParameterError(f"eval_every must be a positive integer or None; got {eval_every}.")
     if len(examples) == 0:

@@ -142,9 +142,24 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+def _check_removable(paths: list[Path]) -> None:
+    """Refuse, before anything is removed, to remove a step folder that holds something of the user's: a file
+    forgetlab did not write there, or one it wrote that was changed since (a model re-saved after more training;
+    forgetlab.core.outputs.user_files_message)."""
+    from forgetlab.core.outputs import is_forgetlab_output, user_files_message
+
+    problems = [m for m in (user_files_message(p) for p in paths if is_forgetlab_output(p)) if m]
+    if problems:
+        raise WorkspaceError(" ".join(problems) + " Rebuilding the zoo would remove them, so nothing was removed. "
+                             "Move them out of the zoo's folders (or set FORGETLAB_HOME to another folder), then "
+                             "build again.")
+
+
 def _clear(root: Path, manifest: dict | None) -> None:
-    """Remove everything the manifest says a zoo build wrote from `root` (leaves every other entry alone)."""
+    """Remove everything the manifest says a zoo build wrote from `root` (leaves every other entry alone; refuses,
+    removing nothing, when a step folder holds the user's files: `_check_removable`)."""
     own, _ = _own_entries(root, manifest)
+    _check_removable(own)
     for p in own:
         _remove(p)
 
@@ -152,9 +167,10 @@ def _clear(root: Path, manifest: dict | None) -> None:
 def _clear_leftovers(root: Path, manifest: dict, keep: set[str]) -> None:
     """Remove temporary folders and every recorded step output not in `keep` (outputs of unfinished steps)."""
     own, _ = _own_entries(root, manifest)
-    for p in own:
-        if p.name.startswith(".") or (p.name not in keep and p.name not in (MANIFEST,)):
-            _remove(p)
+    gone = [p for p in own if p.name.startswith(".") or (p.name not in keep and p.name not in (MANIFEST,))]
+    _check_removable(gone)
+    for p in gone:
+        _remove(p)
 
 
 def _write_text_atomic(path: Path, text: str) -> None:

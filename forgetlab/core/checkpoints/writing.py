@@ -14,6 +14,7 @@ from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import (GGUFCheckpoint, _ST_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX,
                                                 TOKENIZER_FILES, Checkpoint, TensorInfo)
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
+from forgetlab.core.filerecords import HashingWriter, note_digest
 from forgetlab.core.outputs import absolute, atomic_output_dir
 from forgetlab.core.progress import Progress, report
 
@@ -34,7 +35,9 @@ class _ShardStream:
     """Writes one safetensors file tensor by tensor: the header comes from the plan, then the bytes.
 
     safetensors' own writer needs every tensor of a shard in memory at once; this one holds one tensor.
-    The result is an ordinary safetensors file (checked by reading it back with safetensors in the tests).
+    The result is an ordinary safetensors file (checked by reading it back with safetensors in the tests). The
+    bytes are hashed while they are written (filerecords.HashingWriter), so that recording the output does not
+    read the shard again.
     """
 
     def __init__(self, file: Path, infos: Sequence[TensorInfo], metadata: dict[str, str] | None = None):
@@ -50,7 +53,8 @@ class _ShardStream:
         raw += b" " * (-len(raw) % 8)
         self.expected = [i.name for i in infos]
         self.infos = {i.name: i for i in infos}
-        self.fh = open(file, "wb")
+        self.file = file
+        self.fh = HashingWriter(open(file, "wb"))
         self.fh.write(struct.pack("<Q", len(raw)))
         self.fh.write(raw)
         self.done = 0
@@ -72,6 +76,7 @@ class _ShardStream:
         self.fh.close()
         if self.done != len(self.expected):
             raise CheckpointError(f"internal: shard closed with {self.done} of {len(self.expected)} tensors.")
+        note_digest(self.file, self.fh.hexdigest())
 
 
 def _write_tokenizer(source: Checkpoint, folder: Path) -> None:
@@ -149,13 +154,14 @@ def write_hf_folder(out_dir: str | Path, tensors: Iterable[tuple[str, torch.Tens
 
 def save_model(model, tokenizer, out_dir: str | Path, overwrite: bool = False,
                extra_files: dict[str, str | bytes] | None = None, inputs: Iterable[str | Path] = (),
-               kind: str = "model") -> Path:
+               kind: str = "model", then=None) -> Path:
     """Save a transformers model (+ tokenizer) as an HF safetensors folder, atomically (forgetlab.core.outputs:
-    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`)."""
+    `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`; `then(folder)` runs as the
+    folder lands, and its failure takes the folder back: `atomic_output_dir`)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind) as tmp:
+    with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind, then=then) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(str(tmp))
