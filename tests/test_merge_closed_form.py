@@ -150,6 +150,51 @@ def test_cart_matches_reference_and_one_model_gives_it_back():
     assert torch.allclose(_job("cart", base, fts[:1]), fts[0], atol=1e-6)
 
 
+# ------------------------------------------------------------------------------------------- rank-deficient stacks
+
+
+def _outside_span(delta, taus):
+    """The share of ‖delta‖ outside the span of the τt: its part beyond their column space or their row space."""
+    def basis(m):
+        u, s, _ = np.linalg.svd(m, full_matrices=False)
+        return u[:, : int((s > s[0] * 1e-5).sum())]
+    p, q = basis(np.hstack(taus)), basis(np.vstack(taus).T)
+    inside = p @ (p.T @ delta @ q) @ q.T
+    return float(np.linalg.norm(delta - inside) / np.linalg.norm(delta))
+
+
+def _low_rank(m, n, r, scale=0.1):
+    return _rand(m, r, scale=scale) @ _rand(r, n)
+
+
+@pytest.mark.parametrize("method,params", [("tsv", {}), ("tsv", {"keep": 1.0}), ("iso_cts", {}),
+                                           ("iso_cts", {"common": 0.5}), ("iso_c", {}), ("cart", {"rank": 0.5})])
+@pytest.mark.parametrize("case", ["identical", "collinear", "low_rank"])
+def test_spectral_merges_of_degenerate_task_vectors_stay_in_their_span(method, params, case):
+    """`models: [ft1, ft1_copy]` (identical τ), τ2 = −0.5·τ1 (collinear) or two rank-2 τ: the stacked singular vectors
+    are rank-deficient, and their polar factor (tsv, iso_cts) or a flat spectrum (iso_c, iso_cts) used to put most
+    of the update in arbitrary directions (0.53 of tsv's norm, 0.97 of iso_cts'); the merged Δ lies in the span of the
+    τt (their column and row spaces)."""
+    base = _rand(24, 16)
+    t1 = _rand(24, 16, scale=0.1) if case != "low_rank" else _low_rank(24, 16, 2)
+    t2 = {"identical": t1.clone(), "collinear": -0.5 * t1, "low_rank": _low_rank(24, 16, 2)}[case]
+    got = _job(method, base, [base + t1, base + t2], **params)
+    delta = _np(got - base) if method != "cart" else _np(got - (base + (t1 + t2) / 2))
+    taus = [_np(t1), _np(t2)] if method != "cart" else [_np(t1 - t2) / 2]
+    if np.linalg.norm(delta) < 1e-5 * np.linalg.norm(_np(t1)):     # nothing to place (cart: centred τs cancel)
+        return
+    assert _outside_span(delta, taus) < 1e-4
+
+
+def test_tsv_of_identical_task_vectors_is_their_shared_truncation():
+    """Two copies of one τ: each direction once, with its singular value (the polar factors of the doubled stacks
+    restricted to their column space), i.e. τ's own top-k truncation."""
+    base, tau = _rand(20, 12), _rand(20, 12, scale=0.1)
+    got = _job("tsv", base, [base + tau, base + tau], keep=0.25)
+    u, s, vh = np.linalg.svd(_np(tau), full_matrices=False)
+    assert np.allclose(_np(got - base), (u[:, :3] * s[:3]) @ vh[:3], atol=2e-5)
+
+
 # ------------------------------------------------------------------------------------------- LiNeS
 
 
