@@ -468,3 +468,53 @@ def test_fisher_weights_by_squared_answer_gradients(pool, tiny_llama, tmp_path):
         w = [fishers[i][k] + 1e-8 for i in range(2)]
         exp = (w[0] * thetas[0][k].detach() + w[1] * thetas[1][k].detach()) / (w[0] + w[1])
         assert torch.allclose(got[k], exp, atol=1e-5, rtol=1e-4), k
+
+
+def test_fisher_eps_zero_is_the_limit_of_the_formula(pool, tiny_llama, tmp_path):
+    """eps = 0 lies in fisher's documented range: it used to make 0/0 where no Fisher covers an entry (the rows of
+    tokens no probe pair uses) and stop with "NaN/Inf … from finite inputs … use smaller coefficients". It is the
+    limit eps → 0⁺: Σt Ft⊙θt / Σt Ft where some Ft > 0, the mean of the θt where all are 0."""
+    from forgetlab.merge.methods.fisher import fisher_average
+
+    th = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 6.0, 9.0])]
+    f = [torch.tensor([1.0, 0.0, 0.0]), torch.tensor([3.0, 2.0, 0.0])]
+    assert torch.allclose(fisher_average(th, f, 0.0), torch.tensor([2.5, 6.0, 6.0]))
+    assert torch.allclose(fisher_average(th, f, 1e-12), torch.tensor([2.5, 6.0, 6.0]))
+    res = run({"method": "fisher", "base": str(tiny_llama.base), "models": [str(p) for p in tiny_llama.finetuned.values()],
+               "params": {"samples": 2, "tasks": "math,copy", "eps": 0.0}}, tmp_path / "fi", pool=pool)
+    got = _folder(res.out_dir)
+    near = _folder(run({"method": "fisher", "base": str(tiny_llama.base),
+                        "models": [str(p) for p in tiny_llama.finetuned.values()],
+                        "params": {"samples": 2, "tasks": "math,copy", "eps": 1e-30}}, tmp_path / "fn", pool=pool).out_dir)
+    for k in got:
+        assert torch.isfinite(got[k]).all(), k
+        assert torch.allclose(got[k], near[k], atol=1e-6), k
+
+
+def test_fisher_with_a_nan_fine_tune_names_the_model_and_tensor(tiny_llama, tmp_path):
+    """A NaN in a fine-tune's later layer makes its whole Fisher NaN; the merge used to stop at the first tensor
+    with "produced NaN/Inf … from finite inputs … use smaller coefficients". It names the model and the tensor."""
+    import shutil
+    import warnings
+
+    from safetensors.torch import save_file
+
+    from forgetlab.core.errors import CheckpointError
+    from forgetlab.core.pool import ModelPool
+
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    f = root / "ft1" / "model.safetensors"
+    sd = load_file(str(f))
+    bad = "model.layers.1.mlp.down_proj.weight"
+    sd[bad][0, 0] = float("nan")
+    save_file(sd, str(f), metadata={"format": "pt"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = ModelPool.from_yaml(root / "pool.yaml")
+    with pytest.raises(CheckpointError) as err:
+        run({"method": "fisher", "base": str(root / "base"), "models": [str(root / "ft0"), str(root / "ft1")],
+             "params": {"samples": 2, "tasks": "math,copy"}}, tmp_path / "out", pool=p)
+    msg = str(err.value)
+    assert "ft1" in msg and bad in msg and "smaller coefficients" not in msg
+    assert not (tmp_path / "out").exists()
