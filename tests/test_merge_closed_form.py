@@ -518,3 +518,16 @@ def test_fisher_with_a_nan_fine_tune_names_the_model_and_tensor(tiny_llama, tmp_
     msg = str(err.value)
     assert "ft1" in msg and bad in msg and "smaller coefficients" not in msg
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("method", ["regmean", "regmean_pp", "fisher", "slwm"])
+def test_pool_methods_name_themselves_for_a_model_outside_the_pool(pool, tiny_llama, tmp_path, method):
+    """The pool-membership check is shared (slwm.pool_names_for); regmean's message used to start with "slwm:"."""
+    import shutil
+
+    outside = tmp_path / "ft0-copy"
+    shutil.copytree(tiny_llama.finetuned["ft0"], outside)
+    with pytest.raises(ParameterError) as err:
+        run({"method": method, "base": str(tiny_llama.base), "models": [str(outside), str(tiny_llama.finetuned["ft1"])],
+             "params": {"samples": 2}}, tmp_path / "out", pool=pool)
+    assert str(err.value).startswith(f"{method}: model ") and "not a member of the pool" in str(err.value)

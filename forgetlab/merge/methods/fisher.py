@@ -108,7 +108,7 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
     model's Fisher is written into the (T, …) stacks as soon as it is known."""
     from forgetlab.core.progress import scaled
 
-    names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]))
+    names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]), method="fisher")
     T = len(names)
     out: dict[str, torch.Tensor] = {}
     for t, (name, enc) in enumerate(zip(names, encs)):
