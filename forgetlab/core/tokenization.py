@@ -99,18 +99,16 @@ def tokenizer_signature(ckpt) -> Optional[TokenizerSignature]:
     """The `TokenizerSignature` of a checkpoint's tokenizer (cached per file), or None when it stores none (it is
     then taken to use its base's)."""
     folder = getattr(ckpt, "tokenizer_dir", None)
-    if folder is not None and (Path(folder) / "tokenizer.json").is_file():
-        f = Path(folder) / "tokenizer.json"
-        return _json_signature(str(f.resolve()), *_stamp(f))
     gguf = getattr(ckpt, "gguf_file", None) or getattr(getattr(ckpt, "base", None), "gguf_file", None)
     if folder is None and gguf is None:
         return None
-    from forgetlab.core.errors import CheckpointError
-
-    where = Path(folder) if folder is not None else Path(gguf)
     try:
+        if folder is not None and (Path(folder) / "tokenizer.json").is_file():
+            f = Path(folder) / "tokenizer.json"
+            return _json_signature(str(f.resolve()), *_stamp(f))
+        where = Path(folder) if folder is not None else Path(gguf)
         return _loaded_signature(str(ckpt.ref if folder is None else folder), (str(where), *_stamp(where)))
-    except (CheckpointError, OSError, ValueError):
+    except Exception:   # an unreadable tokenizer is left to the job that loads it, which says what is wrong
         return None
 
 
