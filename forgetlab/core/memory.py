@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import re
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -165,8 +167,6 @@ PROCESS_LIMITS = {"RLIMIT_AS": ("address space (prlimit --as)", "ulimit -v unlim
 def process_limits() -> dict[str, int]:
     """The memory limits set on this process (`PROCESS_LIMITS`: RLIMIT_AS, RLIMIT_DATA), in bytes, by name; the
     unlimited ones left out."""
-    import resource
-
     out = {}
     for name in PROCESS_LIMITS:
         soft, _hard = resource.getrlimit(getattr(resource, name))
@@ -179,8 +179,6 @@ def is_out_of_memory(exc: BaseException) -> bool:
     """Whether `exc` is a failure to get memory — a MemoryError, ENOMEM, a memory map refused — rather than bad data
     (torch and safetensors report a refused mmap as a RuntimeError or their own error carrying "Cannot allocate
     memory (12)")."""
-    import errno
-
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         return True
     text = str(exc)

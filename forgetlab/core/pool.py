@@ -36,6 +36,7 @@ from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, 
                                         open_checkpoint)
 from forgetlab.core.data import Probes, TaskData, check_template, read_general_text, read_task_pairs
 from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import edit_yaml_file, load_file
 
 BASE = "base"
@@ -126,8 +127,6 @@ def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str
             "recipe a tokenizer (mergekit's `tokenizer_source: union`, `base` or a model's path)."
         )
     if vocab:
-        from forgetlab.core.tokenization import check_same_tokenizer
-
         check_same_tokenizer(base, other, other_name)
 
 

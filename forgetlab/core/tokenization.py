@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from forgetlab.core.errors import IncompatibleModelsError, ParameterError
+
 SAMPLE = ("The quick brown fox jumps over the lazy dog. In 1998, 3.14159 × 42 = 131.95!\n"
           "def f(x):\n    return {'a': x ** 2}  # code\t\ttabs   spaces\n"
           "Àl'été, naïve café — «quotes» “curly” 東京 Ελληνικά Привет 🙂 www.example.org/path?q=1&r=2")
@@ -75,7 +77,7 @@ def _json_signature(file: str, mtime_ns: int, size: int) -> TokenizerSignature:
 
 @functools.lru_cache(maxsize=8)
 def _loaded_signature(ref: str, stamp: tuple) -> TokenizerSignature:
-    from forgetlab.core.checkpoints import load_tokenizer
+    from forgetlab.core.checkpoints import load_tokenizer    # here: forgetlab.core.checkpoints imports this module
 
     tok = load_tokenizer(ref)
     backend = getattr(tok, "backend_tokenizer", None)
@@ -139,8 +141,6 @@ def check_same_tokenizer(base, other, other_name: str) -> None:
     """Raise IncompatibleModelsError when `other`'s tokenizer differs from `base`'s (`tokenizer_difference`): the job
     would score or merge it with the base's token ids, silently reading another text. The message names both
     tokenizers, the difference and the fixes."""
-    from forgetlab.core.errors import IncompatibleModelsError
-
     diff = tokenizer_difference(base, other)
     if diff is None:
         return
@@ -159,8 +159,6 @@ def strip_tokens_beyond(tok, size: int, what: str = "the tokenizer"):
     with the merges that use them (mergekit's get_stripped_tokenizer). Returns `tok`, changed in place.
     ParameterError for other models (a Unigram or WordPiece vocabulary cannot lose tokens in the middle)."""
     import tokenizers
-
-    from forgetlab.core.errors import ParameterError
 
     beyond = {t for t, i in tok.get_vocab().items() if i >= size}
     if not beyond:

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.tokenization import strip_tokens_beyond
 
 # tensors whose rows are tokens (vocabulary axis 0), by the end of their names, as mergekit's architectures list them
 VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_out.weight",
@@ -56,8 +57,6 @@ def _load(ckpt):
 
 def _stripped(ckpt):
     """The tokenizer without tokens whose id is ≥ the model's vocab_size (mergekit's get_stripped_tokenizer)."""
-    from forgetlab.core.tokenization import strip_tokens_beyond
-
     tok = _load(ckpt)
     return strip_tokens_beyond(tok, _config_vocab(ckpt) or len(tok.get_vocab()), f"The tokenizer of {ckpt.path}")
 

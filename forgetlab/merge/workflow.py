@@ -18,10 +18,12 @@ import pandas as pd
 import yaml
 
 from forgetlab.core import workspace
+from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
-from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.progress import Progress, scaled
+from forgetlab.core.scorecards import Budget, pool_scorecard
+from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
 from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate with its job)
@@ -120,9 +122,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
     merged_dir = Path(merged_dir)
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.core.tokenization import check_same_tokenizer
-
     # every card is scored with the base's token ids (pool.tokenizer): the merge must read them as the base does
     check_same_tokenizer(pool.base, open_checkpoint(merged_dir), f"the merge {merged_dir.name}")
     names = ["base", *parents]

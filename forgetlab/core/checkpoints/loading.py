@@ -11,6 +11,7 @@ from forgetlab.core.checkpoints.lora import LoraCheckpoint
 from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import Checkpoint, GGUFCheckpoint
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
+from forgetlab.core.tokenization import strip_tokens_beyond
 
 # transformers' from_pretrained is not thread-safe: two loads at once in one process (the app's background jobs)
 # lose the tie of lm_head to the embeddings — it reports lm_head.weight missing and re-initialises it (18 of 18
@@ -172,8 +173,6 @@ def _gguf_special_tokens(tok, ckpt):
     builder (a GPT-2 tokenizer) appends its default `<|endoftext|>` when the file's vocabulary lacks it, at id
     vocab_size (a model indexed there fails); that token is dropped (`strip_tokens_beyond` the file's token count) and
     BOS/EOS/UNK/PAD point at the tokens the file names (tokenizer.ggml.*_token_id) or at none."""
-    from forgetlab.core.tokenization import strip_tokens_beyond
-
     size = getattr(ckpt.config, "vocab_size", None)
     if size:
         strip_tokens_beyond(tok, int(size), f"The tokenizer of {ckpt.gguf_file}")

@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from forgetlab.core.errors import CheckpointError
+from forgetlab.core.memory import is_out_of_memory, out_of_memory_text
 from forgetlab.core.progress import Progress, report
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -172,8 +173,6 @@ def _safe_open(file: Path):
 def _raise_if_out_of_memory(exc: BaseException, what: str, file: Path) -> None:
     """Raise CheckpointError with `forgetlab.core.memory.out_of_memory_text` when `exc` is a refused allocation or
     memory map (a process limit such as `prlimit --data`, or a full machine), not a damaged file."""
-    from forgetlab.core.memory import is_out_of_memory, out_of_memory_text
-
     if is_out_of_memory(exc):
         try:
             size = Path(file).stat().st_size
