@@ -89,6 +89,42 @@ def test_truncated_safetensors_is_reported(tiny_llama, tmp_path):
         open_checkpoint(folder).names()
 
 
+MEMORY_LIMIT_CHILD = r"""
+import re, resource, sys
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.errors import CheckpointError
+data = int(re.search(r"VmData:\s+(\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+resource.setrlimit(resource.RLIMIT_DATA, (data + (32 << 20), resource.RLIM_INFINITY))  # a cluster's job limit
+try:
+    open_checkpoint(sys.argv[1]).names()
+except CheckpointError as exc:
+    print(exc)
+    sys.exit(3)
+print("opened")
+"""
+
+
+def test_a_memory_limit_is_reported_as_one_not_as_a_corrupt_file(tmp_path):
+    """Under a limit such as `prlimit --data` (clusters set one per job), mapping a safetensors file larger than what
+    is left fails with ENOMEM; that was reported as "not a readable safetensors file … corrupt or truncated:
+    re-download it". Now the message names the limit (read with `resource`) and how to raise it."""
+    import subprocess
+    import sys
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "big"
+    folder.mkdir()
+    save_file({"w": torch.zeros(24 << 20)}, str(folder / "model.safetensors"))        # 96 MiB
+    (folder / "config.json").write_text("{}")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, "-c", MEMORY_LIMIT_CHILD, str(folder)], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr[-2000:]
+    assert "RLIMIT_DATA" in r.stdout and "ulimit -d unlimited" in r.stdout and "not damaged" in r.stdout
+    assert "corrupt" not in r.stdout
+
+
 class _Evil:
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))

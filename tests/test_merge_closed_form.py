@@ -150,6 +150,51 @@ def test_cart_matches_reference_and_one_model_gives_it_back():
     assert torch.allclose(_job("cart", base, fts[:1]), fts[0], atol=1e-6)
 
 
+# ------------------------------------------------------------------------------------------- rank-deficient stacks
+
+
+def _outside_span(delta, taus):
+    """The share of ‖delta‖ outside the span of the τt: its part beyond their column space or their row space."""
+    def basis(m):
+        u, s, _ = np.linalg.svd(m, full_matrices=False)
+        return u[:, : int((s > s[0] * 1e-5).sum())]
+    p, q = basis(np.hstack(taus)), basis(np.vstack(taus).T)
+    inside = p @ (p.T @ delta @ q) @ q.T
+    return float(np.linalg.norm(delta - inside) / np.linalg.norm(delta))
+
+
+def _low_rank(m, n, r, scale=0.1):
+    return _rand(m, r, scale=scale) @ _rand(r, n)
+
+
+@pytest.mark.parametrize("method,params", [("tsv", {}), ("tsv", {"keep": 1.0}), ("iso_cts", {}),
+                                           ("iso_cts", {"common": 0.5}), ("iso_c", {}), ("cart", {"rank": 0.5})])
+@pytest.mark.parametrize("case", ["identical", "collinear", "low_rank"])
+def test_spectral_merges_of_degenerate_task_vectors_stay_in_their_span(method, params, case):
+    """`models: [ft1, ft1_copy]` (identical τ), τ2 = −0.5·τ1 (collinear) or two rank-2 τ: the stacked singular vectors
+    are rank-deficient, and their polar factor (tsv, iso_cts) or a flat spectrum (iso_c, iso_cts) used to put most
+    of the update in arbitrary directions (0.53 of tsv's norm, 0.97 of iso_cts'); the merged Δ lies in the span of the
+    τt (their column and row spaces)."""
+    base = _rand(24, 16)
+    t1 = _rand(24, 16, scale=0.1) if case != "low_rank" else _low_rank(24, 16, 2)
+    t2 = {"identical": t1.clone(), "collinear": -0.5 * t1, "low_rank": _low_rank(24, 16, 2)}[case]
+    got = _job(method, base, [base + t1, base + t2], **params)
+    delta = _np(got - base) if method != "cart" else _np(got - (base + (t1 + t2) / 2))
+    taus = [_np(t1), _np(t2)] if method != "cart" else [_np(t1 - t2) / 2]
+    if np.linalg.norm(delta) < 1e-5 * np.linalg.norm(_np(t1)):     # nothing to place (cart: centred τs cancel)
+        return
+    assert _outside_span(delta, taus) < 1e-4
+
+
+def test_tsv_of_identical_task_vectors_is_their_shared_truncation():
+    """Two copies of one τ: each direction once, with its singular value (the polar factors of the doubled stacks
+    restricted to their column space), i.e. τ's own top-k truncation."""
+    base, tau = _rand(20, 12), _rand(20, 12, scale=0.1)
+    got = _job("tsv", base, [base + tau, base + tau], keep=0.25)
+    u, s, vh = np.linalg.svd(_np(tau), full_matrices=False)
+    assert np.allclose(_np(got - base), (u[:, :3] * s[:3]) @ vh[:3], atol=2e-5)
+
+
 # ------------------------------------------------------------------------------------------- LiNeS
 
 
@@ -423,3 +468,66 @@ def test_fisher_weights_by_squared_answer_gradients(pool, tiny_llama, tmp_path):
         w = [fishers[i][k] + 1e-8 for i in range(2)]
         exp = (w[0] * thetas[0][k].detach() + w[1] * thetas[1][k].detach()) / (w[0] + w[1])
         assert torch.allclose(got[k], exp, atol=1e-5, rtol=1e-4), k
+
+
+def test_fisher_eps_zero_is_the_limit_of_the_formula(pool, tiny_llama, tmp_path):
+    """eps = 0 lies in fisher's documented range: it used to make 0/0 where no Fisher covers an entry (the rows of
+    tokens no probe pair uses) and stop with "NaN/Inf … from finite inputs … use smaller coefficients". It is the
+    limit eps → 0⁺: Σt Ft⊙θt / Σt Ft where some Ft > 0, the mean of the θt where all are 0."""
+    from forgetlab.merge.methods.fisher import fisher_average
+
+    th = [torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 6.0, 9.0])]
+    f = [torch.tensor([1.0, 0.0, 0.0]), torch.tensor([3.0, 2.0, 0.0])]
+    assert torch.allclose(fisher_average(th, f, 0.0), torch.tensor([2.5, 6.0, 6.0]))
+    assert torch.allclose(fisher_average(th, f, 1e-12), torch.tensor([2.5, 6.0, 6.0]))
+    res = run({"method": "fisher", "base": str(tiny_llama.base), "models": [str(p) for p in tiny_llama.finetuned.values()],
+               "params": {"samples": 2, "tasks": "math,copy", "eps": 0.0}}, tmp_path / "fi", pool=pool)
+    got = _folder(res.out_dir)
+    near = _folder(run({"method": "fisher", "base": str(tiny_llama.base),
+                        "models": [str(p) for p in tiny_llama.finetuned.values()],
+                        "params": {"samples": 2, "tasks": "math,copy", "eps": 1e-30}}, tmp_path / "fn", pool=pool).out_dir)
+    for k in got:
+        assert torch.isfinite(got[k]).all(), k
+        assert torch.allclose(got[k], near[k], atol=1e-6), k
+
+
+def test_fisher_with_a_nan_fine_tune_names_the_model_and_tensor(tiny_llama, tmp_path):
+    """A NaN in a fine-tune's later layer makes its whole Fisher NaN; the merge used to stop at the first tensor
+    with "produced NaN/Inf … from finite inputs … use smaller coefficients". It names the model and the tensor."""
+    import shutil
+    import warnings
+
+    from safetensors.torch import save_file
+
+    from forgetlab.core.errors import CheckpointError
+    from forgetlab.core.pool import ModelPool
+
+    root = tmp_path / "pool"
+    shutil.copytree(tiny_llama.root, root)
+    f = root / "ft1" / "model.safetensors"
+    sd = load_file(str(f))
+    bad = "model.layers.1.mlp.down_proj.weight"
+    sd[bad][0, 0] = float("nan")
+    save_file(sd, str(f), metadata={"format": "pt"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = ModelPool.from_yaml(root / "pool.yaml")
+    with pytest.raises(CheckpointError) as err:
+        run({"method": "fisher", "base": str(root / "base"), "models": [str(root / "ft0"), str(root / "ft1")],
+             "params": {"samples": 2, "tasks": "math,copy"}}, tmp_path / "out", pool=p)
+    msg = str(err.value)
+    assert "ft1" in msg and bad in msg and "smaller coefficients" not in msg
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("method", ["regmean", "regmean_pp", "fisher", "slwm"])
+def test_pool_methods_name_themselves_for_a_model_outside_the_pool(pool, tiny_llama, tmp_path, method):
+    """The pool-membership check is shared (slwm.pool_names_for); regmean's message used to start with "slwm:"."""
+    import shutil
+
+    outside = tmp_path / "ft0-copy"
+    shutil.copytree(tiny_llama.finetuned["ft0"], outside)
+    with pytest.raises(ParameterError) as err:
+        run({"method": method, "base": str(tiny_llama.base), "models": [str(outside), str(tiny_llama.finetuned["ft1"])],
+             "params": {"samples": 2}}, tmp_path / "out", pool=pool)
+    assert str(err.value).startswith(f"{method}: model ") and "not a member of the pool" in str(err.value)

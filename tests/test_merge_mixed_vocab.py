@@ -127,7 +127,27 @@ def _vocab(folder: Path) -> dict[str, int]:
 @needs_mergekit
 @pytest.mark.parametrize("case", list(cases({k: k for k in ("base", "plain", "a", "b")})))
 def test_same_vocabulary_and_tensors_as_mergekit(merged, case):
-    mk, ours = merged[case]
+    _assert_same_as_mergekit(*merged[case], case)
+
+
+@needs_mergekit
+@pytest.mark.parametrize("case", ["ta_union", "ta_base_source", "ties_model_source"])
+def test_cli_merges_mixed_vocabularies_like_mergekit(vpool, merged, tmp_path, capsys, case):
+    """`forgetlab merge` (and --dry-run) refused these recipes ("a vocabulary of 302 tokens but the base has 300 …
+    resize the embeddings"): its memory estimate checked the vocabulary sizes before the recipe's tokenizer
+    aligned them. The command's output equals mergekit's from the same YAML."""
+    from forgetlab.cli import main
+
+    recipe = tmp_path / f"{case}.yaml"
+    recipe.write_text(yaml.safe_dump(cases(vpool)[case], sort_keys=False))
+    out = tmp_path / "out"
+    assert main(["merge", str(recipe), str(out), "--dry-run"]) == 0, capsys.readouterr().err
+    assert "token rows aligned" in capsys.readouterr().out and not out.exists()
+    assert main(["merge", str(recipe), str(out)]) == 0, capsys.readouterr().err
+    _assert_same_as_mergekit(merged[case][0], out, case)
+
+
+def _assert_same_as_mergekit(mk: Path, ours: Path, case: str) -> None:
     va, vb = _vocab(mk), _vocab(ours)
     # the same tokens; the ids of tokens that only non-base models add follow mergekit's set() of models (an
     # order that changes with PYTHONHASHSEED), forgetlab's follow the recipe's order, so rows are compared by token

@@ -217,6 +217,10 @@ def test_save_load_and_list_round_trip(pool, home):
     assert T.list_textdiffs(model="ft1") == []
     saved = pd.read_csv(path / "results.csv")
     assert list(saved.columns) == T.COLUMNS and len(saved) == len(r.tokens)
+    # the table is saved once, as CSV (its JSON lists cost ~1.7 kB a token on a long text); the former format
+    # (the table inside results.json) still reads back
+    assert json.loads((path / "results.json").read_text())["tokens"] == T.TABLE_FILE
+    pd.testing.assert_frame_equal(T.TextDiffResult.from_dict(r.to_dict()).tokens, r.tokens)
     from forgetlab.analysis.protocol import get
 
     a = get("textdiff")

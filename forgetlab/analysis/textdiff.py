@@ -43,6 +43,7 @@ from forgetlab.analysis.textdiff_scoring import (BASE_COLUMNS, CLASSES, COLUMNS,
                                                  token_scores)
 
 KIND = "textdiff"
+TABLE_FILE = "results.csv"      # a saved text diff's token table (forgetlab.core.workspace.save_run's frame)
 SPLITS = ("heldout",)
 CONTEXT = 8
 LENS_BLOCKS = 64        # sequences the logit lens reads by default (it costs a head pass per layer and model)
@@ -75,13 +76,15 @@ class TextDiffResult:
         model's top-3 predictions (top1_base, p1_base, …, top3_model, p3_model)."""
         return self.tokens
 
-    def scored(self) -> pd.DataFrame:
-        """The rows that predict a token (position ≥ 1)."""
-        return self.tokens[self.tokens["position"] > 0]
+    def scored(self, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
+        """The rows that predict a token (position ≥ 1); only `columns` when given (a summary of a long text then
+        copies the columns it reads, not the whole table)."""
+        mask = self.tokens["position"] > 0
+        return self.tokens[mask] if columns is None else self.tokens.loc[mask, list(columns)]
 
     def summary(self) -> dict[str, float]:
         """Scored tokens, the mean loss of each model on them, the mean rise (= the loss difference) and KL."""
-        s = self.scored()
+        s = self.scored(["logp_base", "logp_model", "rise", "kl"])
         return {"tokens": int(len(s)), "loss_base": float(-s["logp_base"].mean()),
                 "loss_model": float(-s["logp_model"].mean()), "mean_rise": float(s["rise"].mean()),
                 "mean_kl": float(s["kl"].mean())}
@@ -89,7 +92,7 @@ class TextDiffResult:
     def by_class(self) -> pd.DataFrame:
         """Per token class (CLASSES order): scored tokens, their share, mean and total rise, share of the total
         rise, mean KL."""
-        s = self.scored()
+        s = self.scored(["token_class", "rise", "kl"])
         total = float(s["rise"].sum())
         rows = []
         for c in CLASSES:
@@ -103,7 +106,7 @@ class TextDiffResult:
 
     def by_position(self, bins: int = 16) -> pd.DataFrame:
         """Mean rise and KL along the sequences: positions grouped into `bins` equal ranges."""
-        s = self.scored()
+        s = self.scored(["position", "rise", "kl"])
         if s.empty:
             return pd.DataFrame(columns=["position_from", "position_to", "tokens", "mean_rise", "mean_kl"])
         width = max(1, math.ceil((int(s["position"].max()) + 1) / bins))
@@ -116,7 +119,7 @@ class TextDiffResult:
         """The token strings with the largest total `by` (rise or kl) over their occurrences (seen at least
         `min_count` times): count, mean and total rise, mean KL."""
         by = _check_measure(by)
-        g = self.scored().groupby(["token", "token_class"])
+        g = self.scored(["token", "token_class", "rise", "kl"]).groupby(["token", "token_class"])
         out = pd.DataFrame({"count": g.size(), "mean_rise": g["rise"].mean(), "total_rise": g["rise"].sum(),
                             "mean_kl": g["kl"].mean(), "total_kl": g["kl"].sum()}).reset_index()
         out = out[out["count"] >= min_count]
@@ -132,7 +135,7 @@ class TextDiffResult:
         """The `n` positions with the largest `by` (rise or kl), each with its context (`context_of`), both
         models' first prediction and where it is."""
         by = _check_measure(by)
-        top = self.scored().nlargest(n, by)
+        top = self.tokens.loc[self.scored([by])[by].nlargest(n).index]
         return pd.DataFrame({
             "doc": top["doc"].values, "where": [self.docs[d] for d in top["doc"]], "position": top["position"].values,
             "context": [self.context_of(int(d), int(p)) for d, p in zip(top["doc"], top["position"])],
@@ -146,16 +149,23 @@ class TextDiffResult:
         cols = ["depth", "loss_base", "loss_model", "rise", "tokens"]
         return pd.DataFrame(self.lens, columns=cols) if self.lens else pd.DataFrame(columns=cols)
 
-    def to_dict(self) -> dict:
-        """JSON-ready; the token table as one compact JSON string (column → values)."""
-        table = json.dumps({c: self.tokens[c].tolist() for c in self.tokens.columns}, separators=(",", ":"))
+    def to_dict(self, tokens: bool = True) -> dict:
+        """JSON-ready; the token table as one compact JSON string (column → values), or with `tokens=False` the
+        name of the file beside it that holds the table (`TABLE_FILE`: `save_textdiff` writes it as CSV, which
+        costs a fraction of the JSON's memory on a long text)."""
+        table = (json.dumps({c: self.tokens[c].tolist() for c in self.tokens.columns}, separators=(",", ":"))
+                 if tokens else TABLE_FILE)
         return {"model": self.model, "against": self.against, "source": self.source, "docs": list(self.docs),
                 "lens": list(self.lens), "notes": list(self.notes), "seconds": self.seconds,
                 "recipe": dict(self.recipe), "summary": self.summary(), "tokens": table}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TextDiffResult":
-        tokens = pd.DataFrame(json.loads(d["tokens"]) if isinstance(d["tokens"], str) else d["tokens"])
+    def from_dict(cls, d: dict, tokens: Optional[pd.DataFrame] = None) -> "TextDiffResult":
+        """The result of `to_dict`; `tokens`: the table, where `to_dict(tokens=False)` left it out."""
+        if tokens is None:
+            if d["tokens"] == TABLE_FILE:
+                raise ValueError(f"the token table is in {TABLE_FILE} beside the results: open it with load_textdiff")
+            tokens = pd.DataFrame(json.loads(d["tokens"]) if isinstance(d["tokens"], str) else d["tokens"])
         return cls(d["model"], d["against"], d["source"], tokens[COLUMNS], list(d["docs"]), list(d.get("lens", [])),
                    list(d.get("notes", [])), float(d.get("seconds", 0.0)), dict(d.get("recipe", {})))
 
@@ -275,17 +285,38 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
 
 
 def save_textdiff(result: TextDiffResult, home_path=None) -> Path:
-    """Save under the workspace's runs/ (kind ``textdiff``: recipe.json, results.json, results.csv = tokens)."""
+    """Save under the workspace's runs/ (kind ``textdiff``: recipe.json, results.json, and the token table once, as
+    results.csv: `TABLE_FILE`)."""
     from forgetlab.core.workspace import save_run
 
     recipe = dict(result.recipe)
     recipe.setdefault("model", result.model)
-    return save_run(KIND, recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
+    return save_run(KIND, recipe, result.to_dict(tokens=False), frame=result.to_frame(), home_path=home_path)
+
+
+def read_token_table(path) -> pd.DataFrame:
+    """A token table written as CSV (`save_textdiff`, `--out`): every token string read back as written ("nan",
+    "NA", "" included), empty numbers as NaN."""
+    strings = ["token", "token_class"] + [c for c in TOP_COLUMNS if c.startswith("top")]
+    numbers = [c for c in COLUMNS if c not in strings and c not in ("doc", "position", "token_id")]
+    return pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in numbers},
+                       dtype={c: str for c in strings})
 
 
 def load_textdiff(path) -> TextDiffResult:
-    """Reopen a text diff saved by `save_textdiff`."""
-    return load_result(path, KIND, TextDiffResult, "a text diff")
+    """Reopen a text diff saved by `save_textdiff` (or by forgetlab before it saved the table only as CSV)."""
+    folder = Path(path)
+
+    class _Saved:
+        @staticmethod
+        def from_dict(d: dict) -> TextDiffResult:
+            if d.get("tokens") != TABLE_FILE:
+                return TextDiffResult.from_dict(d)
+            if not (folder / TABLE_FILE).is_file():
+                raise ValueError(f"its token table {TABLE_FILE} is missing")
+            return TextDiffResult.from_dict(d, read_token_table(folder / TABLE_FILE))
+
+    return load_result(path, KIND, _Saved, "a text diff")
 
 
 def list_textdiffs(home_path=None, model: Optional[str] = None) -> list:
@@ -333,7 +364,7 @@ def run_settings(pool, settings: TextDiffSettings, progress: Progress = None, ex
 
 __all__ = ["CLASSES", "COLUMNS", "ModelRef", "TextDiffResult", "TextDiffSettings", "token_class", "resolve_model",
            "read_text_lines", "line_sequences", "heldout_sequences", "text_sequences", "token_scores", "check",
-           "textdiff", "save_textdiff", "load_textdiff", "list_textdiffs"]
+           "textdiff", "save_textdiff", "load_textdiff", "list_textdiffs", "read_token_table"]
 
 ANALYSIS = register(Analysis(KIND, TextDiffSettings, check_settings, run_settings, save_textdiff, load_textdiff,
                              list_textdiffs))

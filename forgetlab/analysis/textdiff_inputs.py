@@ -109,10 +109,12 @@ def _load(pool, mref: ModelRef, device: Optional[str], dtype=None):
 
 @dataclass
 class Sequence_:
-    """One scored sequence: its token ids and a name (``line 3``, ``line 3, piece 2/3``, ``block 0``)."""
+    """One scored sequence: its token ids, a name (``line 3``, ``line 3, piece 2/3``, ``block 0``) and the
+    1-based line of the text it comes from (None for a held-out block)."""
 
     ids: list[int]
     name: str
+    line: Optional[int] = None
 
 
 def read_text_lines(path) -> list[str]:
@@ -150,13 +152,13 @@ def line_sequences(tokenizer, lines: Sequence[str], context: Optional[int]) -> t
         if not ids:
             continue
         if context is None or len(ids) <= context:
-            seqs.append(Sequence_(ids, f"line {i}"))
+            seqs.append(Sequence_(ids, f"line {i}", i))
             continue
         pieces = [ids[s:s + context] for s in range(0, len(ids), context)]
         notes.append(f"line {i} has {len(ids)} tokens, more than the model's context of {context}: split into "
                      f"{len(pieces)} pieces, each scored from its own start (the first tokens of pieces 2… are "
                      "predicted without the text before them)")
-        seqs += [Sequence_(p, f"line {i}, piece {k}/{len(pieces)}") for k, p in enumerate(pieces, 1)]
+        seqs += [Sequence_(p, f"line {i}, piece {k}/{len(pieces)}", i) for k, p in enumerate(pieces, 1)]
     if not seqs:
         raise ProbeDataError("The text has no token to score: every line tokenized to nothing.")
     return seqs, notes

@@ -11,7 +11,13 @@ width, heads, vocabulary and layers:
     2·P·b
     + 2·B·S·H·b·(L + 2 with the lens, else 1)                                    (held outputs)
     + max(B·S·(4H + 3I)·b + B·A·S²·4,  S·V·(8 + b) + 5·S·min(V, chunk)·4)       (forward | scoring)
-    + the token table (≈ 400 bytes per scored token: ids, floats and the decoded strings)
+    + the token table (`TABLE_BYTES_PER_TOKEN` per scored token: the sequences' ids, the score columns, the
+      table's strings; measured on the pico zoo's BPE: 324 B on 40000 short lines, 335 B on one 1 MB line)
+
+Before the models are loaded, the text is tokenized one line at a time: the fast tokenizer's encoding of the
+longest line (its ids, token strings and offsets) and the id lists made from it take `TOKENIZE_BYTES_PER_TOKEN`
+per token of that line (402 B measured); on a text of one long line that phase is the peak. The estimate is the
+larger phase, shown with its parts.
 
 A WiSE-FT point (`--alpha`) is built before the scoring by rewriting a fresh copy tensor by tensor: θ0, θ1 and
 the result of the largest tensor in float32 (3·E·4, `forgetlab.analysis.sweep_memory`); the peak takes the
@@ -27,14 +33,17 @@ from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype
                                    register_estimator)
 
 F32 = 4
-TABLE_BYTES_PER_TOKEN = 400
+TABLE_BYTES_PER_TOKEN = 360
+TOKENIZE_BYTES_PER_TOKEN = 420
 
 
 def textdiff_parts(size: ModelSize, *, dtype, batch: int, seq: int, longest: int, tokens: int, lens: bool = True,
-                   chunk: int = 32768, wise_ft: bool = False, mapped: int = 0) -> dict[str, int]:
+                   chunk: int = 32768, wise_ft: bool = False, mapped: int = 0, longest_line: int = 0) -> dict[str, int]:
     """The parts of the textdiff job's peak in bytes (module docstring): `batch` sequences of at most `seq`
     tokens in the largest batch, `longest` tokens in the longest sequence, `tokens` tokens scored in all;
-    `mapped` of the two models (0, 1 or 2) held as memory-mapped checkpoint pages."""
+    `mapped` of the two models (0, 1 or 2) held as memory-mapped checkpoint pages; `longest_line` tokens in the
+    longest line of a text (0 for held-out blocks), whose tokenization is a phase of its own. Returns the parts
+    of the larger phase."""
     b = dtype_bytes(dtype)
     V, H = max(size.vocab, 1), max(size.hidden, 1)
     held = 2 * batch * seq * H * b * ((size.layers + 2) if lens else 1)
@@ -45,6 +54,9 @@ def textdiff_parts(size: ModelSize, *, dtype, batch: int, seq: int, longest: int
         extra = max(extra, 3 * max(V * H, size.layer_parameters // 3) * F32)
     parts = {"weights": (2 - mapped) * size.bytes(dtype), "weights" + MAPPED: mapped * size.bytes(dtype),
              "one batch's outputs and scores": extra, "token table": tokens * TABLE_BYTES_PER_TOKEN}
+    tokenizing = {"tokenizing the longest line": longest_line * TOKENIZE_BYTES_PER_TOKEN}
+    if sum(tokenizing.values()) > sum(parts.values()):
+        return tokenizing
     return {k: v for k, v in parts.items() if v or k == "weights"}
 
 
@@ -87,9 +99,15 @@ def estimate_textdiff(pool, model: str, *, against: str = "base", alpha: Optiona
     seqs = text_sequences(pool, text=text, lines=lines, max_general=max_general, block_size=block_size,
                           general_mode=general_mode)[0]
     lengths = [len(s.ids) for s in seqs]
+    per_line: dict[int, int] = {}
+    for s in seqs:
+        if s.line is not None:
+            per_line[s.line] = per_line.get(s.line, 0) + len(s.ids)
     rows, seq = _largest_batch(lengths, int(batch_size))
     parts = textdiff_parts(size, dtype=dt, batch=rows, seq=seq, longest=max(lengths), tokens=sum(lengths),
-                           lens=lens, chunk=vocab_chunk, wise_ft=alpha is not None, mapped=mapped)
-    fixes = dtype_fixes(dt) + (
+                           lens=lens, chunk=vocab_chunk, wise_ft=alpha is not None, mapped=mapped,
+                           longest_line=max(per_line.values(), default=0))
+    text_bound = parts.get("tokenizing the longest line", 0) + parts.get("token table", 0) >= sum(parts.values()) / 2
+    fixes = (["a shorter text (fewer or shorter lines, or --max-general)"] if text_bound else []) + dtype_fixes(dt) + (
         ["--no-lens"] if lens else []) + (["a smaller --batch-size"] if rows > 1 else [])
     return MemoryEstimate("textdiff", str(device or "cpu"), dtype_name(dt), parts, fixes=fixes)

@@ -7,6 +7,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 import torch.nn.functional as F
@@ -159,14 +160,45 @@ def _device_of(model) -> torch.device:
 
 @dataclass
 class _Accum:
-    rows: dict[str, list] = field(default_factory=lambda: {c: [] for c in ("doc", "position", "token_id")})
-    scores: dict[str, list] = field(default_factory=dict)
+    """The token table's columns as they are scored, one array per column, rows in sequence order (sequence d's
+    positions at `offsets[d]`…): ids and positions int64, scores float64, each side's top-k ids and probabilities
+    k-major ([TOP_K, n]: column k is contiguous), so that the table takes them without a copy."""
+
+    n: int = 0
+    offsets: Optional[np.ndarray] = None
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
+    scores: dict[str, np.ndarray] = field(default_factory=dict)
     lens_base: Optional[torch.Tensor] = None
     lens_model: Optional[torch.Tensor] = None
     lens_tokens: int = 0
 
-    def add(self, name: str, t: torch.Tensor) -> None:
-        self.scores.setdefault(name, []).append(t.detach().cpu())
+    @classmethod
+    def empty(cls, seqs: Sequence[Sequence_]) -> "_Accum":
+        lengths = np.fromiter((len(s.ids) for s in seqs), dtype=np.int64, count=len(seqs))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        n = int(offsets[-1])
+        acc = cls(n, offsets)
+        acc.rows = {"doc": np.repeat(np.arange(len(seqs), dtype=np.int64), lengths),
+                    "position": np.arange(n, dtype=np.int64) - np.repeat(offsets[:-1], lengths),
+                    "token_id": np.empty(n, dtype=np.int64)}
+        for d, seq in enumerate(seqs):
+            acc.rows["token_id"][offsets[d]:offsets[d + 1]] = seq.ids
+        for name in ("logp_base", "logp_model", "kl"):
+            acc.scores[name] = np.full(n, np.nan)
+        for side in ("base", "model"):
+            acc.scores[f"top_{side}"] = np.full((TOP_K, n), -1, dtype=np.int64)
+            acc.scores[f"p_{side}"] = np.full((TOP_K, n), np.nan)
+        return acc
+
+    def put(self, d: int, res: dict[str, torch.Tensor]) -> None:
+        """Sequence d's scores (rows 1… of it; row 0 predicts nothing and stays NaN / −1)."""
+        a, b = int(self.offsets[d]) + 1, int(self.offsets[d + 1])
+        for name in ("logp_base", "logp_model", "kl"):
+            self.scores[name][a:b] = res[name].cpu().double().numpy()
+        for side in ("base", "model"):
+            ids, ps = res[f"top_{side}"].cpu(), res[f"p_{side}"].cpu().double()
+            self.scores[f"top_{side}"][:ids.shape[1], a:b] = ids.T.numpy()
+            self.scores[f"p_{side}"][:ps.shape[1], a:b] = ps.T.numpy()
 
 
 @torch.no_grad()
@@ -174,11 +206,11 @@ def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_si
            chunk: int, progress: Progress, lens_blocks: Optional[int] = None) -> _Accum:
     """Forward both models over the sequences in batches (sorted by length, as the scorecard batches them) and
     score every position of each sequence; positions of a sequence come out in order, sequences in input order.
-    The logit lens reads the first `lens_blocks` sequences (all when None)."""
+    Each sequence's scores go straight into the table's columns (`_Accum`). The logit lens reads the first
+    `lens_blocks` sequences (all when None)."""
     from forgetlab.core.data import EncodedExample, collate
 
-    acc = _Accum()
-    per: list[Optional[dict]] = [None] * len(seqs)
+    acc = _Accum.empty(seqs)
     lens = all(r.lens for r in readers)
     n_depth = len(readers[0].layers) + 1 if lens else 0
     if lens:
@@ -195,61 +227,51 @@ def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_si
             outs.append(r.forward(batch["input_ids"].to(dev), batch["attention_mask"].to(dev)))
         for row, i in enumerate(idx):
             n = len(seqs[i].ids)
-            res: dict[str, torch.Tensor] = {}
-            if n >= 2:
-                dev = outs[0][0].device
-                targets = torch.tensor(seqs[i].ids[1:], device=dev)
-                logits = [r.logits(o[0][row, :n - 1]) if not r.plain else o[0][row, :n - 1]
-                          for r, o in zip(readers, outs)]
-                res = token_scores(logits[0], logits[1].to(dev), targets, chunk)
-                del logits
-                if lens and (lens_blocks is None or i < lens_blocks):
-                    for d in range(n_depth):
-                        for r, o, tot in zip(readers, outs, (acc.lens_base, acc.lens_model)):
-                            h = o[1][d][row, :n - 1]
-                            lg = r.logits(r.norm(h)) if d < n_depth - 1 else r.logits(o[0][row, :n - 1])
-                            tot[d] += float(F.cross_entropy(lg, targets.to(lg.device), reduction="sum"))
-                    acc.lens_tokens += n - 1
-            per[i] = {k: v.cpu() for k, v in res.items()}
+            if n < 2:
+                continue
+            dev = outs[0][0].device
+            targets = torch.tensor(seqs[i].ids[1:], device=dev)
+            logits = [r.logits(o[0][row, :n - 1]) if not r.plain else o[0][row, :n - 1]
+                      for r, o in zip(readers, outs)]
+            acc.put(i, token_scores(logits[0], logits[1].to(dev), targets, chunk))
+            del logits
+            if lens and (lens_blocks is None or i < lens_blocks):
+                for d in range(n_depth):
+                    for r, o, tot in zip(readers, outs, (acc.lens_base, acc.lens_model)):
+                        h = o[1][d][row, :n - 1]
+                        lg = r.logits(r.norm(h)) if d < n_depth - 1 else r.logits(o[0][row, :n - 1])
+                        tot[d] += float(F.cross_entropy(lg, targets.to(lg.device), reduction="sum"))
+                acc.lens_tokens += n - 1
         done += len(idx)
         report(progress, done / len(seqs), f"{done}/{len(seqs)} sequences")
         del outs
-    for d, seq in enumerate(seqs):
-        n = len(seq.ids)
-        acc.rows["doc"] += [d] * n
-        acc.rows["position"] += list(range(n))
-        acc.rows["token_id"] += list(seq.ids)
-        res = per[d] or {}
-        for name in ("logp_base", "logp_model", "kl"):
-            first = torch.full((1,), float("nan"))
-            acc.add(name, torch.cat([first, res[name]]) if res else first.expand(n).clone())
-        for side in ("base", "model"):
-            ids = res.get(f"top_{side}", torch.empty(0, TOP_K, dtype=torch.long))
-            ps = res.get(f"p_{side}", torch.empty(0, TOP_K))
-            acc.add(f"top_{side}", torch.cat([torch.full((1, ids.shape[1] or TOP_K), -1, dtype=torch.long), ids]))
-            acc.add(f"p_{side}", torch.cat([torch.full((1, ps.shape[1] or TOP_K), float("nan")), ps]))
     return acc
 
 
 def _frame(acc: _Accum, tokenizer) -> pd.DataFrame:
-    """The token table (COLUMNS) from the scores, with every id decoded once (`shown`)."""
+    """The token table (COLUMNS) from the scores, with every id decoded once (`shown`). The accumulated columns
+    become the table's without a copy (they are handed over: `acc` is emptied); the strings are looked up by id."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    cat = {k: torch.cat(v) for k, v in acc.scores.items()}
-    every = set(acc.rows["token_id"]).union(*(cat[f"top_{side}"].flatten().tolist() for side in ("base", "model")))
-    text = {i: shown(tokenizer.decode([i])) for i in every if i >= 0}
-    frame = pd.DataFrame(acc.rows)
-    frame["token"] = [text[i] for i in frame["token_id"]]
-    frame["token_class"] = [token_class(text[i], i in special) for i in frame["token_id"]]
-    frame["logp_base"] = cat["logp_base"].double().numpy()
-    frame["logp_model"] = cat["logp_model"].double().numpy()
-    frame["rise"] = frame["logp_base"] - frame["logp_model"]
-    frame["kl"] = cat["kl"].double().numpy()
+    rows, scores = acc.rows, acc.scores
+    acc.rows, acc.scores = {}, {}
+    ids = rows["token_id"]
+    every = np.unique(np.concatenate([ids, *(scores[f"top_{side}"].ravel() for side in ("base", "model"))]))
+    every = every[every >= 0]
+    size = int(every[-1]) + 2 if every.size else 1
+    text = np.full(size, "", dtype=object)                  # id → decoded token; the last slot ("") for −1
+    kind = np.full(size, "", dtype=object)
+    for i in every.tolist():
+        text[i] = shown(tokenizer.decode([i]))
+        kind[i] = token_class(text[i], i in special)
+    cols: dict[str, object] = {"doc": rows.pop("doc"), "position": rows.pop("position"), "token_id": ids,
+                               "token": text[ids], "token_class": kind[ids]}
+    cols["logp_base"], cols["logp_model"] = scores.pop("logp_base"), scores.pop("logp_model")
+    cols["rise"] = cols["logp_base"] - cols["logp_model"]
+    cols["kl"] = scores.pop("kl")
     for side in ("base", "model"):
-        ids, ps = cat[f"top_{side}"], cat[f"p_{side}"].double()
+        top, ps = scores.pop(f"top_{side}"), scores.pop(f"p_{side}")
         for k in range(TOP_K):
-            col = ids[:, k].tolist() if ids.shape[1] > k else [-1] * len(frame)
-            frame[f"top{k + 1}_{side}"] = [text.get(i, "") if i >= 0 else "" for i in col]
-            frame[f"p{k + 1}_{side}"] = ps[:, k].numpy() if ps.shape[1] > k else float("nan")
-    return frame[COLUMNS]
-
-
+            cols[f"top{k + 1}_{side}"] = text[top[k]]       # −1 indexes the last slot: ""
+            cols[f"p{k + 1}_{side}"] = ps[k]
+        del top
+    return pd.DataFrame({c: cols[c] for c in COLUMNS}, copy=False)

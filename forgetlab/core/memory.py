@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import re
+import resource
 import threading
 import time
 from dataclasses import dataclass, field
@@ -154,6 +156,50 @@ def free_bytes(device: Any = "cpu") -> int | None:
 
         return int(psutil.virtual_memory().available)
     return None
+
+
+# the per-process limits a shell (`ulimit`), `prlimit` or a cluster's job (Slurm, PBS) sets: name → (what it limits,
+# the shell command that lifts it)
+PROCESS_LIMITS = {"RLIMIT_AS": ("address space (prlimit --as)", "ulimit -v unlimited"),
+                  "RLIMIT_DATA": ("data and private mappings (prlimit --data)", "ulimit -d unlimited")}
+
+
+def process_limits() -> dict[str, int]:
+    """The memory limits set on this process (`PROCESS_LIMITS`: RLIMIT_AS, RLIMIT_DATA), in bytes, by name; the
+    unlimited ones left out."""
+    out = {}
+    for name in PROCESS_LIMITS:
+        soft, _hard = resource.getrlimit(getattr(resource, name))
+        if soft != resource.RLIM_INFINITY and soft >= 0:
+            out[name] = int(soft)
+    return out
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` is a failure to get memory — a MemoryError, ENOMEM, a memory map refused — rather than bad data
+    (torch and safetensors report a refused mmap as a RuntimeError or their own error carrying "Cannot allocate
+    memory (12)")."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("Cannot allocate memory", "ENOMEM", "os error 12", "unable to mmap"))
+
+
+def out_of_memory_text(what: str, need: int | None = None) -> str:
+    """The message for `what` (e.g. "Opening model.safetensors") failing for want of memory (`need` bytes, if known):
+    the limits set on this process and the commands that lift them, or, with none set, the memory free."""
+    limits = process_limits()
+    size = f" ({gib(need)})" if need else ""
+    if limits:
+        named = "; ".join(f"{n} = {gib(v)}, {PROCESS_LIMITS[n][0]}" for n, v in limits.items())
+        lift = " / ".join(f"`{PROCESS_LIMITS[n][1]}`" for n in limits)
+        return (f"{what}{size} failed for want of memory under this process's limit ({named}); the file is not "
+                f"damaged. Raise the limit ({lift} in the shell, or ask the cluster's scheduler for more memory, e.g. "
+                "a larger --mem), or work on a smaller model.")
+    free = free_bytes("cpu")
+    return (f"{what}{size} failed for want of memory ({gib(free) if free is not None else 'unknown'} free; no "
+            "per-process limit is set); the file is not damaged. Free memory (other jobs), or work on a smaller "
+            "model.")
 
 
 DTYPE_FIX = "--dtype bfloat16 (sidebar: Dtype)"

@@ -36,6 +36,7 @@ from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, 
                                         open_checkpoint)
 from forgetlab.core.data import Probes, TaskData, check_template, read_general_text, read_task_pairs
 from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import edit_yaml_file, load_file
 
 BASE = "base"
@@ -106,9 +107,11 @@ def config_value(ckpt: Checkpoint, key: str):
 
 
 def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str, vocab: bool = True) -> None:
-    """Raise IncompatibleModelsError when `other` is another architecture family (config's model_type) or has
-    another vocabulary size than `base`. The one check of this kind that pools and merges share: a Llama base
-    and a Mistral fine-tune of identical shapes are still two architectures."""
+    """Raise IncompatibleModelsError when `other` is another architecture family (config's model_type) or, with
+    `vocab`, has another vocabulary size or another tokenizer than `base` (`forgetlab.core.tokenization`: the same
+    size is not the same BPE). The one check of this kind that pools, textdiff and merges share: a Llama base
+    and a Mistral fine-tune of identical shapes are still two architectures. `vocab=False`: a merge whose recipe
+    rebuilds the vocabulary (merge/vocab.py) aligns the token rows itself."""
     bt, ot = config_value(base, "model_type"), config_value(other, "model_type")
     if bt and ot and bt != ot:
         raise IncompatibleModelsError(
@@ -119,15 +122,18 @@ def check_same_architecture(base: Checkpoint, other: Checkpoint, other_name: str
     if vocab and bv is not None and ov is not None and bv != ov:
         raise IncompatibleModelsError(
             f"{other_name} has a vocabulary of {ov} tokens but the base has {bv}: the embeddings differ in "
-            "size, so the models cannot be compared entry by entry. Resize the embeddings of one model "
-            "(e.g. model.resize_token_embeddings) or use a fine-tune that kept the base tokenizer."
+            "size, so the models cannot be compared entry by entry. Use a fine-tune that kept the base tokenizer, "
+            "resize the embeddings of one model (e.g. model.resize_token_embeddings), or, to merge it, give the "
+            "recipe a tokenizer (mergekit's `tokenizer_source: union`, `base` or a model's path)."
         )
+    if vocab:
+        check_same_tokenizer(base, other, other_name)
 
 
 def check_compatible(base: Checkpoint, other: Checkpoint, other_name: str) -> None:
     """Raise IncompatibleModelsError naming the first difference between `other` and `base`.
 
-    Checks the architecture family and the vocabulary size (`check_same_architecture`), the set of tensor
+    Checks the architecture family, the vocabulary size and the tokenizer (`check_same_architecture`), the set of tensor
     names (a tied lm_head that one file stores and the other omits is not a difference) and every tensor's
     shape.
     """

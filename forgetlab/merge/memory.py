@@ -8,6 +8,10 @@ The engine (`forgetlab.merge.engine`) merges one tensor at a time, so its peak i
 - the method's working tensors (task vectors, stacks, masks, the merged tensor…): (a + b·N) float32 tensors of
   E entries, a and b the method's own, measured per method by `bench/merge_memory.py` (FAST, REFERENCE).
 
+A recipe whose `tokenizer:` rebuilds the vocabulary (forgetlab.merge.vocab) reads the token-row tensors on the
+output vocabulary: their sizes are the output's, and every input's aligned rows are held at once while they are
+read ((1 + N) float32 tensors of the output's rows).
+
 A method with a global pass on a CUDA device with room keeps every input there for its later passes
 (`merge.core.resident_budget`: half the free memory at most); that part is added when it applies. A method that
 prepares coefficients from the pool (regmean, regmean_pp, fisher, slwm) runs forward passes first, on the CPU:
@@ -23,6 +27,7 @@ from typing import Any, Optional, Sequence
 
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, job_dtype,
                                    register_estimator)
+from forgetlab.merge.vocab import is_vocab_tensor
 
 F32 = 4
 
@@ -110,7 +115,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     of scoring the base, the parents and the merge in `dtype` on `pool`'s probe data. Reads headers only (and
     tokenizes the probe texts when evaluating)."""
     from forgetlab.merge.core import _float_entries, check_compatible, resident_budget, resident_bytes
-    from forgetlab.merge.engine import open_sources
+    from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
     from forgetlab.merge.recipes import load_recipe
     from forgetlab.merge.registry import get_method
 
@@ -120,6 +125,11 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     spec = get_method(recipe.method)
     params = recipe.validated_params()
     sources = open_sources(recipe)
+    # a recipe's `tokenizer:` may rebuild the vocabulary (fine-tunes with added tokens or padded embeddings): the
+    # engine then reads every token-row tensor on the output vocabulary, and so does the check here
+    _, vocab = check_tokenizer_source(recipe, sources.base_ck, [m.ckpt for m in sources.models])
+    if vocab is not None:
+        sources = align_sources(recipe, sources, vocab)
     entries = _float_entries(check_compatible(sources.base, sources.models))
     big = max(entries, key=lambda e: e.numel)
     stored = dtype_bytes(big.dtype)
@@ -130,6 +140,9 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
         resident = need if need <= resident_budget(dev) else 0
     phases = {"merging": merge_parts(big.numel, stored, n, spec.name, on_gpu=dev.startswith("cuda"),
                                      resident=resident)}
+    if vocab is not None:       # merge.vocab.AlignedSource: every input's aligned rows are made at once, then read
+        rows = max((e.numel for e in entries if is_vocab_tensor(e.name)), default=0)
+        phases["merging"]["token rows aligned to the output vocabulary"] = (1 + n) * rows * F32
     size = ModelSize.of(sources.base_ck)
     fixes = []
     if spec.needs_pool:

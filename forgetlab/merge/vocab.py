@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.tokenization import strip_tokens_beyond
 
 # tensors whose rows are tokens (vocabulary axis 0), by the end of their names, as mergekit's architectures list them
 VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_out.weight",
@@ -57,24 +58,7 @@ def _load(ckpt):
 def _stripped(ckpt):
     """The tokenizer without tokens whose id is ≥ the model's vocab_size (mergekit's get_stripped_tokenizer)."""
     tok = _load(ckpt)
-    size = _config_vocab(ckpt) or len(tok.get_vocab())
-    unused = [t for t, i in tok.get_vocab().items() if i >= size]
-    if not unused:
-        return tok
-    import tokenizers
-    d = json.loads(tok._tokenizer.to_str())
-    if d["model"]["type"] != "BPE":
-        raise ParameterError(f"The tokenizer of {ckpt.path} has tokens beyond its {size} embedding rows and is a "
-                             f"{d['model']['type']} tokenizer; like mergekit, forgetlab strips such tokens only from "
-                             "BPE tokenizers. Remove those tokens from the tokenizer, or resize the embeddings.")
-    d["added_tokens"] = [e for e in d["added_tokens"] if e["id"] < size]
-    for t in unused:
-        d["model"]["vocab"].pop(t, None)
-    drop = set(unused)
-    d["model"]["merges"] = [m for m in d["model"]["merges"]
-                            if not drop & set(m.split(" ") if isinstance(m, str) else m)]
-    tok._tokenizer = tokenizers.Tokenizer.from_str(json.dumps(d))
-    return tok
+    return strip_tokens_beyond(tok, _config_vocab(ckpt) or len(tok.get_vocab()), f"The tokenizer of {ckpt.path}")
 
 
 def _union(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):

@@ -18,10 +18,12 @@ import pandas as pd
 import yaml
 
 from forgetlab.core import workspace
+from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
-from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.progress import Progress, scaled
+from forgetlab.core.scorecards import Budget, pool_scorecard
+from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
 from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate with its job)
@@ -111,7 +113,8 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     float32 on the CPU; `forgetlab.core.memory.job_dtype`), one at a time: a model this call loads is released
     before the next one is (`ModelPool.released`). `benchmarks` (a BenchmarkSpec, e.g. the
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
-    TaskManager, if already made). The merge's card is named `name` (default: the folder's name)."""
+    TaskManager, if already made). The merge's card is named `name` (default: the folder's name). A merge whose
+    tokenizer gives the base's tokens other ids is refused (`forgetlab.core.tokenization.check_same_tokenizer`)."""
     from forgetlab.core.checkpoints import load_model
     from forgetlab.core.memory import job_dtype, recorded_peak
     from forgetlab.core.outputs import record_file
@@ -119,6 +122,8 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
     merged_dir = Path(merged_dir)
+    # every card is scored with the base's token ids (pool.tokenizer): the merge must read them as the base does
+    check_same_tokenizer(pool.base, open_checkpoint(merged_dir), f"the merge {merged_dir.name}")
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1

@@ -129,10 +129,10 @@ def _attribution(run, measure="exact_match"):
 
 
 def _textdiff(run):
-    from forgetlab.analysis.textdiff import TextDiffResult
+    from forgetlab.analysis.textdiff import load_textdiff
     from forgetlab.plots.textdiff import figures
 
-    return figures(TextDiffResult.from_dict(run.results))
+    return figures(load_textdiff(run.path))
 
 
 def _benchmarks(run):

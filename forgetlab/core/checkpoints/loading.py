@@ -11,6 +11,7 @@ from forgetlab.core.checkpoints.lora import LoraCheckpoint
 from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import Checkpoint, GGUFCheckpoint
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
+from forgetlab.core.tokenization import strip_tokens_beyond
 
 # transformers' from_pretrained is not thread-safe: two loads at once in one process (the app's background jobs)
 # lose the tie of lm_head to the embeddings — it reports lm_head.weight missing and re-initialises it (18 of 18
@@ -167,6 +168,24 @@ def _check_loading_info(ckpt: Checkpoint, info: dict) -> None:
             "the checkpoint is incomplete or its config belongs to another model.")
 
 
+def _gguf_special_tokens(tok, ckpt):
+    """The tokenizer transformers builds from a GGUF file with its special tokens at the file's ids: the byte-level
+    builder (a GPT-2 tokenizer) appends its default `<|endoftext|>` when the file's vocabulary lacks it, at id
+    vocab_size (a model indexed there fails); that token is dropped (`strip_tokens_beyond` the file's token count) and
+    BOS/EOS/UNK/PAD point at the tokens the file names (tokenizer.ggml.*_token_id) or at none."""
+    size = getattr(ckpt.config, "vocab_size", None)
+    if size:
+        strip_tokens_beyond(tok, int(size), f"The tokenizer of {ckpt.gguf_file}")
+        vocab = tok.get_vocab()
+        for attr in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            value = getattr(tok, attr, None)
+            if value is not None and vocab.get(str(value), size) >= size:
+                setattr(tok, attr, None)
+    if tok.pad_token_id is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def load_tokenizer(ref: str | Path | Checkpoint):
     """The tokenizer stored with a model (a LoRA adapter falls back to its base's)."""
     from transformers import AutoTokenizer
@@ -176,9 +195,7 @@ def load_tokenizer(ref: str | Path | Checkpoint):
         return load_tokenizer(ckpt.base)       # the adapter has none: its base's (a GGUF base's included)
     if isinstance(ckpt, GGUFCheckpoint):
         tok = AutoTokenizer.from_pretrained(str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name)
-        if tok.pad_token_id is None:
-            tok.pad_token = tok.eos_token
-        return tok
+        return _gguf_special_tokens(tok, ckpt)
     folder = ckpt.tokenizer_dir
     if folder is None:
         raise CheckpointError(f"{ckpt.ref} has no tokenizer files (tokenizer.json/tokenizer_config.json).")

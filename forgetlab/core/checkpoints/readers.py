@@ -14,6 +14,7 @@ from typing import Iterator, Sequence
 import torch
 
 from forgetlab.core.errors import CheckpointError
+from forgetlab.core.memory import is_out_of_memory, out_of_memory_text
 from forgetlab.core.progress import Progress, report
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -161,11 +162,23 @@ def _safe_open(file: Path):
 
     try:
         return safe_open(str(file), framework="pt", device="cpu")
-    except Exception as exc:  # safetensors raises its own SafetensorError and OSError
+    except Exception as exc:  # safetensors raises its own SafetensorError and OSError; torch a RuntimeError
+        _raise_if_out_of_memory(exc, f"Opening {file} (safetensors maps the whole file)", file)
         raise CheckpointError(
             f"{file} is not a readable safetensors file ({exc}). The file is corrupt or truncated: "
             "re-save or re-download it."
         ) from None
+
+
+def _raise_if_out_of_memory(exc: BaseException, what: str, file: Path) -> None:
+    """Raise CheckpointError with `forgetlab.core.memory.out_of_memory_text` when `exc` is a refused allocation or
+    memory map (a process limit such as `prlimit --data`, or a full machine), not a damaged file."""
+    if is_out_of_memory(exc):
+        try:
+            size = Path(file).stat().st_size
+        except OSError:
+            size = None
+        raise CheckpointError(f"{out_of_memory_text(what, size)} ({type(exc).__name__}: {exc})") from None
 
 
 class SafetensorsCheckpoint(Checkpoint):
@@ -243,6 +256,7 @@ class SafetensorsCheckpoint(Checkpoint):
         try:
             t = self._handle(f).get_tensor(name)
         except Exception as exc:
+            _raise_if_out_of_memory(exc, f"Reading tensor {name} from {f}", f)
             raise CheckpointError(f"Cannot read tensor {name} from {f} ({exc}); the file may be truncated.") from None
         return t if dtype is None else t.to(dtype)
 

@@ -3,7 +3,12 @@ with F̃t = Ft + eps, Ft the diagonal Fisher of model t on its task's probe spli
 Fisher: the mean over probe pairs of the squared gradient of the answer's log-likelihood (the sum over answer
 tokens, prompt tokens masked as in training), one pair at a time. eps = 1e-6 (fusion-bench's
 `minimal_fisher_weight`); fusion-bench also offers a per-model L2 normalisation of the Fisher, left out here (the
-paper's formula has none). Tensors without a Fisher (buffers) are averaged. Needs a pool, as slwm does."""
+paper's formula has none). Tensors without a Fisher (buffers) are averaged. Needs a pool, as slwm does.
+
+eps = 0 is the formula's limit eps → 0⁺: Σt Ft⊙θt / Σt Ft, and where no model's Fisher covers an entry (Σt Ft = 0,
+e.g. the embedding of a token no probe pair uses) the plain mean of the θt, as for any eps > 0 there. A fine-tune
+holding NaN/Inf makes its whole Fisher NaN (the gradients flow through every layer): refused, naming the model
+and its non-finite tensors, before anything is merged."""
 from __future__ import annotations
 
 import copy
@@ -11,20 +16,45 @@ from typing import Sequence
 
 import torch
 
+from forgetlab.core.errors import CheckpointError
 from forgetlab.core.progress import report
 from forgetlab.merge.methods.regmean import probe_inputs
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
 def fisher_average(thetas: Sequence[torch.Tensor], fishers: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
-    """Σt (Ft + eps)⊙θt / Σt (Ft + eps)."""
+    """Σt (Ft + eps)⊙θt / Σt (Ft + eps); with eps = 0, where Σt Ft = 0 the limit eps → 0⁺ of it: the mean of the θt."""
     num = torch.zeros_like(thetas[0], dtype=torch.float32)
     den = torch.zeros_like(num)
     for th, f in zip(thetas, fishers):
         w = f.to(num.device, torch.float32) + float(eps)
         num.add_(w * th)
         den.add_(w)
+    uncovered = den == 0
+    if bool(uncovered.any()):           # only with eps = 0: no Fisher weight at these entries
+        mean = torch.stack([th.to(num.device, torch.float32) for th in thetas]).mean(dim=0)
+        num = torch.where(uncovered, mean, num)
+        den = torch.where(uncovered, torch.ones_like(den), den)
     return num / den
+
+
+def _check_fisher(name: str, model, fisher: dict[str, torch.Tensor]) -> None:
+    """Refuse a Fisher with NaN/Inf (CheckpointError): name the model's non-finite weights when it has any (their
+    NaN reaches every gradient), else the tensors whose squared gradients overflowed."""
+    bad = [k for k, f in fisher.items() if not bool(torch.isfinite(f).all())]
+    if not bad:
+        return
+    weights = [n for n, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+    if weights:
+        raise CheckpointError(
+            f"fisher: {name} holds NaN/Inf in {len(weights)} tensor(s) ({', '.join(weights[:3])}"
+            f"{' …' if len(weights) > 3 else ''}), so its gradients and its Fisher are NaN and the merge would be "
+            f"NaN. Repair or re-save {name}, or leave it out of the merge.")
+    raise CheckpointError(
+        f"fisher: the Fisher of {name} is not finite in {len(bad)} tensor(s) ({', '.join(bad[:3])}"
+        f"{' …' if len(bad) > 3 else ''}) although its weights are: its squared answer gradients overflow float32 "
+        "on its task's probe pairs. Check those pairs (or the model's outputs on them), or merge with a method "
+        "that takes no gradients (regmean, ties).")
 
 
 def empirical_fisher(model, enc, progress=None, *, own: bool = False) -> dict[str, torch.Tensor]:
@@ -78,13 +108,14 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
     model's Fisher is written into the (T, …) stacks as soon as it is known."""
     from forgetlab.core.progress import scaled
 
-    names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]))
+    names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]), method="fisher")
     T = len(names)
     out: dict[str, torch.Tensor] = {}
     for t, (name, enc) in enumerate(zip(names, encs)):
         held = (name, "cpu", torch.float32) in ctx.pool.loaded()
         with ctx.pool.borrow(name) as model:
             fisher = empirical_fisher(model, enc, scaled(ctx.progress, t / T, (t + 1) / T), own=not held)
+            _check_fisher(name, model, fisher)
         for k in list(fisher):
             f = fisher.pop(k)
             if k not in out:
@@ -95,8 +126,8 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
 
 
 @method("fisher", "Fisher merging: average the models weighted entry by entry by their diagonal Fisher on their tasks.",
-        (ParamSpec("eps", "float", 1e-6, "Added to every Fisher entry (fusion-bench's minimal_fisher_weight).",
-                   (0.0, 1e6)),
+        (ParamSpec("eps", "float", 1e-6, "Added to every Fisher entry (fusion-bench's minimal_fisher_weight); 0: "
+                   "the pure Fisher-weighted mean, the plain mean where no Fisher covers an entry.", (0.0, 1e6)),
          ParamSpec("samples", "int", 32, "Probe pairs per task whose gradients give the Fisher.", (1, 100000)),
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),

@@ -7,7 +7,12 @@
   the concatenated U and V are orthogonalised (polar factors) and the spectrum flattened to its mean.
   Sizes as the authors' code (fusion-bench's iso_cts): k_c = int(min·common), the task-specific total rounded
   to a multiple of T.
-Other tensors: θ0 + α·Σt τt."""
+Other tensors: θ0 + α·Σt τt.
+
+σ̄ is the mean of the singular values the formula picks, zeros included; a direction whose singular value is
+(numerically) zero is arbitrary and gets no σ̄ of its own (`spectral.rank_tolerance`): a low-rank sum, a τt inside
+the common subspace, identical or collinear task vectors merge inside the span of the τt (on full-rank task
+vectors nothing changes: fusion-bench's results)."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -15,7 +20,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT
-from forgetlab.merge.methods.spectral import is_matrix, polar
+from forgetlab.merge.methods.spectral import is_matrix, kept_rank, polar
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
@@ -25,7 +30,8 @@ def iso_c(taus: Sequence[torch.Tensor]) -> torch.Tensor:
     for tau in taus[1:]:
         m.add_(tau)
     u, s, vh = torch.linalg.svd(m, full_matrices=False)
-    return s.mean() * (u @ vh)
+    r = kept_rank(s, m.shape)
+    return s.mean() * (u[:, :r] @ vh[:r])
 
 
 def iso_cts_sizes(r: int, n_tasks: int, common: float) -> tuple[int, int]:
@@ -46,19 +52,24 @@ def iso_cts(taus: Sequence[torch.Tensor], common: float) -> torch.Tensor:
     r = min(total.shape)
     kc, per = iso_cts_sizes(r, len(taus), common)
     u, s, vh = torch.linalg.svd(total, full_matrices=False)
-    uc, sc, vhc = u[:, :kc], s[:kc], vh[:kc]
+    sc = s[:kc]
+    kc = min(kc, kept_rank(s, total.shape))        # σ̄ counts every value; only nonzero ones bring a direction
+    uc, vhc = u[:, :kc], vh[:kc]
     us, ss, vhs = [], [], []
     for tau in taus:
         if per == 0:
             break
         ts = tau - uc @ (uc.T @ tau)
         ut, st, vht = torch.linalg.svd(ts, full_matrices=False)
-        us.append(ut[:, :per])
+        k = min(per, kept_rank(st, ts.shape, scale=float(tau.norm())))   # what is left of τt may be ~0
+        us.append(ut[:, :k])
         ss.append(st[:per])
-        vhs.append(vht[:per])
+        vhs.append(vht[:k])
     u_all = torch.cat(us + [uc], dim=1)
     s_all = torch.cat(ss + [sc])
     vh_all = torch.cat(vhs + [vhc], dim=0)
+    if not u_all.shape[1]:                          # every τt is zero
+        return torch.zeros(total.shape, dtype=torch.float32, device=total.device)
     return s_all.mean() * (polar(u_all) @ polar(vh_all))
 
 

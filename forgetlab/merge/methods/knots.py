@@ -13,6 +13,7 @@ import torch
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import UNIT, lam_param, seed_param
 from forgetlab.merge.methods.dare import dare
+from forgetlab.merge.methods.spectral import kept_rank
 from forgetlab.merge.methods.ties import ties_combine, trim
 from forgetlab.merge.registry import ParamSpec, TensorJob, method, tensor_generator
 
@@ -24,8 +25,7 @@ def aligned(deltas: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Te
     S[0]·max(m, T·n)·ε(float32) (numpy's matrix_rank rule)."""
     n = deltas[0].shape[1]
     u, s, vh = torch.linalg.svd(torch.cat([d.to(torch.float32) for d in deltas], dim=1), full_matrices=False)
-    tol = float(s[0]) * max(u.shape[0], vh.shape[1]) * torch.finfo(torch.float32).eps if s.numel() else 0.0
-    r = int((s > tol).sum())
+    r = kept_rank(s, (u.shape[0], vh.shape[1]))
     return u[:, :r] * s[:r], list(torch.split(vh[:r], n, dim=1))
 
 

@@ -120,14 +120,14 @@ class _Stop(Exception):
     pass
 
 
-def probe_inputs(ctx, samples: int, max_length: int = 128):
+def probe_inputs(ctx, samples: int, max_length: int = 128, method: str = "regmean"):
     """(pool model names, [Samples per task], tokenizer) for a prepare hook: each fine-tuned model's task's probe
     split (the task named like the model unless `tasks` says otherwise), `samples` pairs each."""
     from forgetlab.core.submodules import encode_samples, select_pairs
-    from forgetlab.merge.methods.slwm import _pool_names_for
+    from forgetlab.merge.methods.slwm import pool_names_for
 
     pool = ctx.pool
-    names = _pool_names_for(pool, ctx.model_names)
+    names = pool_names_for(pool, ctx.model_names, method)
     tasks = [t.strip() for t in str(ctx.params.get("tasks") or "").split(",") if t.strip()] or names
     if len(tasks) != len(names):
         raise ParameterError(f"{len(names)} models but {len(tasks)} tasks; give one task per model, in model order.")
@@ -171,7 +171,7 @@ def regmean_grams(ctx, plus_plus: bool = False) -> dict[str, Gram]:
     parameters from its checkpoint, one decoder layer at a time (`stored_params`); only a model whose
     checkpoint cannot be read so (an adapter, GGUF, .bin) is loaded whole, for the length of the hook."""
     p = ctx.params
-    names, encs, _ = probe_inputs(ctx, int(p["samples"]))
+    names, encs, _ = probe_inputs(ctx, int(p["samples"]), method="regmean_pp" if plus_plus else "regmean")
     T = len(names)
     out: dict[str, list] = {}
     transposed: dict[str, bool] = {}

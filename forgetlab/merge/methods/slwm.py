@@ -363,7 +363,9 @@ class PreparedCoefficients(dict):
     weights: Optional[SlwmWeights] = None
 
 
-def _pool_names_for(pool, refs: Sequence[str]) -> list[str]:
+def pool_names_for(pool, refs: Sequence[str], method: str = "slwm") -> list[str]:
+    """The pool names of a recipe's models `refs` (a name, or a path the pool's checkpoint points at), for a pool
+    method (`method`, named in the ParameterError for a model the pool does not hold: its probe data is needed)."""
     from pathlib import Path
 
     out = []
@@ -381,8 +383,9 @@ def _pool_names_for(pool, refs: Sequence[str]) -> list[str]:
                 except OSError:
                     pass
         if found is None:
-            raise ParameterError(f"slwm: model {ref!r} is not a member of the pool ({', '.join(pool.model_names)}); "
-                                 "its probe data is needed to choose the weights.")
+            raise ParameterError(f"{method}: model {ref!r} is not a member of the pool ({', '.join(pool.model_names)}); "
+                                 f"{method} needs its task's probe data. Add it to the pool file, or merge models "
+                                 "of the pool.")
         out.append(found)
     return out
 
@@ -390,7 +393,7 @@ def _pool_names_for(pool, refs: Sequence[str]) -> list[str]:
 def prepare_slwm(ctx) -> PreparedCoefficients:
     """The registry's prepare hook: solve the weights on the pool's probe data and return coefficient maps."""
     p = ctx.params
-    names = _pool_names_for(ctx.pool, ctx.model_names)
+    names = pool_names_for(ctx.pool, ctx.model_names, "slwm")
     tasks = [t.strip() for t in str(p.get("tasks") or "").split(",") if t.strip()] or None
     weights = slwm_weights(ctx.pool, tasks, models=names, level=p["level"], samples=int(p["samples"]),
                            ridge=float(p["ridge"]), capture=p["capture"], progress=ctx.progress)

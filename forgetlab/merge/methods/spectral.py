@@ -1,6 +1,12 @@
 """What the spectral merge families share (tsv, iso_c / iso_cts, cart, knots): which tensors count as "2-D"
 weights (every 2-D weight except the embeddings and the output head), the orthogonal polar factor, and rank
-truncation. SVDs run per tensor on the job's device in float32 (docs/methods.md#spectral-merges)."""
+truncation. SVDs run per tensor on the job's device in float32 (docs/methods.md#spectral-merges).
+
+Directions of (numerically) zero singular value are arbitrary: an SVD returns some orthonormal completion, which
+changes with the library and the device. Where a method would give such a direction weight of its own — the polar
+factor of a rank-deficient stack (identical or collinear task vectors: `models: [ft1, ft1_copy]`), a flat spectrum
+(iso_c, iso_cts) over a low-rank sum — it is dropped (`rank_tolerance`), so that the merged update lies in the span
+of the task vectors; on task vectors of full rank nothing changes (the papers' formulas, fusion-bench's results)."""
 from __future__ import annotations
 
 import math
@@ -28,10 +34,26 @@ def is_matrix(job: TensorJob) -> bool:
     return job.base.dim() == 2 and not is_embedding(job.name)
 
 
+def rank_tolerance(s: torch.Tensor, shape, scale: float | None = None) -> float:
+    """The singular value at or below which a direction counts as zero: `scale`·max(m, n)·ε(float32), `scale`
+    the largest singular value s[0] unless given (numpy's matrix_rank rule; 0 for an empty or zero spectrum)."""
+    top = float(s[0]) if scale is None and s.numel() else float(scale or 0.0)
+    return top * max(shape) * torch.finfo(torch.float32).eps
+
+
+def kept_rank(s: torch.Tensor, shape, scale: float | None = None) -> int:
+    """How many of the singular values `s` (descending) lie above `rank_tolerance`."""
+    return int((s > rank_tolerance(s, shape, scale)).sum())
+
+
 def polar(a: torch.Tensor) -> torch.Tensor:
-    """The orthogonal polar factor of a: with a = P·Σ·Qᵀ (thin SVD), P·Qᵀ."""
-    p, _, qh = torch.linalg.svd(a, full_matrices=False)
-    return p @ qh
+    """The orthogonal polar factor of a: with a = P·Σ·Qᵀ (thin SVD), P·Qᵀ. For a rank-deficient a (stacked singular
+    vectors of identical or collinear task vectors) the factor is not unique; this one is the partial isometry on
+    a's column space, P_r·Q_rᵀ over the r singular values above `rank_tolerance`, so that directions of zero
+    singular value contribute nothing. The same as P·Qᵀ when a has full rank."""
+    p, s, qh = torch.linalg.svd(a, full_matrices=False)
+    r = kept_rank(s, a.shape)
+    return p[:, :r] @ qh[:r]
 
 
 def rank_count(shape, fraction: float) -> int:

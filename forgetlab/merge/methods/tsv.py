@@ -2,7 +2,9 @@
 k = max(1, ⌊keep·min(m, n)⌋) singular triplets of each task vector τt are concatenated over the tasks; the
 concatenated U and V are replaced by their orthogonal polar factors (decorrelating the tasks' singular
 vectors), and merged = U⊥·diag(S)·V⊥ᵀ; θ = θ0 + α·merged. Other tensors: θ0 + α·Σt τt (the paper defaults
-to task arithmetic there). keep = 0 (the default) means 1/T, the paper's choice."""
+to task arithmetic there). keep = 0 (the default) means 1/T, the paper's choice. Triplets of zero singular value
+(a τt of rank below k) are left out, and the polar factors are taken on the stacks' column spaces
+(`spectral.polar`): identical or collinear task vectors then merge inside their span."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -10,7 +12,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT
-from forgetlab.merge.methods.spectral import is_matrix, polar, rank_count, refuse_adapters
+from forgetlab.merge.methods.spectral import is_matrix, kept_rank, polar, rank_count, refuse_adapters
 from forgetlab.merge.registry import ParamSpec, TensorJob, method
 
 
@@ -24,11 +26,13 @@ def tsv_merge(taus: Sequence[torch.Tensor], keep: float) -> torch.Tensor:
     us, ss, vhs = [], [], []
     for tau in taus:
         u, s, vh = torch.linalg.svd(tau.to(torch.float32), full_matrices=False)
-        k = rank_count(tau.shape, keep)
+        k = min(rank_count(tau.shape, keep), kept_rank(s, tau.shape))   # no arbitrary zero-σ directions
         us.append(u[:, :k])
         ss.append(s[:k])
         vhs.append(vh[:k])
     u, s, vh = torch.cat(us, dim=1), torch.cat(ss), torch.cat(vhs, dim=0)
+    if not s.numel():                                                    # every τt is zero
+        return torch.zeros(taus[0].shape, dtype=torch.float32, device=taus[0].device)
     return (polar(u) * s) @ polar(vh)
 
 
