@@ -3,17 +3,19 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab.analysis import linearity
-from forgetlab.core.errors import ParameterError, parse_floats
+from forgetlab.analysis.base import ANALYSES
+from forgetlab.analysis.linearity import LinearitySettings
+from forgetlab.analysis.taskvec import checkpoint_distance
+from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import dtype_name
-from forgetlab.core.submodules import CAPTURES
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
-from forgetlab.ui import device_settings, job_key, require_pool, run_once, show_errors
-from forgetlab.ui.glossary import explain
-from forgetlab.ui.memory import memory_check
-from forgetlab.ui.navigation import page_header
-from forgetlab.ui.tables import show_table
+from forgetlab.ui import device_settings, require_pool, show_errors
 from forgetlab.ui.choices import index_of
+from forgetlab.ui.glossary import explain
+from forgetlab.ui.navigation import page_header
+from forgetlab.ui.panel import AnalysisPanel
+from forgetlab.ui.tables import show_table
+from forgetlab.ui.widgets import field_widget
 
 page_header("Linearity",
             "Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
@@ -26,92 +28,48 @@ if not pool.model_names or not pool.task_names:
     st.stop()
 
 
-@st.cache_resource
-def _results() -> dict:
-    """Results by (pool, task, model, settings), shared by every session of this process."""
-    return {}
-
-
 @st.cache_data(show_spinner=False)
 def _distance(pool_key: str, model: str) -> float:
     """D(θ, θ0) of a pool model, once per pool file version and model."""
-    from forgetlab.analysis.taskvec import checkpoint_distance
-
     return checkpoint_distance(pool, model)
 
 
+panel = AnalysisPanel(ANALYSES.get("linearity"), page="linearity", button="Compute scores",
+                      label=lambda s: f"Non-linearity of {s.model} on {s.task}")
 device, dtype = device_settings()
 left, right = st.columns([1, 3])
 with left:
-    task = st.selectbox("task", pool.task_names, key="linearity_task")
-    models = pool.model_names
-    model = st.selectbox("fine-tuned model", models, index=index_of(models, task),
-                         key="linearity_model")
+    task = field_widget(LinearitySettings, "task", key="linearity_task", options=pool.task_names)
+    model = field_widget(LinearitySettings, "model", key="linearity_model", options=pool.model_names,
+                         default=pool.model_names[index_of(pool.model_names, task)], label="fine-tuned model")
     n_probe = len(pool.probes.tasks[task].probe)
     if n_probe == 0:
         st.warning(f"Task {task!r} has no probe samples; add a probe file for it to the pool.")
         st.stop()
-    samples = st.number_input("samples", 1, n_probe, min(30, n_probe), key=f"linearity_samples_{task}",
-                              help=f"probe pairs of the task used (it has {n_probe})")
-    alpha_text = st.text_input("α grid", ", ".join(f"{a:g}" for a in linearity.DEFAULT_ALPHAS),
-                               key="linearity_alphas", help=explain("alpha", "d_alpha"))
+    samples = field_widget(LinearitySettings, "samples", key=f"linearity_samples_{task}", high=n_probe,
+                           default=min(30, n_probe), help=f"The task has {n_probe}.")
+    alphas = field_widget(LinearitySettings, "alphas", key="linearity_alphas", help=explain("alpha", "d_alpha"))
     try:
         level_options = list(pool.anatomy.levels)
     except ParameterError as exc:
         st.caption(f"Only the model level: {exc}")
         level_options = ["model"]
-    levels = st.multiselect("levels", level_options, default=level_options, key="linearity_levels",
-                            help=explain("submodule") + "  \nmodel: the whole network; layer: one decoder block; "
-                                 "attn / mlp: its attention / MLP; head: one attention head.")
-    capture = st.radio("inputs captured from", list(CAPTURES), key="linearity_capture",
-                       format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get,
-                       help="Each submodule is re-run on the inputs it received in this model's forward pass.")
-    fits = memory_check("linearity", pool=pool, task=task, model=model, levels=levels or ["model"],
-                        samples=int(samples), device=device, dtype=dtype)
-    run = st.button("Compute scores", type="primary", key="linearity_run", disabled=not fits)
+    levels = field_widget(LinearitySettings, "levels", key="linearity_levels", options=level_options,
+                          help=explain("submodule") + "  \nmodel: the whole network; layer: one decoder block; "
+                               "attn / mlp: its attention / MLP; head: one attention head.")
+    capture = field_widget(LinearitySettings, "capture", key="linearity_capture", label="inputs captured from",
+                           format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get, radio=True)
+    settings = LinearitySettings(task=task, model=model, levels=levels or ("model",), alphas=alphas or (0.0,),
+                                 samples=samples, capture=capture, device=device, dtype=dtype_name(dtype))
+    start = panel.controls(pool, settings, disabled=alphas is None)
 
-key = None
-with show_errors():
-    alphas = linearity.check_alphas(parse_floats(alpha_text, "the α grid"))
-    if not levels:
-        raise ParameterError("Choose at least one level (model, layer, attn, mlp or head).")
-    key = job_key("linearity", pool.key, task, model, tuple(levels), alphas, int(samples), capture, device,
-                  str(dtype))
 
-with right:
-    cache = _results()
-    if key is None:
-        st.stop()
-
-    def work(progress):
-        """The scores, kept for this process and saved to the workspace's runs/ as the CLI saves them."""
-        settings = linearity.LinearitySettings(task=task, model=model, levels=levels, alphas=alphas,
-                                               samples=int(samples), capture=capture, device=device,
-                                               dtype=dtype_name(dtype))
-        result = linearity.ANALYSIS.run(pool, settings, progress)
-        cache[key] = result
-        return result, linearity.save_linearity(result, pool=pool)
-
-    def keep(done) -> None:
-        st.toast(f"Saved under {done[1]}")
-
-    last = run_once(key, work, start=run, label=f"Non-linearity of {model} on {task}", slot="linearity",
-                    on_done=keep)
-    last = last[0] if last is not None else None
-    result = cache.get(key)
-    if result is None and last is not None:
-        st.info("These settings are not computed yet; below is the last result computed on this page "
-                f"({last.model} on {last.task}). Press **Compute scores** for the settings on the left.")
-        result = last
-    if result is None:
-        st.info("Choose the settings and press **Compute scores**. The whole table (every layer, module and "
-                "head) costs about three times the model level alone (docs/linearity.md).")
-        st.stop()
-    by_level = result.by_level()
-    # at most four metrics per row, three significant digits: six narrow columns truncated values to "0.3…"
-    n = len(by_level) + 1
+def show(result) -> None:
+    """Scores per level, the heatmap and bars, the chosen d(α) curves, the table and its downloads."""
     st.caption("Non-linearity score (NLS, mean over samples) per level, and the task vector's size D(θ, θ0)",
                help=explain("nls", "distance"))
+    by_level = result.by_level()
+    n = len(by_level) + 1        # at most four metrics per row: six narrow columns truncated values to "0.3…"
     cells = [c for i in range(0, n, 4) for c in st.columns(4)][:n]
     for c, row in zip(cells, by_level.itertuples()):
         c.metric(str(row.level), f"{row.nls_mean:.3g}", help=f"NLS {row.nls_mean:.4f} ± {row.nls_std:.4f} over "
@@ -123,14 +81,11 @@ with right:
     st.plotly_chart(nls_heatmap(result), key="linearity_heatmap")
     st.plotly_chart(level_bars(result), key="linearity_bars")
     frame = result.to_frame()
-    labels = {}
-    for r in frame.itertuples():
-        if r.level == "model":
-            labels[("model", None, None)] = "model"
-        elif r.level == "head":
-            labels[(r.level, int(r.layer), int(r.head))] = f"layer {int(r.layer)} · head {int(r.head)}"
-        else:
-            labels[(r.level, int(r.layer), None)] = f"layer {int(r.layer)} · {r.level}"
+    labels = {("model", None, None): "model"} if "model" in result.levels else {}
+    for r in frame[frame.level != "model"].itertuples():
+        head = None if r.level != "head" else int(r.head)
+        labels[(r.level, int(r.layer), head)] = (f"layer {int(r.layer)} · " +
+                                                 (f"head {head}" if head is not None else r.level))
     chosen = st.multiselect("curves to draw (empty: the model and each level's mean)", list(labels),
                             format_func=labels.get, key="linearity_curves")
     st.plotly_chart(curves_figure(result, chosen or None), key="linearity_curve_chart")
@@ -142,7 +97,14 @@ with right:
                help=explain("nls", "d_alpha", "residual"))
     d1, d2 = st.columns(2)
     d1.download_button("Download scores (CSV)", shown.to_csv(index=False), mime="text/csv",
-                       file_name=f"linearity-{model}-{task}.csv", key="linearity_csv", on_click="ignore")
-    d2.download_button("Download d(α) curves (CSV)", result.curves_frame().to_csv(index=False), mime="text/csv",
-                       file_name=f"linearity-curves-{model}-{task}.csv", key="linearity_curves_csv",
+                       file_name=f"linearity-{result.model}-{result.task}.csv", key="linearity_csv",
                        on_click="ignore")
+    d2.download_button("Download d(α) curves (CSV)", result.curves_frame().to_csv(index=False), mime="text/csv",
+                       file_name=f"linearity-curves-{result.model}-{result.task}.csv", key="linearity_curves_csv",
+                       on_click="ignore")
+
+
+with right:
+    panel.results(pool, settings, start=start, show=show,
+                  empty="Choose the settings and press **Compute scores**. The whole table (every layer, module "
+                        "and head) costs about three times the model level alone (docs/linearity.md).")

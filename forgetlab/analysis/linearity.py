@@ -27,7 +27,7 @@ twice the model level. `direct_scores` is the slow reference: one full forward p
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -35,16 +35,19 @@ import numpy as np
 import torch
 
 from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, pool_source, register
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.analysis.linearity_memory import estimate_linearity
 from forgetlab.core.anatomy import LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
 from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias, attention_from_projections,
                                        attention_is_affine, attention_projections, capture_inputs,
                                        check_head_decomposition, check_same_structure, encode_samples, last_hidden,
                                        mlp_from_projections, mlp_projections, param_dict, run_submodule, select_pairs,
                                        split_heads)
 from forgetlab.merge.working_copy import WorkingCopy
+from forgetlab.plots.linearity import figures
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 """α ∈ {0, 0.1, …, 0.9} (docs/methods.md)."""
@@ -218,34 +221,11 @@ def resolve_models(pool_or_models, task: Optional[str], model: Optional[str] = N
         base, ft, tok, pairs = pool_or_models
         return _Inputs(base, ft, tok, list(pairs or []), task or "task", model or "finetuned", None)
     pool = pool_or_models
-    if task is None:
-        raise ParameterError(f"Name a task; the pool's tasks are: {', '.join(pool.probes.tasks) or 'none'}.")
+    model = pool.model_for_task(task, model)
     data = pool.probes.task(task)
-    if model is None:
-        names = pool.model_names
-        if task in names:
-            model = task
-        elif len(names) == 1:
-            model = names[0]
-        else:
-            raise ParameterError(
-                f"No model of the pool is named like task {task!r}; pass model= one of {', '.join(names)}.")
     base = pool.load("base", device=device)
     ft = pool.load(model, device=device)
     return _Inputs(base, ft, pool.tokenizer, list(data.probe), task, model, getattr(pool.probes, "template", None))
-
-
-def _pool_model_name(pool, task: Optional[str], model: Optional[str]) -> str:
-    if task is None:
-        raise ParameterError(f"Name a task; the pool's tasks are: {', '.join(pool.probes.tasks) or 'none'}.")
-    if model is not None:
-        return model
-    names = pool.model_names
-    if task in names:
-        return task
-    if len(names) == 1:
-        return names[0]
-    raise ParameterError(f"No model of the pool is named like task {task!r}; pass model= one of {', '.join(names)}.")
 
 
 def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, WorkingCopy, Any]:
@@ -263,7 +243,7 @@ def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, W
     from forgetlab.core.memory import job_dtype
 
     pool = pool_or_models
-    name = _pool_model_name(pool, task, model)
+    name = pool.model_for_task(task, model)
     data = pool.probes.task(task)
     work = WorkingCopy.load(pool, name, device=device, dtype=job_dtype(dtype, device))
     inp = _Inputs(None, None, pool.tokenizer, list(data.probe), task, name, getattr(pool.probes, "template", None))
@@ -397,42 +377,34 @@ def _make_score(level, layer, head, module, d, res, ideal) -> SubmoduleScore:
     return SubmoduleScore(level, layer, head, module, d, nls, r)
 
 
-# ------------------------------------------------------------------------------------------ the verbs
+# ------------------------------------------------------------------------------------------ the analysis
 
 
 @dataclass
 class LinearitySettings:
     """What a linearity run computes: `model`'s non-linearity on `task`'s probe samples at `levels`, over the
-    α grid, with submodule inputs captured from the `capture` model. None takes the default."""
+    α grid, with submodule inputs captured from the `capture` model."""
 
-    task: Optional[str] = None
-    model: Optional[str] = None
-    levels: Optional[Sequence[str]] = None
-    alphas: Optional[Sequence[float]] = None
-    samples: Optional[int] = None
-    capture: Optional[str] = None
-    batch_size: Optional[int] = None
-    max_length: Optional[int] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
+    task: Optional[str] = setting(None, help="task whose probe samples are used", required=True)
+    model: Optional[str] = setting(None, help="fine-tuned model (default: the one named like the task)")
+    levels: tuple[str, ...] = setting(DEFAULT_LEVELS, help="levels to score", choices=LEVELS)
+    alphas: tuple[float, ...] = setting(DEFAULT_ALPHAS, help="α grid, comma-separated; α = 1 is the reference",
+                                        range=(0.0, 1.0), label="α grid")
+    samples: Optional[int] = count_field(30, "probe samples per task")
+    capture: str = setting("finetuned", help="model whose forward pass gives the submodule inputs",
+                           choices=CAPTURES)
+    batch_size: int = count_field(8, "probe samples per forward pass")
+    max_length: int = count_field(128, "tokens per sample at most", cli=False)
+    device: Optional[str] = device_field()
+    dtype: Optional[str] = dtype_field("the forward passes")
 
 
 def check_settings(settings: LinearitySettings, pool=None) -> None:
-    """Refuse a bad α grid, level or capture (and, with the pool, an unknown task or model) without loading
-    a model."""
-    if settings.alphas is not None:
-        check_alphas(settings.alphas)
-    if settings.levels is not None:
-        lv = [settings.levels] if isinstance(settings.levels, str) else list(settings.levels)
-        if not lv:
-            raise ParameterError(f"Choose at least one level ({', '.join(LEVELS)}).")
-        bad = [x for x in lv if x not in LEVELS]
-        if bad:
-            raise ParameterError(f"Unknown level {bad[0]!r}; choose from {', '.join(LEVELS)}.")
-    if settings.capture is not None and settings.capture not in CAPTURES:
-        raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {settings.capture!r}.")
+    """What the declarations cannot say: a distinct α grid below 1, levels named once; with the pool, the task
+    and the model exist."""
+    check_alphas(settings.alphas)
     if pool is not None:
-        if settings.task is not None and settings.task not in pool.task_names:
+        if settings.task not in pool.task_names:
             raise ProbeDataError(f"The pool has no task {settings.task!r}; its tasks are: "
                                  f"{', '.join(pool.task_names) or 'none'}.")
         if settings.model is not None and settings.model not in pool.model_names:
@@ -440,35 +412,39 @@ def check_settings(settings: LinearitySettings, pool=None) -> None:
                                  f"{', '.join(pool.model_names) or 'none'}.")
 
 
-def run_settings(pool, settings: LinearitySettings, progress: Progress = None, executor=None) -> NonlinearityResult:
-    """`nonlinearity_scores` with these settings (it runs in this process: `executor` is not used)."""
-    opts = options(settings)
-    task = opts.pop("task", None)
-    return nonlinearity_scores(pool, task, progress=progress, **opts)
+def compute(pool, settings: LinearitySettings, progress: Progress = None, executor=None) -> NonlinearityResult:
+    """`nonlinearity_scores` with these settings."""
+    values = asdict(settings)
+    return nonlinearity_scores(pool, values.pop("task"), progress=progress, **values)
 
 
-def save_linearity(result: NonlinearityResult, home_path: str | Path | None = None, pool=None) -> Path:
-    """Save scores under the workspace's runs/ (kind `linearity`: the recipe, the result, and a CSV whose curves
-    are written 'd(α0);d(α1);…'); `pool` (its file) is recorded in the recipe."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = {"pool": pool_source(pool), "task": result.task,
-              "model": result.model, "levels": list(result.levels), "alphas": list(result.alphas),
-              "samples": result.samples, "capture": result.capture}
-    return save_run("linearity", recipe, result.to_dict(), frame=result.flat_frame(), home_path=home_path)
+def estimate(pool, settings: LinearitySettings):
+    """The run's peak (`estimate_linearity`)."""
+    values = asdict(settings)
+    return estimate_linearity(pool, values.pop("task"), **values)
 
 
-def load_linearity(path: str | Path) -> NonlinearityResult:
-    """Reopen scores saved by `save_linearity`."""
-    return load_result(path, "linearity", NonlinearityResult, "linearity scores")
+def recipe(result: NonlinearityResult) -> dict:
+    """What a saved linearity run records (besides its pool)."""
+    return {"task": result.task, "model": result.model, "levels": list(result.levels),
+            "alphas": list(result.alphas), "samples": result.samples, "capture": result.capture}
 
 
-def list_linearity(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
-    """Saved linearity runs (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    return list_results(home_path, "linearity", model=model)
+def cli_report(result: NonlinearityResult) -> list:
+    """The CLI's lines: what was scored, the scores by level, a note on unchanged submodules, the table."""
+    lines: list = [f"{result.model} on {result.task}: {result.samples} samples, inputs from the {result.capture} "
+                   "model", result.by_level()]
+    note = result.unchanged_note()
+    if note:
+        lines.append(note)
+    return lines + [result.flat_frame().drop(columns=["curve", "curve_std"])]
 
 
-ANALYSIS = register(Analysis("linearity", LinearitySettings, check_settings, run_settings, save_linearity,
-                             load_linearity, list_linearity))
-
-from forgetlab.analysis import linearity_memory  # noqa: E402,F401  (registers the "linearity" memory estimate)
+ANALYSIS = ANALYSES.add("linearity", Analysis(
+    "linearity", "non-linearity scores", LinearitySettings, compute, NonlinearityResult,
+    help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
+    description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a fine-tuned model "
+                "and of each submodule, re-run on inputs captured once (docs/methods.md#submodule-levels).",
+    checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe,
+    table=NonlinearityResult.flat_frame, report=cli_report,
+    outputs=(Output("--curves", "CSV file for the long d(α) table", NonlinearityResult.curves_frame),)))

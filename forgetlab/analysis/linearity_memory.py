@@ -15,6 +15,8 @@ import torch
 
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
+from forgetlab.core.pool import stored_float_dtype
+from forgetlab.core.submodules import encode_samples, select_pairs
 
 F32 = 4
 
@@ -42,8 +44,6 @@ def linearity_parts(size: ModelSize, *, dtype, batch: int, seq: int, levels: Seq
 
 
 def _longest(pool, task: str, samples: Optional[int], max_length: int) -> int:
-    from forgetlab.core.submodules import encode_samples, select_pairs
-
     pairs = select_pairs(pool.probes.task(task).probe, samples, task)
     enc = encode_samples(pool.tokenizer, pairs, max_length=max_length, template=getattr(pool.probes, "template",
                                                                                         None))
@@ -57,11 +57,8 @@ def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str]
                        **_: Any) -> MemoryEstimate:
     """The peak of `nonlinearity_scores` on a pool (weights, captures, one layer's work; module docstring), with
     the flags that shrink it in the order they help most. Reads headers and the probe texts, no weights."""
-    from forgetlab.analysis.linearity import _pool_model_name
-    from forgetlab.core.pool import stored_float_dtype
-
     dt = job_dtype(dtype, device)
-    name = _pool_model_name(pool, task, model)
+    name = pool.model_for_task(task, model)
     size = ModelSize.of(pool.checkpoint(name))
     n = len(pool.probes.task(task).probe) if samples is None else samples
     batch = max(1, min(int(batch_size), int(n)))

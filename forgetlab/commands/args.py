@@ -140,7 +140,7 @@ def add_device(p, *, default: str | None = None, help: str = DEVICE_HELP) -> Non
 
 def add_device_map(p) -> None:
     """`--device-map auto|balanced|sequential [--max-memory 0=20GiB,cpu=64GiB]` for models larger than a device
-    (read by `forgetlab.commands._executor.device_from_args`)."""
+    (read by `forgetlab.commands.executor_args.device_from_args`)."""
     p.add_argument("--device-map", default=None, choices=["auto", "balanced", "sequential"],
                    help="spread a model that does not fit one device over the GPUs, then CPU, then disk "
                         "(accelerate); overrides --device")
@@ -230,7 +230,7 @@ def add_benchmarks(p, what: str = "each model") -> None:
 
 def add_executor(p) -> None:
     """`--executor local|ray [--ray-address ADDR] [--workers N] [--gpus-per-worker G]`, in a group "where the
-    points run" (see `forgetlab.executors`; read by `forgetlab.commands._executor.executor_from_args`)."""
+    points run" (see `forgetlab.executors`; read by `forgetlab.commands.executor_args.executor_from_args`)."""
     g = p.add_argument_group("where the points run")
     g.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local: one after another in this process (default); ray: on Ray actors, each keeping "

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands._executor import executor_from_args
+from forgetlab.commands.executor_args import executor_from_args
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 
 FINAL = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting", "distance",

@@ -158,7 +158,7 @@ def _export(args) -> int:
 
 def _pcb_search(args) -> int:
     from forgetlab.analysis.lambda_search import pcb_lambda_search
-    from forgetlab.commands._executor import executor_from_args
+    from forgetlab.commands.executor_args import executor_from_args
     from forgetlab.core.errors import ParameterError
     from forgetlab.core.memory import estimate
     from forgetlab.core.pool import ModelPool

@@ -135,7 +135,7 @@ def cmd_eval(args) -> int:
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
     bench, manager = benchmark_spec(args, pool)
-    from forgetlab.commands._executor import device_from_args, load_placed
+    from forgetlab.commands.executor_args import device_from_args, load_placed
     placement = device_from_args(args)
     from forgetlab.core.eval_memory import estimate_eval  # noqa: F401  (registers the "eval" estimate)
     from forgetlab.core.memory import estimate, job_dtype

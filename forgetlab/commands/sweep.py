@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands._executor import device_from_args, executor_from_args, executor_lines
+from forgetlab.commands.executor_args import device_from_args, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
 from forgetlab.core.errors import parse_floats
 

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.core.registry import Registry
 
 DTYPES = ("float32", "bfloat16", "float16")
 GIB = 1024 ** 3
@@ -268,33 +269,38 @@ class MemoryEstimate:
                 "free": self.free, "fixes": list(self.fixes), "total": self.total, "fits": self.fits}
 
 
-_ESTIMATORS: dict[str, Callable[..., MemoryEstimate]] = {}
+ESTIMATORS: Registry[Callable[..., MemoryEstimate]] = Registry("memory estimate")
+"""Every job's estimator by job name ("linearity", "finetune", …), declared beside the job."""
 
 
 def register_estimator(job: str) -> Callable[[Callable[..., MemoryEstimate]], Callable[..., MemoryEstimate]]:
     """Decorator: register `fn(**job_kwargs) -> MemoryEstimate` as the estimator of `job` ("linearity",
     "finetune", …). It takes the same keyword arguments as the job's own function and reads no weights."""
     def wrap(fn: Callable[..., MemoryEstimate]) -> Callable[..., MemoryEstimate]:
-        _ESTIMATORS[job] = fn
+        ESTIMATORS.add(job, fn)
         return fn
     return wrap
 
 
 def estimators() -> list[str]:
     """The jobs that have an estimator."""
-    return sorted(_ESTIMATORS)
+    return ESTIMATORS.names()
+
+
+def with_free(est: MemoryEstimate) -> MemoryEstimate:
+    """`est` with the free memory of its device filled in where its estimator left it empty."""
+    if est.free is None:
+        est.free = free_bytes(est.device)
+    return est
 
 
 def estimate(job: str, **kwargs: Any) -> MemoryEstimate:
     """The estimate of `job` for these arguments (the job's keyword arguments), its `free` filled in for its
     device when the estimator left it empty."""
-    if job not in _ESTIMATORS:
+    if ESTIMATORS.find(job) is None:
         raise ParameterError(f"No memory estimate is known for job {job!r}; jobs with one: "
                              f"{', '.join(estimators()) or 'none'}.")
-    est = _ESTIMATORS[job](**kwargs)
-    if est.free is None:
-        est.free = free_bytes(est.device)
-    return est
+    return with_free(ESTIMATORS.get(job)(**kwargs))
 
 
 def _rss() -> int:

@@ -35,7 +35,8 @@ import yaml
 from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, load_tokenizer, looks_like_hub_id,
                                         open_checkpoint)
 from forgetlab.core.data import Probes, TaskData, check_template, read_general_text, read_task_pairs
-from forgetlab.core.errors import CheckpointError, ForgetlabError, IncompatibleModelsError, ProbeDataError
+from forgetlab.core.errors import (CheckpointError, ForgetlabError, IncompatibleModelsError, ParameterError,
+                                   ProbeDataError)
 from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import edit_yaml_file, load_file
 
@@ -240,6 +241,21 @@ class ModelPool:
     @property
     def task_names(self) -> list[str]:
         return list(self.probes.tasks)
+
+    def model_for_task(self, task: str | None, model: str | None = None) -> str:
+        """The fine-tuned model an analysis of `task` looks at: `model` when given, else the one named like the
+        task, else the pool's only model; ParameterError saying what to pass otherwise."""
+        if task is None:
+            raise ParameterError(f"Name a task; the pool's tasks are: {', '.join(self.task_names) or 'none'}.")
+        if model is not None:
+            return model
+        names = self.model_names
+        if task in names:
+            return task
+        if len(names) == 1:
+            return names[0]
+        raise ParameterError(f"No model of the pool is named like task {task!r}; pass model= one of "
+                             f"{', '.join(names)}.")
 
     def checkpoint(self, name: str) -> Checkpoint:
         """The opened checkpoint of a member (`"base"` for the base)."""

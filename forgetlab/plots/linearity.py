@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from forgetlab.analysis.linearity import NonlinearityResult
+from forgetlab.analysis.linearity_results import NonlinearityResult
 from forgetlab.plots import color_for
 
 _ROW_ORDER = ("layer", "attn", "mlp")
@@ -94,3 +94,8 @@ def curves_figure(result: NonlinearityResult,
 def curves_table(result: NonlinearityResult) -> pd.DataFrame:
     """The d(α) table of every submodule (long format) for download."""
     return result.curves_frame()
+
+
+def figures(result: NonlinearityResult) -> list[go.Figure]:
+    """The linearity result's charts: the NLS heatmap, NLS by level, the d(α) curves."""
+    return [nls_heatmap(result), level_bars(result), curves_figure(result)]

@@ -20,6 +20,7 @@ from typing import Callable
 import pandas as pd
 import plotly.graph_objects as go
 
+from forgetlab.analysis.base import analysis_for_kind
 from forgetlab.plots import color_for
 
 SWEEP_COLUMNS = ("alpha", "ratio", "keep", "density", "drop", "lam", "gamma", "step", "steps", "epoch", "x",
@@ -94,14 +95,6 @@ def _finetunes(runs, measure="exact_match"):
     return [trajectories_figure(every, measure), final_scatter(every, measure)]
 
 
-def _linearity(run):
-    from forgetlab.analysis.linearity import NonlinearityResult
-    from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
-
-    result = NonlinearityResult.from_dict(run.results)
-    return [nls_heatmap(result), level_bars(result), curves_figure(result)]
-
-
 def _scorecards(run, measure="exact_match"):
     from forgetlab.core.evaluate import Scorecard
     from forgetlab.plots.models import scorecards_figure
@@ -155,7 +148,6 @@ register_reopener("benchmarks", _benchmarks)
 register_reopener("attribution", _attribution)
 register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
-register_reopener("linearity", _linearity)
 register_reopener("scorecards", _scorecards)
 register_reopener("features", _features)
 
@@ -254,8 +246,15 @@ def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
 
 
 def run_figures(run, measure: str | None = None) -> list[go.Figure]:
-    """The charts of one saved run (speciality in `measure` where the kind shows it): its kind's registered
-    reopener, else (or if that fails on an old or foreign run) `figures_from_frame` of its results table."""
+    """The charts of one saved run (speciality in `measure` where the kind shows it): its analysis' figures,
+    else its kind's registered reopener, else (or if that fails on an old or foreign run) `figures_from_frame`
+    of its results table."""
+    analysis = analysis_for_kind(run.kind)
+    if analysis is not None and analysis.figures_fn is not None:
+        try:
+            return analysis.figures(analysis.load(run.path))
+        except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
+            return figures_from_frame(run.frame(), title=run.kind)
     fn = _lookup(_REOPENERS, run.kind)
     if fn is not None:
         try:
@@ -286,6 +285,12 @@ def compare_figures(runs, measure: str | None = None) -> list[go.Figure]:
     if len(kinds) != 1:
         return []
     kind = next(iter(kinds))
+    analysis = analysis_for_kind(kind)
+    if analysis is not None and analysis.compare_fn is not None:
+        try:
+            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs])
+        except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
+            return figures_from_frame(compare_frame(runs), title=f"{kind}:")
     fn = _lookup(_COMPARERS, kind)
     if fn is not None:
         try:

@@ -1,0 +1,173 @@
+"""One CLI command per registered analysis, made from its settings (forgetlab.analysis.base.ANALYSES).
+
+Each settings field declared with `forgetlab.core.settings.setting` becomes one argument: its flag, type, default,
+range or choices and help come from the declaration, so a default lives in one place. Every analysis command
+also takes the pool (POOL, or `--pool` for an analysis that reads a recipe first), `--out FILE` (its table as
+CSV or JSON) and the analysis' other outputs, `--no-save`, `--dry-run` (the memory estimate) and the executor
+flags. The command checks the settings, stops on a memory estimate that does not fit, runs with progress on
+stderr, prints the analysis' report and saves the run under the workspace's runs/.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from forgetlab.analysis.base import ANALYSES, Analysis
+from forgetlab.commands import args as shared
+from forgetlab.commands.executor_args import executor_from_args
+from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
+from forgetlab.core.errors import ParameterError, parse_floats
+from forgetlab.core.pool import ModelPool
+from forgetlab.core.settings import FieldInfo, checked_value, settings_fields
+
+
+class OldFlag(argparse.Action):
+    """An earlier spelling of an option: stores the value under the new one and says what replaced it."""
+
+    def __init__(self, option_strings, dest, new_flag: str, store: argparse.Action, **kwargs):
+        super().__init__(option_strings, dest, nargs=store.nargs, type=store.type, choices=store.choices,
+                         help=argparse.SUPPRESS, metavar=store.metavar)
+        self.new_flag, self.store = new_flag, store
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        emit(f"note: {option_string} is now {self.new_flag}; the old spelling works in this release only")
+        self.store(parser, namespace, values, option_string)
+
+
+def _convert(info: FieldInfo):
+    """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a whole
+    number within 64 bits, a finite decimal), then the value checked against the declaration, so that argparse
+    exits 2 naming the flag."""
+    lo, hi = info.spec.range or (None, None)
+    if info.base is int:
+        name = "count" if lo == 1 and hi is None else "integer"
+        number = shared.whole_number(None if lo is None else int(lo),
+                                     shared.INT64_MAX if hi is None else int(hi), name)
+    else:
+        number = shared.finite_number
+
+    def parse(text: str) -> Any:
+        try:
+            if info.sequence and info.base in (int, float):
+                return checked_value(info, [int(v) if info.base is int else v
+                                            for v in parse_floats(text, info.flag)])
+            value = number(text) if info.base in (int, float) else text
+            return checked_value(info, value)
+        except ParameterError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = ("numbers" if info.sequence else getattr(number, "__name__", "number")) \
+        if info.base in (int, float) else "word"
+    return parse
+
+
+def _default_text(info: FieldInfo) -> str:
+    if info.default is None or info.base is bool:
+        return ""
+    if info.sequence:
+        shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in info.default)
+    else:
+        shown = f"{info.default:g}" if isinstance(info.default, float) else str(info.default)
+    return f" (default {shown})"
+
+
+def add_setting(p: argparse.ArgumentParser, info: FieldInfo) -> None:
+    """The argument of one settings field (see the module docstring)."""
+    spec = info.spec
+    help_ = spec.help + _default_text(info)
+    if info.base is bool:
+        negative = info.flag.startswith("--no-")
+        action = p.add_argument(info.flag, dest=info.name, action="store_false" if negative else "store_true",
+                                default=bool(info.default), help=spec.help)
+    elif spec.positional:
+        action = p.add_argument(info.name, type=_convert(info), help=help_, metavar=spec.metavar)
+    elif info.sequence and info.base is str:
+        action = p.add_argument(info.flag, dest=info.name, nargs="+", choices=spec.choices,
+                                default=list(info.default) if info.default is not None else None,
+                                required=spec.required, help=help_, metavar=spec.metavar)
+    else:
+        choices = spec.choices if info.base is str else None
+        action = p.add_argument(info.flag, dest=info.name, type=_convert(info), choices=choices,
+                                default=info.default, required=spec.required, help=help_, metavar=spec.metavar)
+    for old in spec.old_flags:
+        p.add_argument(old, dest=info.name, action=OldFlag, new_flag=info.flag, store=action)
+
+
+def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
+    """Every argument of an analysis command (module docstring)."""
+    if analysis.pool_arg == "positional":
+        shared.add_pool(p)
+    for info in settings_fields(analysis.settings):
+        if info.spec.cli:
+            add_setting(p, info)
+    if analysis.pool_arg == "option":
+        shared.add_pool(p, flag=True, help="pool.yaml whose models and probe data the analysis reads")
+    shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
+    for out in analysis.outputs:
+        shared.add_out(p, out.help, flag=out.flag)
+    shared.add_no_save(p)
+    shared.add_dry_run(p)
+    shared.add_executor(p)
+    def run_analysis(args: argparse.Namespace) -> int:
+        """`forgetlab <analysis> …`: `run_command` of this analysis."""
+        return run_command(analysis, args)
+
+    p.set_defaults(func=run_analysis)
+
+
+def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
+    """The analysis' settings from parsed arguments (fields kept off the command line take their default)."""
+    values = {}
+    for info in settings_fields(analysis.settings):
+        if info.spec.cli:
+            value = getattr(args, info.name)
+            values[info.name] = tuple(value) if info.sequence and value is not None else value
+    return analysis.make_settings(**values)
+
+
+def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
+    """Check, estimate, run, report and save one analysis as the command line asks; returns the exit status."""
+    pool = ModelPool.from_yaml(args.pool)
+    settings = settings_of(analysis, args)
+    analysis.check(settings, pool)
+    estimate = analysis.estimate(pool, settings)
+    if estimate is not None and emit_estimate(estimate, args.dry_run):
+        return 0
+    if estimate is None and args.dry_run:
+        emit(f"{analysis.title}: no memory estimate for this job; nothing was run")
+        return 0
+    executor = executor_from_args(args)
+    update, close = tqdm_progress(" ".join(analysis.words))
+    try:
+        result = analysis.run(pool, settings, update, executor)
+    finally:
+        close()
+    for item in analysis.lines(result):
+        if isinstance(item, str):
+            emit(item)
+        else:
+            emit_frame(item)
+    if args.out is not None:
+        emit_frame(analysis.frame(result), args.out)
+    for out in analysis.outputs:
+        path = getattr(args, out.flag.lstrip("-").replace("-", "_"))
+        if path is not None:
+            emit_frame(out.table(result), path)
+    if not args.no_save:
+        emit(f"saved run {analysis.save(result, pool=pool)}")
+    return analysis.exit_status(result)
+
+
+def register(sub) -> None:
+    """Add a command for every registered analysis (grouped under a shared first word, e.g. `sweep alpha`)."""
+    groups: dict[str, Any] = {}
+    for _, analysis in ANALYSES.items():
+        words = analysis.words
+        if len(words) == 1:
+            p = sub.add_parser(words[0], help=analysis.help, description=analysis.description or analysis.help)
+        else:
+            if words[0] not in groups:
+                head = sub.add_parser(words[0], help=f"{words[0]} analyses")
+                groups[words[0]] = head.add_subparsers(dest="kind", metavar="KIND", required=True)
+            p = groups[words[0]].add_parser(words[1], help=analysis.help,
+                                            description=analysis.description or analysis.help)
+        build_parser_for(analysis, p)
