@@ -34,7 +34,7 @@ def main() -> None:
     torch.set_num_threads(1)
     from memory import make_pool
 
-    from forgetlab.analysis.sweeps import _pruned, _wise, alpha_curve, pruning_curve
+    from forgetlab.analysis.sweeps import _pruned, wise_ft_at, alpha_curve, pruning_curve
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge.working_copy import WorkingCopy
 
@@ -56,7 +56,7 @@ def main() -> None:
             per_point[name] = (time.perf_counter() - t0) / len(res.points)
         work = WorkingCopy.load(pool, "math", device=a.device)
         writes = {}
-        for name, make in (("wise-ft (alpha)", _wise), ("fapm (pruning)", lambda x: _pruned(x, "fapm"))):
+        for name, make in (("wise-ft (alpha)", wise_ft_at), ("fapm (pruning)", lambda x: _pruned(x, "fapm"))):
             t0 = time.perf_counter()
             for x in xs:
                 work.set(make(x), [work.tuned])

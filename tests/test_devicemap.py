@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from forgetlab.analysis.sweeps import _wise, alpha_curve
+from forgetlab.analysis.sweeps import wise_ft_at, alpha_curve
 from forgetlab.core.devicemap import ParamAccess, Placement, parse_max_memory
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.working_copy import WorkingCopy
@@ -19,7 +19,7 @@ def test_offloaded_working_copy_sweeps_like_one_device(pool, tiny_llama):
     where = set(work.model.hf_device_map.values())
     assert "disk" in where and "cpu" in where            # really split between memory and disk
     assert ParamAccess(work.model).offloaded
-    work.set(_wise(1.0), [work.tuned])                    # writes reach offloaded weights
+    work.set(wise_ft_at(1.0), [work.tuned])                    # writes reach offloaded weights
     ft = pool.checkpoint("ft0")
     for name in ("lm_head.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"):
         assert work.access[name].equal(ft.read(name))

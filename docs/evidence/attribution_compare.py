@@ -2,7 +2,7 @@
 import json, sys
 import pandas as pd, torch
 torch.set_num_threads(1)
-from forgetlab.analysis.sweeps import WorkingCopy, _wise, _pruned
+from forgetlab.analysis.sweeps import WorkingCopy, wise_ft_at, _pruned
 from forgetlab.analysis.measures import pareto_mask
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.pool import ModelPool
@@ -27,7 +27,7 @@ locate = layer_locator(pool.config)
 def rec(keys, rest=0.0):
     al = {k: 1.0 for k in keys}
     return lambda n, w0, w1: submodule_alpha(w0, w1, alpha_of(n, locate(n), al, rest))
-cands = {"base": _wise(0.0), "fine-tune": _wise(1.0), "wise-ft α=0.5": _wise(0.5),
+cands = {"base": wise_ft_at(0.0), "fine-tune": wise_ft_at(1.0), "wise-ft α=0.5": wise_ft_at(0.5),
          "fapm ratio=0.9": _pruned(0.9, "fapm"), f"map: only-this front (answer loss) {front}": rec(front),
          f"map: drop {drop}": rec(keep2), "map: all but embed": rec(keep3),
          f"map: all but {worst}": rec(keep4)}

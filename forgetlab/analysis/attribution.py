@@ -221,12 +221,14 @@ class AttributionResult:
 # ------------------------------------------------------------------------------------------- the checks
 
 
-def _resolve(pool, model: str, task: Optional[str], level: str, select, alphas) -> tuple[str, Optional[list[str]],
+def resolve_attribution(pool, model: str, task: Optional[str], level: str, select, alphas) -> tuple[str, Optional[list[str]],
                                                                                          list[float]]:
-    from forgetlab.analysis.sweeps import _check_model, default_task
+    """(task, selected submodules, α grid) of an attribution, checked against the pool: a fine-tuned model,
+    held-out text, the task (guessed from the model's name when not given) and the level's selection."""
+    from forgetlab.analysis.sweeps import check_swept_model, default_task
 
     check_level(level)
-    _check_model(pool, model)
+    check_swept_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Attribution needs held-out general text to measure generality; add "
                              "`probes: general:` to the pool file.")
@@ -259,7 +261,7 @@ def _resolve(pool, model: str, task: Optional[str], level: str, select, alphas) 
 def check(pool, model: str, **settings) -> None:
     """Raise the ForgetlabError that `attribute(pool, model, **settings)` would raise for bad settings (level,
     model, task, probe data, empty selection, α line), without loading the model — the app's pre-check."""
-    _resolve(pool, model, settings.get("task"), settings.get("level", "module"), settings.get("select"),
+    resolve_attribution(pool, model, settings.get("task"), settings.get("level", "module"), settings.get("select"),
              settings.get("alphas"))
 
 
@@ -366,7 +368,7 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     from forgetlab.core.anatomy import Anatomy
     from forgetlab.merge.working_copy import WorkingCopy
 
-    task, sel, grid = _resolve(pool, model, task, level, select, alphas)
+    task, sel, grid = resolve_attribution(pool, model, task, level, select, alphas)
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
     work = WorkingCopy.load(pool, model, device=device, dtype=job_dtype(dtype, device))
@@ -474,9 +476,9 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
     from forgetlab.merge.methods.submodule import format_alphas, parse_alphas
     from forgetlab.merge.recipes import ModelEntry, Recipe
 
-    from forgetlab.analysis.sweeps import _check_model
+    from forgetlab.analysis.sweeps import check_swept_model
 
-    _check_model(pool, model)
+    check_swept_model(pool, model)
     alphas = dict(keep) if isinstance(keep, Mapping) else {str(k): 1.0 for k in keep}
     if not alphas:
         raise ParameterError("No submodule chosen: pick at least one submodule to keep in the recipe.")

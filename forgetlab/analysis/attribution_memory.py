@@ -33,12 +33,12 @@ def estimate_attribution(pool, model: str, *, task: Optional[str] = None, level:
                          **_: Any) -> MemoryEstimate:
     """The peak of `attribute` (module docstring), with the flags that shrink it in the order they help most.
     Reads headers and tokenizes the evaluation texts; loads no weights."""
-    from forgetlab.analysis.attribution import _resolve
+    from forgetlab.analysis.attribution import resolve_attribution
     from forgetlab.core.evaluate import largest_eval_batch
     from forgetlab.core.pool import stored_float_dtype
 
     dt = job_dtype(dtype, device)
-    task = _resolve(pool, model, task, level, select, alphas)[0]
+    task = resolve_attribution(pool, model, task, level, select, alphas)[0]
     size = ModelSize.of(pool.checkpoint(model))
     stored = {stored_float_dtype(pool.checkpoint(x)) for x in ("base", model)}
     rows, seq = largest_eval_batch(pool.tokenizer, pool.probes, tasks=[task], batch_size=int(batch_size),

@@ -42,9 +42,9 @@ def lines_curve(pool, model: str, *, betas: Sequence[float] = DEFAULT_BETAS, **k
 
 def _rank(keep: float) -> TensorMerger:
     """TSV at `keep` with one task (the registry's `tsv`, α = 1); keep 1 is θ1 exactly."""
-    from forgetlab.analysis.sweeps import _wise
+    from forgetlab.analysis.sweeps import wise_ft_at
 
-    return _wise(1.0) if keep >= 1 else TensorMerger("tsv", {"alpha": 1.0, "keep": keep})
+    return wise_ft_at(1.0) if keep >= 1 else TensorMerger("tsv", {"alpha": 1.0, "keep": keep})
 
 
 def rank_curve(pool, model: str, *, ranks: Sequence[float] = DEFAULT_RANKS, **kw):

@@ -54,7 +54,7 @@ DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 DEFAULT_LEVELS = LEVELS
 
 
-class _Curve:
+class DistanceCurve:
     """Accumulates d(α) and the Property 1 residual for one submodule (or all heads of a layer) on a chunk.
 
     With u = f(α) − f(1) and Δ = f(1) − f(0) (padding zeroed): d = ‖u‖ / ‖Δ‖ and the residual is
@@ -82,7 +82,7 @@ class _Curve:
         u.add_(self.delta, alpha=1.0 - float(alpha))
         self.res[..., j] = torch.linalg.vector_norm(u, dim=(-1, -2)).double() / self.den
 
-    def finish(self) -> "_Curve":
+    def finish(self) -> "DistanceCurve":
         """Drop the feature tensors once every α is in (keeps only the per-sample numbers)."""
         self.m = self.f1m = self.neg_f1m = self.delta = None
         return self
@@ -187,7 +187,9 @@ def check_alphas(alphas) -> tuple:
     return al
 
 
-def _check_levels(levels, anatomy: Optional[Anatomy], anatomy_error: Optional[Exception]) -> tuple:
+def check_levels(levels, anatomy: Optional[Anatomy], anatomy_error: Optional[Exception]) -> tuple:
+    """The asked levels, each once, in order; ParameterError for none, an unknown one, or a submodule level on
+    an architecture whose anatomy forgetlab cannot read (`anatomy_error` says why)."""
     lv = tuple(dict.fromkeys([levels] if isinstance(levels, str) else levels))
     if not lv:
         raise ParameterError(f"No level asked; choose from {', '.join(LEVELS)}.")
@@ -262,7 +264,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
     fixed; each submodule is re-run on them with parameters θ0 + α·τ (see the module docstring).
     ``dtype`` (None: bfloat16 on cuda, float32 elsewhere; a tuple's models keep theirs) is the precision of the
-    forward passes; distances and norms are reduced in float32 (`_Curve`). Its peak: `estimate_linearity`.
+    forward passes; distances and norms are reduced in float32 (`DistanceCurve`). Its peak: `estimate_linearity`.
     """
     if capture not in CAPTURES:
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
@@ -273,7 +275,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
         anatomy, an_err = Anatomy.from_model(work.model), None
     except ParameterError as exc:
         anatomy, an_err = None, exc
-    lv = _check_levels(levels, anatomy, an_err)
+    lv = check_levels(levels, anatomy, an_err)
     if batch_size < 1:
         raise ParameterError(f"batch_size must be ≥ 1; got {batch_size}.")
 
@@ -319,7 +321,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                     if alpha == 1.0:
                         f_first = fa
                     elif alpha == 0.0:
-                        curve = _Curve(f_first, fa, mask, al)
+                        curve = DistanceCurve(f_first, fa, mask, al)
                     if alpha in al:
                         curve.add(alpha, fa)
                     tick(f"model level, α = {alpha:g}")
@@ -327,7 +329,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
             for i in layers:
                 names = anatomy.params_of("layer", layer=i)
                 f1: dict[str, torch.Tensor] = {}
-                curves: dict[str, _Curve] = {}
+                curves: dict[str, DistanceCurve] = {}
                 rerun = _LayerRerun(work, anatomy, i, caps[i], sub, cap_alpha, fast)
                 for alpha in order:
                     work.lerp(target, alpha, names)
@@ -339,7 +341,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                         if alpha == 1.0:
                             f1[level] = fa
                         elif alpha == 0.0:
-                            curves[level] = _Curve(f1[level], fa, mask, al)
+                            curves[level] = DistanceCurve(f1[level], fa, mask, al)
                         if alpha in al:
                             curves[level].add(alpha, fa)
                     tick(f"layer {i}, α = {alpha:g}")
@@ -360,16 +362,18 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
             if level == "head":
                 for h in range(anatomy.num_heads):
                     dh = d[:, h, :]
-                    scores.append(_make_score(level, key[1], h, anatomy.attn_path(key[1]) + f".head{h}",
+                    scores.append(make_score(level, key[1], h, anatomy.attn_path(key[1]) + f".head{h}",
                                               dh, res[:, h, :], ideal))
             else:
                 path = anatomy.module_path(level, key[1]) if anatomy is not None else "model"
-                scores.append(_make_score(level, key[1], None, path, d, res, ideal))
+                scores.append(make_score(level, key[1], None, path, d, res, ideal))
     report(progress, 1.0, "done")
     return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores)
 
 
-def _make_score(level, layer, head, module, d, res, ideal) -> SubmoduleScore:
+def make_score(level, layer, head, module, d, res, ideal) -> SubmoduleScore:
+    """A submodule's scores from its d(α) per sample `d` and Property 1 residuals `res` [samples, alphas]:
+    NLS_x = Σα |d_x(α) − ideal(α)| and the mean residual per sample."""
     nls = np.abs(d - ideal[None, :]).sum(axis=1)  # NaN where the submodule did not change
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)

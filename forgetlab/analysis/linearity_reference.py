@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from forgetlab.analysis.linearity import (DEFAULT_ALPHAS, DEFAULT_LEVELS, NonlinearityResult, SubmoduleScore,
-                                          _check_levels, _Curve, _make_score, check_alphas, resolve_models)
+                                          check_levels, DistanceCurve, make_score, check_alphas, resolve_models)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, report
@@ -37,10 +37,10 @@ def score_function(fn, theta0, theta1, inputs: torch.Tensor, alphas: Sequence[fl
 
     f1, f0 = feats(1.0), feats(0.0)
     mask = torch.ones(f1.shape[0], 1, dtype=torch.bool)
-    curve = _Curve(f1, f0, mask, al)
+    curve = DistanceCurve(f1, f0, mask, al)
     for a in al:
         curve.add(a, f0 if a == 0.0 else feats(a))
-    return _make_score(level, None, None, module, curve.d.numpy(), curve.res.numpy(), 1.0 - np.asarray(al))
+    return make_score(level, None, None, module, curve.d.numpy(), curve.res.numpy(), 1.0 - np.asarray(al))
 
 
 def _set_head_slices(work: WorkingCopy, anatomy: Anatomy, target: dict, layer: int, head: int, alpha: float):
@@ -67,7 +67,7 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
     pairs = select_pairs(inp.pairs, samples, inp.task)
     check_same_structure(inp.base, inp.finetuned)
     anatomy = Anatomy.from_model(inp.base)
-    lv = _check_levels(levels, anatomy, None)
+    lv = check_levels(levels, anatomy, None)
     enc = encode_samples(inp.tokenizer, pairs, max_length=max_length, template=inp.template)
     target = param_dict(inp.finetuned)
     work = WorkingCopy.of(inp.base)
@@ -108,7 +108,7 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
                 if alpha == 1.0:
                     f1 = fa
                 elif alpha == 0.0:
-                    curve = _Curve(f1, fa, mask, al)
+                    curve = DistanceCurve(f1, fa, mask, al)
                 if alpha in al:
                     curve.add(alpha, fa)
             d_parts.append(curve.finish().d)
@@ -116,6 +116,6 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
         d = torch.cat(d_parts).numpy()
         r = torch.cat(r_parts).numpy()
         module = (anatomy.attn_path(layer) + f".head{head}") if level == "head" else anatomy.module_path(level, layer)
-        scores.append(_make_score(level, layer, head, module, d, r, ideal))
+        scores.append(make_score(level, layer, head, module, d, r, ideal))
         report(progress, (si + 1) / len(subs), f"{level} {layer if layer is not None else ''}")
     return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores)

@@ -90,7 +90,8 @@ class _Spec:
     others: tuple[str, ...] = ()    # further fine-tuned models the merge takes after θ1 (SCE)
 
 
-def _check_model(pool, model: str) -> None:
+def check_swept_model(pool, model: str) -> None:
+    """Refuse a model a sweep cannot sweep: the base (no task vector) or a name the pool does not have."""
     if model == "base":
         raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
                              f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
@@ -119,7 +120,7 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
          device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
          tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
          benchmarks=None, executor=None, dtype=None) -> SweepResult:
-    _check_model(pool, model)
+    check_swept_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
                              "`probes: general:` to the pool file.")
@@ -249,7 +250,7 @@ def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
     return {"sweep": kind, "pool": src, "pool_name": getattr(pool, "name", None), "model": model, **kw}
 
 
-def _wise(alpha: float) -> TensorMerger:
+def wise_ft_at(alpha: float) -> TensorMerger:
     """WiSE-FT at α (the registry's `wise_ft`: α = 0 writes θ0 and α = 1 writes θ1 bit for bit)."""
     return TensorMerger("wise_ft", {"alpha": alpha})
 
@@ -257,7 +258,7 @@ def _wise(alpha: float) -> TensorMerger:
 def _slerp(t: float) -> TensorMerger:
     """SLERP of θ0 and θ1 at t (the registry's `slerp`, mergekit's); t = 0 is θ0 and t = 1 is θ1, exactly."""
     if t <= 0 or t >= 1:
-        return _wise(1.0 if t >= 1 else 0.0)
+        return wise_ft_at(1.0 if t >= 1 else 0.0)
     return TensorMerger("slerp", {"t": t})
 
 
@@ -291,7 +292,7 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, m
             key = "base" if a <= 0 else ("ft" if a >= 1 else None)
             seen = any(sp.key == key for sp in specs) if key else False
             settings = {"alpha": a} if m == "wise-ft" else {"t": a}
-            specs.append(_Spec(m, a, settings, _wise(a) if m == "wise-ft" else _slerp(a),
+            specs.append(_Spec(m, a, settings, wise_ft_at(a) if m == "wise-ft" else _slerp(a),
                                same_as=key if seen else None, key=key))
     extra = {} if methods == ["wise-ft"] else {"methods": methods}
     recipe = _recipe(pool, model, "alpha", alphas=grid, **extra, task=task, max_general=max_general,
@@ -304,9 +305,9 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, m
 def _pruned(ratio: float, score: str) -> TensorMerger:
     """FAPM at `ratio` with `score` (the registry's `fapm`, λ = 1); ratio 0 is θ1 and ratio 1 is θ0, exactly."""
     if ratio <= 0:
-        return _wise(1.0)
+        return wise_ft_at(1.0)
     if ratio >= 1:
-        return _wise(0.0)
+        return wise_ft_at(0.0)
     return TensorMerger("fapm", {"ratio": ratio, "score": score})
 
 
@@ -346,9 +347,9 @@ def _dare(drop: float, seed: int) -> TensorMerger:
     """DARE at drop rate p (the registry's `dare_linear`, λ = 1, masks seeded per tensor); p = 0 is θ1 and
     p = 1 is θ0, exactly."""
     if drop <= 0:
-        return _wise(1.0)
+        return wise_ft_at(1.0)
     if drop >= 1:
-        return _wise(0.0)
+        return wise_ft_at(0.0)
     return TensorMerger("dare_linear", {"drop": drop, "seed": seed, "rescale": "inverse"})  # the DARE paper's 1/(1 − p)
 
 
@@ -356,9 +357,9 @@ def _ties(keep: float) -> TensorMerger:
     """TIES trimming to `keep` (the registry's `ties`, per tensor, λ = 1: with one task vector the elected sign is
     sign(τ) and the disjoint mean the trimmed τ itself); keep 1 is θ1 and keep 0 is θ0, exactly."""
     if keep >= 1:
-        return _wise(1.0)
+        return wise_ft_at(1.0)
     if keep <= 0:
-        return _wise(0.0)
+        return wise_ft_at(0.0)
     return TensorMerger("ties", {"keep": keep, "scope": "tensor"})
 
 
@@ -372,16 +373,16 @@ def _della(density: float, seed: int) -> TensorMerger:
     """DELLA's MAGPRUNE of τ at `density` (the registry's `della`, one model: λ = 1, L1 rescale, ε from
     `della_epsilon`, masks seeded per tensor); density 1 is θ1 and 0 is θ0, exactly."""
     if density >= 1:
-        return _wise(1.0)
+        return wise_ft_at(1.0)
     if density <= 0:
-        return _wise(0.0)
+        return wise_ft_at(0.0)
     return TensorMerger("della", {"density": density, "epsilon": della_epsilon(density), "seed": seed})
 
 
 def _sce(select_topk: float, n_models: int) -> TensorMerger:
     """SCE of θ1 and the pool's other fine-tuned models at `select_topk` (the registry's `sce`); 0 is θ0, exactly."""
     if select_topk <= 0:
-        return _wise(0.0)
+        return wise_ft_at(0.0)
     return TensorMerger("sce", {"select_topk": select_topk}, n_models=n_models)
 
 
@@ -399,7 +400,7 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
     methods = _check_methods(methods, DENSITY_METHODS, "density method")
     others: tuple[str, ...] = ()
     if "sce" in methods:
-        _check_model(pool, model)
+        check_swept_model(pool, model)
         others = tuple(m for m in pool.model_names if m != model)
         if not others:
             raise ParameterError("SCE's density curve merges the model with the pool's other fine-tuned models "
@@ -456,7 +457,7 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
     if len(sizes) != 1 or 0 in sizes:
         raise ParameterError(f"Every HMA tuple needs the same number of blocks (≥ 1); got sizes {sorted(sizes)}.")
     tuples = [[check_fraction("every HMA alpha", a) for a in t] for t in tuples]
-    _check_model(pool, model)
+    check_swept_model(pool, model)
     names = [n for n in pool.base.names()]
     specs = [_Spec("hma", sum(t) / len(t), {"alphas": t}, _hma(t, pool.config, names)) for t in tuples]
     recipe = _recipe(pool, model, "hma", grid=tuples, task=task, max_general=max_general, max_task=max_task,

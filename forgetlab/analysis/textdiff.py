@@ -36,10 +36,10 @@ import pandas as pd
 from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
 from forgetlab.core.errors import ParameterError, ProbeDataError, check_fraction
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.analysis.textdiff_inputs import (ModelRef, Sequence_, _load, context_length,  # noqa: F401 - re-exported
+from forgetlab.analysis.textdiff_inputs import (ModelRef, Sequence_, load_scored_model, context_length,  # noqa: F401 - re-exported
                                                 heldout_sequences, line_sequences, read_text_lines, resolve_model)
 from forgetlab.analysis.textdiff_scoring import (BASE_COLUMNS, CLASSES, COLUMNS, TOP_COLUMNS, TOP_K,  # noqa: F401 - re-exported
-                                                 VOCAB_CHUNK, _frame, _Reader, _score, shown, token_class,
+                                                 VOCAB_CHUNK, token_table, LogitReader, score_sequences, shown, token_class,
                                                  token_scores)
 
 KIND = "textdiff"
@@ -248,19 +248,19 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     seqs, notes, source = text_sequences(pool, text=text, lines=lines, max_general=max_general,
                                          block_size=block_size, general_mode=general_mode)
     report(progress, 0.0, f"loading {mref.label} and {aref.label}")
-    base_model = _load(pool, aref, device, dt)
+    base_model = load_scored_model(pool, aref, device, dt)
     report(progress, 0.05, f"loaded {aref.label}")
-    tuned_model = _load(pool, mref, device, dt)
-    readers = (_Reader(base_model, lens), _Reader(tuned_model, lens))
+    tuned_model = load_scored_model(pool, mref, device, dt)
+    readers = (LogitReader(base_model, lens), LogitReader(tuned_model, lens))
     if lens and not all(r.lens for r in readers):
         notes.append("no logit lens: this architecture has no final norm forgetlab knows how to read the residual "
                      "stream through")
     # on the CPU, the per-sequence logits (S·V·4: megabytes each) go back to the system when freed, instead of
     # piling up as glibc heap that the next ones fragment (docs/scaling.md, the textdiff row)
     with large_frees_to_os(device):
-        acc = _score(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
+        acc = score_sequences(readers, seqs, batch_size, tok.pad_token_id or 0, vocab_chunk, scaled(progress, 0.1, 0.97),
                      lens_blocks)
-    frame = _frame(acc, tok)
+    frame = token_table(acc, tok)
     lens_rows = []
     if acc.lens_base is not None and acc.lens_tokens:
         for d in range(len(acc.lens_base)):

@@ -29,7 +29,7 @@ class ModelRef:
 def _open_outside(pool, ref: str, path: Path, what: str):
     """The checkpoint of a model outside the pool, refused unless it is compatible with the pool's base."""
     from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.core.checkpoints.lora import _read_adapter_config
+    from forgetlab.core.checkpoints.lora import read_adapter_config
     from forgetlab.core.pool import check_compatible
 
     adapter = (path / "adapter_config.json").is_file()
@@ -38,7 +38,7 @@ def _open_outside(pool, ref: str, path: Path, what: str):
     except CheckpointError as exc:
         if not adapter:
             raise
-        base = _read_adapter_config(path).get("base_model_name_or_path")
+        base = read_adapter_config(path).get("base_model_name_or_path")
         raise CheckpointError(f"{ref} is a LoRA adapter whose base model ({base or 'not named'}) cannot be opened "
                               f"({exc}). An adapter is scored on its base: add it to the pool file as "
                               f"`models: {{NAME: {{adapter: {path}}}}}` so it applies to the pool's base, or set "
@@ -84,7 +84,7 @@ def resolve_model(pool, ref: Optional[str], *, alpha: Optional[float] = None, ho
                          "Name one of those, or give the path of a model folder.")
 
 
-def _load(pool, mref: ModelRef, device: Optional[str], dtype=None):
+def load_scored_model(pool, mref: ModelRef, device: Optional[str], dtype=None):
     """The model for forward passes in `dtype` (None: float32): the pool's cached model, a fresh working copy at
     the WiSE-FT point (built by the registry's wise_ft through forgetlab.merge.working_copy, as the sweeps build
     theirs: θ0 + α(θ1 − θ0) in float32, rounded once to `dtype`), or the folder."""

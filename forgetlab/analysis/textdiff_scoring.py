@@ -90,7 +90,7 @@ def token_scores(logits_base: torch.Tensor, logits_model: torch.Tensor, targets:
     return out
 
 
-class _Reader:
+class LogitReader:
     """How one model's hidden states become logits: the decoder's final hidden states through the head (and
     the residual stream after each layer through the final norm and the head, for the logit lens)."""
 
@@ -159,7 +159,7 @@ def _device_of(model) -> torch.device:
 
 
 @dataclass
-class _Accum:
+class ScoreColumns:
     """The token table's columns as they are scored, one array per column, rows in sequence order (sequence d's
     positions at `offsets[d]`…): ids and positions int64, scores float64, each side's top-k ids and probabilities
     k-major ([TOP_K, n]: column k is contiguous), so that the table takes them without a copy."""
@@ -173,7 +173,7 @@ class _Accum:
     lens_tokens: int = 0
 
     @classmethod
-    def empty(cls, seqs: Sequence[Sequence_]) -> "_Accum":
+    def empty(cls, seqs: Sequence[Sequence_]) -> "ScoreColumns":
         lengths = np.fromiter((len(s.ids) for s in seqs), dtype=np.int64, count=len(seqs))
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         n = int(offsets[-1])
@@ -202,15 +202,15 @@ class _Accum:
 
 
 @torch.no_grad()
-def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_size: int, pad_id: int,
-           chunk: int, progress: Progress, lens_blocks: Optional[int] = None) -> _Accum:
+def score_sequences(readers: tuple[LogitReader, LogitReader], seqs: Sequence[Sequence_], batch_size: int, pad_id: int,
+           chunk: int, progress: Progress, lens_blocks: Optional[int] = None) -> ScoreColumns:
     """Forward both models over the sequences in batches (sorted by length, as the scorecard batches them) and
     score every position of each sequence; positions of a sequence come out in order, sequences in input order.
-    Each sequence's scores go straight into the table's columns (`_Accum`). The logit lens reads the first
+    Each sequence's scores go straight into the table's columns (`ScoreColumns`). The logit lens reads the first
     `lens_blocks` sequences (all when None)."""
     from forgetlab.core.data import EncodedExample, collate
 
-    acc = _Accum.empty(seqs)
+    acc = ScoreColumns.empty(seqs)
     lens = all(r.lens for r in readers)
     n_depth = len(readers[0].layers) + 1 if lens else 0
     if lens:
@@ -248,7 +248,7 @@ def _score(readers: tuple[_Reader, _Reader], seqs: Sequence[Sequence_], batch_si
     return acc
 
 
-def _frame(acc: _Accum, tokenizer) -> pd.DataFrame:
+def token_table(acc: ScoreColumns, tokenizer) -> pd.DataFrame:
     """The token table (COLUMNS) from the scores, with every id decoded once (`shown`). The accumulated columns
     become the table's without a copy (they are handed over: `acc` is emptied); the strings are looked up by id."""
     special = set(getattr(tokenizer, "all_special_ids", []) or [])

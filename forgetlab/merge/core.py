@@ -276,7 +276,8 @@ def _finetuned(models, name: str, base_t: torch.Tensor, device: str, buffers=Non
     return out
 
 
-def _float_entries(entries: Sequence[Entry]) -> list[Entry]:
+def float_entries(entries: Sequence[Entry]) -> list[Entry]:
+    """The entries whose tensors hold floating-point numbers (the ones a merge computes)."""
     return [e for e in entries if e.dtype.is_floating_point]
 
 
@@ -407,7 +408,7 @@ def resident_budget(device: str) -> int:
 
 def resident_bytes(models, entries: Sequence[Entry]) -> int:
     """Bytes of the float32 base and fine-tuned tensors of every floating-point entry (what `inputs` holds)."""
-    return (1 + len(models)) * 4 * sum(e.numel for e in _float_entries(entries))
+    return (1 + len(models)) * 4 * sum(e.numel for e in float_entries(entries))
 
 
 def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequence[Entry], device: str = "cpu",
@@ -421,7 +422,7 @@ def collect_stats(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     reading the files again (the same numbers; for a device with room for them, `resident_budget`)."""
     if not spec.needs_global_pass(params):
         return None
-    floats = _float_entries(entries)
+    floats = float_entries(entries)
     total = sum(e.numel for e in floats)
     collector = spec.collector(len(models), total, params)
     steps = collector.passes * max(1, len(floats))
@@ -460,8 +461,8 @@ def merge_tensors(spec: MethodSpec, params: dict, base, models, entries: Sequenc
     n_layers = n_layers or num_layers_of(config, names)
     locate = layer_locator(config)
     reader = reader or TensorReader(base, models, device, reuse=fast_io, prefetch=fast_io)
-    floats = (iter(reader(_float_entries(entries))) if inputs is None
-              else ((e, *inputs.pop(e.name)) for e in _float_entries(entries)))
+    floats = (iter(reader(float_entries(entries))) if inputs is None
+              else ((e, *inputs.pop(e.name)) for e in float_entries(entries)))
     for i, e in enumerate(entries):
         if not e.dtype.is_floating_point:
             yield e.name, base.read_raw(e.name)

@@ -15,7 +15,9 @@ _LAST_RE = re.compile(r"(?:^|\.)(?:lm_head|norm|ln_f|final_layernorm|final_layer
 _OUTPUT_EMBEDDING_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
 
 
-def _layer_from_name(name: str):
+def layer_from_name(name: str):
+    """The layer position of a parameter from its name alone: the decoder layer index (`layers.<i>`, `h.<i>`),
+    LAST for the final norm and head, FIRST for anything else."""
     m = _LAYER_RE.search(name)
     if m:
         return int(m.group(1))
@@ -51,7 +53,7 @@ def layer_locator(config=None):
             if layer is not None:
                 return int(layer)
             return LAST if _LAST_RE.search(name) else FIRST
-        return _layer_from_name(name)
+        return layer_from_name(name)
 
     return locate
 
@@ -67,5 +69,5 @@ def num_layers_of(config, names: Sequence[str] = ()) -> int:
         v = getattr(config, key, None) if config is not None else None
         if isinstance(v, int) and v > 0:
             return v
-    idx = [i for i in (_layer_from_name(n) for n in names) if isinstance(i, int)]
+    idx = [i for i in (layer_from_name(n) for n in names) if isinstance(i, int)]
     return (max(idx) + 1) if idx else 1

@@ -114,7 +114,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     """The peak of merging `recipe` on `device` (the larger of its phases, module docstring) and, with `evaluate`,
     of scoring the base, the parents and the merge in `dtype` on `pool`'s probe data. Reads headers only (and
     tokenizes the probe texts when evaluating)."""
-    from forgetlab.merge.core import _float_entries, check_compatible, resident_budget, resident_bytes
+    from forgetlab.merge.core import float_entries, check_compatible, resident_budget, resident_bytes
     from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
     from forgetlab.merge.recipes import load_recipe
     from forgetlab.merge.registry import get_method
@@ -130,7 +130,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     _, vocab = check_tokenizer_source(recipe, sources.base_ck, [m.ckpt for m in sources.models])
     if vocab is not None:
         sources = align_sources(recipe, sources, vocab)
-    entries = _float_entries(check_compatible(sources.base, sources.models))
+    entries = float_entries(check_compatible(sources.base, sources.models))
     big = max(entries, key=lambda e: e.numel)
     stored = dtype_bytes(big.dtype)
     n = len(sources.models)

@@ -10,7 +10,7 @@ from forgetlab.merge import settings
 from forgetlab.merge.recipes import (Recipe)
 from forgetlab.merge.registry import MethodSpec, get_method
 
-from forgetlab.merge.mergekit_params import (BASE_IGNORED, NOT_MERGEKIT, MkParam, _model_key, mergekit_methods,
+from forgetlab.merge.mergekit_params import (BASE_IGNORED, NOT_MERGEKIT, MkParam, mergekit_model_key, mergekit_methods,
                                               mergekit_params)
 
 
@@ -25,7 +25,7 @@ def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[s
             continue
         covered.add(p.fl)
         if p.fl_per_model:
-            key = _model_key(spec, p.fl)
+            key = mergekit_model_key(spec, p.fl)
             for i, (m, src) in enumerate(zip(models, per_model)):
                 shared = params.get(p.fl)  # given once for all models: a value, or a list of one per model
                 one_each = isinstance(shared, (list, tuple)) and not settings.is_filter_list(shared)

@@ -136,7 +136,8 @@ def mergekit_methods() -> tuple[str, ...]:
     return tuple(n for n, s in METHODS.items() if s.mergekit == n)
 
 
-def _method_spec(name: Any) -> MethodSpec:
+def mergekit_method_spec(name: Any) -> MethodSpec:
+    """The forgetlab method that computes mergekit's `name`; ParameterError listing the importable ones."""
     if not isinstance(name, str) or name not in mergekit_methods():
         raise ParameterError(f"mergekit method {name!r} has no forgetlab counterpart; importable methods: "
                              f"{', '.join(mergekit_methods())}.")
@@ -146,7 +147,8 @@ def _method_spec(name: Any) -> MethodSpec:
 # -- import
 
 
-def _model_key(spec: MethodSpec, fl_name: str) -> str:
+def mergekit_model_key(spec: MethodSpec, fl_name: str) -> str:
+    """The key a per-model parameter `fl_name` of `spec` has under a model entry (e.g. `weight` for `weights`)."""
     for p in spec.params:
         if p.name == fl_name:
             return p.model_key or p.name

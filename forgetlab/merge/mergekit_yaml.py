@@ -19,10 +19,10 @@ from typing import Any, Mapping
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
-from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, _check_models_list,
+from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, check_models_list,
                                      check_slices, check_tokenizer, combine)
 from forgetlab.merge.mergekit_params import (BASE_IGNORED, BASE_OPTIONAL, MERGEKIT_KEYS, REQUIRED, MkParam,
-                                              _method_spec, _model_key, mergekit_methods,  # noqa: F401 - re-exported
+                                              mergekit_method_spec, mergekit_model_key, mergekit_methods,  # noqa: F401 - re-exported
                                               mergekit_params)
 from forgetlab.merge.mergekit_export import to_mergekit  # noqa: F401 - the dialect's other direction
 from forgetlab.merge.registry import MethodSpec, get_method
@@ -182,7 +182,7 @@ def from_mergekit(d: Mapping[str, Any]) -> Recipe:
     a setting forgetlab cannot compute is refused by name, with what to write instead — never ignored."""
     if not isinstance(d, Mapping):
         raise ParameterError("A mergekit recipe is a YAML mapping with merge_method and models (or slices).")
-    spec = _method_spec(d.get("merge_method"))
+    spec = mergekit_method_spec(d.get("merge_method"))
     method = spec.name
     table = mergekit_params(spec)
     _check_keys(d)
@@ -219,7 +219,7 @@ def _check_tokenizer_source(recipe: Recipe) -> None:
 
 def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None, notes: list[str]) -> Recipe:
     method = spec.name
-    entries = _check_models_list(d.get("models"), "The mergekit recipe's `models`")
+    entries = check_models_list(d.get("models"), "The mergekit recipe's `models`")
     refs: list[tuple[str, dict]] = []
     seen: set[str] = set()
     for e in entries:
@@ -257,7 +257,7 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None, note
     params, per_model = _to_forgetlab(method, table, top, refs, "", notes)
     if method in BASE_OPTIONAL:  # without base_model mergekit interpolates the models themselves
         params["use_base"] = d.get("base_model") is not None
-    models = [ModelEntry(ref, {_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
+    models = [ModelEntry(ref, {mergekit_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
     return Recipe(method, str(base), models, params)
 
 
@@ -328,7 +328,7 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, note
         sources = []
         for r, mp, lr in srcs:
             own = {} if (base is not None and r == base and method not in BASE_IGNORED) else next(pm)
-            sources.append(SliceSource(r, _range(lr, i), {_model_key(spec, k): v for k, v in own.items()}))
+            sources.append(SliceSource(r, _range(lr, i), {mergekit_model_key(spec, k): v for k, v in own.items()}))
         slices.append(Slice(sources, params))
     first = slices[0].sources[0].model
     rbase = base or first
@@ -346,8 +346,8 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, note
 
 
 def _range(value: Any, i: int) -> tuple[int, int]:
-    from forgetlab.merge.recipes import _layer_range
-    return _layer_range(value, f"mergekit slice {i + 1}")
+    from forgetlab.merge.recipes import read_layer_range
+    return read_layer_range(value, f"mergekit slice {i + 1}")
 
 
 # -- export

@@ -57,7 +57,7 @@ def check_seed(value: Any, where: str = "seed") -> int | None:
     return int(value)
 
 
-def _check_models_list(models: Any, what: str) -> list:
+def check_models_list(models: Any, what: str) -> list:
     """`models` must be a YAML list: a string would be read character by character, a mapping by its keys."""
     if not isinstance(models, list):
         raise ParameterError(
@@ -261,7 +261,7 @@ class Recipe:
         if d.get("models") in (None, "", []) and spec.min_models > 0 and d.get("slices") is None:
             raise ParameterError("The recipe lists no fine-tuned model: add at least one under `models`.")
         models = []
-        for m in _check_models_list(d.get("models") or [], "The recipe's `models`"):
+        for m in check_models_list(d.get("models") or [], "The recipe's `models`"):
             if isinstance(m, str):
                 models.append(ModelEntry(m))
             elif isinstance(m, Mapping) and "model" in m:
@@ -328,7 +328,9 @@ def _checked(value: Any, where: str) -> Any:
                                             or settings.is_filter_list(value)) else value
 
 
-def _layer_range(value: Any, where: str) -> tuple[int, int]:
+def read_layer_range(value: Any, where: str) -> tuple[int, int]:
+    """A slice's `layer_range` [START, END) as two whole numbers with 0 ≤ START < END; ParameterError naming
+    `where` otherwise."""
     ok = (isinstance(value, (list, tuple)) and len(value) == 2
           and all(isinstance(v, int) and not isinstance(v, bool) for v in value))
     if not ok or not (0 <= value[0] < value[1]):
@@ -356,7 +358,7 @@ def _slices(value: Any) -> list[Slice]:
             if not isinstance(src, Mapping) or not src.get("model") or "layer_range" not in src:
                 raise ParameterError(f"{where}: each source is {{model: PATH, layer_range: [START, END]}}; got "
                                      f"{src!r}.")
-            sources.append(SliceSource(str(src["model"]), _layer_range(src["layer_range"], where),
+            sources.append(SliceSource(str(src["model"]), read_layer_range(src["layer_range"], where),
                                        {k: _checked(v, f"{where} {src['model']}: {k}")
                                         for k, v in src.items() if k not in ("model", "layer_range")}))
         params = sl.get("params") or {}

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 from forgetlab.core import checkpoints as ck
 from forgetlab.core.errors import IncompatibleModelsError
 from forgetlab.merge.core import CheckpointSource, Entry, merge_tensors, tied_head
-from forgetlab.merge.layers import FIRST, _layer_from_name
+from forgetlab.merge.layers import FIRST, layer_from_name
 
 _LAYER = re.compile(r"((?:^|\.)(?:layers|h|layer|blocks)\.)(\d+)(\.)")
 
@@ -69,8 +69,8 @@ def sliced_stream(recipe, spec, sources: dict[str, CheckpointSource], base: Chec
     if tied:
         base_entries.pop(tied, None)
     outside = [e for n, e in base_entries.items() if not _LAYER.search(n)]
-    pre = [e for e in outside if _layer_from_name(e.name) == FIRST]
-    post = [e for e in outside if _layer_from_name(e.name) != FIRST]
+    pre = [e for e in outside if layer_from_name(e.name) == FIRST]
+    post = [e for e in outside if layer_from_name(e.name) != FIRST]
     segments: list[tuple[Any, list[Entry], dict, float]] = []   # (slice recipe, entries, out→in per source, t)
 
     def renamed(sub, names_of):

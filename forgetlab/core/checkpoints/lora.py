@@ -104,7 +104,7 @@ class LoraCheckpoint(Checkpoint):
     def __init__(self, ref, path: Path, base: Checkpoint):
         super().__init__(ref, path)
         self.base = base
-        self.adapter_config = _read_adapter_config(path)
+        self.adapter_config = read_adapter_config(path)
         files = sorted(path.glob("adapter_model*.safetensors"))
         if files:
             self._factors = SafetensorsCheckpoint(ref, path, files)
@@ -378,7 +378,7 @@ class LoraCheckpoint(Checkpoint):
         return super().tokenizer_dir or self.base.tokenizer_dir
 
 
-def _read_adapter_config(path: Path) -> dict:
+def read_adapter_config(path: Path) -> dict:
     """adapter_config.json of a PEFT adapter folder as a dict, or a CheckpointError saying what is wrong."""
     file = path / "adapter_config.json"
     try:

@@ -6,9 +6,9 @@ import os
 import re
 from pathlib import Path
 
-from forgetlab.core.checkpoints.lora import LoraCheckpoint, _read_adapter_config
+from forgetlab.core.checkpoints.lora import LoraCheckpoint, read_adapter_config
 from forgetlab.core.checkpoints.readers import (BIN_INDEX, SAFETENSORS_INDEX, BinCheckpoint, Checkpoint, GGUFCheckpoint,
-                                                SafetensorsCheckpoint, _index_files)
+                                                SafetensorsCheckpoint, index_files)
 from forgetlab.core.errors import CheckpointError, OfflineError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -55,7 +55,7 @@ def split_adapter_ref(ref: str) -> tuple[str, str | None]:
 
 def _adapter_base(path: Path, chain: tuple[Path, ...]) -> str:
     """The base_model_name_or_path of the adapter at `path`, refusing a self-reference or a cycle."""
-    cfg = _read_adapter_config(path)
+    cfg = read_adapter_config(path)
     base = cfg.get("base_model_name_or_path")
     if not base or not isinstance(base, str):
         raise CheckpointError(f"{path} is a LoRA adapter: say which base model it applies to.")
@@ -87,11 +87,11 @@ def transformers_weights(path: Path) -> tuple[str, list[Path]] | None:
     if (path / SAFE_WEIGHTS).is_file():
         return "safetensors", [path / SAFE_WEIGHTS]
     if (path / SAFETENSORS_INDEX).is_file():
-        return "safetensors", _index_files(path, SAFETENSORS_INDEX)
+        return "safetensors", index_files(path, SAFETENSORS_INDEX)
     if (path / BIN_WEIGHTS).is_file():
         return "bin", [path / BIN_WEIGHTS]
     if (path / BIN_INDEX).is_file():
-        return "bin", _index_files(path, BIN_INDEX)
+        return "bin", index_files(path, BIN_INDEX)
     return None
 
 

@@ -31,7 +31,7 @@ _ST_DTYPES = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+SAFETENSORS_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -369,7 +369,7 @@ class GGUFCheckpoint(Checkpoint):
         return None
 
 
-def _index_files(path: Path, index_name: str) -> list[Path]:
+def index_files(path: Path, index_name: str) -> list[Path]:
     """The shard files listed in a sharded checkpoint's index (weight_map values), checked to exist."""
     file = path / index_name
     try:

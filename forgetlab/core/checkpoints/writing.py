@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 import torch
 
 from forgetlab.core.checkpoints.opening import open_checkpoint
-from forgetlab.core.checkpoints.readers import (GGUFCheckpoint, _ST_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX,
+from forgetlab.core.checkpoints.readers import (GGUFCheckpoint, SAFETENSORS_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX,
                                                 TOKENIZER_FILES, Checkpoint, TensorInfo)
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
 from forgetlab.core.filerecords import HashingWriter, note_digest
@@ -46,7 +46,7 @@ class _ShardStream:
             header["__metadata__"] = metadata
         offset = 0
         for info in infos:
-            header[info.name] = {"dtype": _ST_NAMES[info.dtype], "shape": list(info.shape),
+            header[info.name] = {"dtype": SAFETENSORS_NAMES[info.dtype], "shape": list(info.shape),
                                  "data_offsets": [offset, offset + info.nbytes]}
             offset += info.nbytes
         raw = json.dumps(header, separators=(",", ":")).encode("utf-8")

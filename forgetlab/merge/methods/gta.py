@@ -35,7 +35,7 @@ from forgetlab.merge.methods.common import (
     seed_param,
     weights_param,
 )
-from forgetlab.merge.methods.ties import _sum_rows, ties_combine_into_
+from forgetlab.merge.methods.ties import sum_rows, ties_combine_into_
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges
 
@@ -151,7 +151,7 @@ def linear_combine_into_(out: torch.Tensor, parts: Sequence[torch.Tensor], weigh
         T_, acc_ = T[:, :c], acc[:c]
         for j, t in enumerate(flat):
             torch.mul(t[s:e], w[j], out=T_[j])
-        _sum_rows(T_, acc_)
+        sum_rows(T_, acc_)
         if divisor is not None:
             acc_ /= divisor
         if lam != 1:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from forgetlab.merge.methods.common import UNIT
-from forgetlab.merge.methods.ties import _sum_rows
+from forgetlab.merge.methods.ties import sum_rows
 from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges, kth_largest, topk_mask
 
@@ -142,15 +142,15 @@ def sce_into_(base: torch.Tensor, taus: list[torch.Tensor], select_topk: float =
         T_, A_, S_, num_, den_ = T[:, :c], A[:, :c], S[:c], num[:c], den[:c]
         for j, t in enumerate(flat):
             T_[j].copy_(t[s:e])
-        _sum_rows(T_, S_)
+        sum_rows(T_, S_)
         torch.ge(S_, 0, out=S_)
         S_.mul_(2).sub_(1)  # the elected sign σ = ±1
         torch.mul(T_, S_, out=A_)
         torch.gt(A_, 0, out=A_)  # [agree]
         A_.mul_(wcol)  # erased = wt·[agree]
-        _sum_rows(A_, den_)
+        sum_rows(A_, den_)
         T_.mul_(A_)
-        _sum_rows(T_, num_)
+        sum_rows(T_, num_)
         num_.div_(den_.clamp_min_(1e-6))
         o[s:e].add_(num_)
     return base

@@ -84,7 +84,7 @@ def ties_combine(trimmed: Sequence[torch.Tensor], weights: Sequence[float] | Non
     return num / torch.where(den == 0, torch.ones_like(den), den)
 
 
-def _sum_rows(T: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+def sum_rows(T: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """out = T[0] + T[1] + … in that order (the order in which `stack.sum(dim=0)` adds; a strided
     torch.sum over dim 0 of a block measured ~3× slower than these adds)."""
     if T.shape[0] == 1:
@@ -145,11 +145,11 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
                 T_[j].copy_(b)
         if ncol is not None:
             T_.mul_(ncol)
-        _sum_rows(T_, S_)
+        sum_rows(T_, S_)
         torch.ge(S_, 0, out=sg_)
         sg_.mul_(2).sub_(1)  # σ = ±1
         T_.mul_(sg_).clamp_min_(0)  # u
-        _sum_rows(T_, num_)
+        sum_rows(T_, num_)
         if not normalize:
             num_.mul_(sg_)
             if lam != 1:
@@ -159,7 +159,7 @@ def ties_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], weights:
         T_.sign_()  # [agree]
         if wcol is not None:
             T_.mul_(wcol)
-        _sum_rows(T_, den_)
+        sum_rows(T_, den_)
         if unit:
             den_.clamp_min_(1)  # a count: 0 → 1
         else:
