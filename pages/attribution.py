@@ -9,8 +9,10 @@ from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import parse_floats
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
-from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
-                          run_once, show_errors, workspace_home)
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_finetuned, require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.glossary import explain

@@ -7,7 +7,10 @@ from forgetlab.analysis import features
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.features import distance_bars, tsne_scatter
-from forgetlab.ui import device_settings, job_key, require_pool, require_tasks, run_once, show_errors
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_pool, require_tasks
+from forgetlab.ui.settings import device_settings
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header

@@ -7,8 +7,10 @@ import streamlit as st
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
 from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig, compare, finetune,
                                   save_finetune_run, save_finetuned, standard_configs)
-from forgetlab.ui import (budget_caption, clear_pool_cache, device_settings, job_key, require_pool, require_tasks,
-                          run_once, show_errors, workspace_home)
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import clear_pool_cache, require_pool, require_tasks
+from forgetlab.ui.settings import budget_caption, device_settings, workspace_home
 from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.core.memory import dtype_name
 from forgetlab.train.lora import checkpoint_targets

@@ -10,8 +10,10 @@ from forgetlab.analysis import sweeps
 from forgetlab.analysis.closed_form_sweeps import GRIDS
 from forgetlab.core.errors import parse_floats
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
-                          run_once, show_errors, workspace_home)
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_finetuned, require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures

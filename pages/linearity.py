@@ -9,7 +9,9 @@ from forgetlab.analysis.taskvec import checkpoint_distance
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
-from forgetlab.ui import device_settings, require_pool, show_errors
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.pool import require_pool
+from forgetlab.ui.settings import device_settings
 from forgetlab.ui.choices import index_of
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.navigation import page_header

@@ -12,8 +12,10 @@ from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
-from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_finetuned, require_pool,
-                          run_once, show_errors, workspace_home)
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_finetuned, require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
 from forgetlab.ui.merge_compare import judge_figure, render_compare
 from forgetlab.ui.glossary import explain_group
 from forgetlab.ui.measure import SweepMeasures, speciality_measure

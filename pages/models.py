@@ -10,7 +10,10 @@ from forgetlab.core import eval_memory  # noqa: F401  (registers the "eval" memo
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
 from forgetlab.core.scorecards import cached_scorecards
-from forgetlab.ui import budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.benchmarks import render_benchmarks
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards

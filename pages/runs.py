@@ -6,7 +6,8 @@ import json
 import streamlit as st
 
 from forgetlab.core import workspace as ws
-from forgetlab.ui import get_pool, show_errors
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.pool import get_pool
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
 from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table

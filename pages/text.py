@@ -6,8 +6,10 @@ import streamlit as st
 from forgetlab.analysis import textdiff as T
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
-from forgetlab.ui import (budget_caption, device_settings, eval_budget, job_key, require_pool, run_once, show_errors,
-                          workspace_home)
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.pool import require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table

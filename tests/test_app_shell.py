@@ -110,7 +110,7 @@ def _errors_script():
     import streamlit as st
 
     from forgetlab.core.errors import ParameterError
-    from forgetlab.ui import show_errors
+    from forgetlab.ui.errors import show_errors
 
     with show_errors():
         raise ParameterError("alpha must lie in [0, 1]; got 2. Pass a value between 0 and 1.")
@@ -137,7 +137,9 @@ def test_show_errors_keeps_the_page_alive():
 def _progress_script():
     import streamlit as st
 
-    from forgetlab.ui import progress_bar, show_errors
+    from forgetlab.ui.errors import show_errors
+
+    from forgetlab.ui.progress import progress_bar
 
     seen = []
     with progress_bar("Scoring") as progress:
@@ -164,7 +166,7 @@ def test_progress_bar_completes_and_marks_failures():
 def _device_script():
     import streamlit as st
 
-    from forgetlab.ui import device_settings, render_device_settings
+    from forgetlab.ui.settings import device_settings, render_device_settings
 
     with st.sidebar:
         render_device_settings()
@@ -221,7 +223,7 @@ def _job_script():
 
     import streamlit as st
 
-    from forgetlab.ui import run_once
+    from forgetlab.ui.jobs import run_once
 
     gate = st.session_state.setdefault("gate", threading.Event())
 
@@ -261,7 +263,7 @@ def _slot_script():
 
     import streamlit as st
 
-    from forgetlab.ui import job_key, run_once
+    from forgetlab.ui.jobs import job_key, run_once
 
     gate = st.session_state.setdefault("gate", threading.Event())
     delivered = st.session_state.setdefault("delivered", [])
@@ -320,7 +322,7 @@ def test_pages_are_listed_in_the_fixed_order_when_they_exist(tmp_path):
 def _pool_script():
     import streamlit as st
 
-    from forgetlab.ui import get_pool
+    from forgetlab.ui.pool import get_pool
 
     pool = get_pool()
     if pool is not None:
@@ -408,7 +410,7 @@ def _merge_like_script():
 
     import streamlit as st
 
-    from forgetlab.ui import job_key, run_once
+    from forgetlab.ui.jobs import job_key, run_once
     from forgetlab.ui.jobs import REGISTRY
 
     out = st.session_state["out"]

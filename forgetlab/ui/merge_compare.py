@@ -17,7 +17,9 @@ from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS
 from forgetlab.merge.workflow import (COMPARE_METHODS, METHOD_NAMES, default_merge_models, merge_and_evaluate,
                                       pool_recipe, workspace_merge_dir)
-from forgetlab.ui import job_key, run_once, show_errors, workspace_home
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.settings import workspace_home
 from forgetlab.ui.tables import show_table
 
 COMPARE_KEY = "merge_default_report"

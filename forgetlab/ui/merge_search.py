@@ -14,7 +14,9 @@ from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import dtype_name
 from forgetlab.merge.workflow import pool_recipe, recipe_form
 from forgetlab.plots.merge import search_figure
-from forgetlab.ui import job_key, run_once, show_errors, workspace_home
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.settings import workspace_home
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.merge_form import preset_form
 from forgetlab.ui.memory import memory_check
