@@ -20,6 +20,8 @@ from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.choices import index_of
 
+MENU = ("Attribution", ":material/grid_on:", 40)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Attribution",
             "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — what "
             "that part alone buys and costs against the base. *Leave one out*: the fine-tune without that part — "

@@ -16,6 +16,8 @@ from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 
+MENU = ("Features", ":material/scatter_plot:", 60)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Features",
             "One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
             "token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, the symbol "

@@ -21,6 +21,8 @@ from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.choices import index_of
 
+MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Fine-tune",
             "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
             "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "

@@ -23,6 +23,8 @@ from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import alpha_point_link
 from forgetlab.ui.choices import index_of
 
+MENU = ("Forgetting", ":material/trending_down:", 30)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Forgetting",
             "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
             "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "

@@ -6,6 +6,8 @@ import streamlit as st
 from forgetlab.ui.glossary import glossary_rows
 from forgetlab.ui.navigation import page_header
 
+MENU = ("Glossary", ":material/menu_book:", 100)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Glossary",
             "The words the pages use, one line each — the same text as their ⓘ tooltips. The formulas, with their "
             "sources, are in docs/methods.md under the anchor given.")

@@ -19,6 +19,8 @@ from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
+MENU = ("Linearity", ":material/show_chart:", 20)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Linearity",
             "Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
             "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "

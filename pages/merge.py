@@ -27,6 +27,8 @@ from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import open_text_view
 from forgetlab.ui.choices import index_of
 
+MENU = ("Merge", ":material/merge:", 70)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Merge",
             "Merge fine-tuned models into one; each merged model is written into the workspace and scored at once "
             "beside the base and its parents: how much of each parent's gain on its own task it keeps "

@@ -24,6 +24,8 @@ from forgetlab.ui.zoo_build import render_pretraining
 from forgetlab.ui.zoo_claims import render_zoo_claims
 from forgetlab.zoo.watch import stored_snapshots
 
+MENU = ("Models", ":material/hub:", 10)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Models",
             "What is in the pool, how good is each model at its task and at general text, "
             "and where in the network did fine-tuning move the weights?")

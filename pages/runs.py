@@ -13,6 +13,8 @@ from forgetlab.ui.navigation import require_app
 from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table
 from forgetlab.ui.tables import show_table
 
+MENU = ("Runs", ":material/history:", 90)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 require_app()     # a page opened by its URL on a fresh server: go through app.py
 
 

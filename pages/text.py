@@ -15,6 +15,8 @@ from forgetlab.ui.navigation import page_header
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
 
+MENU = ("Text", ":material/text_fields:", 50)    # its entry in the app's menu (forgetlab.ui.navigation)
+
 page_header("Text",
             "Where does the forgetting show? Every token of the held-out text (or your own) is scored under the "
             "model and under its reference: rise = logp(reference) − logp(model), the nats the model lost on that "

@@ -1,6 +1,8 @@
 """The app shell and the Streamlit adapters in forgetlab.ui (AppTest, no browser)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import threading
 import time
 
@@ -308,13 +310,18 @@ def test_run_once_follows_the_slot_job_shows_partial_and_hands_the_result_over_o
 
 
 def test_pages_are_listed_in_the_fixed_order_when_they_exist(tmp_path):
-    from forgetlab.ui.navigation import PAGE_ORDER, existing_pages
+    """Each page declares its menu entry (MENU = title, icon, order); the menu lists the declared pages in order,
+    and a file without a declaration is not a page of the menu."""
+    from forgetlab.ui.navigation import existing_pages
 
-    assert [p.stem for p in PAGE_ORDER] == ["models", "linearity", "forgetting", "attribution", "text", "features",
-                                            "merge", "finetune", "runs", "glossary"]
-    for stem in ["runs", "merge", "models", "notes"]:
-        (tmp_path / f"{stem}.py").write_text("")
+    assert [p.stem for p in existing_pages(Path(__file__).resolve().parents[1] / "pages")] == [
+        "models", "linearity", "forgetting", "attribution", "text", "features", "merge", "finetune", "runs",
+        "glossary"]
+    for stem, order in [("runs", 90), ("merge", 70), ("models", 10)]:
+        (tmp_path / f"{stem}.py").write_text(f'"""A page."""\nMENU = ("{stem.title()}", ":material/hub:", {order})\n')
+    (tmp_path / "notes.py").write_text("x = 1\n")
     assert [p.stem for p in existing_pages(tmp_path)] == ["models", "merge", "runs"]
+    assert existing_pages(tmp_path)[0].title == "Models"
 
 # ---------------------------------------------------------------- the pool adapter
 

@@ -13,6 +13,7 @@ such a session through app.py.
 """
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -26,31 +27,42 @@ APP_ICON = Path(__file__).resolve().parent / "assets" / "icon.png"
 
 @dataclass(frozen=True)
 class PageSpec:
-    """One page of the app: file stem under pages/, navigation title, icon."""
+    """One page of the app: file stem under pages/, navigation title, icon, and its place in the menu."""
 
     stem: str
     title: str
     icon: str
+    order: float = 0.0
 
 
-PAGE_ORDER = (
-    PageSpec("models", "Models", ":material/hub:"),
-    PageSpec("linearity", "Linearity", ":material/show_chart:"),
-    PageSpec("forgetting", "Forgetting", ":material/trending_down:"),
-    PageSpec("attribution", "Attribution", ":material/grid_on:"),
-    PageSpec("text", "Text", ":material/text_fields:"),
-    PageSpec("features", "Features", ":material/scatter_plot:"),
-    PageSpec("merge", "Merge", ":material/merge:"),
-    PageSpec("finetune", "Fine-tune", ":material/model_training:"),
-    PageSpec("runs", "Runs", ":material/history:"),
-    PageSpec("glossary", "Glossary", ":material/menu_book:"),
-)
+MENU_NAME = "MENU"
+"""Each page file declares its menu entry near its top as a literal: MENU = ("Title", ":material/icon:", order)."""
+
+
+def page_spec(path: str | Path) -> PageSpec | None:
+    """The menu entry a page file declares (`MENU = (title, icon, order)`, read without running the page), or
+    None for a file that declares none (it is not a page of the menu)."""
+    path = Path(path)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id == MENU_NAME):
+            try:
+                title, icon, order = ast.literal_eval(node.value)
+            except (ValueError, TypeError):
+                return None
+            return PageSpec(path.stem, str(title), str(icon), float(order))
+    return None
 
 
 def existing_pages(pages_dir: str | Path) -> list[PageSpec]:
-    """The pages of PAGE_ORDER whose `<pages_dir>/<stem>.py` exists, in that order."""
-    root = Path(pages_dir)
-    return [p for p in PAGE_ORDER if (root / f"{p.stem}.py").is_file()]
+    """The pages under `pages_dir` that declare a menu entry, in their declared order: a new page joins the
+    menu by declaring its `MENU`, with no other file touched."""
+    specs = [s for f in sorted(Path(pages_dir).glob("*.py")) if (s := page_spec(f)) is not None]
+    return sorted(specs, key=lambda s: (s.order, s.stem))
 
 
 def build_pages(pages_dir: str | Path) -> list:
