@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import torch
 
-torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # an app started on an empty workspace builds the pico demo zoo by itself (forgetlab.ui.zoo_build): minutes of

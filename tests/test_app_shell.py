@@ -555,6 +555,10 @@ def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp
     at.selectbox(key="app_zoo_size").set_value("tiny")
     at.button(key="app_zoo_build").click().run()
     assert len(at.get("progress")) == 1 and not at.exception
+    for _ in range(100):                                     # the job thread first picks its torch threads
+        if calls:
+            break
+        time.sleep(0.1)
     at.button(key="app_zoo_build").click().run()            # impatient second click: still one build
     assert len(calls) == 1 and "already running" in at.info[0].value
     gate.set()
