@@ -33,10 +33,10 @@ def lines_curve(pool, model: str, *, betas: Sequence[float] = DEFAULT_BETAS, **k
     from forgetlab.analysis import sweeps as sw
 
     grid = sw._check_grid("beta", betas)
-    sw._check_model(pool, model)
+    sw.check_swept_model(pool, model)
     names = list(pool.base.names())
     specs = [sw._Spec("lines", b, {"beta": b, "alpha": round(1.0 - b, 12)},
-                      sw._wise(1.0) if b <= 0 else _lines(b, pool.config, names)) for b in grid]
+                      sw.wise_ft_at(1.0) if b <= 0 else _lines(b, pool.config, names)) for b in grid]
     return _run(pool, model, "lines", specs, dict(betas=grid), kw)
 
 
@@ -75,7 +75,7 @@ def iso_curve(pool, model: str, *, iso_alphas: Sequence[float] = DEFAULT_ISO_ALP
         if not 0.0 <= a <= 10.0:
             raise ParameterError(f"Every Iso-C α must lie in [0, 10]; got {a}.")
         grid.append(a)
-    specs = [sw._Spec("iso_c", a, {"alpha": a}, sw._wise(0.0) if a == 0 else TensorMerger("iso_c", {"alpha": a}))
+    specs = [sw._Spec("iso_c", a, {"alpha": a}, sw.wise_ft_at(0.0) if a == 0 else TensorMerger("iso_c", {"alpha": a}))
              for a in grid]
     return _run(pool, model, "iso", specs, dict(iso_alphas=grid), kw)
 
