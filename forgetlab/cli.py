@@ -12,11 +12,18 @@ import os
 import pkgutil
 import signal
 import sys
+import threading
+
+import torch
 
 import forgetlab.commands
 from forgetlab import __version__
 from forgetlab.commands.args import OUTPUT_FILES, add_overwrite, finite_number, whole_number
-from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.checkpoints import check_device
+from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.core.memory import recording
+from forgetlab.core.outputs import check_output_file, named_inputs
+from forgetlab.core.threads import governed_threads
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,9 +53,6 @@ NON_NEGATIVE = {"warmup"}
 
 
 def _device(text: str) -> str:
-    from forgetlab.core.checkpoints import check_device
-    from forgetlab.core.errors import ParameterError
-
     try:
         return check_device(text)
     except ParameterError as exc:
@@ -82,9 +86,6 @@ def _check_output_files(args) -> None:
     """Refuse, before any work, an output file that exists (without --overwrite), is a folder, lies in a
     folder that does not exist, or is one of the command's inputs (the pool, the recipe, a probe file, a file
     of a model folder: forgetlab.core.outputs.named_inputs)."""
-    from forgetlab.core.errors import ParameterError
-    from forgetlab.core.outputs import check_output_file, named_inputs
-
     inputs = None
     for dest in OUTPUT_FILES:
         value = getattr(args, dest, None)
@@ -98,8 +99,6 @@ def _check_output_files(args) -> None:
 
 def _meter_device(args) -> str:
     """The device whose peak a command's run records: its --device, else the machine's default."""
-    import torch
-
     device = getattr(args, "device", None)
     if isinstance(device, str) and device.startswith("cuda") and torch.cuda.is_available():
         return device
@@ -116,8 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     previous = _terminate_like_interrupt()
     try:
         _check_output_files(args)
-        from forgetlab.core.memory import recording
-        from forgetlab.core.threads import governed_threads
 
         device = _meter_device(args)
         # a run saved by the command records its measured peak; torch threads follow the machine's load
@@ -155,8 +152,6 @@ class _Terminated(KeyboardInterrupt):
 def _terminate_like_interrupt():
     """Make SIGTERM unwind like Ctrl-C (temporary outputs are removed); returns the previous handler, or None
     when not on the main thread (signals can only be set there)."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return None
 

@@ -537,7 +537,7 @@ def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp
     import shutil
     import threading
 
-    import forgetlab.zoo
+    from forgetlab.ui import sidebar
     from forgetlab.ui.jobs import REGISTRY
 
     gate, calls = threading.Event(), []
@@ -549,7 +549,7 @@ def test_first_run_builds_the_zoo_in_the_background_and_opens_it(tiny_llama, tmp
         root = shutil.copytree(tiny_llama.root, tmp_path / "zoo" / f"{preset}-{size}")
         return type("ZooBuild", (), {"pool_yaml": root / "pool.yaml", "root": root})()
 
-    monkeypatch.setattr(forgetlab.zoo, "build", fake_build)
+    monkeypatch.setattr(sidebar, "build", fake_build)    # where the sidebar's button calls it
     at = _app(tmp_path, monkeypatch).run()
     assert at.selectbox(key="app_zoo_size").value == "default"
     at.selectbox(key="app_zoo_size").set_value("tiny")
@@ -581,7 +581,7 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
     import shutil
     import threading
 
-    import forgetlab.zoo
+    from forgetlab.ui import zoo_build
     from forgetlab.ui.jobs import REGISTRY
 
     import json
@@ -606,7 +606,7 @@ def test_empty_workspace_builds_the_demo_zoo_by_itself(tiny_llama, tmp_path, mon
         (root / "manifest.json").write_text(json.dumps({"steps": steps, "complete": True}))
         return type("ZooBuild", (), {"pool_yaml": root / "pool.yaml", "root": root})()
 
-    monkeypatch.setattr(forgetlab.zoo, "build", fake_build)
+    monkeypatch.setattr(zoo_build, "build", fake_build)    # where the app calls it
     at = _app(tmp_path, monkeypatch).run()
     assert not at.exception and not at.error
     assert reported.wait(20)          # the build thread has reported its stage: the next rerun shows it

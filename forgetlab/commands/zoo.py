@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
+from forgetlab.core.errors import WorkspaceError
+from forgetlab.zoo import build, zoo_root
+from forgetlab.zoo.build import POOL_YAML, ZooBuild
+from forgetlab.zoo.manifest import read_manifest
+from forgetlab.zoo.presets import PRESETS, SIZES
 
 
 def register(sub) -> None:
@@ -31,18 +38,12 @@ def register(sub) -> None:
 
 
 def _common(p) -> None:
-    from forgetlab.zoo.presets import PRESETS, SIZES
-
     p.add_argument("--preset", choices=list(PRESETS), default="pico", help="pico (minutes) or smol (SmolLM2-135M)")
     p.add_argument("--size", choices=list(SIZES), default="default", help="tiny builds in seconds (tests)")
     p.add_argument("--home", default=None, help="workspace folder (default: $FORGETLAB_HOME or ~/.forgetlab)")
 
 
 def cmd_build(args) -> int:
-    from forgetlab.zoo import build
-
-    from tqdm import tqdm
-
     update, close = tqdm_progress(f"zoo {args.preset}/{args.size}")
 
     def said(snapshot) -> None:     # what the base answers while it pre-trains, above the progress bar
@@ -65,11 +66,6 @@ def cmd_build(args) -> int:
 
 
 def cmd_show(args) -> int:
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.zoo import zoo_root
-    from forgetlab.zoo.build import POOL_YAML, ZooBuild
-    from forgetlab.zoo.manifest import read_manifest
-
     root = zoo_root(args.preset, args.size, args.home)
     manifest = read_manifest(root)
     if manifest is None:

@@ -18,7 +18,11 @@ import colorsys
 import hashlib
 import threading
 
+import pandas as pd
 import plotly.express as px
+
+from forgetlab.core.evaluate import forgetting_text, perplexity_change, perplexity_text  # noqa: F401
+from forgetlab.executors import worker_label
 
 _GREYS = {"rgb(136, 136, 136)", "rgb(165, 170, 153)"}
 PALETTE = [c for c in px.colors.qualitative.Safe + px.colors.qualitative.Vivid if c not in _GREYS]
@@ -78,21 +82,9 @@ def color_map(names) -> dict[str, str]:
     return {n: color_for(n) for n in names}
 
 
-# -- forgetting as a person reads it: the helpers live in forgetlab.core.evaluate (the zoo's claims use them
-# too); imported on call, so that importing forgetlab.plots does not import torch
-
-def perplexity_text(delta_loss: float) -> str:
-    """`forgetlab.core.evaluate.perplexity_text`: "perplexity +5.0 %" for Δ = +0.049 nats."""
-    from forgetlab.core.evaluate import perplexity_text as text
-
-    return text(delta_loss)
-
-
-def forgetting_text(delta_loss: float, digits: int = 3) -> str:
-    """`forgetlab.core.evaluate.forgetting_text`: "+0.049 nats (perplexity +5.0 %)"."""
-    from forgetlab.core.evaluate import forgetting_text as text
-
-    return text(delta_loss, digits)
+# -- forgetting as a person reads it: `perplexity_text` ("perplexity +5.0 %" for Δ = +0.049 nats) and
+# `forgetting_text` ("+0.049 nats (perplexity +5.0 %)") have their home in forgetlab.core.evaluate, where the
+# zoo's claims use them too; the figures import them from there.
 
 PERPLEXITY_COLUMNS = {"forgetting": "perplexity_change", "d_general_loss": "d_perplexity"}
 """Columns holding a Δ of the general loss (nats) → the column of the relative perplexity change beside them."""
@@ -101,8 +93,6 @@ PERPLEXITY_COLUMNS = {"forgetting": "perplexity_change", "d_general_loss": "d_pe
 def perplexity_columns(frame):
     """`frame` with, right after each Δ-general-loss column (`PERPLEXITY_COLUMNS`), the relative change of
     perplexity it means, exp(Δ) − 1, as a fraction (a copy; frames without such a column come back as they are)."""
-    from forgetlab.core.evaluate import perplexity_change
-
     todo = [c for c in PERPLEXITY_COLUMNS if c in frame.columns and PERPLEXITY_COLUMNS[c] not in frame.columns]
     if not todo:
         return frame
@@ -150,9 +140,6 @@ def worker_column(frame):
     (`forgetlab.executors.worker_label`; empty where a row has no worker). Other frames are returned as they are."""
     if "worker_host" not in frame.columns or "worker_pid" not in frame.columns:
         return frame
-    import pandas as pd
-
-    from forgetlab.executors import worker_label
 
     def label(host, pid) -> str:
         if pd.isna(host) or pd.isna(pid):

@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from forgetlab.core.benchmarks import BenchmarkTable, benchmark_pool
+from forgetlab.core.errors import WorkspaceError
+from forgetlab.core.eval_memory import estimate_benchmarks
+from forgetlab.core.memory import dtype_name, job_dtype
+from forgetlab.core.workspace import load_run, runs_dir, save_run
 from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.memory import memory_check
 
 if TYPE_CHECKING:  # pragma: no cover
     from forgetlab.core.benchmarks import BenchmarkTable
@@ -43,10 +49,6 @@ def _pool_id(pool: "ModelPool") -> str:
 
 def latest_benchmarks(pool: "ModelPool") -> "tuple[BenchmarkTable, SavedRun] | None":
     """The newest saved benchmark run of this pool in the workspace (its table and the run), or None."""
-    from forgetlab.core.benchmarks import BenchmarkTable
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run, runs_dir
-
     root = runs_dir()
     folders = [p for p in root.iterdir() if p.is_dir() and f"-{KIND}-" in p.name] if root.is_dir() else []
     runs = []
@@ -69,10 +71,6 @@ def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str,
     """The job: run the pool's benchmarks on `models` (loaded one at a time in `dtype`, the sidebar's; None:
     the device's default), save the table to Runs with the dtype in its recipe; returns (table, run folder)."""
     def work(progress):
-        from forgetlab.core.benchmarks import benchmark_pool
-        from forgetlab.core.memory import dtype_name, job_dtype
-        from forgetlab.core.workspace import save_run
-
         spec = pool_spec(pool)
         dt = job_dtype(dtype, device)
         table = benchmark_pool(pool, models, spec, limit=limit, device=device, dtype=dt, progress=progress,
@@ -114,8 +112,6 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> Non
                                  f"pool.yaml says {spec.limit or 'all'}). Small limits are quick but noisy.")
     models = ["base", *pool.model_names]
     c2.write("")
-    from forgetlab.core.eval_memory import estimate_benchmarks  # noqa: F401  (registers the estimate)
-    from forgetlab.ui.memory import memory_check
 
     with c2:
         fits = memory_check("benchmarks", pool=pool, models=models, device=device, dtype=dtype)
@@ -124,8 +120,6 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> Non
 
     def keep(done) -> None:
         st.toast(f"Saved under {done[1]}")
-
-    from forgetlab.core.memory import dtype_name, job_dtype
 
     key = job_key(SLOT, pool.key, str(_pool_id(pool)), models, int(limit), device, dtype_name(job_dtype(dtype, device)))
     done = run_once(key, benchmark_job(pool, models, int(limit), device, dtype), start=clicked,

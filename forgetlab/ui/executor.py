@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import streamlit as st
 
+from forgetlab.executors import RayExecutor
+
 EXECUTOR_KEY = "app_executor"
 ADDRESS_KEY = "app_executor_address"
 WORKERS_KEY = "app_executor_workers"
@@ -28,7 +30,6 @@ def session_executor():
     """"local", or a new RayExecutor with this session's address and worker count."""
     if st.session_state.get(EXECUTOR_KEY, "local") != "ray":
         return "local"
-    from forgetlab.executors import RayExecutor
 
     address = (st.session_state.get(ADDRESS_KEY) or "").strip() or None
     workers = int(st.session_state.get(WORKERS_KEY) or 0) or None

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from forgetlab.core.errors import CheckpointError, ForgetlabError, WorkspaceError
+from forgetlab.core.pool import ModelPool
 from forgetlab.ui.errors import render_error
 from forgetlab.ui.settings import pool_path
 
@@ -23,8 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 @st.cache_resource(max_entries=4, show_spinner="Opening the model pool…")
 def _load_pool(path: str, mtime: float) -> "ModelPool":
     """Build the pool from `path`; `mtime` is part of the cache key only (a changed file reloads)."""
-    from forgetlab.core.pool import ModelPool
-
     return ModelPool.from_yaml(path)
 
 

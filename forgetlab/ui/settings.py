@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import streamlit as st
+import torch
+
+from forgetlab.core.scorecards import DEFAULT_BUDGET, Budget
+from forgetlab.core.workspace import home, zoo_dir
+from forgetlab.zoo.claims import stored_claims
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.core.scorecards import Budget
     import torch
+
+    from forgetlab.core.scorecards import Budget
 
 POOL_KEY = "forgetlab_pool_path"      # str path of the chosen pool.yaml (set by the sidebar or a test)
 DEVICE_KEY = "app_device"             # "cpu" | "cuda"
@@ -28,8 +34,6 @@ PRESET_ORDER = ("pico", "smol")
 
 def available_devices() -> list[str]:
     """The devices the sidebar offers: "cpu", plus "cuda" only when torch.cuda.is_available()."""
-    import torch
-
     return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
 
 
@@ -65,7 +69,6 @@ def device_settings() -> tuple[str, "torch.dtype"]:
     device = st.session_state.get(DEVICE_KEY, "cpu")
     if device not in available_devices():
         device = "cpu"
-    import torch
 
     name = st.session_state.get(DTYPE_KEY)
     return device, getattr(torch, name if name in DTYPES else default_dtype(device))
@@ -73,8 +76,6 @@ def device_settings() -> tuple[str, "torch.dtype"]:
 
 def workspace_home() -> Path:
     """The workspace folder: `forgetlab.core.workspace.home()` (FORGETLAB_HOME, default ~/.forgetlab)."""
-    from forgetlab.core.workspace import home
-
     return Path(home())
 
 
@@ -83,8 +84,6 @@ def zoo_presets() -> dict[str, Path]:
 
     Known presets come first in a fixed order (pico, smol), then the others alphabetically.
     """
-    from forgetlab.core.workspace import zoo_dir
-
     root = Path(zoo_dir())
     if not root.is_dir():
         return {}
@@ -131,9 +130,6 @@ def default_budget(path: str | os.PathLike | None = None) -> "Budget":
     """The budget the app starts with for the pool file `path` (default: the chosen pool): the one the zoo
     measured its claims with (so "what this zoo shows" and every page give the base the same held-out loss),
     else `forgetlab.core.scorecards.DEFAULT_BUDGET`."""
-    from forgetlab.core.scorecards import DEFAULT_BUDGET, Budget
-    from forgetlab.zoo.claims import stored_claims
-
     path = pool_path() if path is None else path
     claims = stored_claims(path) if path else None
     if claims is not None:
@@ -163,8 +159,6 @@ def render_budget_settings() -> None:
 
 def eval_budget() -> "Budget":
     """The app's evaluation budget (sidebar); `default_budget()` until one is chosen (e.g. a page run alone)."""
-    from forgetlab.core.scorecards import Budget
-
     general, task = st.session_state.get(BUDGET_GENERAL_KEY), st.session_state.get(BUDGET_TASK_KEY)
     if general is None or task is None:
         fallback = default_budget()

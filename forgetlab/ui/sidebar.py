@@ -9,10 +9,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from forgetlab.core.workspace import use_home
+from forgetlab.ui.choices import index_of
+from forgetlab.ui.executor import render_executor_settings
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
 from forgetlab.ui.settings import (POOL_KEY, pool_path, render_budget_settings, render_device_settings, set_pool_path,
                                    workspace_home, zoo_presets)
-from forgetlab.ui.choices import index_of
+from forgetlab.ui.zoo_build import REGISTRY as _jobs
+from forgetlab.ui.zoo_build import build_key
+from forgetlab.zoo import SIZES, build
 
 OWN = "Your own pool.yaml…"
 CHOICE_KEY = "app_pool_choice"
@@ -24,8 +29,6 @@ HOME_APPLIED_KEY = "app_workspace_path"
 def render_workspace() -> Path:
     """Show the workspace folder, editable; a change applies to this browser session only (and the jobs it
     starts): other sessions keep theirs (forgetlab.core.workspace.use_home)."""
-    from forgetlab.core.workspace import use_home
-
     chosen = st.session_state.get(HOME_APPLIED_KEY)
     use_home(chosen)
     if st.session_state.get(HOME_KEY) is None:
@@ -76,7 +79,6 @@ def render_sidebar() -> str | None:
         path = render_pool_choice()
         render_device_settings()
         render_budget_settings()
-        from forgetlab.ui.executor import render_executor_settings
         render_executor_settings()
         render_jobs()
     return path
@@ -87,9 +89,6 @@ SIZE_NOTES = {"tiny": "tiny — about a minute, for a first look", "default": "d
 
 def render_first_run() -> None:
     """With no pool at all: explain, and offer to build the pico demo zoo in the background, then open it."""
-    from forgetlab.zoo import SIZES, build
-
-    from forgetlab.ui.zoo_build import REGISTRY as _jobs, build_key
 
     st.subheader("Welcome to forgetlab")
     st.write("forgetlab shows what fine-tuning changed in a language model and what it cost. It needs a "

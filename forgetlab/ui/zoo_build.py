@@ -19,7 +19,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from forgetlab.plots.zoo import pretraining_figure
+from forgetlab.ui.errors import render_error
 from forgetlab.ui.jobs import REGISTRY, Job, job_key
+from forgetlab.zoo import build
+from forgetlab.zoo.build import zoo_root
+from forgetlab.zoo.manifest import done_steps, read_manifest
 
 PRESET, SIZE = "pico", "default"
 POLL_SECONDS = 2.0
@@ -34,9 +39,6 @@ def build_key(home: Path) -> str:
 
 def zoo_state(home: Path) -> tuple[Path, dict | None]:
     """(the pico zoo's folder in `home`, its manifest or None)."""
-    from forgetlab.zoo.build import zoo_root
-    from forgetlab.zoo.manifest import read_manifest
-
     root = zoo_root(PRESET, SIZE, home)
     return root, read_manifest(root) if root.is_dir() else None
 
@@ -59,8 +61,6 @@ def needs_build(home: Path, has_pool: bool) -> bool:
 
 def start_build(home: Path) -> Job:
     """Start (or attach to) the background build of the pico default zoo in `home`."""
-    from forgetlab.zoo import build
-
     def work(progress):
         snapshots: list = []
 
@@ -76,8 +76,6 @@ def start_build(home: Path) -> Job:
 
 def ready_models(home: Path) -> list[str]:
     """The models of the zoo's manifest whose step is done, in build order (base first)."""
-    from forgetlab.zoo.manifest import done_steps
-
     _, manifest = zoo_state(home)
     done = done_steps(manifest) if manifest else set()
     order = (manifest or {}).get("steps") or {}
@@ -112,8 +110,6 @@ def render_build_banner(home: Path, has_pool: bool) -> None:
     job = REGISTRY.get(build_key(home))
     if (job is None or not job.running) and needs_build(home, has_pool):
         if job is not None and job.status != "done":
-            from forgetlab.ui.errors import render_error
-
             if job.error is not None:  # a failed build is shown, not restarted in a loop
                 render_error(job.error, job.traceback)
                 return
@@ -155,8 +151,6 @@ def render_pretraining(snapshots: list, version: int, *, live: bool = True) -> N
     """The base while it pre-trains (`live`), or after: what it answers to one held-out prompt per task, asked
     in the task's format and in the pre-training text's form, and its held-out loss with the counts of watched
     facts it knows and answers, over the steps so far (the figure is rebuilt only when `version` changes)."""
-    from forgetlab.plots.zoo import pretraining_figure
-
     last = snapshots[-1]
     counts = (f"**{last.known} of {len(last.answers)}** watched facts in the form the pre-training text states "
               f"them, and answers **{last.correct}** in the tasks' own format")

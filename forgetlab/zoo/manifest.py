@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import forgetlab
 from forgetlab.core.errors import WorkspaceError
 from forgetlab.core.workspace import versions
 from forgetlab.zoo.presets import ZooSpec
+from forgetlab.zoo.tasks import LEXICON_SEED, TASK_SEEDS
 
 MANIFEST = "manifest.json"
 FORMAT = 2  # 2: pico with skill text in pretraining, LoRA adapters, easier math, measured claims
@@ -23,9 +25,6 @@ FORMAT = 2  # 2: pico with skill text in pretraining, LoRA adapters, easier math
 
 def new_manifest(spec: ZooSpec) -> dict[str, Any]:
     """A manifest for a build about to start: settings, fingerprint, versions, seeds, no step done."""
-    import forgetlab
-    from forgetlab.zoo.tasks import LEXICON_SEED, TASK_SEEDS
-
     return {
         "format": FORMAT,
         "forgetlab_version": forgetlab.__version__,
@@ -88,8 +87,6 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> Path:
 
 def stale_reason(manifest: dict[str, Any] | None, spec: ZooSpec) -> str | None:
     """Why a manifest cannot be trusted for `spec` (None when it can): format, version or settings differ."""
-    import forgetlab
-
     if manifest is None:
         return "no readable manifest"
     if manifest.get("format") != FORMAT:

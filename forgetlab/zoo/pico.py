@@ -4,10 +4,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from forgetlab.core.data import TaskPair
 from forgetlab.core.errors import ParameterError
 from forgetlab.zoo.presets import ModelShape, ZooSpec
+from forgetlab.zoo.tasks import DOCUMENT_FORMS, mix_paragraphs, skill_paragraphs, task_forms
 from forgetlab.zoo.tokenizer import train_bpe_tokenizer
 
 
@@ -26,8 +28,6 @@ def pretraining_texts(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Se
     Like a real corpus, it holds a little of every skill the fine-tunes later sharpen, but not their prompt
     format: `47 + 8 = 55`, never `Compute: 47+8=`.
     """
-    from forgetlab.zoo.tasks import DOCUMENT_FORMS, mix_paragraphs, skill_paragraphs, task_forms
-
     share = float(spec.data.skill_share)
     if not 0.0 <= share < 1.0:
         raise ParameterError(f"skill_share must be in [0, 1); got {share}.")
@@ -55,8 +55,6 @@ def make_tokenizer(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Seque
 
 def llama_config(shape: ModelShape, tokenizer):
     """A LlamaConfig of `shape` with tied embeddings, sized to the tokenizer and using its special ids."""
-    from transformers import LlamaConfig
-
     return LlamaConfig(
         vocab_size=max(shape.vocab_size, len(tokenizer)),
         hidden_size=shape.hidden_size,
@@ -76,8 +74,6 @@ def llama_config(shape: ModelShape, tokenizer):
 
 def init_model(shape: ModelShape, tokenizer, seed: int):
     """A freshly initialised LlamaForCausalLM (weights drawn with `torch.manual_seed(seed)`), float32."""
-    from transformers import LlamaForCausalLM
-
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
         model = LlamaForCausalLM(llama_config(shape, tokenizer))

@@ -11,6 +11,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from forgetlab.core.errors import CheckpointError, MissingDependencyError
 from forgetlab.zoo.presets import LoraSpec
@@ -48,7 +49,6 @@ def load_smol(gguf: Path):
         import gguf as _gguf  # noqa: F401  (transformers needs it to read GGUF files)
     except ImportError:
         raise MissingDependencyError("Reading GGUF files needs the gguf package: `pip install gguf`.") from None
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
     folder, name = str(gguf.parent), gguf.name
     try:

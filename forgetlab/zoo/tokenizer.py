@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 
@@ -18,9 +21,6 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency:
     The result has bos/eos/pad set, prepends BOS when `add_special_tokens=True`, and saves/loads with
     `save_pretrained` / `AutoTokenizer.from_pretrained`. Training is deterministic for the same texts.
     """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([

@@ -19,6 +19,9 @@ import pandas as pd
 import torch
 
 from forgetlab.core.data import TaskPair, format_prompt
+from forgetlab.core.evaluate import general_loss
+from forgetlab.zoo.manifest import manifest_beside
+from forgetlab.zoo.tasks import skill_sentence
 
 SNAPSHOTS = 14          # snapshots per pre-training, besides the one before the first step
 PER_TASK = 8            # watched eval prompts per task
@@ -101,8 +104,6 @@ def every(steps: int) -> int:
 def form_prompt(task: str, pair: TaskPair, form: str) -> str:
     """The prompt of `pair`'s fact in the pre-training text's `form`: its skill sentence without the answer at
     its end ("" when the sentence does not end with the answer)."""
-    from forgetlab.zoo.tasks import skill_sentence
-
     sentence = skill_sentence(task, pair, form)
     return sentence[:-len(pair.answer)].rstrip(" ") if pair.answer and sentence.endswith(pair.answer) else ""
 
@@ -143,8 +144,6 @@ def snapshot_recorder(tokenizer, pairs: Sequence[tuple[str, TaskPair, str]], gen
     """(`eval_fn(model, step)` for `forgetlab.train.trainer.train`, the list it fills). Each call measures the
     held-out general loss on the first `blocks` blocks of `general` and answers each watched prompt, keeps the
     snapshot and hands it to `on_snapshot`."""
-    from forgetlab.core.evaluate import general_loss
-
     kept: list[PretrainingSnapshot] = []
 
     def room(answer: str) -> int:
@@ -173,8 +172,6 @@ def snapshot_recorder(tokenizer, pairs: Sequence[tuple[str, TaskPair, str]], gen
 def stored_snapshots(pool_or_path) -> list[PretrainingSnapshot]:
     """The snapshots of the base's pre-training that a zoo build stored in its manifest (`steps.base.snapshots`);
     [] for a pool that is not a pico zoo, or one built before they were recorded."""
-    from forgetlab.zoo.manifest import manifest_beside
-
     base = ((manifest_beside(pool_or_path) or {}).get("steps") or {}).get("base") or {}
     try:
         return [PretrainingSnapshot.from_dict(s) for s in base.get("snapshots") or []]
