@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
+from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
 from forgetlab.commands import args as shared
+from forgetlab.commands.executor_args import device_from_args, load_placed
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
-from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
+from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
+from forgetlab.core.errors import IncompatibleModelsError
+from forgetlab.core.eval_memory import estimate_eval
+from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES, evaluate, scorecards_frame
+from forgetlab.core.memory import estimate, job_dtype
 from forgetlab.core.outputs import check_output_file, write_text_file
+from forgetlab.core.pool import BASE, ModelPool
 
 
 def register(sub) -> None:
@@ -49,10 +59,6 @@ def register(sub) -> None:
 
 
 def cmd_inspect(args) -> int:
-    from forgetlab.core.anatomy import Anatomy
-    from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
-    from forgetlab.core.errors import IncompatibleModelsError
-
     ckpt = open_checkpoint(args.ref, base=args.base)
     cfg = ckpt.config
     arch = ", ".join(getattr(cfg, "architectures", None) or []) or "architecture not recorded"
@@ -95,9 +101,6 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_taskvec(args) -> int:
-    from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
-    from forgetlab.core.pool import ModelPool
-
     if args.out is not None:
         check_output_file(cosine_path(args.out), args.overwrite)
     pool = ModelPool.from_yaml(args.pool)
@@ -129,16 +132,10 @@ def cosine_path(out: str) -> Path:
 
 
 def cmd_eval(args) -> int:
-    from forgetlab.core.evaluate import evaluate, scorecards_frame
-    from forgetlab.core.pool import BASE, ModelPool
-
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
     bench, manager = benchmark_spec(args, pool)
-    from forgetlab.commands.executor_args import device_from_args, load_placed
     placement = device_from_args(args)
-    from forgetlab.core.eval_memory import estimate_eval  # noqa: F401  (registers the "eval" estimate)
-    from forgetlab.core.memory import estimate, job_dtype
 
     dtype = job_dtype(args.dtype, args.device)
     est = estimate("eval", pool=pool, models=names, device=args.device, dtype=dtype, max_general=args.max_general,
@@ -174,9 +171,6 @@ def benchmark_spec(args, pool):
     """(BenchmarkSpec, lm-eval TaskManager) from --lm-eval/--lm-eval-include/--limit, else the pool's
     probes.benchmarks; (None, None) when no benchmark is asked for. Every task is checked before any model
     is loaded."""
-    from dataclasses import replace
-
-    from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
 
     spec = None if args.no_lm_eval else pool.probes.benchmarks if pool.probes is not None else None
     if args.lm_eval:
