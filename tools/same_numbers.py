@@ -31,7 +31,7 @@ def jobs(pool: str, out: Path, recipes: Path) -> dict[str, list[str]]:
         "sweep-pruning": ["sweep", "pruning", pool, "--model", "math", "--ratios", "0,0.9", *small],
         "sweep-density": ["sweep", "density", pool, "--model", "math", "--drops", "0,0.9", "--keeps", "1,0.2",
                           "--methods", "dare", "ties", "della", *small],
-        "sweep-hma": ["sweep", "hma", pool, "--model", "math", "--grid", "0.1,0.2,0.3", "0.5,0.5,0.5", *small],
+        "sweep-hma": ["sweep", "hma", pool, "--model", "math", "--grid", "0.1,0.3", "0.5,0.5", *small],
         "sweep-lines": ["sweep", "lines", pool, "--model", "math", "--betas", "0,0.5", *small],
         "sweep-rank": ["sweep", "rank", pool, "--model", "math", "--ranks", "0.5,1", *small],
         "sweep-iso": ["sweep", "iso", pool, "--model", "math", "--iso-alphas", "0.5,1", *small],
@@ -50,7 +50,7 @@ def jobs(pool: str, out: Path, recipes: Path) -> dict[str, list[str]]:
     for name, args in j.items():
         suffix = ".yaml" if name == "pcb-search" else ".csv"
         args += ["--out", str(out / f"{name}{suffix}")]
-        if name not in ("eval", "pcb-search", "taskvec"):
+        if name not in ("eval", "pcb-search", "taskvec", "features"):
             args.append("--no-save")
     for method in ("ties", "dare_ties", "pcb", "slwm", "regmean", "tsv"):
         j[f"merge-{method}"] = ["merge", str(recipes / f"{method}.yaml"), str(out / f"merge-{method}"), "--pool", pool]
@@ -67,7 +67,7 @@ def write_recipes(pool_yaml: Path, folder: Path) -> None:
     base = (root / spec["base"]).resolve()
     models = [(root / spec["models"][m]).resolve() for m in ("math", "code", "translate")]
     params = {"ta": {"lam": 0.5}, "ties": {"keep": 0.3}, "dare_ties": {"drop": 0.5, "seed": 3},
-              "pcb": {"keep": 0.2}, "slwm": {}, "regmean": {}, "tsv": {}}
+              "pcb": {"keep": 0.2}, "slwm": {"samples": 16}, "regmean": {"samples": 16}, "tsv": {}}
     for method, p in params.items():
         name = "task_arithmetic" if method == "ta" else method
         lines = [f"method: {name}", f"base: {base}", "models:"] + [f"  - {{model: {m}}}" for m in models]
@@ -103,7 +103,7 @@ def compare_tables(a: Path, b: Path) -> tuple[float, str]:
     worst, notes = 0.0, []
     for c in keep:
         if pd.api.types.is_numeric_dtype(fa[c]) and pd.api.types.is_numeric_dtype(fb[c]):
-            d = (fa[c] - fb[c]).abs()
+            d = (fa[c].astype(float) - fb[c].astype(float)).abs()
             both_nan = fa[c].isna() & fb[c].isna()
             worst = max(worst, float(d[~both_nan].max() if (~both_nan).any() else 0.0))
             if (fa[c].isna() != fb[c].isna()).any():
@@ -137,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool", default=str(Path.home() / ".forgetlab/zoo/pico-tiny/pool.yaml"))
     p.add_argument("--work", type=Path, default=Path("/tmp/same-numbers"))
     p.add_argument("--atol", type=float, default=0.0)
+    p.add_argument("--compare-only", action="store_true", help="compare the outputs of an earlier run")
     args = p.parse_args(argv)
-    outs = [run_tree(t.resolve(), args.pool, args.work) for t in (args.old, args.new)]
+    trees = [t.resolve() for t in (args.old, args.new)]
+    outs = ([args.work / f"out-{t.name}" for t in trees] if args.compare_only
+            else [run_tree(t, args.pool, args.work) for t in trees])
     bad = 0
     for fa in sorted(outs[0].iterdir()):
         fb = outs[1] / fa.name
