@@ -111,16 +111,6 @@ def _features(run):
     return [tsne_scatter(result), distance_bars(result)]
 
 
-def _attribution(run, measure="exact_match"):
-    from forgetlab.analysis.attribution import AttributionResult
-    from forgetlab.plots.attribution import heatmap_figure, tradeoff_figure
-
-    result = AttributionResult.from_dict(run.results)
-    spec = "d_speciality" if measure == "exact_match" else "d_answer_loss"
-    return [heatmap_figure(result, "d_general_loss"), heatmap_figure(result, spec),
-            tradeoff_figure(result, measure=measure)]
-
-
 def _textdiff(run):
     from forgetlab.analysis.textdiff import load_textdiff
     from forgetlab.plots.textdiff import figures
@@ -145,7 +135,6 @@ def _search(run):
 register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
-register_reopener("attribution", _attribution)
 register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
