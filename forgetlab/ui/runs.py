@@ -103,14 +103,6 @@ def _scorecards(run, measure="exact_match"):
     return [scorecards_figure(cards, measure or "exact_match")]
 
 
-def _features(run):
-    from forgetlab.analysis.features import TsneResult
-    from forgetlab.plots.features import distance_bars, tsne_scatter
-
-    result = TsneResult.from_dict(run.results)
-    return [tsne_scatter(result), distance_bars(result)]
-
-
 def _textdiff(run):
     from forgetlab.analysis.textdiff import load_textdiff
     from forgetlab.plots.textdiff import figures
@@ -138,7 +130,6 @@ register_reopener("benchmarks", _benchmarks)
 register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
-register_reopener("features", _features)
 
 
 def _call(fn: Callable, arg, measure: str | None):
