@@ -103,13 +103,6 @@ def _scorecards(run, measure="exact_match"):
     return [scorecards_figure(cards, measure or "exact_match")]
 
 
-def _textdiff(run):
-    from forgetlab.analysis.textdiff import load_textdiff
-    from forgetlab.plots.textdiff import figures
-
-    return figures(load_textdiff(run.path))
-
-
 def _benchmarks(run):
     from forgetlab.core.benchmarks import BenchmarkTable
     from forgetlab.plots.models import benchmark_bars
@@ -127,7 +120,6 @@ def _search(run):
 register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
-register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
 
