@@ -3,17 +3,18 @@ from __future__ import annotations
 
 import streamlit as st
 
-from forgetlab.analysis import textdiff as T
+from forgetlab.analysis.textdiff import ANALYSIS, TextDiffSettings
 from forgetlab.core.memory import dtype_name
+from forgetlab.merge.workflow import saved_merges
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
 from forgetlab.ui.errors import show_errors
-from forgetlab.ui.jobs import job_key, run_once
 from forgetlab.ui.pool import require_pool
-from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
-from forgetlab.ui.memory import memory_check
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.navigation import page_header
+from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
+from forgetlab.ui.widgets import field_info, field_widget
 
 MENU = ("Text", ":material/text_fields:", 50)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -23,7 +24,7 @@ page_header("Text",
             "token, and KL over the whole vocabulary. Red: forgotten. Hover a token for both models' top guesses.")
 
 pool = require_pool()
-RESULT_KEY = "text_result"
+panel = AnalysisPanel(ANALYSIS, page="text", button="Score the text", label=lambda s: f"Text diff of {s.model}")
 MEASURE_LABELS = {"rise": "rise (nats lost)", "kl": "KL(reference ‖ model)"}
 
 request = st.session_state.pop(REQUEST_KEY, None)      # from the Forgetting or Merge page: open and run it
@@ -34,16 +35,14 @@ if request:
         st.session_state["text_alpha"] = float(request["alpha"])
     st.session_state["text_against"] = request.get("against", "base")
     st.session_state["text_source"] = "held-out split"
-    st.session_state[RESULT_KEY] = None
+    st.session_state[panel.result_key] = None
 opened = st.session_state.pop(OPEN_RUN_KEY, None)      # from the Runs page: a saved run to show
 if opened:
     with show_errors():
-        st.session_state[RESULT_KEY] = T.load_textdiff(opened)
+        st.session_state[panel.result_key] = ANALYSIS.load(opened)
 
 merges = []
 with show_errors():
-    from forgetlab.merge.workflow import saved_merges
-
     merges = [m.name for m in saved_merges()]
 choices = [*pool.model_names, *[m for m in merges if m not in pool.model_names]]
 if not choices:
@@ -56,16 +55,18 @@ if st.session_state.get("text_model") not in choices:
 device, dtype = device_settings()
 left, right = st.columns([1, 2])
 with left:
-    model = st.selectbox("model", choices, key="text_model", help="a fine-tuned model of the pool or a merge of "
-                                                                  "the workspace")
+    model = field_widget(TextDiffSettings, "model", key="text_model", options=choices, label="model",
+                         help="A fine-tuned model of the pool or a merge of the workspace.")
     swept = model in pool.model_names
     use_alpha = st.checkbox("a WiSE-FT point θ0 + α(θ1 − θ0) of it", False, key="text_use_alpha", disabled=not swept)
-    alpha = st.slider("α", 0.0, 1.0, 0.5, 0.05, key="text_alpha", disabled=not (swept and use_alpha))
+    alpha = st.slider("α", 0.0, 1.0, 0.5, 0.05, key="text_alpha", disabled=not (swept and use_alpha),
+                      help=field_info(TextDiffSettings, "alpha").spec.help)
     alpha = float(alpha) if swept and use_alpha else None
     others = ["base", *[c for c in [*pool.model_names, *merges] if c != model]]
     if st.session_state.get("text_against") not in others:
         st.session_state["text_against"] = "base"
-    against = st.selectbox("against (the reference)", others, key="text_against")
+    against = field_widget(TextDiffSettings, "against", key="text_against", options=others,
+                           label="against (the reference)")
     source = st.radio("text", ["held-out split", "my own text"], key="text_source", horizontal=True,
                       help="held-out: the scorecard's blocks, so the mean rise is the general-loss rise. Own text: "
                            "one document per line.")
@@ -73,47 +74,18 @@ with left:
     if source == "my own text":
         typed = st.text_area("text (one document per line)", "The river flows through the old town.\n",
                              key="text_lines", height=140)
-        lines = typed.splitlines()
+        lines = tuple(typed.splitlines())
     else:
         max_general = eval_budget().max_general    # the app's one budget: the rise is the scorecards' rise
         budget_caption(note=": its held-out blocks are the text scored here")
-    settings = dict(against=against, alpha=alpha, lines=lines, max_general=max_general, device=device,
-                    dtype=dtype_name(dtype))
-    fits = memory_check("textdiff", pool=pool, model=model, **settings)
-    run = st.button("Score the text", type="primary", key="text_run", disabled=not fits) or (bool(request) and fits)
+    settings = TextDiffSettings(model=model, against=against, alpha=alpha, lines=lines, max_general=max_general,
+                                device=device, dtype=dtype_name(dtype))
+    start = panel.controls(pool, settings, press=bool(request))
 
-with right:
-    start = False
-    if run:
-        with show_errors():
-            T.check(pool, model, **{k: v for k, v in settings.items() if k not in ("device", "dtype")})
-            start = True
-    key = job_key("text", pool.key, str(workspace_home()), model, settings)
 
-    def work(progress):
-        """The text diff, then saved to the workspace's runs/ (also if nobody is watching)."""
-        result = T.textdiff(pool, model, progress=progress, **settings)
-        return result, T.save_textdiff(result)
-
-    def keep(done) -> None:
-        st.session_state[RESULT_KEY] = done[0]
-        st.toast(f"Saved under {done[1]}")
-
-    run_once(key, work, start=start, label=f"Text diff of {model}", slot="text", on_done=keep)
-
-    current = st.session_state.get(RESULT_KEY)
-    saved = T.list_textdiffs()
-    if current is None and saved and not run:
-        labels = {r.id: f"{r.recipe.get('model_label') or r.recipe.get('model')} vs {r.recipe.get('against')} · "
-                        f"{'held-out' if r.recipe.get('source') == 'heldout' else 'own text'} · {r.id}" for r in saved}
-        chosen = st.selectbox("saved text diffs", list(labels), format_func=labels.get, key="text_saved")
-        with show_errors():
-            current = T.load_textdiff(next(r.path for r in saved if r.id == chosen))
-    if current is None:
-        st.info("Score a text (left) to see where the model lost probability, token by token.")
-        st.stop()
-
-    r = current
+def show(r) -> None:
+    """The text shaded token by token, the contexts, the rise per class, the logit lens, the rise along the
+    sequences, the tokens with the largest rise, and the tables to download."""
     s = r.summary()
     st.caption(f"**{r.model}** against **{r.against}** on {'the held-out split' if r.source == 'heldout' else r.source}"
                f" · {s['tokens']} tokens in {len(r.docs)} sequences, {r.seconds:.1f} s · loss {s['loss_base']:.4f} →"
@@ -130,31 +102,41 @@ with right:
     st.html(token_html(r, int(doc), measure, scale))
     st.html(legend_html(measure, scale))
 
-st.subheader("Where the loss went")
-c1, c2 = st.columns(2)
-with c1:
-    st.markdown(f"**Contexts with the largest {MEASURE_LABELS[measure]}** (8 tokens, the token in [brackets])")
-    contexts = r.top_contexts(measure, 20)
-    show_table(contexts[["where", "position", "context", "token_class", "rise", "kl", "top1_base", "top1_model"]],
-               key="text_contexts")
-with c2:
-    bar = st.radio("per class", ["mean_rise", "total_rise", "share_of_rise", "mean_kl"], key="text_class_measure",
-                   horizontal=True, format_func=lambda m: m.replace("_", " "))
-    st.plotly_chart(class_bars(r, bar), key="text_classes")
-c3, c4 = st.columns(2)
-c3.plotly_chart(lens_figure(r), key="text_lens")
-c4.plotly_chart(position_figure(r), key="text_positions")
-st.markdown(f"**Tokens with the largest total {measure}** (seen at least twice)")
-tokens = r.top_tokens(measure, 20)
-show_table(tokens, key="text_tokens")
 
-d1, d2, d3, d4 = st.columns(4)
-stem = r.model.replace("@", "-").replace("=", "")
-d1.download_button("Tokens (CSV)", lambda: r.to_frame().to_csv(index=False), file_name=f"textdiff-{stem}.csv",
-                   mime="text/csv", key="text_csv_tokens", on_click="ignore")
-d2.download_button("Contexts (CSV)", contexts.to_csv(index=False), file_name=f"textdiff-{stem}-contexts.csv",
-                   mime="text/csv", key="text_csv_contexts", on_click="ignore")
-d3.download_button("Classes (CSV)", r.by_class().to_csv(index=False), file_name=f"textdiff-{stem}-classes.csv",
-                   mime="text/csv", key="text_csv_classes", on_click="ignore")
-d4.download_button("Logit lens (CSV)", r.lens_frame().to_csv(index=False), file_name=f"textdiff-{stem}-lens.csv",
-                   mime="text/csv", key="text_csv_lens", on_click="ignore")
+def show_more(r) -> None:
+    """Below both columns, by the measure the text is shaded by: where the loss went (contexts, classes, lens,
+    positions, tokens) and the downloads."""
+    measure = st.session_state.get("text_measure", "rise")
+    st.subheader("Where the loss went")
+    c1, c2 = st.columns(2)
+    with c1:
+        st.markdown(f"**Contexts with the largest {MEASURE_LABELS[measure]}** (8 tokens, the token in [brackets])")
+        contexts = r.top_contexts(measure, 20)
+        show_table(contexts[["where", "position", "context", "token_class", "rise", "kl", "top1_base", "top1_model"]],
+                   key="text_contexts")
+    with c2:
+        bar = st.radio("per class", ["mean_rise", "total_rise", "share_of_rise", "mean_kl"], key="text_class_measure",
+                       horizontal=True, format_func=lambda m: m.replace("_", " "))
+        st.plotly_chart(class_bars(r, bar), key="text_classes")
+    c3, c4 = st.columns(2)
+    c3.plotly_chart(lens_figure(r), key="text_lens")
+    c4.plotly_chart(position_figure(r), key="text_positions")
+    st.markdown(f"**Tokens with the largest total {measure}** (seen at least twice)")
+    show_table(r.top_tokens(measure, 20), key="text_tokens")
+    d1, d2, d3, d4 = st.columns(4)
+    stem = r.model.replace("@", "-").replace("=", "")
+    d1.download_button("Tokens (CSV)", lambda: r.to_frame().to_csv(index=False), file_name=f"textdiff-{stem}.csv",
+                       mime="text/csv", key="text_csv_tokens", on_click="ignore")
+    d2.download_button("Contexts (CSV)", contexts.to_csv(index=False), file_name=f"textdiff-{stem}-contexts.csv",
+                       mime="text/csv", key="text_csv_contexts", on_click="ignore")
+    d3.download_button("Classes (CSV)", r.by_class().to_csv(index=False), file_name=f"textdiff-{stem}-classes.csv",
+                       mime="text/csv", key="text_csv_classes", on_click="ignore")
+    d4.download_button("Logit lens (CSV)", r.lens_frame().to_csv(index=False), file_name=f"textdiff-{stem}-lens.csv",
+                       mime="text/csv", key="text_csv_lens", on_click="ignore")
+
+
+with right:
+    result = panel.results(pool, settings, start=start, show=show,
+                           empty="Score a text (left) to see where the model lost probability, token by token.")
+if result is not None:
+    show_more(result)

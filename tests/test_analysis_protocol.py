@@ -48,7 +48,7 @@ def test_settings_are_typed_and_unknown_names_are_refused():
     ("linearity", {"task": "math", "model": "ft0", "alphas": [0.5, 1.0]}, "alphas must be distinct numbers in [0, 1)"),
     ("linearity", {"task": "math", "model": "ft0", "levels": ["neuron"]}, "'neuron' is not one of the levels"),
     ("linearity", {"task": "chess", "model": "ft0"}, "no task 'chess'"),
-    ("features", {"models": []}, "Choose at least one model"),
+    ("features", {"models": []}, "models is empty"),
     ("features", {"models": ["ft9"]}, "no model 'ft9'"),
     ("attribution", {"model": "ft0", "level": "neuron"}, "neuron"),
     ("attribution", {"model": "nope"}, "nope"),

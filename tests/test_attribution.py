@@ -205,7 +205,7 @@ def test_cli_writes_map_saves_run_and_reopens(edited, tmp_path, monkeypatch, cap
     assert set(frame["map"]) == {"only_this", "leave_one_out"}
     runs = list_runs(tmp_path / "home", kind="attribution")
     assert len(runs) == 1
-    back = A.load_attribution(runs[0].path)
+    back = A.ANALYSIS.load(runs[0].path)
     pd.testing.assert_frame_equal(back.to_frame().astype({"layer": float, "head": float}), frame, check_dtype=False)
     assert back.level == "layer" and back.evaluations > 0 and back.seconds > 0
     from forgetlab.ui.runs import run_figures      # the Runs page redraws the map with the page's charts

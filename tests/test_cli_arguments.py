@@ -419,10 +419,12 @@ def _same_row(expected, got) -> bool:
 
 # Issue 42: commands made from an analysis' settings (forgetlab.commands.generated) take the executor flags too
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
-GENERATED = {"linearity"}
+GENERATED = {"linearity", "attribution", "textdiff", "features"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)
+# features saves its map under the workspace's runs/ from the CLI too (as the page always did): --no-save skips it.
+EXPECTED["features"]["no_save"] = (("--no-save",), False, False, None, None, 0, None)
 
 
 @pytest.mark.parametrize("path", list(EXPECTED))

@@ -209,12 +209,12 @@ def test_merge_folder_sweep_point_and_adapter_models(pool, tiny_llama, tmp_path,
 
 def test_save_load_and_list_round_trip(pool, home):
     r = T.textdiff(pool, "ft0", lines=LINES + ["nan", "NA null ''"], lens=True)
-    path = T.save_textdiff(r)
-    again = T.load_textdiff(path)
+    path = T.ANALYSIS.save(r)
+    again = T.ANALYSIS.load(path)
     pd.testing.assert_frame_equal(again.tokens, r.tokens)
     assert again.docs == r.docs and again.lens == r.lens and again.model == r.model
-    assert [x.path for x in T.list_textdiffs(model="ft0")] == [path]
-    assert T.list_textdiffs(model="ft1") == []
+    assert [x.path for x in T.ANALYSIS.list(model="ft0")] == [path]
+    assert T.ANALYSIS.list(model="ft1") == []
     saved = pd.read_csv(path / "results.csv")
     assert list(saved.columns) == T.COLUMNS and len(saved) == len(r.tokens)
     # the table is saved once, as CSV (its JSON lists cost ~1.7 kB a token on a long text); the former format

@@ -30,26 +30,31 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
-from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.analysis.attribution_inputs import check_level, resolve_attribution
+from forgetlab.analysis.attribution_memory import estimate_attribution
+from forgetlab.analysis.attribution_results import KIND, AttributionResult, AttributionRow, card_scores
+from forgetlab.analysis.base import ANALYSES, Analysis, pool_source
+from forgetlab.analysis.linearity_results import NonlinearityResult
+from forgetlab.analysis.sweeps import check_swept_model
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.errors import ParameterError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
+from forgetlab.core.workspace import list_runs
 from forgetlab.merge.methods.interpolation import wise_ft
-
-LEVELS = ("layer", "module", "head")
-MAPS = ("only_this", "leave_one_out")
-KIND = "attribution"
-MEASURES = ("general_loss", "speciality", "answer_loss")
-COLUMNS = ["map", "key", "layer", "module", "head", "alpha", "d_general_loss", "d_speciality", "d_answer_loss",
-           "general_loss", "speciality", "answer_loss", "tau_norm", "tau_share", "zero_tau", "seconds"]
-
+from forgetlab.merge.methods.submodule import format_alphas, parse_alphas
+from forgetlab.merge.recipes import ModelEntry, Recipe
+from forgetlab.merge.working_copy import WorkingCopy
+from forgetlab.plots.attribution import figures
 
 # ------------------------------------------------------------------------------------------------ parts
 
@@ -68,6 +73,7 @@ class Part:
     slices: tuple = ()
 
     def tensor_names(self) -> list[str]:
+        """The names of the tensors the part writes (whole or sliced), each once."""
         return list(dict.fromkeys([*self.tensors, *(s.name for s in self.slices)]))
 
 
@@ -122,147 +128,14 @@ def parts_of(anatomy, names: Sequence[str], level: str) -> list[Part]:
     return parts
 
 
-def check_level(level: str) -> str:
-    """`level` if attribution offers it, else a ParameterError naming the levels."""
-    if level not in LEVELS:
-        hint = " (attn and mlp are parts of the 'module' level)" if level in ("attn", "mlp") else ""
-        raise ParameterError(f"Attribution has no level {level!r}{hint}; choose one of {', '.join(LEVELS)}.")
-    return level
-
-
-# ---------------------------------------------------------------------------------------------- results
-
-
-@dataclass
-class AttributionRow:
-    """One (map, part, α) evaluation: the edited model's scores and d = edited − reference."""
-
-    map: str
-    key: str
-    layer: Optional[int]
-    module: str
-    head: Optional[int]
-    alpha: float
-    general_loss: float
-    speciality: float
-    answer_loss: float
-    d_general_loss: float
-    d_speciality: float
-    d_answer_loss: float
-    tau_norm: float
-    tau_share: float
-    zero_tau: bool = False
-    seconds: float = 0.0
-
-
-@dataclass
-class AttributionResult:
-    """Both maps of one model and task at one level, the base's and the fine-tune's scorecards, the cost."""
-
-    model: str
-    task: str
-    level: str
-    base: Scorecard
-    finetuned: Scorecard
-    rows: list[AttributionRow] = field(default_factory=list)
-    seconds: float = 0.0
-    evaluations: int = 0
-    tensors_written: int = 0
-    notes: list[str] = field(default_factory=list)
-    recipe: dict[str, Any] = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per (map, submodule[, α]) with the columns of `COLUMNS`."""
-        frame = pd.DataFrame([asdict(r) for r in self.rows], columns=COLUMNS)
-        return frame.astype({"layer": "Int64", "head": "Int64"})
-
-    def scores(self, which: str) -> dict[str, float]:
-        """general_loss, speciality (exact match on the task) and answer_loss of ``"base"`` or ``"finetuned"``."""
-        card = self.base if which == "base" else self.finetuned
-        t = card.tasks[self.task]
-        return {"general_loss": float(card.general_loss), "speciality": float(t.exact_match),
-                "answer_loss": float(t.answer_loss)}
-
-    @property
-    def zero_parts(self) -> list[str]:
-        """Keys of the parts whose τ is zero (flagged, not evaluated)."""
-        return list(dict.fromkeys(r.key for r in self.rows if r.zero_tau))
-
-    def additivity(self) -> pd.DataFrame:
-        """Per map and measure: Σk d over the parts (at α = 1 for only_this, α = 0 for leave_one_out), the
-        whole (fine-tune − base, or base − fine-tune), and their ratio (1 = the parts add up exactly)."""
-        base, ft = self.scores("base"), self.scores("finetuned")
-        out = []
-        for m, a in (("only_this", 1.0), ("leave_one_out", 0.0)):
-            rows = [r for r in self.rows if r.map == m and r.alpha == a]
-            for meas in MEASURES:
-                total = sum(getattr(r, f"d_{meas}") for r in rows)
-                whole = (ft[meas] - base[meas]) * (1 if m == "only_this" else -1)
-                ratio = total / whole if abs(whole) > 1e-12 else float("nan")
-                out.append({"map": m, "measure": meas, "sum_of_parts": total, "whole": whole, "ratio": ratio,
-                            "parts": len(rows)})
-        return pd.DataFrame(out, columns=["map", "measure", "sum_of_parts", "whole", "ratio", "parts"])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "task": self.task, "level": self.level, "base": self.base.to_dict(),
-                "finetuned": self.finetuned.to_dict(), "rows": [asdict(r) for r in self.rows],
-                "seconds": self.seconds, "evaluations": self.evaluations, "tensors_written": self.tensors_written,
-                "notes": list(self.notes), "recipe": dict(self.recipe)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "AttributionResult":
-        return cls(model=d["model"], task=d["task"], level=d["level"], base=Scorecard.from_dict(d["base"]),
-                   finetuned=Scorecard.from_dict(d["finetuned"]), rows=[AttributionRow(**r) for r in d["rows"]],
-                   seconds=float(d.get("seconds", 0.0)), evaluations=int(d.get("evaluations", 0)),
-                   tensors_written=int(d.get("tensors_written", 0)), notes=list(d.get("notes", [])),
-                   recipe=dict(d.get("recipe", {})))
-
-
 # ------------------------------------------------------------------------------------------- the checks
-
-
-def resolve_attribution(pool, model: str, task: Optional[str], level: str, select, alphas) -> tuple[str, Optional[list[str]],
-                                                                                         list[float]]:
-    """(task, selected submodules, α grid) of an attribution, checked against the pool: a fine-tuned model,
-    held-out text, the task (guessed from the model's name when not given) and the level's selection."""
-    from forgetlab.analysis.sweeps import check_swept_model, default_task
-
-    check_level(level)
-    check_swept_model(pool, model)
-    if not pool.probes.general:
-        raise ProbeDataError("Attribution needs held-out general text to measure generality; add "
-                             "`probes: general:` to the pool file.")
-    if task is None:
-        task = default_task(pool, model)
-        if task is None:
-            raise ProbeDataError(f"Name the task whose speciality {model} should keep (--task); the pool's tasks "
-                                 f"are: {', '.join(pool.task_names) or 'none (add probes: tasks: to the pool)'}.")
-    if task not in pool.task_names:
-        raise ProbeDataError(f"The pool has no probe data for task {task!r}; its tasks are: "
-                             f"{', '.join(pool.task_names) or 'none'}. Add it under `probes: tasks:`.")
-    if not pool.probes.tasks[task].eval:
-        raise ProbeDataError(f"Task {task!r} has no evaluation pairs (its `eval:` split is empty); add some to "
-                             "the pool's probe data.")
-    sel = None
-    if select is not None:
-        sel = [str(s) for s in select]
-        if not sel:
-            raise ParameterError("The selection of submodules is empty; pick at least one, or pass none to map "
-                                 "every submodule.")
-    if alphas is None:
-        grid: list[float] = []
-    else:
-        grid = [check_fraction("every alpha", a) for a in alphas]
-        if not grid:
-            raise ParameterError("The α line is empty; give values in [0, 1] (e.g. 0 0.5 1) or none for 0/1.")
-    return task, sel, grid
 
 
 def check(pool, model: str, **settings) -> None:
     """Raise the ForgetlabError that `attribute(pool, model, **settings)` would raise for bad settings (level,
     model, task, probe data, empty selection, α line), without loading the model — the app's pre-check."""
     resolve_attribution(pool, model, settings.get("task"), settings.get("level", "module"), settings.get("select"),
-             settings.get("alphas"))
+                        settings.get("alphas"))
 
 
 # ------------------------------------------------------------------------------------------ the writing
@@ -343,12 +216,6 @@ def _sum_squares(t: torch.Tensor, piece: int = 1 << 20) -> float:
 # ---------------------------------------------------------------------------------------------- the maps
 
 
-def _scores(card: Scorecard, task: str) -> dict[str, float]:
-    t = card.tasks[task]
-    return {"general_loss": float(card.general_loss), "speciality": float(t.exact_match),
-            "answer_loss": float(t.answer_loss)}
-
-
 def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "module",
               select: Optional[Sequence[str]] = None, alphas: Optional[Sequence[float]] = None,
               device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
@@ -364,10 +231,6 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     from θ0 + c·τ computed in float32 and the losses are computed from float32 logits. Peak: the estimator in
     `forgetlab.analysis.attribution_memory`.
     """
-    from forgetlab.core.memory import job_dtype
-    from forgetlab.core.anatomy import Anatomy
-    from forgetlab.merge.working_copy import WorkingCopy
-
     task, sel, grid = resolve_attribution(pool, model, task, level, select, alphas)
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
@@ -416,7 +279,7 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
 
     writer.write({}, rest=0.0)
     base_card, _ = run_eval("base")
-    base = _scores(base_card, task)
+    base = card_scores(base_card, task)
     rows: list[AttributionRow] = []
 
     def add(m: str, p: Part, a: float, sc: dict[str, float], ref: dict[str, float], secs: float, z: bool):
@@ -435,10 +298,10 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
                 continue
             writer.write({p.key: a}, focus=p.key, rest=0.0)
             card, secs = run_eval(f"only {p.key} α={a:g}")
-            only_rows.append((p, a, _scores(card, task), secs))
+            only_rows.append((p, a, card_scores(card, task), secs))
     writer.write({}, rest=1.0)
     ft_card, _ = run_eval("fine-tune")
-    ft = _scores(ft_card, task)
+    ft = card_scores(ft_card, task)
     for p, a, sc, secs in only_rows:
         if sc is None:      # θ0 + a·0 = θ0: the base's scores
             sc = dict(base)
@@ -450,8 +313,8 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
                 continue
             writer.write({p.key: a}, focus=p.key, rest=1.0)
             card, secs = run_eval(f"without {p.key} α={a:g}")
-            add("leave_one_out", p, a, _scores(card, task), ft, secs, False)
-    recipe = {"analysis": KIND, "pool": str(pool.source) if getattr(pool, "source", None) else None,
+            add("leave_one_out", p, a, card_scores(card, task), ft, secs, False)
+    recipe = {"analysis": KIND, "pool": pool_source(pool),
               "pool_name": getattr(pool, "name", None), "model": model, "task": task, "level": level,
               "select": sel, "alphas": grid or None, "max_general": max_general, "max_task": max_task,
               "batch_size": batch_size}
@@ -473,11 +336,6 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
     other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head keys are
     not (a merge applies one α per tensor): pick at the module level instead.
     """
-    from forgetlab.merge.methods.submodule import format_alphas, parse_alphas
-    from forgetlab.merge.recipes import ModelEntry, Recipe
-
-    from forgetlab.analysis.sweeps import check_swept_model
-
     check_swept_model(pool, model)
     alphas = dict(keep) if isinstance(keep, Mapping) else {str(k): 1.0 for k in keep}
     if not alphas:
@@ -495,8 +353,9 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
 
 
 def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
-    """Part keys → mean NLS from a linearity table (`forgetlab.analysis.linearity.NonlinearityResult.to_frame`): level
-    ``layer`` → ``"3"``, ``attn``/``mlp`` → ``"3.attn"``/``"3.mlp"``, ``head`` → ``"3.attn.h1"``."""
+    """Part keys → mean NLS from a linearity table (`forgetlab.analysis.linearity_results.NonlinearityResult
+    .to_frame`): level ``layer`` → ``"3"``, ``attn``/``mlp`` → ``"3.attn"``/``"3.mlp"``, ``head`` →
+    ``"3.attn.h1"``."""
     out: dict[str, float] = {}
     for _, r in frame.iterrows():
         if pd.isna(r.get("layer")):
@@ -512,9 +371,6 @@ def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
 
 def linearity_nls(model: str, task: Optional[str] = None, home_path: str | Path | None = None) -> dict[str, float]:
     """NLS per part key from the newest saved linearity run of `model` (and `task`), {} when there is none."""
-    from forgetlab.analysis.linearity import NonlinearityResult
-    from forgetlab.core.workspace import list_runs
-
     for run in list_runs(home_path, kind="linearity"):
         if run.recipe.get("model") != model or (task is not None and run.recipe.get("task") != task):
             continue
@@ -525,35 +381,9 @@ def linearity_nls(model: str, task: Optional[str] = None, home_path: str | Path 
     return {}
 
 
-# ------------------------------------------------------------------------------------------ save/reopen
+# ------------------------------------------------------------------------------------------ the analysis
 
-
-def save_attribution(result: AttributionResult, home_path: str | Path | None = None) -> Path:
-    """Save under the workspace's runs/ (kind ``attribution``: recipe.json, results.json, results.csv)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = dict(result.recipe)
-    recipe.setdefault("model", result.model)
-    recipe.setdefault("task", result.task)
-    return save_run(KIND, recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
-
-
-def load_attribution(path: str | Path) -> AttributionResult:
-    """Reopen a map saved by `save_attribution`."""
-    return load_result(path, KIND, AttributionResult, "an attribution map")
-
-
-def list_attributions(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
-    """Saved attribution maps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    return list_results(home_path, KIND, model=model)
-
-
-__all__ = ["LEVELS", "MAPS", "Part", "AttributionRow", "AttributionResult", "parts_of", "check_level", "check",
-           "attribute", "recipe_from_map", "save_attribution", "load_attribution", "list_attributions",
-           "ForgetlabError"]
-
-
-# ------------------------------------------------------------------------------------------ the verbs
+SHOWN = ["map", "key", "alpha", "d_general_loss", "d_speciality", "d_answer_loss", "tau_share", "zero_tau"]
 
 
 @dataclass
@@ -561,34 +391,73 @@ class AttributionSettings:
     """What an attribution map measures: `model`'s task vector cut at `level` (optionally only the parts in
     `select`), each part switched on alone and left out, at the α values `alphas`, judged on `task`."""
 
-    model: str = ""
-    task: Optional[str] = None
-    level: Optional[str] = None
-    select: Optional[Sequence[str]] = None
-    alphas: Optional[Sequence[float]] = None
-    device: Optional[str] = None
-    batch_size: Optional[int] = None
-    max_general: Optional[int] = None
-    max_task: Optional[int] = None
-    dtype: Optional[str] = None
+    model: Optional[str] = setting(None, help="the fine-tuned model (or LoRA adapter) of the pool", required=True)
+    task: Optional[str] = setting(None, help="task whose exact match is the speciality (default: the task named in "
+                                             "the model's name)")
+    level: str = setting("module", help="layer, module (attn/mlp/norm per layer) or head")
+    select: Optional[tuple[str, ...]] = setting(None, help="only these submodule keys (e.g. 3.mlp 2 embed)")
+    alphas: Optional[tuple[float, ...]] = setting(None, help="an α line per submodule instead of 0/1, e.g. 0,0.5,1",
+                                                  range=(0.0, 1.0), label="α line per part (optional)")
+    max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
+    max_task: Optional[int] = count_field(None, "at most this many eval pairs per task")
+    batch_size: int = count_field(16, "evaluation batch size")
+    device: Optional[str] = device_field(default_cuda=True)
+    dtype: Optional[str] = dtype_field("the working copy and its forward passes")
+
+
+def _arguments(settings: AttributionSettings) -> dict:
+    """`attribute`'s keyword arguments (besides the model) from the settings."""
+    values = asdict(settings)
+    del values["model"]
+    for name in ("select", "alphas"):
+        values[name] = list(values[name]) if values[name] is not None else None
+    return values
 
 
 def check_settings(settings: AttributionSettings, pool=None) -> None:
     """Refuse an unknown level (and, with the pool, a bad model, task, selection or α line) without loading
     the model."""
-    if settings.level is not None:
-        check_level(settings.level)
+    check_level(settings.level)
     if pool is not None:
-        check(pool, settings.model, **options(settings, {"task", "level", "select", "alphas"}))
+        check(pool, settings.model, **_arguments(settings))
 
 
-def run_settings(pool, settings: AttributionSettings, progress: Progress = None, executor=None) -> AttributionResult:
-    """`attribute` with these settings (in this process: `executor` is not used)."""
-    opts = options(settings)
-    return attribute(pool, opts.pop("model"), progress=progress, **opts)
+def compute(pool, settings: AttributionSettings, progress: Progress = None, executor=None) -> AttributionResult:
+    """`attribute` with these settings."""
+    return attribute(pool, settings.model, progress=progress, **_arguments(settings))
 
 
-ANALYSIS = register(Analysis("attribution", AttributionSettings, check_settings, run_settings, save_attribution,
-                             load_attribution, list_attributions))
+def estimate(pool, settings: AttributionSettings):
+    """The map's peak (`estimate_attribution`)."""
+    return estimate_attribution(pool, settings.model, **_arguments(settings))
 
-from forgetlab.analysis import attribution_memory  # noqa: E402,F401  (registers the "attribution" memory estimate)
+
+def recipe(result: AttributionResult) -> dict:
+    """What a saved map records: the settings it ran with (its pool, model, task, level, selection, α line and
+    evaluation limits)."""
+    out = dict(result.recipe)
+    out.setdefault("model", result.model)
+    out.setdefault("task", result.task)
+    return out
+
+
+def cli_report(result: AttributionResult) -> list:
+    """The CLI's lines: what was mapped and what it cost, both reference scores, the notes, the map and the
+    additivity table."""
+    b, f = result.scores("base"), result.scores("finetuned")
+    return [f"attribution of {result.model} on {result.task} at the {result.level} level: {result.evaluations} "
+            f"evaluations, {result.tensors_written} tensor writes in {result.seconds:.1f} s",
+            f"base: general loss {b['general_loss']:.4f}, exact match {b['speciality']:.4f}; fine-tune: general "
+            f"loss {f['general_loss']:.4f}, exact match {f['speciality']:.4f}",
+            *[f"note: {note}" for note in result.notes],
+            result.to_frame()[SHOWN], "additivity (sum of the parts against the whole):", result.additivity()]
+
+
+ANALYSIS = ANALYSES.add(KIND, Analysis(
+    KIND, "attribution map", AttributionSettings, compute, AttributionResult,
+    help="per-submodule map: what each part of the task vector buys and costs",
+    description="For each submodule k: only-this (θ0 + τk, d against the base) and leave-one-out (θ0 + τ − τk, d "
+                "against the fine-tune) of general loss, exact match and answer loss, with the additivity of the "
+                "parts. One working copy of the model is rewritten in place.",
+    checks=check_settings, estimate_fn=estimate, figures_fn=figures, measured=True, recipe=recipe,
+    report=cli_report))

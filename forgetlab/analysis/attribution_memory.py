@@ -14,11 +14,15 @@ from typing import Any, Optional
 
 import torch
 
+from forgetlab.analysis.attribution_inputs import resolve_attribution
 from forgetlab.core.eval_memory import eval_batch_bytes
+from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
+from forgetlab.core.pool import stored_float_dtype
 
 F32 = 4
+
 
 def write_bytes(size: ModelSize, stored_float32: bool) -> int:
     """The float32 temporaries of writing θ0 + c·τ into the largest tensor."""
@@ -33,10 +37,6 @@ def estimate_attribution(pool, model: str, *, task: Optional[str] = None, level:
                          **_: Any) -> MemoryEstimate:
     """The peak of `attribute` (module docstring), with the flags that shrink it in the order they help most.
     Reads headers and tokenizes the evaluation texts; loads no weights."""
-    from forgetlab.analysis.attribution import resolve_attribution
-    from forgetlab.core.evaluate import largest_eval_batch
-    from forgetlab.core.pool import stored_float_dtype
-
     dt = job_dtype(dtype, device)
     task = resolve_attribution(pool, model, task, level, select, alphas)[0]
     size = ModelSize.of(pool.checkpoint(model))

@@ -65,7 +65,15 @@ class Analysis:
     compare(results, ids) -> [go.Figure]: several saved runs of it on shared charts (Runs);
     recipe(result) -> dict: what its saved run records besides the pool;
     table(result) -> DataFrame: its results table (default `result.to_frame()`);
-    report(result) -> lines or tables: what the CLI prints;
+    saved_table(result) -> DataFrame: the table a saved run keeps as results.csv, where it is not `table` (e.g. a
+    summary beside the long table `--out` writes);
+    to_saved(result) -> dict: what results.json holds (default `result.to_dict()`), and from_saved(SavedRun) ->
+    result: the result of a saved run (default `result.from_dict(run.results)`), for a result that keeps part of
+    itself beside results.json (a token table in results.csv);
+    report(result) -> lines or tables: what the CLI prints; report_settings: it is `report(result, settings)`
+    (what the CLI prints depends on a setting, e.g. how many rows a table shows);
+    measured: its figures and comparison take the speciality measure the app shows ("exact_match" or
+    "answer_loss"): `figures_fn(result, measure)`, `compare_fn(results, ids, measure)`;
     outputs: extra files the CLI writes (`Output`);
     points: True when `compute` spreads its own points over the executor (sweeps, searches); otherwise a
     non-local executor runs the whole analysis as one item on a worker;
@@ -89,7 +97,12 @@ class Analysis:
     compare_fn: Optional[Callable[[list, list], list]] = None
     recipe: Optional[Callable[[Any], dict]] = None
     table: Optional[Callable[[Any], pd.DataFrame]] = None
-    report: Optional[Callable[[Any], Iterable[Any]]] = None
+    saved_table: Optional[Callable[[Any], pd.DataFrame]] = None
+    to_saved: Optional[Callable[[Any], dict]] = None
+    from_saved: Optional[Callable[[SavedRun], Any]] = None
+    report: Optional[Callable[..., Iterable[Any]]] = None
+    report_settings: bool = False
+    measured: bool = False
     outputs: tuple[Output, ...] = ()
     points: bool = False
     kinds: tuple[str, ...] = ()
@@ -142,9 +155,12 @@ class Analysis:
     # -------------------------------------------------------------------------------------------- saved runs
 
     def save(self, result: Any, *, pool=None, home_path: str | Path | None = None) -> Path:
-        """Save a result under the workspace's runs/ (kind = `name`): its recipe, `to_dict()` and its table."""
+        """Save a result under the workspace's runs/ (kind = `name`): its recipe, `to_dict()` (or `to_saved`) and
+        its table (or `saved_table`)."""
         recipe = {"pool": pool_source(pool), **(self.recipe(result) if self.recipe else {})}
-        return save_run(self.name, recipe, result.to_dict(), frame=self.frame(result), home_path=home_path)
+        results = self.to_saved(result) if self.to_saved is not None else result.to_dict()
+        frame = self.saved_table(result) if self.saved_table is not None else self.frame(result)
+        return save_run(self.name, recipe, results, frame=frame, home_path=home_path)
 
     def fits_kind(self, kind: str) -> bool:
         """Whether a saved run of `kind` is one of this analysis."""
@@ -156,7 +172,7 @@ class Analysis:
         if not self.fits_kind(str(run.kind)):
             raise WorkspaceError(f"{path} holds a {run.kind} run, not {self.title}.")
         try:
-            return self.result.from_dict(run.results)
+            return self.from_saved(run) if self.from_saved is not None else self.result.from_dict(run.results)
         except (KeyError, TypeError, ValueError) as exc:
             raise WorkspaceError(f"The {self.title} in {path} is unreadable ({exc}); delete the folder or rerun "
                                  "it.") from None
@@ -173,21 +189,29 @@ class Analysis:
         """The result's table (what --out and results.csv hold)."""
         return self.table(result) if self.table is not None else result.to_frame()
 
-    def figures(self, result: Any) -> list:
-        """The result's charts."""
-        return list(self.figures_fn(result)) if self.figures_fn is not None else []
+    def figures(self, result: Any, measure: Optional[str] = None) -> list:
+        """The result's charts (speciality in `measure` where the analysis is `measured` and one is given)."""
+        if self.figures_fn is None:
+            return []
+        return list(self.figures_fn(result, measure) if self.measured and measure else self.figures_fn(result))
 
-    def compare(self, results: list, ids: list[str]) -> list:
-        """Several results on shared charts (one series per run), or [] where the analysis has no comparison."""
-        return list(self.compare_fn(results, ids)) if self.compare_fn is not None else []
+    def compare(self, results: list, ids: list[str], measure: Optional[str] = None) -> list:
+        """Several results on shared charts (one series per run), or [] where the analysis has no comparison
+        (speciality in `measure` as for `figures`)."""
+        if self.compare_fn is None:
+            return []
+        return list(self.compare_fn(results, ids, measure) if self.measured and measure
+                    else self.compare_fn(results, ids))
 
     def exit_status(self, result: Any) -> int:
         """The CLI's exit status for a finished result (e.g. 1 when some points failed)."""
         return int(self.status(result)) if self.status is not None else 0
 
-    def lines(self, result: Any) -> list:
-        """What the CLI prints for a result: text lines and tables, in order."""
-        return list(self.report(result)) if self.report is not None else [self.frame(result)]
+    def lines(self, result: Any, settings: Any = None) -> list:
+        """What the CLI prints for a result (run with `settings`): text lines and tables, in order."""
+        if self.report is None:
+            return [self.frame(result)]
+        return list(self.report(result, settings) if self.report_settings else self.report(result))
 
 
 class WholeRun(PoolWorkerFactory):

@@ -14,81 +14,30 @@ tasks' points, in the t-SNE plane and in the PCA space, and their average over t
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import combinations
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, pool_source, register
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.analysis.features_memory import estimate_features
+from forgetlab.analysis.features_results import FeatureSet, TsneResult
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import MissingDependencyError, ParameterError
+from forgetlab.core.memory import dtype_name, job_dtype
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
 from forgetlab.core.submodules import (encode_samples, head_outputs, last_hidden, select_pairs, first_tensor,
                                        strip_kwargs)
+from forgetlab.plots.features import figures
 
 FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head")
 POOLINGS = ("answer", "last")
 BACKENDS = ("auto", "opentsne", "sklearn")
-
-
-@dataclass
-class FeatureSet:
-    """Pooled features: ``X`` [samples × features] and ``labels`` (task, model, sample) per row."""
-
-    X: np.ndarray
-    labels: pd.DataFrame
-    level: str
-    layer: Optional[int]
-    head: Optional[int]
-    pooling: str
-
-    def __len__(self) -> int:
-        return int(self.X.shape[0])
-
-    def to_frame(self) -> pd.DataFrame:
-        """The labels with the features as columns f0, f1, …"""
-        feats = pd.DataFrame(self.X, columns=[f"f{i}" for i in range(self.X.shape[1])])
-        return pd.concat([self.labels.reset_index(drop=True), feats], axis=1)
-
-
-@dataclass
-class TsneResult:
-    """t-SNE coordinates (x, y, task, model, sample) and the distances between task clusters."""
-
-    coords: pd.DataFrame
-    distances: pd.DataFrame
-    backend: str
-    perplexity: float
-    pca_dims: int
-    seed: int
-    meta: dict = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The coordinates with their labels."""
-        return self.coords.copy()
-
-    def cluster_summary(self) -> pd.DataFrame:
-        """Per model: the average distance between task clusters (t-SNE plane and PCA space)."""
-        if self.distances.empty:
-            return pd.DataFrame(columns=["model", "mean_distance_tsne", "mean_distance_pca", "pairs"])
-        g = self.distances.groupby("model", sort=False)
-        return pd.DataFrame({"mean_distance_tsne": g["distance_tsne"].mean(),
-                             "mean_distance_pca": g["distance_pca"].mean(),
-                             "pairs": g.size()}).reset_index()
-
-    def to_dict(self) -> dict:
-        return {"coords": self.coords.to_dict(orient="list"), "distances": self.distances.to_dict(orient="list"),
-                "backend": self.backend, "perplexity": self.perplexity, "pca_dims": self.pca_dims,
-                "seed": self.seed, "meta": self.meta}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "TsneResult":
-        return cls(pd.DataFrame(d["coords"]), pd.DataFrame(d["distances"]), d["backend"], d["perplexity"],
-                   d["pca_dims"], d["seed"], d.get("meta", {}))
+SEED_MAX = 2**32 - 1        # numpy's legacy seeding, which scikit-learn's PCA and both t-SNEs use
 
 
 def _resolve(pool_or_data, models, tasks, device, dtype):
@@ -117,8 +66,6 @@ def _resolve(pool_or_data, models, tasks, device, dtype):
             return model, lambda: None
 
         return mods, given, tok, pairs, None
-    from forgetlab.core.memory import job_dtype
-
     pool = pool_or_data
     dt = job_dtype(dtype, device)
     names = list(models) if models is not None else ["base", *pool.model_names]
@@ -324,7 +271,7 @@ def check_tsne(perplexity: float = 30.0, seed: int = 0, pca_dims: int = 50) -> N
     if int(pca_dims) < 1:
         raise ParameterError(f"pca_dims must be at least 1 (the dimensions PCA keeps before t-SNE; 50 is usual); "
                              f"got {pca_dims}.")
-    if isinstance(seed, bool) or not 0 <= int(seed) <= 2**32 - 1:
+    if isinstance(seed, bool) or not 0 <= int(seed) <= SEED_MAX:
         raise ParameterError(f"seed must be a whole number from 0 to 2**32 − 1 (numpy's seeds, which PCA and t-SNE "
                              f"use); got {seed!r}.")
 
@@ -361,48 +308,48 @@ def feature_map(pool_or_data, tasks=None, models=None, *, level: str = "layer", 
                           samples=samples, device=device, dtype=dtype, progress=scaled(progress, 0.0, 0.6))
     result = embed_tsne(fs, perplexity=perplexity, seed=seed, pca_dims=pca_dims, backend=backend,
                         progress=scaled(progress, 0.6, 1.0))
-    from forgetlab.core.memory import dtype_name, job_dtype
-
     result.meta.update(models=list(dict.fromkeys(fs.labels["model"])), tasks=list(dict.fromkeys(fs.labels["task"])),
                        samples=samples, dtype=dtype_name(job_dtype(dtype, device)))
     return result
 
 
-# ------------------------------------------------------------------------------------------ the verbs
+# ------------------------------------------------------------------------------------------ the analysis
 
 
 @dataclass
 class FeaturesSettings:
     """What a feature map captures and embeds: `models` × `tasks` probe samples at a submodule `level`
-    (`layer`, `head`), pooled per sample, then PCA and t-SNE. None takes the default (all models/tasks)."""
+    (`layer`, `head`), pooled per sample, then PCA and t-SNE. None takes every model / task."""
 
-    models: Optional[Sequence[str]] = None
-    tasks: Optional[Sequence[str]] = None
-    level: Optional[str] = None
-    layer: Optional[int] = None
-    head: Optional[int] = None
-    pooling: Optional[str] = None
-    samples: Optional[int] = None
-    perplexity: Optional[float] = None
-    seed: Optional[int] = None
-    pca_dims: Optional[int] = None
-    backend: Optional[str] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
+    models: Optional[tuple[str, ...]] = setting(None, help="models (default: base and every fine-tuned model)")
+    tasks: Optional[tuple[str, ...]] = setting(None, help="tasks (default: all)")
+    level: str = setting("layer", help="submodule", choices=FEATURE_LEVELS)
+    layer: Optional[int] = setting(-1, help="layer index (negative counts from the end)")
+    head: Optional[int] = setting(None, help="head index, for --level head")
+    pooling: str = setting("answer", help="mean over the answer tokens, or the last token", choices=POOLINGS)
+    samples: Optional[int] = count_field(None, "probe samples per task (default: all)")
+    perplexity: float = setting(30.0, help="t-SNE's neighbourhood size: about how many neighbours each point keeps "
+                                           "close (capped at (points − 1) / 3)")
+    pca_dims: int = setting(50, help="dimensions PCA keeps before t-SNE")
+    seed: int = setting(0, help="seed of PCA and t-SNE (a whole number from 0 to 2**32 − 1)", range=(0, SEED_MAX))
+    backend: str = setting("auto", help="t-SNE implementation (auto: openTSNE when installed)", choices=BACKENDS)
+    device: Optional[str] = device_field()
+    dtype: Optional[str] = dtype_field("the models' forward passes (the pooled features, PCA and t-SNE are "
+                                       "float32)")
+
+
+def _arguments(settings: FeaturesSettings) -> dict:
+    """`feature_map`'s keyword arguments from the settings (tasks and models as lists)."""
+    values = asdict(settings)
+    for name in ("models", "tasks"):
+        values[name] = list(values[name]) if values[name] is not None else None
+    return values
 
 
 def check_settings(settings: FeaturesSettings, pool=None) -> None:
-    """Refuse an unknown level, pooling or backend, an empty choice of models or tasks (and, with the pool,
-    names it lacks) without loading a model."""
-    if settings.level is not None and settings.level not in FEATURE_LEVELS:
-        raise ParameterError(f"Unknown level {settings.level!r}; choose one of {', '.join(FEATURE_LEVELS)}.")
-    if settings.pooling is not None and settings.pooling not in POOLINGS:
-        raise ParameterError(f"pooling must be one of {', '.join(POOLINGS)}; got {settings.pooling!r}.")
-    if settings.backend is not None and settings.backend not in BACKENDS:
-        raise ParameterError(f"backend must be one of {', '.join(BACKENDS)}; got {settings.backend!r}.")
-    for what, chosen in (("model", settings.models), ("task", settings.tasks)):
-        if chosen is not None and not list(chosen):
-            raise ParameterError(f"Choose at least one {what} to map.")
+    """What the declarations cannot say: the t-SNE settings (`check_tsne`); with the pool, the models and tasks
+    it has."""
+    check_tsne(settings.perplexity, settings.seed, settings.pca_dims)
     if pool is not None:
         known = {"model": ["base", *pool.model_names], "task": list(pool.task_names)}
         for what, chosen in (("model", settings.models), ("task", settings.tasks)):
@@ -412,33 +359,35 @@ def check_settings(settings: FeaturesSettings, pool=None) -> None:
                                      f"{', '.join(known[what]) or 'none'}.")
 
 
-def run_settings(pool, settings: FeaturesSettings, progress: Progress = None, executor=None) -> TsneResult:
-    """`feature_map` with these settings (in this process: `executor` is not used)."""
-    opts = options(settings)
-    return feature_map(pool, opts.pop("tasks", None), opts.pop("models", None), progress=progress, **opts)
+def compute(pool, settings: FeaturesSettings, progress: Progress = None, executor=None) -> TsneResult:
+    """`feature_map` with these settings."""
+    values = _arguments(settings)
+    return feature_map(pool, values.pop("tasks"), values.pop("models"), progress=progress, **values)
 
 
-def save_features(result: TsneResult, home_path: str | Path | None = None, pool=None) -> Path:
-    """Save a feature map under the workspace's runs/ (kind `features`: its settings, coordinates and distances,
-    and the per-model cluster summary as CSV)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = {"pool": pool_source(pool), **result.meta,
-              "perplexity": result.perplexity, "seed": result.seed, "pca_dims": result.pca_dims}
-    return save_run("features", recipe, result.to_dict(), frame=result.cluster_summary(), home_path=home_path)
+def estimate(pool, settings: FeaturesSettings):
+    """The map's peak (`estimate_features`)."""
+    return estimate_features(pool, **_arguments(settings))
 
 
-def load_features(path: str | Path) -> TsneResult:
-    """Reopen a feature map saved by `save_features`."""
-    return load_result(path, "features", TsneResult, "a feature map")
+def recipe(result: TsneResult) -> dict:
+    """What a saved feature map records: what it captured (models, tasks, submodule, samples, dtype) and the
+    t-SNE settings."""
+    return {**result.meta, "perplexity": result.perplexity, "seed": result.seed, "pca_dims": result.pca_dims}
 
 
-def list_features(home_path: str | Path | None = None) -> list:
-    """Saved feature maps (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    return list_results(home_path, "features")
+def cli_report(result: TsneResult) -> list:
+    """The CLI's lines: the points and how they were mapped, then the distances between task clusters."""
+    return [f"{len(result.coords)} points, t-SNE by {result.backend} (perplexity {result.perplexity:g}, PCA "
+            f"{result.pca_dims} dims)", "average distance between task clusters:", result.cluster_summary()]
 
 
-ANALYSIS = register(Analysis("features", FeaturesSettings, check_settings, run_settings, save_features,
-                             load_features, list_features))
-
-from forgetlab.analysis import features_memory  # noqa: E402,F401  (registers the "features" memory estimate)
+ANALYSIS = ANALYSES.add("features", Analysis(
+    "features", "feature map", FeaturesSettings, compute, TsneResult,
+    help="t-SNE map of a submodule's features across tasks and models",
+    description="Capture a submodule's output on each task's probe samples for each model, pool it (answer tokens "
+                "or last token), reduce with PCA to 50 dimensions, map with t-SNE, and report the distances "
+                "between task clusters.",
+    checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe, report=cli_report,
+    saved_table=TsneResult.cluster_summary,
+    outputs=(Output("--distances", "CSV file for the task-cluster distances", lambda r: r.distances),)))

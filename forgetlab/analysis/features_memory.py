@@ -30,8 +30,11 @@ from __future__ import annotations
 import sys
 from typing import Any, Optional, Sequence
 
+from forgetlab.core.checkpoints.readers import SafetensorsCheckpoint
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
+from forgetlab.core.pool import stored_float_dtype
+from forgetlab.core.submodules import encode_samples, select_pairs
 
 F32 = 4
 TSNE_LIBRARIES = 36 * 1024 ** 2      # openTSNE + scikit-learn loaded after transformers (measured: 36.3 MiB)
@@ -43,9 +46,6 @@ MAPPED = " (memory-mapped checkpoint pages)"
 def mapped_weights(ckpt, dtype, device) -> bool:
     """Whether a model of `ckpt` loaded in `dtype` on `device` holds its weights as memory-mapped file pages:
     on the CPU, from a safetensors checkpoint that stores them in `dtype` (transformers then loads no copy)."""
-    from forgetlab.core.checkpoints.readers import SafetensorsCheckpoint
-    from forgetlab.core.pool import stored_float_dtype
-
     return (str(device or "cpu").startswith("cpu") and type(ckpt) is SafetensorsCheckpoint
             and stored_float_dtype(ckpt) == dtype)
 
@@ -80,8 +80,6 @@ def _batch_shape(pool, tasks: Sequence[str], samples: Optional[int], batch_size:
                  max_length: int) -> tuple[int, int, int]:
     """(rows, tokens) of the largest batch the job forms — per task its first `samples` probe pairs, encoded as
     `capture_features` encodes them, cut into batches of `batch_size` — and the samples over all tasks."""
-    from forgetlab.core.submodules import encode_samples, select_pairs
-
     template = getattr(pool.probes, "template", None)
     best, total = (1, 1), 0
     for t in tasks:

@@ -24,156 +24,29 @@ in chunks (`VOCAB_CHUNK` columns), so the memory beyond the forward pass is one 
 """
 from __future__ import annotations
 
-import json
-import math
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
-import pandas as pd
-
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
+from forgetlab.analysis.base import ANALYSES, Analysis, pool_source
+from forgetlab.analysis.textdiff_inputs import (heldout_sequences, load_scored_model, read_text_lines,  # noqa: F401
+                                                resolve_model, text_sequences)
+from forgetlab.analysis.textdiff_memory import estimate_textdiff
+from forgetlab.analysis.textdiff_results import (CLASSES, COLUMNS, KIND, TABLE_FILE, TextDiffResult,  # noqa: F401
+                                                 from_saved, saved_results)
+from forgetlab.analysis.textdiff_scoring import (VOCAB_CHUNK, LogitReader, score_sequences, shown,  # noqa: F401
+                                                 token_class, token_scores, token_table)
 from forgetlab.core.errors import ParameterError, ProbeDataError, check_fraction
+from forgetlab.core.evaluate import GENERAL_LOSS_MODES, check_limits
+from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.analysis.textdiff_inputs import (ModelRef, Sequence_, load_scored_model, context_length,  # noqa: F401 - re-exported
-                                                heldout_sequences, line_sequences, read_text_lines, resolve_model)
-from forgetlab.analysis.textdiff_scoring import (BASE_COLUMNS, CLASSES, COLUMNS, TOP_COLUMNS, TOP_K,  # noqa: F401 - re-exported
-                                                 VOCAB_CHUNK, token_table, LogitReader, score_sequences, shown, token_class,
-                                                 token_scores)
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
+from forgetlab.plots.textdiff import figures
 
-KIND = "textdiff"
-TABLE_FILE = "results.csv"      # a saved text diff's token table (forgetlab.core.workspace.save_run's frame)
 SPLITS = ("heldout",)
-CONTEXT = 8
 LENS_BLOCKS = 64        # sequences the logit lens reads by default (it costs a head pass per layer and model)
-MEASURES = ("rise", "kl")
-
-
-# ------------------------------------------------------------------------------------------ the result
-
-
-@dataclass
-class TextDiffResult:
-    """Every token of a text scored under a model and a reference (see the module docstring).
-
-    `tokens`: the token table (COLUMNS, one row per token, row 0 of each sequence unscored); `docs`: a name per
-    sequence; `lens`: per depth (0 = embeddings … L = after the last layer) the mean next-token loss of both
-    models, or empty when the architecture gives no final norm to read the residual through."""
-
-    model: str
-    against: str
-    source: str
-    tokens: pd.DataFrame
-    docs: list[str]
-    lens: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    recipe: dict = field(default_factory=dict)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The token table: doc, position, token_id, token, token_class, logp_base, logp_model, rise, kl and each
-        model's top-3 predictions (top1_base, p1_base, …, top3_model, p3_model)."""
-        return self.tokens
-
-    def scored(self, columns: Optional[Sequence[str]] = None) -> pd.DataFrame:
-        """The rows that predict a token (position ≥ 1); only `columns` when given (a summary of a long text then
-        copies the columns it reads, not the whole table)."""
-        mask = self.tokens["position"] > 0
-        return self.tokens[mask] if columns is None else self.tokens.loc[mask, list(columns)]
-
-    def summary(self) -> dict[str, float]:
-        """Scored tokens, the mean loss of each model on them, the mean rise (= the loss difference) and KL."""
-        s = self.scored(["logp_base", "logp_model", "rise", "kl"])
-        return {"tokens": int(len(s)), "loss_base": float(-s["logp_base"].mean()),
-                "loss_model": float(-s["logp_model"].mean()), "mean_rise": float(s["rise"].mean()),
-                "mean_kl": float(s["kl"].mean())}
-
-    def by_class(self) -> pd.DataFrame:
-        """Per token class (CLASSES order): scored tokens, their share, mean and total rise, share of the total
-        rise, mean KL."""
-        s = self.scored(["token_class", "rise", "kl"])
-        total = float(s["rise"].sum())
-        rows = []
-        for c in CLASSES:
-            part = s[s["token_class"] == c]
-            rows.append({"token_class": c, "tokens": int(len(part)), "share_of_tokens": len(part) / max(1, len(s)),
-                         "mean_rise": float(part["rise"].mean()) if len(part) else float("nan"),
-                         "total_rise": float(part["rise"].sum()),
-                         "share_of_rise": float(part["rise"].sum()) / total if total else float("nan"),
-                         "mean_kl": float(part["kl"].mean()) if len(part) else float("nan")})
-        return pd.DataFrame(rows)
-
-    def by_position(self, bins: int = 16) -> pd.DataFrame:
-        """Mean rise and KL along the sequences: positions grouped into `bins` equal ranges."""
-        s = self.scored(["position", "rise", "kl"])
-        if s.empty:
-            return pd.DataFrame(columns=["position_from", "position_to", "tokens", "mean_rise", "mean_kl"])
-        width = max(1, math.ceil((int(s["position"].max()) + 1) / bins))
-        g = s.groupby(s["position"] // width)
-        out = pd.DataFrame({"position_from": g["position"].min(), "position_to": g["position"].max(),
-                            "tokens": g.size(), "mean_rise": g["rise"].mean(), "mean_kl": g["kl"].mean()})
-        return out.reset_index(drop=True)
-
-    def top_tokens(self, by: str = "rise", n: int = 20, min_count: int = 2) -> pd.DataFrame:
-        """The token strings with the largest total `by` (rise or kl) over their occurrences (seen at least
-        `min_count` times): count, mean and total rise, mean KL."""
-        by = _check_measure(by)
-        g = self.scored(["token", "token_class", "rise", "kl"]).groupby(["token", "token_class"])
-        out = pd.DataFrame({"count": g.size(), "mean_rise": g["rise"].mean(), "total_rise": g["rise"].sum(),
-                            "mean_kl": g["kl"].mean(), "total_kl": g["kl"].sum()}).reset_index()
-        out = out[out["count"] >= min_count]
-        return out.sort_values(f"total_{by}", ascending=False).head(n).reset_index(drop=True)
-
-    def context_of(self, doc: int, position: int) -> str:
-        """The CONTEXT tokens up to and including `position` of sequence `doc`, the token itself in [brackets]."""
-        seq = self.tokens[self.tokens["doc"] == doc]
-        toks = list(seq["token"][(seq["position"] > position - CONTEXT) & (seq["position"] <= position)])
-        return "".join(toks[:-1]) + f"[{toks[-1]}]" if toks else ""
-
-    def top_contexts(self, by: str = "rise", n: int = 20) -> pd.DataFrame:
-        """The `n` positions with the largest `by` (rise or kl), each with its context (`context_of`), both
-        models' first prediction and where it is."""
-        by = _check_measure(by)
-        top = self.tokens.loc[self.scored([by])[by].nlargest(n).index]
-        return pd.DataFrame({
-            "doc": top["doc"].values, "where": [self.docs[d] for d in top["doc"]], "position": top["position"].values,
-            "context": [self.context_of(int(d), int(p)) for d, p in zip(top["doc"], top["position"])],
-            "token": top["token"].values, "token_class": top["token_class"].values, "rise": top["rise"].values,
-            "kl": top["kl"].values, "top1_base": top["top1_base"].values, "top1_model": top["top1_model"].values})
-
-    def lens_frame(self) -> pd.DataFrame:
-        """The logit lens: per depth (0 = embeddings, i = after layer i) the mean next-token loss of the
-        reference and of the model read through the final norm and head, its rise (model − reference), and the
-        number of tokens it was read on (the first `lens_blocks` sequences)."""
-        cols = ["depth", "loss_base", "loss_model", "rise", "tokens"]
-        return pd.DataFrame(self.lens, columns=cols) if self.lens else pd.DataFrame(columns=cols)
-
-    def to_dict(self, tokens: bool = True) -> dict:
-        """JSON-ready; the token table as one compact JSON string (column → values), or with `tokens=False` the
-        name of the file beside it that holds the table (`TABLE_FILE`: `save_textdiff` writes it as CSV, which
-        costs a fraction of the JSON's memory on a long text)."""
-        table = (json.dumps({c: self.tokens[c].tolist() for c in self.tokens.columns}, separators=(",", ":"))
-                 if tokens else TABLE_FILE)
-        return {"model": self.model, "against": self.against, "source": self.source, "docs": list(self.docs),
-                "lens": list(self.lens), "notes": list(self.notes), "seconds": self.seconds,
-                "recipe": dict(self.recipe), "summary": self.summary(), "tokens": table}
-
-    @classmethod
-    def from_dict(cls, d: dict, tokens: Optional[pd.DataFrame] = None) -> "TextDiffResult":
-        """The result of `to_dict`; `tokens`: the table, where `to_dict(tokens=False)` left it out."""
-        if tokens is None:
-            if d["tokens"] == TABLE_FILE:
-                raise ValueError(f"the token table is in {TABLE_FILE} beside the results: open it with load_textdiff")
-            tokens = pd.DataFrame(json.loads(d["tokens"]) if isinstance(d["tokens"], str) else d["tokens"])
-        return cls(d["model"], d["against"], d["source"], tokens[COLUMNS], list(d["docs"]), list(d.get("lens", [])),
-                   list(d.get("notes", [])), float(d.get("seconds", 0.0)), dict(d.get("recipe", {})))
-
-
-def _check_measure(by: str) -> str:
-    if by not in MEASURES:
-        raise ParameterError(f"Unknown measure {by!r}; choose rise or kl.")
-    return by
+# (the names above marked F401 are this module's public face: tests and scripts read the token scoring, the
+# inputs and the result through forgetlab.analysis.textdiff)
 
 
 # ------------------------------------------------------------------------------------------ the analysis
@@ -192,8 +65,6 @@ def check(pool, model: str, *, against: str = "base", alpha: Optional[float] = N
           block_size: int = 128, general_mode: str = "blocks", batch_size: int = 16, home=None) -> None:
     """Every setting checked, nothing loaded: both models exist and fit the pool's base, α ∈ [0, 1], one text
     source, a readable non-empty text, held-out text in the pool when it is the source, sane counts."""
-    from forgetlab.core.evaluate import check_limits
-
     check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size)
     _sources(text, lines, split)
     resolve_model(pool, model, alpha=alpha, home=home)
@@ -205,20 +76,6 @@ def check(pool, model: str, *, against: str = "base", alpha: Optional[float] = N
             raise ProbeDataError("The text is empty: type or paste at least one line to score.")
     else:
         heldout_sequences(pool, max_general=1, block_size=block_size, general_mode=general_mode)
-
-
-def text_sequences(pool, *, text=None, lines: Optional[Sequence[str]] = None, max_general: Optional[int] = None,
-                   block_size: int = 128, general_mode: str = "blocks") -> tuple[list[Sequence_], list[str], str]:
-    """(the sequences to score, notes, the source's name): the lines of the file `text` or the strings `lines`
-    (split where longer than the model's context), else the scorecard's held-out blocks."""
-    if text is not None or lines is not None:
-        raw = read_text_lines(text) if text is not None else [str(x) for x in lines if str(x).strip()]
-        if not raw:
-            raise ProbeDataError("The text is empty: type or paste at least one line to score.")
-        seqs, notes = line_sequences(pool.tokenizer, raw, context_length(pool.config))
-        return seqs, notes, str(Path(text).expanduser().resolve()) if text is not None else "typed text"
-    seqs = heldout_sequences(pool, max_general=max_general, block_size=block_size, general_mode=general_mode)
-    return seqs, [], "heldout"
 
 
 def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] = None, text=None,
@@ -233,9 +90,6 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     them; it costs one pass through the head per layer and model); `lens=False` skips it. `dtype` (None: bfloat16
     on cuda, float32 elsewhere) is the precision both models are loaded and run in; the logits are taken to
     float32 before the log-softmax, KL, top-k and the lens's losses. Its peak: `textdiff_memory`."""
-    from forgetlab.core.evaluate import check_limits
-    from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
-
     check_limits(max_general=max_general, block_size=block_size, batch_size=batch_size, vocab_chunk=vocab_chunk,
                  lens_blocks=lens_blocks)
     _sources(text, lines, split)
@@ -267,8 +121,6 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
             lb, lm = float(acc.lens_base[d]) / acc.lens_tokens, float(acc.lens_model[d]) / acc.lens_tokens
             lens_rows.append({"depth": d, "loss_base": lb, "loss_model": lm, "rise": lm - lb,
                               "tokens": acc.lens_tokens})
-    from forgetlab.analysis.protocol import pool_source
-
     recipe = {"analysis": KIND, "pool": pool_source(pool), "pool_name": getattr(pool, "name", None), "model": model,
               "against": against, "alpha": mref.alpha, "model_label": mref.label, "source": source,
               "max_general": max_general, "block_size": block_size, "general_mode": general_mode,
@@ -281,92 +133,104 @@ def textdiff(pool, model: str, *, against: str = "base", alpha: Optional[float] 
     return result
 
 
-# ------------------------------------------------------------------------------------------ save/reopen
+# ------------------------------------------------------------------------------------------ the verbs
 
-
-def save_textdiff(result: TextDiffResult, home_path=None) -> Path:
-    """Save under the workspace's runs/ (kind ``textdiff``: recipe.json, results.json, and the token table once, as
-    results.csv: `TABLE_FILE`)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = dict(result.recipe)
-    recipe.setdefault("model", result.model)
-    return save_run(KIND, recipe, result.to_dict(tokens=False), frame=result.to_frame(), home_path=home_path)
-
-
-def read_token_table(path) -> pd.DataFrame:
-    """A token table written as CSV (`save_textdiff`, `--out`): every token string read back as written ("nan",
-    "NA", "" included), empty numbers as NaN."""
-    strings = ["token", "token_class"] + [c for c in TOP_COLUMNS if c.startswith("top")]
-    numbers = [c for c in COLUMNS if c not in strings and c not in ("doc", "position", "token_id")]
-    return pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in numbers},
-                       dtype={c: str for c in strings})
-
-
-def load_textdiff(path) -> TextDiffResult:
-    """Reopen a text diff saved by `save_textdiff` (or by forgetlab before it saved the table only as CSV)."""
-    folder = Path(path)
-
-    class _Saved:
-        @staticmethod
-        def from_dict(d: dict) -> TextDiffResult:
-            if d.get("tokens") != TABLE_FILE:
-                return TextDiffResult.from_dict(d)
-            if not (folder / TABLE_FILE).is_file():
-                raise ValueError(f"its token table {TABLE_FILE} is missing")
-            return TextDiffResult.from_dict(d, read_token_table(folder / TABLE_FILE))
-
-    return load_result(path, KIND, _Saved, "a text diff")
-
-
-def list_textdiffs(home_path=None, model: Optional[str] = None) -> list:
-    """Saved text diffs (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    return list_results(home_path, KIND, model=model)
+SHOWN_CONTEXTS = ["where", "position", "context", "rise", "kl", "top1_base", "top1_model"]
 
 
 @dataclass
 class TextDiffSettings:
     """What a text diff scores: `model` (at WiSE-FT `alpha`) against `against`, on a text file, typed lines or
-    the held-out split."""
+    the held-out split; `top`: the contexts the CLI shows per table."""
 
-    model: str = ""
-    against: Optional[str] = None
-    alpha: Optional[float] = None
-    text: Optional[str] = None
-    lines: Optional[Sequence[str]] = None
-    split: Optional[str] = None
-    max_general: Optional[int] = None
-    block_size: Optional[int] = None
-    general_mode: Optional[str] = None
-    batch_size: Optional[int] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
-    lens: Optional[bool] = None
-    lens_blocks: Optional[int] = None
+    model: Optional[str] = setting(None, help="a model of the pool, a merge under the workspace's merges/, or a "
+                                              "model folder", required=True)
+    alpha: Optional[float] = setting(None, help="score the WiSE-FT point θ0 + α(θ1 − θ0) of --model (a fine-tuned "
+                                                "model of the pool)", label="α")
+    against: str = setting("base", help="the reference: a model of the pool, a merge or a model folder")
+    text: Optional[str] = setting(None, help="score each line of this UTF-8 file (a line longer than the context is "
+                                             "split)", metavar="FILE", exclusive="source")
+    split: Optional[str] = setting(None, help="score the pool's held-out general text in the scorecard's blocks (the "
+                                              "default)", choices=SPLITS, exclusive="source")
+    lines: Optional[tuple[str, ...]] = setting(None, help="lines of typed text to score", cli=False)
+    max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
+    general_loss: str = setting("blocks", help="held-out blocks as the scorecard cuts them: blocks or documents",
+                                choices=GENERAL_LOSS_MODES)
+    block_size: int = count_field(128, "tokens per held-out block", cli=False)
+    batch_size: int = count_field(16, "sequences per forward pass")
+    device: Optional[str] = device_field()
+    dtype: Optional[str] = dtype_field("both models and their forward passes")
+    lens: bool = setting(True, help="skip the per-layer logit lens", flag="--no-lens")
+    lens_blocks: int = setting(LENS_BLOCKS, help="read the logit lens on the first N sequences (it costs a pass "
+                                                 "through the head per layer and model)")
+    top: int = setting(10, help="contexts shown per table")
+
+
+def _arguments(settings: TextDiffSettings) -> dict:
+    """`textdiff`'s keyword arguments (besides the model) from the settings."""
+    return dict(against=settings.against, alpha=settings.alpha, text=settings.text,
+                lines=list(settings.lines) if settings.lines is not None else None, split=settings.split,
+                max_general=settings.max_general, block_size=settings.block_size, general_mode=settings.general_loss,
+                batch_size=settings.batch_size, device=settings.device, dtype=settings.dtype, lens=settings.lens,
+                lens_blocks=settings.lens_blocks)
 
 
 def check_settings(settings: TextDiffSettings, pool=None) -> None:
     """Refuse bad settings (with the pool: every check of `check`) without loading a model."""
-    _sources(settings.text, settings.lines, settings.split)
+    if settings.top < 1:
+        raise ParameterError(f"--top must be at least 1; got {settings.top}.")
+    check_limits(lens_blocks=settings.lens_blocks)
+    values = _arguments(settings)
+    _sources(values["text"], values["lines"], values["split"])
     if settings.alpha is not None:
-        check_fraction("alpha", settings.alpha)
+        check_fraction("--alpha", settings.alpha)
     if pool is not None:
-        opts = options(settings, {"against", "alpha", "text", "lines", "split", "max_general", "block_size",
-                                  "general_mode", "batch_size"})
-        check(pool, settings.model, **opts)
+        for name in ("device", "dtype", "lens", "lens_blocks"):
+            del values[name]
+        check(pool, settings.model, **values)
 
 
-def run_settings(pool, settings: TextDiffSettings, progress: Progress = None, executor=None) -> TextDiffResult:
-    """`textdiff` with these settings (in this process: `executor` is not used)."""
-    opts = options(settings)
-    return textdiff(pool, opts.pop("model"), progress=progress, **opts)
+def compute(pool, settings: TextDiffSettings, progress: Progress = None, executor=None) -> TextDiffResult:
+    """`textdiff` with these settings."""
+    return textdiff(pool, settings.model, progress=progress, **_arguments(settings))
 
 
-__all__ = ["CLASSES", "COLUMNS", "ModelRef", "TextDiffResult", "TextDiffSettings", "token_class", "resolve_model",
-           "read_text_lines", "line_sequences", "heldout_sequences", "text_sequences", "token_scores", "check",
-           "textdiff", "save_textdiff", "load_textdiff", "list_textdiffs", "read_token_table"]
+def estimate(pool, settings: TextDiffSettings):
+    """The run's peak (`estimate_textdiff`)."""
+    return estimate_textdiff(pool, settings.model, **_arguments(settings))
 
-ANALYSIS = register(Analysis(KIND, TextDiffSettings, check_settings, run_settings, save_textdiff, load_textdiff,
-                             list_textdiffs))
 
-from forgetlab.analysis import textdiff_memory  # noqa: E402,F401  (registers the "textdiff" memory estimate)
+def recipe(result: TextDiffResult) -> dict:
+    """What a saved text diff records: the settings it ran with (its pool, both models, the text, the limits)."""
+    out = dict(result.recipe)
+    out.setdefault("model", result.model)
+    return out
+
+
+def cli_report(result: TextDiffResult, settings: TextDiffSettings) -> list:
+    """The CLI's lines: what was scored, the losses and the mean rise and KL, the notes, the rise per token
+    class, the logit lens, and the `settings.top` contexts with the largest rise and KL."""
+    s = result.summary()
+    lines: list = [f"textdiff of {result.model} against {result.against} on {result.source}: {s['tokens']} tokens "
+                   f"in {len(result.docs)} sequences, {result.seconds:.1f} s",
+                   f"loss {s['loss_base']:.4f} → {s['loss_model']:.4f}: mean rise {s['mean_rise']:.4f} nats, mean "
+                   f"KL {s['mean_kl']:.4f} nats",
+                   *[f"note: {note}" for note in result.notes], "rise per token class:", result.by_class()]
+    if result.lens:
+        lines += [f"logit lens (next-token loss read after each layer on {result.lens[0]['tokens']} tokens; depth 0 "
+                  "= embeddings):", result.lens_frame()]
+    for by in ("rise", "kl"):
+        lines += [f"contexts with the largest {by}:", result.top_contexts(by, settings.top)[SHOWN_CONTEXTS]]
+    return lines
+
+
+ANALYSIS = ANALYSES.add(KIND, Analysis(
+    KIND, "text diff", TextDiffSettings, compute, TextDiffResult,
+    help="token-level view of forgetting: every token scored under two models",
+    description="Score every token of a text under a model and a reference (the base by default): logp under "
+                "both, rise = logp_base − logp_model (nats lost), KL(p_base ‖ p_model) over the vocabulary and both "
+                "models' top-3 predictions. Prints the rise per token class, the logit lens per layer and the "
+                "contexts with the largest rise and KL. With the held-out split (the default) the blocks are the "
+                "scorecard's, so the mean rise is the scorecard's general-loss rise.",
+    checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe, report=cli_report,
+    report_settings=True, to_saved=saved_results, from_saved=from_saved))

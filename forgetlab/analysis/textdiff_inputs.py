@@ -6,8 +6,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import torch
 
+from forgetlab.core.checkpoints import load_model, open_checkpoint
+from forgetlab.core.checkpoints.lora import read_adapter_config
+from forgetlab.core.data import encode_documents, encode_text
 from forgetlab.core.errors import CheckpointError, ForgetlabError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.core.evaluate import GENERAL_LOSS_MODES
+from forgetlab.core.pool import BASE, check_compatible
+from forgetlab.core.workspace import merges_dir
+from forgetlab.merge.working_copy import WorkingCopy
 
 
 # --------------------------------------------------------------------------------------- model references
@@ -28,10 +36,6 @@ class ModelRef:
 
 def _open_outside(pool, ref: str, path: Path, what: str):
     """The checkpoint of a model outside the pool, refused unless it is compatible with the pool's base."""
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.core.checkpoints.lora import read_adapter_config
-    from forgetlab.core.pool import check_compatible
-
     adapter = (path / "adapter_config.json").is_file()
     try:
         ckpt = open_checkpoint(str(path))
@@ -53,9 +57,6 @@ def resolve_model(pool, ref: Optional[str], *, alpha: Optional[float] = None, ho
     WiSE-FT point of a pool fine-tune; the name of a merge under the workspace's merges/; or a model folder
     (or PEFT adapter whose base can be opened) compatible with the pool's base. Anything else is a
     ForgetlabError listing what exists."""
-    from forgetlab.core.pool import BASE
-    from forgetlab.core.workspace import merges_dir
-
     if ref is None or not str(ref).strip():
         raise ParameterError(f"{role} is empty; name a model of the pool ({', '.join([BASE, *pool.model_names])}), "
                              "a merge of the workspace or a model folder.")
@@ -88,19 +89,13 @@ def load_scored_model(pool, mref: ModelRef, device: Optional[str], dtype=None):
     """The model for forward passes in `dtype` (None: float32): the pool's cached model, a fresh working copy at
     the WiSE-FT point (built by the registry's wise_ft through forgetlab.merge.working_copy, as the sweeps build
     theirs: θ0 + α(θ1 − θ0) in float32, rounded once to `dtype`), or the folder."""
-    import torch
-
     dtype = dtype or torch.float32
     if mref.kind == "pool":
         return pool.load(mref.ref, device=device, dtype=dtype)
     if mref.kind == "sweep":
-        from forgetlab.merge.working_copy import WorkingCopy
-
         work = WorkingCopy.load(pool, mref.ref, device=device, dtype=dtype)
         work.lerp(work.tuned, mref.alpha)
         return work.model.eval()
-    from forgetlab.core.checkpoints import load_model
-
     return load_model(mref.path, device=device, dtype=dtype)
 
 
@@ -168,9 +163,6 @@ def heldout_sequences(pool, *, max_general: Optional[int] = None, block_size: in
                       general_mode: str = "blocks") -> list[Sequence_]:
     """The blocks the scorecard's general loss scores (`forgetlab.core.evaluate.general_loss` with the same
     block size, limit and mode)."""
-    from forgetlab.core.data import encode_documents, encode_text
-    from forgetlab.core.evaluate import GENERAL_LOSS_MODES
-
     if not pool.probes.general:
         raise ProbeDataError("The pool has no held-out general text: add `probes: general:` to the pool file, or "
                              "pass --text FILE.")
@@ -183,3 +175,15 @@ def heldout_sequences(pool, *, max_general: Optional[int] = None, block_size: in
             for i, e in enumerate(encode(pool.tokenizer, pool.probes.general, block_size, max_general))]
 
 
+def text_sequences(pool, *, text=None, lines: Optional[Sequence[str]] = None, max_general: Optional[int] = None,
+                   block_size: int = 128, general_mode: str = "blocks") -> tuple[list[Sequence_], list[str], str]:
+    """(the sequences to score, notes, the source's name): the lines of the file `text` or the strings `lines`
+    (split where longer than the model's context), else the scorecard's held-out blocks."""
+    if text is not None or lines is not None:
+        raw = read_text_lines(text) if text is not None else [str(x) for x in lines if str(x).strip()]
+        if not raw:
+            raise ProbeDataError("The text is empty: type or paste at least one line to score.")
+        seqs, notes = line_sequences(pool.tokenizer, raw, context_length(pool.config))
+        return seqs, notes, str(Path(text).expanduser().resolve()) if text is not None else "typed text"
+    seqs = heldout_sequences(pool, max_general=max_general, block_size=block_size, general_mode=general_mode)
+    return seqs, [], "heldout"

@@ -29,6 +29,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from forgetlab.analysis.features_memory import MAPPED, mapped_weights
+from forgetlab.analysis.textdiff_inputs import resolve_model, text_sequences
+from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
 
@@ -64,8 +66,6 @@ def _checkpoint(pool, mref):
     """The checkpoint whose sizes a side of the comparison has (a WiSE-FT point has its fine-tune's)."""
     if mref.kind in ("pool", "sweep"):
         return pool.checkpoint(mref.ref)
-    from forgetlab.core.checkpoints import open_checkpoint
-
     return open_checkpoint(mref.path)
 
 
@@ -88,8 +88,6 @@ def estimate_textdiff(pool, model: str, *, against: str = "base", alpha: Optiona
                       vocab_chunk: int = 32768, home=None, **_: Any) -> MemoryEstimate:
     """The peak of `textdiff` (module docstring), with the flags that shrink it in the order they help most.
     Reads headers and tokenizes the text; loads no weights."""
-    from forgetlab.analysis.textdiff import resolve_model, text_sequences
-
     dt = job_dtype(dtype, device)
     refs = [resolve_model(pool, model, alpha=alpha, home=home), resolve_model(pool, against, home=home,
                                                                                role="--against")]

@@ -12,19 +12,15 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from forgetlab.analysis.textdiff_inputs import Sequence_
+from forgetlab.analysis.textdiff_results import COLUMNS, TOP_K
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.data import EncodedExample, collate
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.progress import Progress, report
+from forgetlab.core.submodules import first_tensor
 
-
-from forgetlab.analysis.textdiff_inputs import Sequence_  # noqa: E402
-
-CLASSES = ("word", "number", "punctuation", "whitespace", "special")
-TOP_K = 3
 VOCAB_CHUNK = 32768
-BASE_COLUMNS = ["doc", "position", "token_id", "token", "token_class", "logp_base", "logp_model", "rise", "kl"]
-TOP_COLUMNS = [f"{what}{k}_{side}" for side in ("base", "model") for k in range(1, TOP_K + 1)
-               for what in ("top", "p")]
-COLUMNS = BASE_COLUMNS + TOP_COLUMNS
 
 
 # ------------------------------------------------------------------------------------------ token classes
@@ -95,8 +91,6 @@ class LogitReader:
     the residual stream after each layer through the final norm and the head, for the logit lens)."""
 
     def __init__(self, model, lens: bool):
-        from forgetlab.core.anatomy import Anatomy
-
         self.model = model
         self.head = model.get_output_embeddings()
         self.cap = getattr(model.config, "final_logit_softcapping", None)
@@ -131,8 +125,6 @@ class LogitReader:
         """(final hidden states or, without a decoder/head, the logits; the residual stream per depth or None)."""
         if self.plain:
             return self.model(input_ids=ids, attention_mask=mask, use_cache=False).logits.float(), None
-        from forgetlab.core.submodules import first_tensor
-
         residual: list[Optional[torch.Tensor]] = [None] * (len(self.layers) + 1)
         handles = []
         if self.lens:
@@ -208,8 +200,6 @@ def score_sequences(readers: tuple[LogitReader, LogitReader], seqs: Sequence[Seq
     score every position of each sequence; positions of a sequence come out in order, sequences in input order.
     Each sequence's scores go straight into the table's columns (`ScoreColumns`). The logit lens reads the first
     `lens_blocks` sequences (all when None)."""
-    from forgetlab.core.data import EncodedExample, collate
-
     acc = ScoreColumns.empty(seqs)
     lens = all(r.lens for r in readers)
     n_depth = len(readers[0].layers) + 1 if lens else 0

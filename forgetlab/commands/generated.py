@@ -40,7 +40,7 @@ def _convert(info: FieldInfo):
     exits 2 naming the flag."""
     lo, hi = info.spec.range or (None, None)
     if info.base is int:
-        name = "count" if lo == 1 and hi is None else "integer"
+        name = "seed" if info.name == "seed" else "count" if lo == 1 and hi is None else "integer"
         number = shared.whole_number(None if lo is None else int(lo),
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:
@@ -70,14 +70,14 @@ def _default_text(info: FieldInfo) -> str:
     return f" (default {shown})"
 
 
-def add_setting(p: argparse.ArgumentParser, info: FieldInfo) -> None:
-    """The argument of one settings field (see the module docstring)."""
+def add_setting(p, info: FieldInfo) -> None:
+    """The argument of one settings field (see the module docstring), on the parser or group `p`. A bool is a
+    flag: `--x` sets it, and a setting on by default is switched off by its `--no-x` flag (stored as `no_x`)."""
     spec = info.spec
     help_ = spec.help + _default_text(info)
     if info.base is bool:
-        negative = info.flag.startswith("--no-")
-        action = p.add_argument(info.flag, dest=info.name, action="store_false" if negative else "store_true",
-                                default=bool(info.default), help=spec.help)
+        action = p.add_argument(info.flag, dest=info.dest, action="store_true",
+                                default=False if info.negative else bool(info.default), help=spec.help)
     elif spec.positional:
         action = p.add_argument(info.name, type=_convert(info), help=help_, metavar=spec.metavar)
     elif info.sequence and info.base is str:
@@ -89,16 +89,20 @@ def add_setting(p: argparse.ArgumentParser, info: FieldInfo) -> None:
         action = p.add_argument(info.flag, dest=info.name, type=_convert(info), choices=choices,
                                 default=info.default, required=spec.required, help=help_, metavar=spec.metavar)
     for old in spec.old_flags:
-        p.add_argument(old, dest=info.name, action=OldFlag, new_flag=info.flag, store=action)
+        p.add_argument(old, dest=info.dest, action=OldFlag, new_flag=info.flag, store=action)
 
 
 def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
     """Every argument of an analysis command (module docstring)."""
     if analysis.pool_arg == "positional":
         shared.add_pool(p)
+    groups: dict[str, Any] = {}
     for info in settings_fields(analysis.settings):
         if info.spec.cli:
-            add_setting(p, info)
+            group = info.spec.exclusive
+            if group is not None and group not in groups:
+                groups[group] = p.add_mutually_exclusive_group()
+            add_setting(groups[group] if group is not None else p, info)
     if analysis.pool_arg == "option":
         shared.add_pool(p, flag=True, help="pool.yaml whose models and probe data the analysis reads")
     shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
@@ -119,7 +123,9 @@ def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
     values = {}
     for info in settings_fields(analysis.settings):
         if info.spec.cli:
-            value = getattr(args, info.name)
+            value = getattr(args, info.dest)
+            if info.negative:
+                value = not value
             values[info.name] = tuple(value) if info.sequence and value is not None else value
     return analysis.make_settings(**values)
 
@@ -141,7 +147,7 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
         result = analysis.run(pool, settings, update, executor)
     finally:
         close()
-    for item in analysis.lines(result):
+    for item in analysis.lines(result, settings):
         if isinstance(item, str):
             emit(item)
         else:

@@ -40,6 +40,7 @@ class Setting:
     old_flags: earlier spellings of the option, still accepted for one release with a note naming `flag`.
     label: the widget's label in the app (default: the name with spaces).
     metavar: the CLI's placeholder for the value.
+    exclusive: the name of a group of options of which the CLI takes at most one (`--text` or `--split`).
     """
 
     help: str
@@ -52,17 +53,19 @@ class Setting:
     old_flags: tuple[str, ...] = ()
     label: Optional[str] = None
     metavar: Optional[str] = None
+    exclusive: Optional[str] = None
 
 
 def setting(default: Any = None, *, help: str, range: Optional[tuple] = None, choices: Optional[Sequence] = None,
             flag: Optional[str] = None, positional: bool = False, required: bool = False, cli: bool = True,
-            old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None) -> Any:
+            old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None,
+            exclusive: Optional[str] = None) -> Any:
     """A dataclass field declared once: its default and everything `Setting` lists (see the module docstring).
     A list default is copied per instance."""
     meta = {"setting": Setting(help=help, range=tuple(range) if range is not None else None,
                                choices=tuple(choices) if choices is not None else None, flag=flag,
                                positional=positional, required=required, cli=cli, old_flags=tuple(old_flags),
-                               label=label, metavar=metavar)}
+                               label=label, metavar=metavar, exclusive=exclusive)}
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -85,6 +88,17 @@ class FieldInfo:
     def flag(self) -> str:
         """The CLI option of the field."""
         return self.spec.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def negative(self) -> bool:
+        """A setting on by default that the CLI switches off with a `--no-…` flag (`lens` ← `--no-lens`)."""
+        return self.base is bool and bool(self.default) and self.flag.startswith("--no-")
+
+    @property
+    def dest(self) -> str:
+        """Where argparse stores the field's value: its name, or for a `negative` one the flag's words
+        (`no_lens`, True when the flag is given)."""
+        return self.flag[2:].replace("-", "_") if self.negative else self.name
 
     @property
     def label(self) -> str:

@@ -1,5 +1,5 @@
-"""Figures of an attribution map (`forgetlab.analysis.attribution.AttributionResult`): a layer × module heatmap of one
-d column, and the submodules on the speciality-vs-generality plane with their Pareto front."""
+"""Figures of an attribution map (`forgetlab.analysis.attribution_results.AttributionResult`): a layer × module
+heatmap of one d column, and the submodules on the speciality-vs-generality plane with their Pareto front."""
 from __future__ import annotations
 
 import math
@@ -119,3 +119,11 @@ def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_matc
                       # below the plot: at the right it sat on the NLS colour bar
                       legend={"orientation": "h", "yanchor": "top", "y": -0.18, "xanchor": "left", "x": 0})
     return fig
+
+
+def figures(result, measure: str = "exact_match") -> list[go.Figure]:
+    """The map's charts with speciality in `measure` (exact_match, or answer_loss): the heatmaps of Δ general loss
+    and Δ speciality, and the trade-off of the only-this map."""
+    spec = "d_speciality" if measure == "exact_match" else "d_answer_loss"
+    return [heatmap_figure(result, "d_general_loss"), heatmap_figure(result, spec),
+            tradeoff_figure(result, measure=measure)]

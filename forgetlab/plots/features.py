@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from forgetlab.analysis.features import TsneResult
+from forgetlab.analysis.features_results import TsneResult
 from forgetlab.plots import color_for
 
 SYMBOLS = ("circle", "diamond", "square", "x", "triangle-up", "star", "cross", "triangle-down", "pentagon",
@@ -70,3 +70,8 @@ def distance_bars(result: TsneResult) -> go.Figure:
                       title="Mean distance between task clusters (higher: tasks better separated)",
                       margin=dict(t=40, b=10))
     return fig
+
+
+def figures(result: TsneResult) -> list[go.Figure]:
+    """The feature map's charts: the t-SNE scatter and the distances between task clusters."""
+    return [tsne_scatter(result), distance_bars(result)]

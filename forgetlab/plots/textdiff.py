@@ -1,5 +1,5 @@
-"""Figures of a text diff (`forgetlab.analysis.textdiff.TextDiffResult`): the text with each token shaded by its
-rise or KL (HTML spans, hover = both models' top-3), its legend, the rise per token class, the rise along the
+"""Figures of a text diff (`forgetlab.analysis.textdiff_results.TextDiffResult`): the text with each token shaded
+by its rise or KL (HTML spans, hover = both models' top-3), its legend, the rise per token class, the rise along the
 sequences and the logit lens. No external assets: the HTML is self-contained, the figures are plotly's."""
 from __future__ import annotations
 

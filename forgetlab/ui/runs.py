@@ -103,31 +103,6 @@ def _scorecards(run, measure="exact_match"):
     return [scorecards_figure(cards, measure or "exact_match")]
 
 
-def _features(run):
-    from forgetlab.analysis.features import TsneResult
-    from forgetlab.plots.features import distance_bars, tsne_scatter
-
-    result = TsneResult.from_dict(run.results)
-    return [tsne_scatter(result), distance_bars(result)]
-
-
-def _attribution(run, measure="exact_match"):
-    from forgetlab.analysis.attribution import AttributionResult
-    from forgetlab.plots.attribution import heatmap_figure, tradeoff_figure
-
-    result = AttributionResult.from_dict(run.results)
-    spec = "d_speciality" if measure == "exact_match" else "d_answer_loss"
-    return [heatmap_figure(result, "d_general_loss"), heatmap_figure(result, spec),
-            tradeoff_figure(result, measure=measure)]
-
-
-def _textdiff(run):
-    from forgetlab.analysis.textdiff import load_textdiff
-    from forgetlab.plots.textdiff import figures
-
-    return figures(load_textdiff(run.path))
-
-
 def _benchmarks(run):
     from forgetlab.core.benchmarks import BenchmarkTable
     from forgetlab.plots.models import benchmark_bars
@@ -145,11 +120,8 @@ def _search(run):
 register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
-register_reopener("attribution", _attribution)
-register_reopener("textdiff", _textdiff)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
-register_reopener("features", _features)
 
 
 def _call(fn: Callable, arg, measure: str | None):
@@ -252,7 +224,7 @@ def run_figures(run, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(run.kind)
     if analysis is not None and analysis.figures_fn is not None:
         try:
-            return analysis.figures(analysis.load(run.path))
+            return analysis.figures(analysis.load(run.path), measure)
         except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
             return figures_from_frame(run.frame(), title=run.kind)
     fn = _lookup(_REOPENERS, run.kind)
@@ -288,7 +260,7 @@ def compare_figures(runs, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(kind)
     if analysis is not None and analysis.compare_fn is not None:
         try:
-            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs])
+            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs], measure)
         except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
             return figures_from_frame(compare_frame(runs), title=f"{kind}:")
     fn = _lookup(_COMPARERS, kind)

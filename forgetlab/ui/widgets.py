@@ -4,8 +4,9 @@ choices and tooltip of a page's widget come from the one place the CLI reads the
     samples = field_widget(LinearitySettings, "samples", key="linearity_samples", high=n_probe)
     alphas = field_widget(LinearitySettings, "alphas", key="linearity_alphas")        # "0, 0.1, …" → floats
 
-A page passes what only it knows (an upper bound from the pool, the options a pool offers, a default that
-depends on the pool); a comma-separated number list that cannot be read is shown as an error and gives None.
+A page passes what only it knows (bounds from the pool, the options a pool offers, a default that depends on
+the pool); a comma-separated number list that cannot be read is shown as an error and gives None, and so does an
+optional one left empty (without an error: None is its "not given").
 """
 from __future__ import annotations
 
@@ -30,12 +31,13 @@ def _csv(values: Sequence[Any]) -> str:
 
 
 def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[Sequence[Any]] = None,
-                 default: Any = None, high: Optional[float] = None, label: Optional[str] = None,
-                 help: Optional[str] = None, format_func=None, radio: bool = False, container=None) -> Any:
+                 default: Any = None, high: Optional[float] = None, low: Optional[float] = None,
+                 label: Optional[str] = None, help: Optional[str] = None, format_func=None, radio: bool = False,
+                 container=None) -> Any:
     """The widget of one settings field, returning its value in the field's type (None for an unreadable number
-    list, after showing why). `options` override the declared choices (e.g. the pool's tasks), `default` the
-    declared default, `high` the declared upper bound; `label` and `help` add to the declaration's; `radio`
-    draws a word with few choices as radio buttons instead of a select box."""
+    list, after showing why, or an optional one left empty). `options` override the declared choices (e.g. the
+    pool's tasks), `default` the declared default, `low` and `high` the declared bounds; `label` and `help` add
+    to the declaration's; `radio` draws a word with few choices as radio buttons instead of a select box."""
     info = field_info(settings_cls, name)
     where = container or st
     text = label or info.label
@@ -55,6 +57,8 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
         return (where.radio if radio else where.selectbox)(text, choices, index=index, **kwargs)
     if info.sequence and info.base in (int, float):
         raw = where.text_input(text, _csv(value or ()), key=key, help=tip)
+        if info.optional and not raw.strip():
+            return None
         try:
             return checked_value(info, parse_floats(raw, f"the {text}"))
         except ForgetlabError as exc:
@@ -62,6 +66,7 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
             return None
     if info.base in (int, float):
         lo, hi = info.spec.range or (None, None)
+        lo = low if low is not None else lo
         hi = high if high is not None else hi
         cast = int if info.base is int else float
         start = value if value is not None else (lo if lo is not None else 0)
