@@ -1,4 +1,5 @@
-"""CLI: `forgetlab merge`, `forgetlab methods`, `forgetlab merge-export`, `forgetlab pcb-search`."""
+"""CLI: `forgetlab merge`, `forgetlab methods`, `forgetlab merge-export` (`forgetlab pcb-search` is the λ search
+analysis's command, forgetlab.analysis.lambda_search)."""
 from __future__ import annotations
 
 import json
@@ -40,18 +41,6 @@ def register(subparsers) -> None:
     e.add_argument("--to", choices=("mergekit", "forgetlab"), default="mergekit", help="Target format.")
     shared.add_out(e, "Write to this file instead of standard output.")
     e.set_defaults(func=_export)
-
-    s = subparsers.add_parser("pcb-search", help="Search PCB's per-task λ with CMA-ES on the pool's probe data.")
-    s.add_argument("recipe", help="A pcb recipe (its keep, lam and scope are used; λ is the start).")
-    shared.add_pool(s, flag=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
-    s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
-    shared.add_seed(s, help="Seed of CMA-ES", maximum=shared.NUMPY_SEED_MAX - 1)   # CMA-ES is seeded with seed + 1
-    shared.add_out(s, "Write the recipe with the λ found (per model) to this YAML file.")
-    shared.add_device(s, help=shared.DEVICE_CPU_HELP)
-    shared.add_dtype(s, what="the working copy that scores each λ")
-    shared.add_dry_run(s)
-    shared.add_executor(s)
-    s.set_defaults(func=_pcb_search)
 
 
 def _merge(args) -> int:
@@ -153,39 +142,4 @@ def _export(args) -> int:
         for note in recipe.notes:  # YAML comments: the output stays a recipe
             emit(f"# note: {note}")
         emit(text.rstrip("\n"))
-    return 0
-
-
-def _pcb_search(args) -> int:
-    from forgetlab.analysis.lambda_search import pcb_lambda_search
-    from forgetlab.commands.executor_args import executor_from_args
-    from forgetlab.core.errors import ParameterError
-    from forgetlab.core.memory import estimate
-    from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.recipes import ModelEntry, load_recipe
-
-    recipe = load_recipe(args.recipe)
-    if recipe.method != "pcb":
-        raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
-    pool = ModelPool.from_yaml(args.pool)
-    est = estimate("pcb_search", pool=pool, recipe=recipe, device=args.device, dtype=args.dtype)
-    if emit_estimate(est, args.dry_run):
-        return 0
-    executor = executor_from_args(args)
-    update, close = tqdm_progress("λ search")
-    try:
-        res, workers = pcb_lambda_search(pool, recipe, budget=args.budget, seed=args.seed, device=args.device,
-                                         dtype=args.dtype, executor=executor, progress=update)
-    finally:
-        close()
-    if executor.name != "local":
-        pids = sorted({f"{w.get('host')}:{w.get('pid')}" for w in workers})
-        emit(f"executor {executor.name}: {len(pids)} worker process(es) ({', '.join(pids)})")
-    emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")
-    emit("λ = " + ", ".join(f"{v:.4f}" for v in res.lambdas))
-    if args.out is not None:
-        params = {k: v for k, v in recipe.params.items() if k != "lam"}
-        models = [ModelEntry(m.model, {**m.params, "lam": round(v, 6)}) for m, v in zip(recipe.models, res.lambdas)]
-        out = type(recipe)(recipe.method, recipe.base, models, params, recipe.dtype, recipe.seed, recipe.name)
-        emit(f"wrote {write_text_file(args.out, out.to_yaml(), overwrite=args.overwrite)}")
     return 0
