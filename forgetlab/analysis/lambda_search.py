@@ -226,13 +226,13 @@ class _PcbState:
     """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
 
     def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
-                 device: Optional[str], dtype=None):
+                 device: Optional[str], dtype=None, max_task: Optional[int] = 32):
         base = open_checkpoint(base_ref)
         self.base = base.state_dict()
         fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
         self.comps = pcb_components(self.base, fts, keep, scope)
         del fts
-        self.loss = probe_loss(pool, device=device, dtype=dtype)
+        self.loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
 
     def __call__(self, lambdas, progress: Progress = None) -> float:
         return float(self.loss(compose(self.base, self.comps, lambdas)))
@@ -252,11 +252,11 @@ class pcb_batch_loss:
     executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
 
     def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None,
-                 dtype=None):
+                 dtype=None, max_task: Optional[int] = 32):
         self.executor = make_executor(executor)
         refs = [pool.resolve_ref(m.model) for m in recipe.models]
         self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device,
-                                   None if dtype is None else str(dtype).removeprefix("torch."))
+                                   None if dtype is None else str(dtype).removeprefix("torch."), max_task)
         self.workers_used: list[dict] = []
 
     def __enter__(self):
@@ -290,7 +290,8 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     if executor.name == "local":
         loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
         return cma_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
-    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype)
+    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype,
+                        max_task=max_task)
     with on as batch:
         res = cma_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
     return res, on.workers_used
