@@ -419,7 +419,7 @@ def _same_row(expected, got) -> bool:
 
 # Issue 42: commands made from an analysis' settings (forgetlab.commands.generated) take the executor flags too
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
-GENERATED = {"linearity", "search", "pcb-search"}
+GENERATED = {"linearity", "search", "pcb-search", "slwm-weights"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)
@@ -427,6 +427,7 @@ for _path in GENERATED:
 # gains --no-save; pcb-search gains --merge OUT_DIR (λ search, then merge: the Merge page's path).
 EXPECTED["pcb-search"].update(no_save=(("--no-save",), False, False, None, None, 0, None),
                               merge=(("--merge",), None, False, None, None, None, "OUT_DIR"))
+EXPECTED["slwm-weights"]["no_save"] = (("--no-save",), False, False, None, None, 0, None)
 
 
 @pytest.mark.parametrize("path", list(EXPECTED))

@@ -35,7 +35,7 @@ def register(sub) -> None:
 def cmd_features(args) -> int:
     """Estimate the peak (stop there with --dry-run), capture the features, map them, print the distances."""
     from forgetlab.analysis.features import capture_features, check_tsne, embed_tsne
-    from forgetlab.commands.slwm_weights import write_csv
+    from forgetlab.commands.io import write_csv
     from forgetlab.core.memory import estimate, job_dtype
     from forgetlab.core.pool import ModelPool
     from forgetlab.core.progress import scaled

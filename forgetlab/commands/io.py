@@ -29,6 +29,14 @@ def emit_frame(df: pd.DataFrame, out: str | None = None, float_format: str = "{:
             emit(df.to_string(index=False))
 
 
+def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
+    """Write a table as CSV atomically (forgetlab.core.outputs.write_text_file), whatever the file's suffix; an
+    existing file only with `overwrite`. Says where it went."""
+    path = write_text_file(out, df.to_csv(index=False), overwrite=overwrite)
+    emit(f"wrote {path}")
+    return path
+
+
 PIPE_INTERVAL = 5.0     # seconds between progress lines when stderr is not a terminal
 
 
