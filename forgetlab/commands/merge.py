@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import yaml
 
+from forgetlab.analysis.retention import merge_retention, own_tasks
 from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
+from forgetlab.commands.models import benchmark_spec
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import forgetting_text
+from forgetlab.core.memory import with_free
 from forgetlab.core.outputs import write_text_file
+from forgetlab.core.pool import ModelPool
+from forgetlab.merge import METHODS, load_plugins, run
+from forgetlab.merge.memory import estimate_merge
+from forgetlab.merge.recipes import load_recipe
+from forgetlab.merge.workflow import SCORECARDS, cards_frame, merge_and_evaluate
 
 
 def register(subparsers) -> None:
@@ -44,9 +55,6 @@ def register(subparsers) -> None:
 
 
 def _merge(args) -> int:
-    from forgetlab.core.errors import ParameterError
-    from forgetlab.merge import run
-
     evaluate = args.eval or bool(args.lm_eval)
     if not evaluate and (args.lm_eval_include or args.limit is not None or args.no_lm_eval or args.max_general
                          is not None or args.max_task is not None):
@@ -58,28 +66,19 @@ def _merge(args) -> int:
     if args.dtype is not None and not evaluate:
         raise ParameterError("--dtype sets the precision the merge is scored in: add --eval (and --pool); the "
                              "merge's own output dtype is the recipe's `dtype:`.")
-    from forgetlab.merge.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)                   # read once: its notes first, then estimate and merge
     for note in recipe.notes:
         emit(f"note: {note}")
     pool = None
     if args.pool:
-        from forgetlab.core.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
-    from forgetlab.core.memory import estimate
-    from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate)
-
-    est = estimate("merge", recipe=recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
-                   max_general=args.max_general, max_task=args.max_task)
+    est = with_free(estimate_merge(recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
+                                   max_general=args.max_general, max_task=args.max_task))
     if emit_estimate(est, args.dry_run):
         return 0
     update, close = tqdm_progress("merge")
     try:
         if evaluate:
-            from forgetlab.commands.models import benchmark_spec
-            from forgetlab.merge.workflow import merge_and_evaluate
-
             bench, manager = benchmark_spec(args, pool)         # tasks checked before the merge starts
             res, cards = merge_and_evaluate(recipe, args.out_dir, pool, overwrite=args.overwrite,
                                             device=args.device, dtype=args.dtype, max_general=args.max_general,
@@ -93,13 +92,8 @@ def _merge(args) -> int:
     emit(f"merged {res.n_tensors} tensors ({res.n_parameters:,} parameters) with {res.method} in "
          f"{res.seconds:.1f} s into {res.out_dir}")
     if evaluate:
-        from forgetlab.merge.workflow import SCORECARDS, cards_frame
-
         emit_frame(cards_frame(cards, merged=[cards[-1].model]))
         if pool.task_names:
-            from forgetlab.analysis.retention import merge_retention, own_tasks
-            from forgetlab.core.evaluate import forgetting_text
-
             merged = cards[-1].model
             kept = merge_retention(cards, [merged], own_tasks(pool, [c.model for c in cards[1:-1]], cards))
             emit(f"own-task gain kept (exact match, docs/methods.md#retention): mean "
@@ -113,10 +107,6 @@ def _merge(args) -> int:
 
 
 def _methods(args) -> int:
-    import pandas as pd
-
-    from forgetlab.merge import METHODS, load_plugins
-
     load_plugins()
     if args.json:
         emit(json.dumps({n: s.to_dict() for n, s in METHODS.items()}, indent=2))
@@ -130,8 +120,6 @@ def _methods(args) -> int:
 
 
 def _export(args) -> int:
-    from forgetlab.merge.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)
     text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out is not None:
