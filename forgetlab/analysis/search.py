@@ -7,7 +7,7 @@ per block of decoder layers: θ = θ0 + αb·(merge(θ0, θ1…θN; v) − θ0) 
 placement of embeddings / head as in docs/methods.md's HMA). Each candidate is merged in memory from the base and
 fine-tuned weights that every worker holds resident, written into the worker's working copy of the model, and
 evaluated on the pool's **probe** split (speciality: exact match, or answer loss, on the tasks; generality:
-general-text loss). Forgetting = general loss − the base's general loss.
+general-text loss). Forgetting = general loss − the base's general loss (`Scorecard.forgetting`).
 
 Objectives (CMA-ES minimises J; s = speciality oriented so that higher is better, f = forgetting):
 - ``constrained`` (default): J = −s + 10·max(0, f − max_forgetting); the best point is the feasible one
@@ -16,6 +16,9 @@ Objectives (CMA-ES minimises J; s = speciality oriented so that higher is better
 
 The points run on an executor (`forgetlab.executors`: in process, or on Ray actors kept for the whole search);
 CMA-ES is seeded, so the same search gives the same points locally and on Ray. Every point records its worker.
+
+`ANALYSIS` ("search") is the search as an analysis (forgetlab.analysis.base): `forgetlab search RECIPE --pool POOL`,
+the Merge page's search panel and the Runs page all go through it; its result lives in `search_results`.
 """
 from __future__ import annotations
 
