@@ -1,12 +1,11 @@
 """The weights submodule-linearity merging would choose (`forgetlab slwm-weights`): the closed-form per-submodule
 task weights of `slwm` (docs/methods.md#slwm; computed by `forgetlab.merge.methods.slwm.slwm_weights`, the merge
-method's own function), as an analysis whose result is their table, saved and reopened like any run."""
+method's own function), as an analysis whose table (`SlwmWeights.to_frame`) the CLI prints and writes, saved and
+reopened like any run."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
-
-import pandas as pd
+from dataclasses import dataclass
+from typing import Optional
 
 from forgetlab.analysis.base import ANALYSES, Analysis
 from forgetlab.core.errors import ParameterError, ProbeDataError
@@ -15,45 +14,6 @@ from forgetlab.core.settings import count_field, device_field, setting
 from forgetlab.merge.memory import estimate_slwm_weights
 from forgetlab.merge.methods.slwm import (DEFAULT_LEVEL, DEFAULT_RIDGE, DEFAULT_SAMPLES, SLWM_LEVELS, SlwmWeights,
                                           slwm_weights)
-
-
-@dataclass
-class SlwmWeightsTable:
-    """The weights slwm chose for every submodule (`SlwmWeights.to_frame`: one row per submodule, one column per
-    task) and what they were computed from: level, tasks and their models, probe samples, ridge, capture."""
-
-    level: str
-    tasks: list[str]
-    models: list[str]
-    samples: int
-    ridge: float
-    capture: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, weights: SlwmWeights) -> "SlwmWeightsTable":
-        """The table of weights `slwm_weights` computed."""
-        frame = weights.to_frame()
-        rows = frame.astype(object).where(frame.notna(), None).to_dict("records")
-        return cls(weights.level, list(weights.tasks), list(weights.models), int(weights.samples),
-                   float(weights.ridge), weights.capture, rows)
-
-    def to_frame(self) -> pd.DataFrame:
-        """The weights table (`SlwmWeights.to_frame`'s columns: submodule, layer, module, head, fallback, then one
-        column per task)."""
-        frame = pd.DataFrame(self.rows)
-        if len(frame):
-            frame["head"] = frame["head"].astype("Int64")
-        return frame
-
-    def to_dict(self) -> dict[str, Any]:
-        """Every field (a run's results.json)."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SlwmWeightsTable":
-        """The table `to_dict` saved."""
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
 @dataclass
@@ -89,13 +49,12 @@ def check_settings(settings: SlwmWeightsSettings, pool=None) -> None:
                              "model.")
 
 
-def compute(pool, settings: SlwmWeightsSettings, progress: Progress = None, executor=None) -> SlwmWeightsTable:
-    """`slwm_weights` on the pool with these settings, as its table."""
+def compute(pool, settings: SlwmWeightsSettings, progress: Progress = None, executor=None) -> SlwmWeights:
+    """`slwm_weights` on the pool with these settings."""
     models = list(settings.models) if settings.models else None
     tasks = list(settings.tasks) if settings.tasks else None
-    return SlwmWeightsTable.of(slwm_weights(pool, tasks, models=models, level=settings.level,
-                                            samples=settings.samples, ridge=settings.ridge, device=settings.device,
-                                            progress=progress))
+    return slwm_weights(pool, tasks, models=models, level=settings.level, samples=settings.samples,
+                        ridge=settings.ridge, device=settings.device, progress=progress)
 
 
 def estimate(pool, settings: SlwmWeightsSettings):
@@ -103,13 +62,13 @@ def estimate(pool, settings: SlwmWeightsSettings):
     return estimate_slwm_weights(pool, settings.models, device=settings.device)
 
 
-def recipe(result: SlwmWeightsTable) -> dict:
+def recipe(result: SlwmWeights) -> dict:
     """What a saved run records (besides its pool): everything but the weights."""
-    return {k: v for k, v in result.to_dict().items() if k != "rows"}
+    return {k: v for k, v in result.to_dict().items() if k != "submodules"}
 
 
 ANALYSIS = ANALYSES.add("slwm-weights", Analysis(
-    "slwm-weights", "slwm weights", SlwmWeightsSettings, compute, SlwmWeightsTable,
+    "slwm-weights", "slwm weights", SlwmWeightsSettings, compute, SlwmWeights,
     help="the per-submodule task weights of submodule-linearity merging",
     description="Solve G a = b per submodule on the pool's probe data and print the weights (submodule × task). "
                 "Merge with `forgetlab merge` and method slwm.",
