@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
 import pandas as pd
 
 from forgetlab.core.outputs import write_text_file
+from forgetlab.core.threads import tick
 
 
 def emit(text: str = "") -> None:
@@ -46,10 +48,6 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
     place. On anything else (piped to `tee`, a log file, CI): one plain line every `interval` seconds
     ("desc: 42% · message") and a last line with the elapsed time, instead of a redraw per step that piles
     every update into one huge line."""
-    import time
-
-    from forgetlab.core.threads import tick
-
     stream = stream if stream is not None else sys.stderr
     clock = clock or time.monotonic
     if not getattr(stream, "isatty", lambda: False)():
