@@ -70,6 +70,19 @@ def worker_label(worker: Optional[dict[str, Any]]) -> str:
     return f"{worker.get('host')}:{worker.get('pid')}"
 
 
+def executor_lines(result_executor: dict, points) -> list[str]:
+    """What a command prints about where the points of a result ran: the executor, its worker processes
+    (host:pid, from each point's `worker`), the driver, and notes such as fewer workers than asked."""
+    if not result_executor:
+        return []
+    who = sorted({worker_label(p.worker) for p in points if p.worker})
+    lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
+             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); "
+             f"driver {worker_label(result_executor.get('driver') or {})}"]
+    lines += [f"note: {n}" for n in result_executor.get("notes") or []]
+    return lines
+
+
 @dataclass
 class Outcome:
     """The result of one item: its value (None when it failed), the worker, time and attempts it took."""

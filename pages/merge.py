@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import time
 
+import pandas as pd
 import streamlit as st
 
-from forgetlab.analysis.lambda_search import pcb_lambda_search
+from forgetlab.analysis.lambda_search import search_then_merge
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS, load_plugins
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
 from forgetlab.ui.errors import show_errors
+from forgetlab.ui.executor import session_executor
 from forgetlab.ui.jobs import job_key, run_once
 from forgetlab.ui.pool import require_finetuned, require_pool
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
@@ -101,21 +102,16 @@ with right:
     def work(progress):
         """(λ search,) merge into merges/<name> and evaluate it beside base and parents, all or nothing (the path
         `forgetlab merge --eval` takes): the page's report."""
-        from forgetlab.ui.executor import session_executor
-
-        found, merge_params = None, dict(params)
-        if search:
-            start_recipe = pool_recipe(pool, method, models, params, dtype=out_dtype)
-            found = pcb_lambda_search(pool, start_recipe, budget=int(budget), max_task=int(max_task), device=device,
-                                      dtype=run_dtype, executor=session_executor(),
-                                      progress=scaled(progress, 0.0, 0.4))[0]
-            merge_params["lam"] = [round(v, 6) for v in found.lambdas]
-        recipe = pool_recipe(pool, method, models, merge_params, dtype=out_dtype)
-        recipe.name = name
-        result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, device=device, dtype=run_dtype,
-                                           max_general=int(max_general), max_task=int(max_task),
-                                           benchmarks=bench_settings.get("benchmarks"),
-                                           progress=scaled(progress, 0.4 if search else 0.0, 1.0))
+        recipe = pool_recipe(pool, method, models, params, dtype=out_dtype, name=name)
+        kw = dict(device=device, dtype=run_dtype, max_general=int(max_general), max_task=int(max_task),
+                  benchmarks=bench_settings.get("benchmarks"), progress=progress)
+        found = None
+        if search:      # the path `forgetlab pcb-search … --merge` takes
+            done = search_then_merge(pool, recipe, workspace_merge_dir(name), budget=int(budget),
+                                     executor=session_executor(), **kw)
+            found, recipe, result, cards = done.search, done.recipe, done.merge, done.cards
+        else:
+            result, cards = merge_and_evaluate(recipe, workspace_merge_dir(name), pool, **kw)
         return {"name": result.out_dir.name, "path": str(result.out_dir), "recipe": recipe, "cards": cards,
                 "seconds": result.seconds, "search": found, "notes": list(result.notes)}
 
@@ -167,8 +163,6 @@ with show_errors():
 if not earlier:
     st.caption("No merge saved in this workspace yet.")
 else:
-    import pandas as pd
-
     show_table(pd.DataFrame([m.to_row() for m in earlier]), key="merge_saved_table")
     evaluated = [m for m in earlier if m.cards]
     chosen = st.multiselect("compare evaluated merges", [m.name for m in evaluated], key="merge_compare")

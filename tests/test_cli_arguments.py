@@ -419,12 +419,17 @@ def _same_row(expected, got) -> bool:
 
 # Issue 42: commands made from an analysis' settings (forgetlab.commands.generated) take the executor flags too
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
-GENERATED = {"linearity", "attribution", "textdiff", "features"}
+GENERATED = {"linearity", "attribution", "textdiff", "features", "search", "pcb-search", "slwm-weights"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)
-# features saves its map under the workspace's runs/ from the CLI too (as the page always did): --no-save skips it.
+# Issue 42: an analysis saves its run (DESIGN: every run is saved), so a generated command that saved none before
+# gains --no-save (features saves its map from the CLI too, as the page always did); pcb-search gains
+# --merge OUT_DIR (λ search, then merge: the Merge page's path).
 EXPECTED["features"]["no_save"] = (("--no-save",), False, False, None, None, 0, None)
+EXPECTED["pcb-search"].update(no_save=(("--no-save",), False, False, None, None, 0, None),
+                              merge=(("--merge",), None, False, None, None, None, "OUT_DIR"))
+EXPECTED["slwm-weights"]["no_save"] = (("--no-save",), False, False, None, None, 0, None)
 
 
 @pytest.mark.parametrize("path", list(EXPECTED))

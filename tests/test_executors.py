@@ -229,7 +229,7 @@ def test_sweep_keeps_and_saves_points_when_a_point_kills_its_workers(ray_cpus2, 
 
 
 def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(ray_cpus2, pool, tiny_llama,
-                                                                              tmp_path, capsys):
+                                                                              tmp_path, capsys, monkeypatch):
     """PCB's λ search (the Merge page's and `forgetlab pcb-search`'s) gives the same λ and losses in this process
     and on a Ray worker, and the CLI names the worker processes."""
     import yaml
@@ -247,6 +247,7 @@ def test_pcb_lambda_search_local_and_ray_agree_and_the_cli_reports_its_workers(r
     assert workers and {w["pid"] for w in workers} != {os.getpid()}
     path = tmp_path / "pcb.yaml"
     path.write_text(recipe.to_yaml())
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))      # the command saves its run (issue 42)
     assert main(["pcb-search", str(path), "--pool", str(tiny_llama.pool_yaml), "--budget", "4", "--executor", "ray",
                  "--workers", "1", "--out", str(tmp_path / "found.yaml")]) == 0
     out = capsys.readouterr().out

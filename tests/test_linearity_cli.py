@@ -24,7 +24,8 @@ def test_linearity_cli_writes_csv_and_refuses_overwrite(tiny_llama, tmp_path, mo
     assert "only 8 probe samples" in capsys.readouterr().err
 
 
-def test_slwm_weights_and_features_cli(tiny_gpt2, tmp_path, capsys):
+def test_slwm_weights_and_features_cli(tiny_gpt2, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))      # slwm-weights saves its run (issue 42)
     assert main(["slwm-weights", str(tiny_gpt2.pool_yaml), "--models", "ft0", "ft1", "--tasks", "math", "copy",
                  "--samples", "3", "--out", str(tmp_path / "w.csv")]) == 0
     w = pd.read_csv(tmp_path / "w.csv")

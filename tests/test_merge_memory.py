@@ -144,11 +144,12 @@ def test_pcb_search_dry_run_and_its_dtype(tiny_llama, tmp_path, capsys, monkeypa
     assert main([*args, "--dtype", "bfloat16", "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert "pcb_search in bfloat16 needs ≈" in text and "PCB components" in text
-    import forgetlab.core.checkpoints as checkpoints
+    import forgetlab.analysis.lambda_search as lambda_search       # loads its working copy with load_model
 
     seen = []
-    real = checkpoints.load_model
-    monkeypatch.setattr(checkpoints, "load_model", lambda *a, **k: seen.append(k.get("dtype")) or real(*a, **k))
+    real = lambda_search.load_model
+    monkeypatch.setattr(lambda_search, "load_model", lambda *a, **k: seen.append(k.get("dtype")) or real(*a, **k))
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))      # the command saves its run (issue 42)
     assert main([*args, "--dtype", "bfloat16"]) == 0
     assert seen == [torch.bfloat16]                       # the working copy that scores each λ
     import forgetlab.core.memory as memory

@@ -148,19 +148,19 @@ def test_saved_sweeps_reopen_with_their_own_charts_and_compare_on_one_tradeoff(t
 
 
 def test_a_saved_merge_search_reopens_with_its_chart_and_a_worker_column(tiny_llama, tmp_path, monkeypatch):
-    """A search saved by `save_search` (the Merge page's, or `forgetlab search`'s) reopens with the Merge page's
+    """A search saved by its analysis (the Merge page's, or `forgetlab search`'s) reopens with the Merge page's
     search chart (evaluated points, base, Pareto front, best) and its points with their worker (host:pid)."""
     import os
     import socket
 
-    from forgetlab.analysis.search import save_search, search
+    from forgetlab.analysis.search import ANALYSIS, search
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge.workflow import pool_recipe
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     result = search(pool_recipe(pool, "ties", ["ft0", "ft1"]), pool, budget=3, max_general=1, max_task=2)
-    save_search(result)
+    ANALYSIS.save(result)
     at = AppTest.from_file(PAGE).run(timeout=60)
     assert not at.exception and not at.error
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)

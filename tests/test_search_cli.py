@@ -71,5 +71,8 @@ def test_check_search_refuses_what_search_refuses_without_loading_a_model(tiny_l
         assert str(checked.value) == str(ran.value)
     with pytest.raises(ParameterError, match="no per-model weight"):
         check_search(_write_recipe(tiny_llama, tmp_path / "wise.yaml", "wise_ft"), pool)
-    monkeypatch.setattr(checkpoints, "open_checkpoint", lambda *a, **k: pytest.fail("a checkpoint was opened"))
+    import forgetlab.analysis.search as search_module      # opens its checkpoints with its own import of it
+
+    for module in (checkpoints, search_module):
+        monkeypatch.setattr(module, "open_checkpoint", lambda *a, **k: pytest.fail("a checkpoint was opened"))
     check_search(recipe, pool, budget=3, max_forgetting=0.1, device="cpu")   # search's other arguments: ignored

@@ -41,11 +41,15 @@ def pool_source(pool) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Output:
-    """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and the table."""
+    """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and either the table
+    (`table(result)`, written as CSV or JSON) or the text (`text(result)`, e.g. a recipe's YAML; None: nothing to
+    write). An output whose flag is `--out` takes the place of the results table's `--out`."""
 
     flag: str
     help: str
-    table: Callable[[Any], pd.DataFrame]
+    table: Optional[Callable[[Any], pd.DataFrame]] = None
+    text: Optional[Callable[[Any], Optional[str]]] = None
+    metavar: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +83,7 @@ class Analysis:
     non-local executor runs the whole analysis as one item on a worker;
     kinds: the saved kinds it reopens, when older runs were saved under other names;
     pool_arg: how the CLI takes the pool: "positional" (POOL) or "option" (`--pool`, after a positional
-    setting such as a recipe);
+    setting such as a recipe); pool_help: what the CLI's help says the pool is for;
     group_help: the help of the first CLI word when several analyses share it (`forgetlab sweep`);
     status(result) -> int: the CLI's exit status for a finished result (default 0)."""
 
@@ -107,6 +111,7 @@ class Analysis:
     points: bool = False
     kinds: tuple[str, ...] = ()
     pool_arg: str = "positional"
+    pool_help: str = ""
     group_help: str = ""
     status: Optional[Callable[[Any], int]] = None
 

@@ -1,5 +1,7 @@
 """PCB's per-task λ search with CMA-ES (docs/methods.md#pcb-lambda-search): `pcb_lambda_search(pool, recipe)`,
-for the CLI (`forgetlab pcb-search`), the Merge page and scripts, in this process or on an executor's workers.
+for the CLI (`forgetlab pcb-search`), the Merge page and scripts, in this process or on an executor's workers;
+`search_then_merge`: the search, then the recipe with the λ found merged and scored (the Merge page's "search a
+λ per task first" and `forgetlab pcb-search … --merge OUT_DIR`).
 
 θ(λ) = θ0 + Σi λi·Ci with Ci = β̂i ⊙ τi / Σj β̂j: the balance matrices β̂ do not depend on λ, so they are
 computed once (`pcb_components`) and every evaluation is a cheap weighted sum. CMA-ES (the `cma` package)
@@ -10,43 +12,82 @@ pool's tasks' probe split (forgetlab.core.evaluate.task_score), on one working c
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 import torch
 
-from forgetlab.core.errors import MissingDependencyError, ParameterError
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.analysis.lambda_search_memory import estimate_pcb_search
+from forgetlab.analysis.search import SEED_MAX, tuned_recipe
+from forgetlab.core.checkpoints import load_model, open_checkpoint
+from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
+from forgetlab.core.evaluate import Scorecard, task_score
+from forgetlab.core.memory import job_dtype
+from forgetlab.core.outputs import check_output_dir
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.executors import PoolWorkerFactory
-from forgetlab.analysis.lambda_search_memory import estimate_pcb_search  # noqa: F401  (registers its estimate)
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
+from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id, worker_label
 from forgetlab.merge.api import without_tied_copies
 from forgetlab.merge.core import DictSource, check_compatible, collect_stats
+from forgetlab.merge.engine import MergeResult
+from forgetlab.merge.memory import estimate_merge
 from forgetlab.merge.methods import pcb as pcbmod
+from forgetlab.merge.recipes import Recipe, load_recipe
 from forgetlab.merge.registry import get_method, validate_params
+from forgetlab.merge.workflow import SCORECARDS, cards_frame, merge_and_evaluate, recipe_parents
 
 
 @dataclass
 class LambdaSearchResult:
-    """Best per-task λ found, its loss, the start's loss and every evaluation (λ vector, loss)."""
+    """Best per-task λ found, its loss, the start's loss and every evaluation (λ vector, loss). A search run as
+    the `pcb-search` analysis also records its input recipe, the recipe with the λ found (`best_recipe`), its
+    settings, where it ran (`executor`, `workers`) and, with `--merge`, the merge (`merged`: the MergeResult's
+    dict and the scorecards)."""
 
     lambdas: list[float]
     loss: float
     initial_loss: float
     history: list[tuple[list[float], float]] = field(default_factory=list)
+    recipe: dict[str, Any] = field(default_factory=dict)
+    best_recipe: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    executor: dict[str, Any] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    merged: Optional[dict[str, Any]] = None
 
     @property
     def n_evals(self) -> int:
+        """How many λ vectors were evaluated (the start included)."""
         return len(self.history)
 
     def to_frame(self) -> pd.DataFrame:
+        """One row per evaluation: its number, λ per model (`lam_<i>`) and the loss."""
         rows = [{"eval": i + 1, **{f"lam_{j}": v for j, v in enumerate(l)}, "loss": s}
                 for i, (l, s) in enumerate(self.history)]
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
+        """Every field, the history as {"lambdas", "loss"} records (a run's results.json)."""
         return {"lambdas": self.lambdas, "loss": self.loss, "initial_loss": self.initial_loss,
-                "history": [{"lambdas": l, "loss": s} for l, s in self.history]}
+                "history": [{"lambdas": l, "loss": s} for l, s in self.history], "recipe": self.recipe,
+                "best_recipe": self.best_recipe, "settings": self.settings, "executor": self.executor,
+                "workers": self.workers, "merged": self.merged}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "LambdaSearchResult":
+        """The search `to_dict` saved."""
+        return cls(list(d["lambdas"]), float(d["loss"]), float(d["initial_loss"]),
+                   [(list(h["lambdas"]), float(h["loss"])) for h in d.get("history", [])],
+                   dict(d.get("recipe") or {}), dict(d.get("best_recipe") or {}), dict(d.get("settings") or {}),
+                   dict(d.get("executor") or {}), list(d.get("workers") or []), d.get("merged"))
+
+    @property
+    def cards(self) -> list[Scorecard]:
+        """The scorecards of the merge made with the λ found (base, parents, merge), or [] without one."""
+        return [Scorecard.from_dict(c) for c in (self.merged or {}).get("cards", [])]
 
 
 def pcb_components(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
@@ -158,10 +199,6 @@ def probe_loss(pool, tasks: Sequence[str] | None = None, split: str = "probe", m
     """Validation loss for the λ search: the mean answer loss over the pool's tasks (their `split` pairs),
     on one working copy of the base model in `dtype` (default: bfloat16 on cuda, float32 on the CPU) whose
     weights are replaced at every call."""
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.core.evaluate import task_score
-    from forgetlab.core.memory import job_dtype
-
     probes = pool.probes
     if probes is None or not probes.tasks:
         raise ParameterError("The λ search needs probe data: give the pool task probe files (pool.yaml probes).")
@@ -189,15 +226,13 @@ class _PcbState:
     """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
 
     def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
-                 device: Optional[str], dtype=None):
-        from forgetlab.core.checkpoints import open_checkpoint
-
+                 device: Optional[str], dtype=None, max_task: Optional[int] = 32):
         base = open_checkpoint(base_ref)
         self.base = base.state_dict()
         fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
         self.comps = pcb_components(self.base, fts, keep, scope)
         del fts
-        self.loss = probe_loss(pool, device=device, dtype=dtype)
+        self.loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
 
     def __call__(self, lambdas, progress: Progress = None) -> float:
         return float(self.loss(compose(self.base, self.comps, lambdas)))
@@ -217,13 +252,11 @@ class pcb_batch_loss:
     executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
 
     def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None,
-                 dtype=None):
-        from forgetlab.executors import make_executor
-
+                 dtype=None, max_task: Optional[int] = 32):
         self.executor = make_executor(executor)
         refs = [pool.resolve_ref(m.model) for m in recipe.models]
         self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device,
-                                   None if dtype is None else str(dtype).removeprefix("torch."))
+                                   None if dtype is None else str(dtype).removeprefix("torch."), max_task)
         self.workers_used: list[dict] = []
 
     def __enter__(self):
@@ -246,9 +279,6 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     `lambda_search_memory`) — in this process, or with each CMA-ES generation evaluated at once on an executor's
     workers (`pcb_batch_loss`).
     Returns (LambdaSearchResult, the workers that evaluated points: [{"host", "pid"}])."""
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.executors import make_executor, worker_id
-
     if recipe.method != "pcb":
         raise ParameterError(f"The λ search is PCB's; this recipe uses {recipe.method}.")
     p = recipe.validated_params()
@@ -260,7 +290,165 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     if executor.name == "local":
         loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
         return cma_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
-    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype)
+    on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype,
+                        max_task=max_task)
     with on as batch:
         res = cma_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
     return res, on.workers_used
+
+
+# ------------------------------------------------------------------------------ λ search, then merge
+
+
+def recipe_with_lambdas(recipe: Recipe, lambdas: Sequence[float]) -> Recipe:
+    """The pcb `recipe` with the λ found, one per model (`lam` under each model, rounded to 6 digits; the
+    method-wide λ dropped): what `pcb-search --out` writes and what `search_then_merge` merges."""
+    return tuned_recipe(recipe, get_method("pcb").param("lam"), lambdas)
+
+
+@dataclass
+class SearchedMerge:
+    """PCB's λ search and the merge of its result (`search_then_merge`): the search, the workers that evaluated
+    its points, the recipe merged, the merge and the scorecards (base, parents, merge)."""
+
+    search: LambdaSearchResult
+    workers: list[dict[str, Any]]
+    recipe: Recipe
+    merge: MergeResult
+    cards: list[Scorecard]
+
+
+def search_then_merge(pool, recipe: Recipe, out_dir: str | Path, *, budget: int = 30, seed: int = 0,
+                      max_task: Optional[int] = 32, max_general: Optional[int] = None, device: Optional[str] = None,
+                      dtype=None, executor=None, benchmarks=None, overwrite: bool = False,
+                      progress: Progress = None) -> SearchedMerge:
+    """PCB's λ search on the pcb `recipe` (`pcb_lambda_search`, `max_task` probe pairs per task), then the recipe
+    with the λ found (`recipe_with_lambdas`; its name and dtype kept) merged into `out_dir` and scored beside the
+    pool's base and the recipe's parents on `max_general` general-text blocks and `max_task` eval pairs per task
+    (`forgetlab.merge.workflow.merge_and_evaluate`: all or nothing). The Merge page's "search a λ per task first"
+    and `forgetlab pcb-search … --merge OUT_DIR` both take this path."""
+    found, workers = pcb_lambda_search(pool, recipe, budget=budget, seed=seed, max_task=max_task, device=device,
+                                       dtype=dtype, executor=executor, progress=scaled(progress, 0.0, 0.4))
+    merged = recipe_with_lambdas(recipe, found.lambdas)
+    result, cards = merge_and_evaluate(merged, out_dir, pool, overwrite=overwrite, device=device, dtype=dtype,
+                                       max_general=max_general, max_task=max_task, benchmarks=benchmarks,
+                                       progress=scaled(progress, 0.4, 1.0))
+    return SearchedMerge(found, workers, merged, result, cards)
+
+
+# ------------------------------------------------------------------------------------------ the analysis
+
+
+@dataclass
+class PcbSearchSettings:
+    """What `forgetlab pcb-search` runs: CMA-ES over the per-task λ of a pcb `recipe` (its file, or its YAML
+    text) for `budget` evaluations of the probe answer loss and, with `merge`, the merge of the λ found."""
+
+    recipe: Optional[str] = setting(None, positional=True, help="A pcb recipe (its keep, lam and scope are used; λ "
+                                                                "is the start).")
+    budget: int = count_field(30, "Number of loss evaluations")
+    seed: int = setting(0, range=(0, SEED_MAX), help="Seed of CMA-ES (a whole number from 0 to 2**32 − 2)")
+    device: Optional[str] = device_field()
+    dtype: Optional[str] = dtype_field("the working copy that scores each λ")
+    merge: Optional[str] = setting(None, metavar="OUT_DIR",
+                                   help="then merge the recipe with the λ found into this folder and score it beside "
+                                        "the base and its parents, as `forgetlab merge --eval` does (all or "
+                                        "nothing; scorecards.json beside the weights)")
+    overwrite: bool = setting(False, help="replace output files that exist already")
+    max_task: Optional[int] = count_field(32, "probe pairs per task of the λ search's loss (and, with a merge, "
+                                              "eval pairs per task of its scores)", cli=False)
+    max_general: Optional[int] = count_field(None, "general-text blocks of the merge's scores (default: all)",
+                                             cli=False)
+
+
+def check_settings(settings: PcbSearchSettings, pool=None) -> None:
+    """What the declarations cannot say: a pcb recipe with valid parameters, a merge folder that may be written;
+    with the pool, its probe data (and, for a merge, the recipe's models in it)."""
+    if settings.recipe is None:
+        raise ParameterError("pcb-search needs a pcb recipe: the merge whose λ it searches.")
+    recipe = load_recipe(settings.recipe)
+    if recipe.method != "pcb":
+        raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
+    recipe.validated_params()
+    if settings.merge is not None:
+        check_output_dir(settings.merge, settings.overwrite)
+    if pool is not None:
+        if pool.probes is None or not pool.probes.tasks:
+            raise ProbeDataError("The λ search needs probe data: give the pool task probe files (pool.yaml probes).")
+        if settings.merge is not None:
+            recipe_parents(pool, recipe)
+
+
+def compute(pool, settings: PcbSearchSettings, progress: Progress = None, executor=None) -> LambdaSearchResult:
+    """`pcb_lambda_search` (or, with `merge`, `search_then_merge`) with these settings, its result recording the
+    recipes, the settings, where its points ran and the merge."""
+    recipe = load_recipe(settings.recipe)
+    executor = make_executor(executor)
+    kw = dict(budget=settings.budget, seed=settings.seed, max_task=settings.max_task, device=settings.device,
+              dtype=settings.dtype, executor=executor, progress=progress)
+    merged = None
+    if settings.merge is None:
+        found, workers = pcb_lambda_search(pool, recipe, **kw)
+    else:
+        done = search_then_merge(pool, recipe, settings.merge, max_general=settings.max_general,
+                                 overwrite=settings.overwrite, **kw)
+        found, workers = done.search, done.workers
+        merged = {**done.merge.to_dict(), "cards": [c.to_dict() for c in done.cards]}
+    return replace(found, recipe=recipe.to_dict(), best_recipe=recipe_with_lambdas(recipe, found.lambdas).to_dict(),
+                   settings={k: getattr(settings, k) for k in ("budget", "seed", "max_task", "max_general", "device",
+                                                                 "dtype", "merge")},
+                   executor=executor.describe(), workers=workers, merged=merged)
+
+
+def estimate(pool, settings: PcbSearchSettings):
+    """The search's peak (`estimate_pcb_search`); with a merge, the larger of it and the merge's with its scoring
+    (`forgetlab.merge.memory.estimate_merge`): they run one after the other."""
+    searching = estimate_pcb_search(pool, settings.recipe, device=settings.device, dtype=settings.dtype,
+                                    max_task=settings.max_task)
+    if settings.merge is None:
+        return searching
+    merging = estimate_merge(load_recipe(settings.recipe), pool=pool, device=settings.device, dtype=settings.dtype,
+                             evaluate=True, max_general=settings.max_general, max_task=settings.max_task)
+    return max((searching, merging), key=lambda e: e.total)
+
+
+def recipe(result: LambdaSearchResult) -> dict:
+    """What a saved λ search records (besides its pool): the input recipe and the settings."""
+    return {"recipe": result.recipe, **result.settings}
+
+
+def found_recipe_yaml(result: LambdaSearchResult) -> str:
+    """The recipe with the λ found, as YAML (what `--out` writes)."""
+    return Recipe.from_dict(result.best_recipe).to_yaml()
+
+
+def cli_report(result: LambdaSearchResult) -> list:
+    """The CLI's lines: the worker processes (on an executor other than local), the start's and the best loss,
+    the λ found; with a merge, where it went, the scorecards and where they are saved."""
+    lines: list = []
+    name = result.executor.get("name", "local")
+    if name != "local":
+        pids = sorted({worker_label(w) for w in result.workers})
+        lines.append(f"executor {name}: {len(pids)} worker process(es) ({', '.join(pids)})")
+    lines += [f"start loss {result.initial_loss:.4f} → best {result.loss:.4f} after {result.n_evals} evaluations",
+              "λ = " + ", ".join(f"{v:.4f}" for v in result.lambdas)]
+    if result.merged is not None:
+        m, cards = result.merged, result.cards
+        lines += [f"note: {note}" for note in m.get("notes", [])]
+        lines += [f"merged {m['n_tensors']} tensors ({m['n_parameters']:,} parameters) with {m['method']} in "
+                  f"{m['seconds']:.1f} s into {m['out_dir']}", cards_frame(cards, merged=[cards[-1].model]),
+                  f"scorecards saved in {Path(m['out_dir']) / SCORECARDS}"]
+    return lines
+
+
+ANALYSIS = ANALYSES.add("pcb-search", Analysis(
+    "pcb-search", "PCB λ search", PcbSearchSettings, compute, LambdaSearchResult,
+    help="Search PCB's per-task λ with CMA-ES on the pool's probe data (and merge the λ found: --merge).",
+    description="CMA-ES over PCB's per-task λ, minimising the mean answer loss on the pool's tasks' probe split; "
+                "prints the λ found, writes the recipe with them (--out) and, with --merge OUT_DIR, merges it and "
+                "scores it beside the base and its parents, as the Merge page's 'search a λ per task first' does.",
+    checks=check_settings, estimate_fn=estimate, recipe=recipe, report=cli_report,
+    outputs=(Output("--out", "Write the recipe with the λ found (per model) to this YAML file.",
+                    text=found_recipe_yaml),),
+    points=True, pool_arg="option", pool_help="pool.yaml whose tasks' probe split gives the validation loss."))
+

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.eval_memory import eval_batch_bytes
+from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_fixes, dtype_name, host_shortfall, job_dtype,
                                    register_estimator)
+from forgetlab.merge.recipes import load_recipe
 
 F32 = 4
 
@@ -35,11 +39,6 @@ def estimate_pcb_search(pool, recipe, *, device: Optional[str] = None, dtype=Non
     """The peak of one λ-search worker (module docstring) on its device. On a GPU, a host too small for the
     state dicts and components is reported as a part of its own, so the estimate does not fit. Reads headers and
     tokenizes the probe texts."""
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.core.eval_memory import eval_batch_bytes
-    from forgetlab.core.evaluate import largest_eval_batch
-    from forgetlab.merge.recipes import load_recipe
-
     dev = str(device or "cpu")
     dt = job_dtype(dtype, dev)
     recipe = load_recipe(recipe)

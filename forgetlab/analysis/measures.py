@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 from forgetlab.core.errors import ParameterError
 
 
@@ -50,6 +51,21 @@ def higher_is_better(measure: str) -> bool:
     if measure == "general_loss":
         return False
     return measure.partition("/")[2].partition(",")[0] not in LOWER_IS_BETTER
+
+
+def measure_benchmarks(pool, measures: Sequence[str], include: Optional[str] = None,
+                       limit: Optional[int] = None) -> Optional[BenchmarkSpec]:
+    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
+    limit as given, else the pool's probes.benchmarks), or None when every measure is built in. Each benchmark
+    measure's task and metric are checked here, before any work (`check_metrics`)."""
+    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
+    if not tasks:
+        return None
+    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
+    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
+                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
+    check_metrics(measures, spec)
+    return spec
 
 
 def measure_label(measure: str) -> str:

@@ -7,7 +7,7 @@ per block of decoder layers: θ = θ0 + αb·(merge(θ0, θ1…θN; v) − θ0) 
 placement of embeddings / head as in docs/methods.md's HMA). Each candidate is merged in memory from the base and
 fine-tuned weights that every worker holds resident, written into the worker's working copy of the model, and
 evaluated on the pool's **probe** split (speciality: exact match, or answer loss, on the tasks; generality:
-general-text loss). Forgetting = general loss − the base's general loss.
+general-text loss). Forgetting = general loss − the base's general loss (`Scorecard.forgetting`).
 
 Objectives (CMA-ES minimises J; s = speciality oriented so that higher is better, f = forgetting):
 - ``constrained`` (default): J = −s + 10·max(0, f − max_forgetting); the best point is the feasible one
@@ -16,120 +16,50 @@ Objectives (CMA-ES minimises J; s = speciality oriented so that higher is better
 
 The points run on an executor (`forgetlab.executors`: in process, or on Ray actors kept for the whole search);
 CMA-ES is seeded, so the same search gives the same points locally and on Ray. Every point records its worker.
+
+`ANALYSIS` ("search") is the search as an analysis (forgetlab.analysis.base): `forgetlab search RECIPE --pool POOL`,
+the Merge page's search panel and the Runs page all go through it; its result lives in `search_results`.
 """
 from __future__ import annotations
 
 import math
 import time
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-import pandas as pd
 import torch
+import yaml
 
-from forgetlab.analysis.measures import higher_is_better
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, options, register
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.analysis.measures import higher_is_better, measure_benchmarks, pareto_mask
+from forgetlab.analysis.search_memory import estimate_search, resident_dtype
+from forgetlab.analysis.search_results import SearchPoint, SearchResult
+from forgetlab.core.benchmarks import checked_manager, pick, require_task, task_manager
+from forgetlab.core.checkpoints import load_model, open_checkpoint
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
-from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.executors import PoolWorkerFactory
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
+from forgetlab.core.progress import Progress, publish, report, scaled
+from forgetlab.core.settings import count_field, device_field, dtype_field, setting
+from forgetlab.executors import ExecutorError, PoolWorkerFactory, executor_lines, make_executor
+from forgetlab.merge import merge_state_dicts
+from forgetlab.merge.recipes import ModelEntry, load_recipe
+from forgetlab.merge.registry import get_method
+from forgetlab.merge.working_copy import TensorMerger
+from forgetlab.plots.merge import search_figure
 
 OBJECTIVES = ("constrained", "weighted")
 SEARCH_MEASURES = ("exact_match", "answer_loss")
 PENALTY = 10.0
-
-
-@dataclass
-class SearchPoint:
-    """One evaluated candidate: the searched values (per model, then per block α), its measures and worker."""
-
-    index: int
-    values: list[float]
-    alphas: Optional[list[float]] = None
-    scalars: Optional[list[float]] = None      # the searched method-wide parameters (`SearchResult.scalar_names`)
-    speciality: float = float("nan")
-    answer_loss: float = float("nan")
-    general_loss: float = float("nan")
-    forgetting: float = float("nan")
-    objective: float = float("inf")
-    pareto: bool = False
-    seconds: float = 0.0
-    executor: str = "local"
-    worker: dict[str, Any] = field(default_factory=dict)
-    error: Optional[str] = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SearchPoint":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
-
-@dataclass
-class SearchResult:
-    """Every evaluated candidate of a merge search, the best one, and the recipe that reproduces it."""
-
-    method: str
-    param: Optional[str]
-    models: list[str]
-    objective: str
-    measure: str
-    max_forgetting: float
-    forgetting_weight: float
-    base_general_loss: float
-    base_speciality: float
-    points: list[SearchPoint] = field(default_factory=list)
-    best: Optional[int] = None
-    recipe: dict[str, Any] = field(default_factory=dict)        # the input recipe
-    best_recipe: dict[str, Any] = field(default_factory=dict)   # the recipe with the best values
-    settings: dict[str, Any] = field(default_factory=dict)      # budget, seed, sigma0, bounds, hma_blocks, task…
-    executor: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-    scalar_names: list[str] = field(default_factory=list)   # method-wide parameters searched (lines: alpha, beta)
-
-    @property
-    def best_point(self) -> Optional[SearchPoint]:
-        return self.points[self.best] if self.best is not None else None
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per point: index, the values (`<param>:<model>`, `alpha_<b>`), speciality, answer_loss,
-        general_loss, forgetting, objective, pareto, best, executor, worker_host, worker_pid, error."""
-        rows = []
-        for p in self.points:
-            row: dict[str, Any] = {"index": p.index}
-            for m, v in zip(self.models, p.values):
-                row[f"{self.param}:{m}"] = v
-            for name, v in zip(self.scalar_names, p.scalars or []):
-                row[name] = v
-            for b, a in enumerate(p.alphas or []):
-                row[f"alpha_{b + 1}"] = a
-            row.update(speciality=p.speciality, answer_loss=p.answer_loss, general_loss=p.general_loss,
-                       forgetting=p.forgetting, objective=p.objective, pareto=p.pareto, best=p.index == self.best,
-                       executor=p.executor, worker_host=p.worker.get("host"), worker_pid=p.worker.get("pid"),
-                       error=p.error)
-            rows.append(row)
-        return pd.DataFrame(rows)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
-        d["points"] = [p.to_dict() for p in self.points]
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "SearchResult":
-        kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        kw["points"] = [SearchPoint.from_dict(p) for p in d.get("points", [])]
-        return cls(**kw)
+SEED_MAX = 2**32 - 2        # CMA-ES is seeded with seed + 1, within numpy's legacy seeds (< 2**32)
 
 
 # ---------------------------------------------------------------------------------------------- workers
 
 
 def _per_model_param(method: str, name: Optional[str]):
-    from forgetlab.merge.registry import get_method
-
     spec = get_method(method)
     numeric = [p for p in spec.params if p.per_model and p.type in ("float", "floats")]
     if name is None:  # the models' weights where the method has them (not a per-model sparsity knob such as keep)
@@ -148,19 +78,6 @@ def searchable_param(method: str) -> Optional[str]:
     return spec.name if spec is not None else None
 
 
-def resident_dtype(dtype: torch.dtype, checkpoints: Sequence[Any]) -> torch.dtype:
-    """The dtype a search worker holds the base and fine-tuned weights in: the job's 16-bit dtype when every
-    checkpoint is stored in it (nothing is lost, and a merged tensor — computed in float32 per tensor — is
-    rounded to it once, as the working copy would round it; a search of HMA block α then scales that rounded
-    merge, one rounding more), else float32 (a float32 checkpoint rounded to 16 bits would lose most of a small
-    task vector)."""
-    from forgetlab.core.pool import stored_float_dtype
-
-    if dtype != torch.float32 and all(stored_float_dtype(c) == dtype for c in checkpoints):
-        return dtype
-    return torch.float32
-
-
 class _SearchState:
     """A search worker: base and fine-tuned weights resident (`resident_dtype`, on the CPU), one working copy of
     the model on the job's device in its dtype."""
@@ -168,9 +85,6 @@ class _SearchState:
     def __init__(self, pool, method: str, params: dict, param: Optional[str], base_ref: str,
                  model_refs: Sequence[str], device: Optional[str], eval_kw: dict, benchmarks=None,
                  scalars: Sequence[str] = (), dtype=None):
-        from forgetlab.core.checkpoints import load_model, open_checkpoint
-        from forgetlab.core.memory import job_dtype
-
         self.pool, self.method, self.params, self.param = pool, method, dict(params), param
         self.scalars = list(scalars)
         dt = job_dtype(dtype, device)
@@ -185,7 +99,6 @@ class _SearchState:
         self.live = dict(self.model.named_parameters())
         self.eval_kw = dict(eval_kw)
         if benchmarks is not None and benchmarks.all_tasks:     # lm-eval tasks run on every candidate
-            from forgetlab.core.benchmarks import task_manager
 
             self.eval_kw.update(benchmarks=benchmarks,
                                 benchmark_manager=task_manager(benchmarks.include, benchmarks.all_tasks))
@@ -199,16 +112,10 @@ class _SearchState:
         """Merge the candidate `item` (None: the base) into the working copy and evaluate it on the probe split.
         On the CPU inside `large_frees_to_os`, so a long search's freed merges and logits go back to the system
         instead of piling up as heap from candidate to candidate."""
-        from forgetlab.core.memory import large_frees_to_os
-
         with large_frees_to_os(self.dev):
             return self._evaluate(item, progress)
 
     def _evaluate(self, item, progress: Progress = None):
-        from forgetlab.core.evaluate import evaluate
-        from forgetlab.merge import merge_state_dicts
-        from forgetlab.merge.working_copy import TensorMerger
-
         if item is None:
             self._write(self.base)
             name = "base"
@@ -244,8 +151,6 @@ class _SearchFactory(PoolWorkerFactory):
 # ---------------------------------------------------------------------------------------------- driver
 
 
-
-
 def _label(pool, ref: str) -> str:
     """A short name for a recipe's model: its pool name, else its folder's name."""
     for name, e in pool.entries.items():
@@ -258,8 +163,6 @@ def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
     """(speciality in `measure`, answer loss) of a candidate's scorecard: on `task`, else the mean over tasks;
     an lm-eval `TASK/METRIC` measure is read from the card's benchmarks."""
     if "/" in measure:
-        from forgetlab.core.benchmarks import pick
-
         return pick(card.benchmarks, measure), _scores(card, task, "answer_loss")[1]
     if task is not None and task in card.tasks:
         em, al = card.tasks[task].exact_match, card.tasks[task].answer_loss
@@ -272,8 +175,6 @@ def _scores(card, task: Optional[str], measure: str) -> tuple[float, float]:
 def search_scalars(method: str, param: Optional[str] = None, scalars: Optional[Sequence[str]] = None) -> list[str]:
     """The method-wide parameters a search tunes: `scalars` when given, else the method's own choice
     (`MethodSpec.extra["search_scalars"]`: lines' α and β) when no per-model `param` is named."""
-    from forgetlab.merge.registry import get_method
-
     spec = get_method(method)
     if scalars is None:
         return list(spec.extra.get("search_scalars", ())) if param is None else []
@@ -290,14 +191,11 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
              sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0):
     """The search's checks of its settings (see `check_search`); returns (recipe, the searched parameter's spec
     or None, (low, high), the searched method-wide parameters)."""
-    from forgetlab.merge.recipes import load_recipe
 
     recipe = load_recipe(recipe)
     if objective not in OBJECTIVES:
         raise ParameterError(f"Unknown objective {objective!r}; choose one of {', '.join(OBJECTIVES)}.")
     if "/" in str(measure):
-        from forgetlab.core.benchmarks import checked_manager, require_task
-
         require_task(measure, benchmarks)
         checked_manager(benchmarks)
     elif measure not in SEARCH_MEASURES:
@@ -315,7 +213,7 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
     if popsize is not None and int(popsize) < 2:
         raise ParameterError(f"popsize must be at least 2 (CMA-ES compares candidates), or left out for CMA-ES's "
                              f"default; got {popsize}.")
-    if not 0 <= int(seed) <= 2**32 - 2:
+    if not 0 <= int(seed) <= SEED_MAX:
         raise ParameterError(f"seed must be a whole number from 0 to 2**32 − 2 (CMA-ES is seeded with seed + 1); got "
                              f"{seed}.")
     lo, hi = float(bounds[0]), float(bounds[1])
@@ -366,10 +264,6 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     their own ranges. `dtype` (None: bfloat16 on cuda, float32 elsewhere) is the working copy's precision; the
     merges are computed in float32 per tensor and the losses reduced in float32. Its peak per worker:
     `forgetlab.analysis.search_memory`."""
-    from forgetlab.core.memory import dtype_name, job_dtype
-    from forgetlab.executors import make_executor
-    from forgetlab.merge.recipes import ModelEntry
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")           # cma warns that matplotlib is missing (no plots needed)
@@ -387,7 +281,6 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
         v = base_params.get(pspec.name, pspec.default)
         start = [float(x) for x in (v if isinstance(v, (list, tuple)) else [v] * n)]
         start = [min(hi, max(lo, x)) for x in start]
-    from forgetlab.merge.registry import get_method
 
     mspec = get_method(recipe.method)
     s_lows = [max(lo, mspec.param(n).range[0]) if mspec.param(n).range else lo for n in scalar_names]
@@ -412,7 +305,6 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     with executor.workers(factory, progress=scaled(progress, 0.0, 0.1)) as workers:
         first = workers.map([None])[0]
         if not first.ok:
-            from forgetlab.executors import ExecutorError
             raise ExecutorError(f"The base could not be evaluated on a worker: {first.error}")
         base_card = first.value
         base_spec, _ = _scores(base_card, task, measure)
@@ -435,7 +327,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
                     card = out.value
                     p.speciality, p.answer_loss = _scores(card, task, measure)
                     p.general_loss = card.general_loss
-                    p.forgetting = card.general_loss - base_card.general_loss
+                    p.forgetting = card.forgetting(base_card)
                     s = sign * p.speciality
                     p.objective = (-s + PENALTY * max(0.0, p.forgetting - max_forgetting) if objective == "constrained"
                                    else -s + forgetting_weight * p.forgetting)
@@ -466,14 +358,7 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     result.executor = executor.describe()
     best = result.best_point
     if best is not None:
-        entries = list(recipe.models)
-        if pspec is not None:
-            key = pspec.model_key or pspec.name
-            entries = [ModelEntry(m.model, {**m.params, key: round(v, 6)}) for m, v in zip(recipe.models, best.values)]
-        params = {k: v for k, v in recipe.params.items() if pspec is None or k != pspec.name}
-        params.update({n: round(v, 6) for n, v in zip(scalar_names, best.scalars or [])})
-        out = type(recipe)(recipe.method, recipe.base, entries, params, recipe.dtype, recipe.seed, recipe.name,
-                           recipe.pool)
+        out = tuned_recipe(recipe, pspec, best.values, dict(zip(scalar_names, best.scalars or [])))
         result.best_recipe = out.to_dict()
         if best.alphas:
             result.best_recipe["forgetlab"] = {"hma_block_alphas": [round(a, 6) for a in best.alphas]}
@@ -482,9 +367,23 @@ def search(recipe, pool, *, budget: int = 30, objective: str = "constrained", ma
     return result
 
 
+def tuned_recipe(recipe, param=None, values: Sequence[float] = (), scalars: Optional[Mapping[str, float]] = None):
+    """`recipe` with the values a search found, rounded to 6 digits: `values[i]` under model i's key of the
+    per-model parameter `param` (a `forgetlab.merge.registry.ParamSpec`; its method-wide value is dropped) and
+    `scalars` (name → value) as method-wide parameters. The best recipe of a merge search, and PCB's λ found
+    (`forgetlab.analysis.lambda_search`)."""
+    entries = list(recipe.models)
+    if param is not None:
+        key = param.model_key or param.name
+        entries = [ModelEntry(m.model, {**m.params, key: round(v, 6)}) for m, v in zip(recipe.models, values)]
+    params = {k: v for k, v in recipe.params.items() if param is None or k != param.name}
+    params.update({n: round(v, 6) for n, v in (scalars or {}).items()})
+    return type(recipe)(recipe.method, recipe.base, entries, params, recipe.dtype, recipe.seed, recipe.name,
+                        recipe.pool)
+
+
 def _finish(result: SearchResult) -> None:
     """Mark the Pareto front (speciality up, general loss down) and pick the best point."""
-    from forgetlab.analysis.measures import pareto_mask
 
     ok = [p for p in result.points if p.error is None]
     sign = 1.0 if higher_is_better(result.measure) else -1.0
@@ -507,73 +406,136 @@ def _finish(result: SearchResult) -> None:
     result.best = best.index
 
 
-def save_search(result: SearchResult, home_path=None):
-    """Save under the workspace's runs/ (kind `search`: recipe.json, results.json, results.csv)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = {"search": result.method, "recipe": result.recipe, **result.settings, "objective": result.objective,
-              "measure": result.measure, "max_forgetting": result.max_forgetting,
-              "forgetting_weight": result.forgetting_weight}
-    return save_run("search", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
-
-
-def load_search(path) -> SearchResult:
-    """Reopen a search saved by `save_search` (a `runs/<id>/` folder of kind `search`)."""
-    return load_result(path, "search", SearchResult, "a merge search")
-
-
-# ------------------------------------------------------------------------------------------ the verbs
+# ------------------------------------------------------------------------------------------ the analysis
 
 
 @dataclass
 class SearchSettings:
-    """What a merge search explores: the `recipe` (a Recipe, its file or dict) whose per-model parameter (or
-    HMA block α) CMA-ES tunes within `bounds` for `budget` evaluations, toward `objective`. None: default."""
+    """What a merge search explores: the `recipe` (its file, or its YAML text) whose per-model parameter (or
+    method-wide numbers, or HMA block α) CMA-ES tunes within `bounds` for `budget` evaluations, toward
+    `objective`, on the pool's probe split."""
 
-    recipe: Any = None
-    budget: Optional[int] = None
-    objective: Optional[str] = None
-    max_forgetting: Optional[float] = None
-    forgetting_weight: Optional[float] = None
-    measure: Optional[str] = None
-    task: Optional[str] = None
-    param: Optional[str] = None
-    bounds: Optional[tuple[float, float]] = None
-    hma_blocks: Optional[int] = None
-    scalars: Optional[Sequence[str]] = None
-    sigma0: Optional[float] = None
-    popsize: Optional[int] = None
-    seed: Optional[int] = None
-    device: Optional[str] = None
-    dtype: Optional[str] = None
-    batch_size: Optional[int] = None
-    max_general: Optional[int] = None
-    max_task: Optional[int] = None
-    benchmarks: Any = None
+    recipe: Optional[str] = setting(None, help="a merge recipe (forgetlab or mergekit YAML); its weights are the "
+                                               "start", positional=True)
+    budget: int = count_field(30, "candidate evaluations, the start included")
+    objective: str = setting("constrained", choices=OBJECTIVES,
+                             help="constrained: best speciality with forgetting ≤ --max-forgetting; weighted: "
+                                  "speciality − W·forgetting")
+    max_forgetting: float = setting(0.05, help="bound on forgetting = general loss − the base's, in nats",
+                                    label="forgetting bound (nats of held-out loss)")
+    forgetting_weight: float = setting(1.0, help="W of the weighted objective")
+    measure: str = setting("exact_match", help="speciality measure: exact_match (higher is better), answer_loss "
+                                               "(lower is better), or an lm-eval metric TASK/METRIC (e.g. "
+                                               "zoo_math/acc), run on every candidate")
+    lm_eval_include: Optional[str] = setting(None, help="folder of local lm-eval task YAMLs (default: the pool's "
+                                                        "probes.benchmarks.include)", metavar="DIR")
+    limit: Optional[int] = count_field(None, "at most this many examples per lm-eval task")
+    task: Optional[str] = setting(None, help="task of the speciality (default: the mean over the pool's tasks)")
+    param: Optional[str] = setting(None, help="per-model parameter to search (default: the method's first, e.g. "
+                                              "weights, or lam for pcb)")
+    bounds: tuple[float, ...] = setting((0.0, 2.0), help="LOW,HIGH of the per-model values")
+    hma_blocks: int = setting(0, range=(0, None), help="also search one α ∈ [0, 1] per block of layers scaling the "
+                                                       "merged task vector (HMA)")
+    sigma0: float = setting(0.3, help="CMA-ES initial step size")
+    popsize: Optional[int] = setting(None, range=(2, None), help="CMA-ES population (at least 2; default: cma's "
+                                                                 "4 + 3 ln n)")
+    seed: int = setting(0, range=(0, SEED_MAX), help="CMA-ES seed (a whole number from 0 to 2**32 − 2)")
+    max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
+    max_task: Optional[int] = count_field(None, "at most this many probe pairs per task")
+    batch_size: int = count_field(16, "evaluation batch size")
+    device: Optional[str] = device_field(default_cuda=True)
+    dtype: Optional[str] = dtype_field("each worker's working copy (the merges are computed in float32 per tensor)")
+    scalars: Optional[tuple[str, ...]] = setting(None, cli=False, help="method-wide numbers searched too "
+                                                                       "(default: the method's choice, e.g. lines' "
+                                                                       "α and β)")
+
+
+def settings_benchmarks(pool, settings: SearchSettings):
+    """The lm-eval tasks a benchmark `measure` runs on every candidate (`measure_benchmarks`), or None."""
+    return measure_benchmarks(pool, [settings.measure], settings.lm_eval_include, settings.limit)
+
+
+def _search_options(settings: SearchSettings) -> dict[str, Any]:
+    values = {k: getattr(settings, k) for k in SearchSettings.__dataclass_fields__}
+    for k in ("recipe", "lm_eval_include", "limit"):
+        values.pop(k)
+    values["bounds"] = tuple(settings.bounds)
+    values["scalars"] = list(settings.scalars) if settings.scalars is not None else None
+    return values
 
 
 def check_settings(settings: SearchSettings, pool=None) -> None:
-    """`check_search` of these settings (it needs the pool: without one, only that a recipe is given)."""
+    """What the declarations cannot say: a recipe is given and `bounds` is LOW,HIGH; with the pool, everything
+    `check_search` checks (without loading a model)."""
     if settings.recipe is None:
         raise ParameterError("A search needs a recipe: the merge whose parameters it tunes.")
+    if len(settings.bounds) != 2:
+        raise ParameterError(f"bounds takes LOW,HIGH (e.g. --bounds 0,2); got {list(settings.bounds)}.")
     if pool is not None:
-        opts = options(settings)
-        check_search(opts.pop("recipe"), pool, **opts)
+        check_search(settings.recipe, pool, benchmarks=settings_benchmarks(pool, settings),
+                     **_search_options(settings))
 
 
-def run_settings(pool, settings: SearchSettings, progress: Progress = None, executor=None,
-                 on_point=None) -> SearchResult:
-    """`search` with these settings, on `executor`'s workers."""
-    opts = options(settings)
-    return search(opts.pop("recipe"), pool, progress=progress, executor=executor, on_point=on_point, **opts)
+def compute(pool, settings: SearchSettings, progress: Progress = None, executor=None) -> SearchResult:
+    """`search` with these settings on `executor`'s workers; a snapshot of the result after each point is
+    published to `progress` (`forgetlab.core.progress.publish`: the app draws the points as they arrive)."""
+    def on_point(point, partial) -> None:
+        publish(progress, replace(partial, points=list(partial.points)))
+
+    return search(settings.recipe, pool, benchmarks=settings_benchmarks(pool, settings), executor=executor,
+                  progress=progress, on_point=on_point, **_search_options(settings))
 
 
-def list_searches(home_path=None) -> list:
-    """Saved merge searches (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    return list_results(home_path, "search")
+def estimate(pool, settings: SearchSettings):
+    """One worker's peak (`estimate_search`)."""
+    return estimate_search(settings.recipe, pool, device=settings.device, dtype=settings.dtype,
+                           batch_size=settings.batch_size, max_general=settings.max_general,
+                           max_task=settings.max_task)
 
 
-ANALYSIS = register(Analysis("search", SearchSettings, check_settings, run_settings, save_search, load_search,
-                             list_searches))
+def recipe(result: SearchResult) -> dict:
+    """What a saved search records (besides its pool): the method, the input recipe, the settings and the
+    objective."""
+    return {"search": result.method, "recipe": result.recipe, **result.settings, "objective": result.objective,
+            "measure": result.measure, "max_forgetting": result.max_forgetting,
+            "forgetting_weight": result.forgetting_weight}
 
-from forgetlab.analysis import search_memory  # noqa: E402,F401  (registers the "search" memory estimate)
+
+def best_recipe_yaml(result: SearchResult) -> Optional[str]:
+    """The best recipe as YAML (what `--save-recipe` writes), or None when no point could be evaluated."""
+    return yaml.safe_dump(result.best_recipe, sort_keys=False) if result.best_point is not None else None
+
+
+def searched_what(result: SearchResult) -> str:
+    """What the search tuned, in words: the method-wide numbers, the per-model parameter, or block α."""
+    return ", ".join(result.scalar_names) or result.param or "block α"
+
+
+def cli_report(result: SearchResult) -> list:
+    """The CLI's lines: what was searched and how long it took, where the points ran, every point, the best
+    one and its recipe."""
+    lines: list = [f"{result.method} search over {searched_what(result)} of {', '.join(result.models)}: "
+                   f"{len(result.points)} points in {result.seconds:.1f} s (objective {result.objective}; base general "
+                   f"loss {result.base_general_loss:.4f}, base speciality {result.base_speciality:.4f})"]
+    lines += executor_lines(result.executor, result.points)
+    lines.append(result.to_frame().drop(columns=["executor", "worker_host", "error"]))
+    best = result.best_point
+    if best is None:
+        return lines + ["no point could be evaluated"]
+    missed = result.objective == "constrained" and best.forgetting > result.max_forgetting
+    lines.append(f"best: point {best.index} — speciality {best.speciality:.4f}, forgetting {best.forgetting:+.4f}"
+                 f"{' (no point met the bound)' if missed else ''}")
+    return lines + [best_recipe_yaml(result).rstrip("\n")]
+
+
+ANALYSIS = ANALYSES.add("search", Analysis(
+    "search", "merge search", SearchSettings, compute, SearchResult,
+    help="merge search: CMA-ES over per-model weights (and HMA block α) maximising speciality while bounding "
+         "forgetting",
+    description="Evaluate merges of a recipe's models on the pool's probe split, searching the method's per-model "
+                "weights with CMA-ES; prints every point, the Pareto front and the best recipe, and saves the run.",
+    checks=check_settings, estimate_fn=estimate, figures_fn=lambda result: [search_figure(result)], recipe=recipe,
+    report=cli_report, status=lambda result: 0 if result.best_point is not None else 1,
+    outputs=(Output("--save-recipe", "write the best recipe to this YAML file", text=best_recipe_yaml,
+                    metavar="FILE.yaml"),),
+    points=True, pool_arg="option", pool_help="pool.yaml whose probe split (tasks + general text) judges merges"))

@@ -1,4 +1,5 @@
-"""The memory estimate of a merge search worker (`forgetlab.analysis.search.search`, registered as job "search").
+"""The memory estimate of a merge search worker (`forgetlab.analysis.search.search`, registered as job "search"),
+and the dtype such a worker holds its weights in (`resident_dtype`).
 
 Each worker (`_SearchState`) holds, for the whole search, the base and the N fine-tuned state dicts on the CPU
 in `resident_dtype` (r bytes: the job's 16-bit dtype when every checkpoint is stored in it, else 4) and one
@@ -18,13 +19,31 @@ counted, under its own name; the working copy is rewritten per candidate, so its
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+import torch
 
 from forgetlab.analysis.features_memory import MAPPED, mapped_weights
+from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.eval_memory import eval_batch_bytes
+from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, host_shortfall,
                                    job_dtype, register_estimator)
+from forgetlab.core.pool import stored_float_dtype
+from forgetlab.merge.recipes import load_recipe
 
 F32 = 4
+
+
+def resident_dtype(dtype: torch.dtype, checkpoints: Sequence[Any]) -> torch.dtype:
+    """The dtype a search worker holds the base and fine-tuned weights in: the job's 16-bit dtype when every
+    checkpoint is stored in it (nothing is lost, and a merged tensor — computed in float32 per tensor — is
+    rounded to it once, as the working copy would round it; a search of HMA block α then scales that rounded
+    merge, one rounding more), else float32 (a float32 checkpoint rounded to 16 bits would lose most of a small
+    task vector)."""
+    if dtype != torch.float32 and all(stored_float_dtype(c) == dtype for c in checkpoints):
+        return dtype
+    return torch.float32
 
 
 def search_parts(size: ModelSize, *, n_models: int, dtype, resident_bytes: int, batch_bytes: int,
@@ -58,12 +77,6 @@ def estimate_search(recipe, pool, *, device: Optional[str] = None, dtype=None, b
     """The peak of one search worker (module docstring) on its device, with the flags that shrink it in the order
     they help most. On a GPU, a worker whose host memory would not hold its resident copies is refused too (the
     host's part is then added, so the estimate does not fit). Reads headers and tokenizes the probe texts."""
-    from forgetlab.analysis.search import resident_dtype
-    from forgetlab.core.checkpoints import open_checkpoint
-    from forgetlab.core.eval_memory import eval_batch_bytes
-    from forgetlab.core.evaluate import largest_eval_batch
-    from forgetlab.merge.recipes import load_recipe
-
     dev = str(device or "cpu")
     dt = job_dtype(dtype, dev)
     recipe = load_recipe(recipe)

@@ -211,7 +211,7 @@ def add_general_measure(p, *, when: str = "at every point") -> None:
 
 def add_lm_eval(p) -> None:
     """`--lm-eval-include DIR` and `--limit N`: where a benchmark measure's lm-eval tasks are, and how many
-    examples each runs (read by `forgetlab.commands.sweep.measure_benchmarks` and
+    examples each runs (read by `forgetlab.analysis.measures.measure_benchmarks` and
     `forgetlab.commands.models.benchmark_spec`)."""
     p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
                    "(default: the pool's probes.benchmarks.include)")

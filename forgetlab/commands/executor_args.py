@@ -9,26 +9,13 @@ from dataclasses import replace
 from forgetlab.core.checkpoints import load_model
 from forgetlab.core.devicemap import Placement, parse_max_memory
 from forgetlab.core.errors import ParameterError
-from forgetlab.executors import make_executor, worker_label
+from forgetlab.executors import executor_lines, make_executor  # noqa: F401  (executor_lines: the commands' name for it)
 
 
 def executor_from_args(args):
     """The `forgetlab.executors.Executor` the flags ask for (ParameterError for Ray flags without --executor ray)."""
     return make_executor(args.executor, address=args.ray_address, workers=args.workers,
                          gpus_per_worker=args.gpus_per_worker)
-
-
-def executor_lines(result_executor: dict, points) -> list[str]:
-    """Lines telling where the points ran: executor, workers (host:pid) and notes such as fewer workers."""
-    if not result_executor:
-        return []
-
-    who = sorted({worker_label(p.worker) for p in points if p.worker})
-    lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
-             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); "
-             f"driver {worker_label(result_executor.get('driver') or {})}"]
-    lines += [f"note: {n}" for n in result_executor.get("notes") or []]
-    return lines
 
 
 def device_from_args(args):
@@ -43,7 +30,6 @@ def device_from_args(args):
 def load_placed(ckpt, placement):
     """`load_model(ckpt, device=placement)`; weights that fit nowhere go to a temporary offload folder that
     lives as long as the model (when the placement names none)."""
-
     if placement.offload_folder:
         return load_model(ckpt, device=placement)
     folder = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")

@@ -1,22 +1,25 @@
 """One CLI command per registered analysis, made from its settings (forgetlab.analysis.base.ANALYSES).
 
 Each settings field declared with `forgetlab.core.settings.setting` becomes one argument: its flag, type, default,
-range or choices and help come from the declaration, so a default lives in one place. Every analysis command
-also takes the pool (POOL, or `--pool` for an analysis that reads a recipe first), `--out FILE` (its table as
-CSV or JSON) and the analysis' other outputs, `--no-save`, `--dry-run` (the memory estimate) and the executor
-flags. The command checks the settings, stops on a memory estimate that does not fit, runs with progress on
-stderr, prints the analysis' report and saves the run under the workspace's runs/.
+range or choices and help come from the declaration, so a default lives in one place (a whole-number field named
+`seed` is typed `seed`, as `forgetlab.commands.args.add_seed` types it). Every analysis command also takes the
+pool (POOL, or `--pool` for an analysis that reads a recipe first), `--out FILE` (its table as CSV or JSON,
+unless one of its outputs is its `--out`) and the analysis' other outputs (a table or a text each),
+`--no-save`, `--dry-run` (the memory estimate) and the executor flags. The command checks the settings, stops on
+a memory estimate that does not fit, runs with progress on stderr, prints the analysis' report and saves the run
+under the workspace's runs/.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from forgetlab.analysis.base import ANALYSES, Analysis
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.commands import args as shared
 from forgetlab.commands.executor_args import executor_from_args
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.errors import ParameterError, parse_floats
+from forgetlab.core.outputs import write_text_file
 from forgetlab.core.pool import ModelPool
 from forgetlab.core.settings import FieldInfo, checked_value, settings_fields
 
@@ -95,7 +98,7 @@ def add_setting(p, info: FieldInfo) -> None:
 def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
     """Every argument of an analysis command (module docstring)."""
     if analysis.pool_arg == "positional":
-        shared.add_pool(p)
+        shared.add_pool(p, help=analysis.pool_help or shared.POOL_HELP)
     groups: dict[str, Any] = {}
     for info in settings_fields(analysis.settings):
         if info.spec.cli:
@@ -104,10 +107,12 @@ def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
                 groups[group] = p.add_mutually_exclusive_group()
             add_setting(groups[group] if group is not None else p, info)
     if analysis.pool_arg == "option":
-        shared.add_pool(p, flag=True, help="pool.yaml whose models and probe data the analysis reads")
-    shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
+        shared.add_pool(p, flag=True, help=analysis.pool_help or "pool.yaml whose models and probe data the "
+                                                                 "analysis reads")
+    if not _own_out(analysis):
+        shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
     for out in analysis.outputs:
-        shared.add_out(p, out.help, flag=out.flag)
+        shared.add_out(p, out.help, flag=out.flag, metavar=out.metavar)
     shared.add_no_save(p)
     shared.add_dry_run(p)
     shared.add_executor(p)
@@ -116,6 +121,22 @@ def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
         return run_command(analysis, args)
 
     p.set_defaults(func=run_analysis)
+
+
+def _own_out(analysis: Analysis) -> bool:
+    """Whether one of the analysis' outputs is its `--out` (in the place of the results table)."""
+    return any(out.flag == "--out" for out in analysis.outputs)
+
+
+def write_output(out: Output, result: Any, path: str) -> None:
+    """Write one of an analysis' outputs to `path` (checked before the run: cli._check_output_files): its table
+    as CSV or JSON, or its text (nothing when the result has none)."""
+    if out.text is not None:
+        text = out.text(result)
+        if text is not None:
+            emit(f"wrote {write_text_file(path, text, overwrite=True)}")
+    else:
+        emit_frame(out.table(result), path)
 
 
 def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
@@ -152,12 +173,12 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
             emit(item)
         else:
             emit_frame(item)
-    if args.out is not None:
+    if args.out is not None and not _own_out(analysis):
         emit_frame(analysis.frame(result), args.out)
     for out in analysis.outputs:
         path = getattr(args, out.flag.lstrip("-").replace("-", "_"))
         if path is not None:
-            emit_frame(out.table(result), path)
+            write_output(out, result, path)
     if not args.no_save:
         emit(f"saved run {analysis.save(result, pool=pool)}")
     return analysis.exit_status(result)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
-from tqdm import tqdm
 
 from forgetlab.core.outputs import write_text_file
 from forgetlab.core.threads import tick
@@ -32,6 +31,14 @@ def emit_frame(df: pd.DataFrame, out: str | None = None, float_format: str = "{:
             emit(df.to_string(index=False))
 
 
+def write_csv(df: pd.DataFrame, out: str, overwrite: bool) -> Path:
+    """Write a table as CSV atomically (forgetlab.core.outputs.write_text_file), whatever the file's suffix; an
+    existing file only with `overwrite`. Says where it went."""
+    path = write_text_file(out, df.to_csv(index=False), overwrite=overwrite)
+    emit(f"wrote {path}")
+    return path
+
+
 PIPE_INTERVAL = 5.0     # seconds between progress lines when stderr is not a terminal
 
 
@@ -41,7 +48,6 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
     place. On anything else (piped to `tee`, a log file, CI): one plain line every `interval` seconds
     ("desc: 42% · message") and a last line with the elapsed time, instead of a redraw per step that piles
     every update into one huge line."""
-
     stream = stream if stream is not None else sys.stderr
     clock = clock or time.monotonic
     if not getattr(stream, "isatty", lambda: False)():
@@ -67,6 +73,8 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
                 stream.flush()
 
         return update_plain, close_plain
+
+    from tqdm import tqdm
 
     bar = tqdm(total=1000, desc=desc, unit="‰", leave=False, file=stream,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")

@@ -1,13 +1,25 @@
-"""CLI: `forgetlab merge`, `forgetlab methods`, `forgetlab merge-export`, `forgetlab pcb-search`."""
+"""CLI: `forgetlab merge`, `forgetlab methods`, `forgetlab merge-export` (`forgetlab pcb-search` is the λ search
+analysis's command, forgetlab.analysis.lambda_search)."""
 from __future__ import annotations
 
 import json
 
+import pandas as pd
 import yaml
 
+from forgetlab.analysis.retention import merge_retention, own_tasks
 from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
+from forgetlab.commands.models import benchmark_spec
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import forgetting_text
+from forgetlab.core.memory import with_free
 from forgetlab.core.outputs import write_text_file
+from forgetlab.core.pool import ModelPool
+from forgetlab.merge import METHODS, load_plugins, run
+from forgetlab.merge.memory import estimate_merge
+from forgetlab.merge.recipes import load_recipe
+from forgetlab.merge.workflow import SCORECARDS, cards_frame, merge_and_evaluate
 
 
 def register(subparsers) -> None:
@@ -41,23 +53,8 @@ def register(subparsers) -> None:
     shared.add_out(e, "Write to this file instead of standard output.")
     e.set_defaults(func=_export)
 
-    s = subparsers.add_parser("pcb-search", help="Search PCB's per-task λ with CMA-ES on the pool's probe data.")
-    s.add_argument("recipe", help="A pcb recipe (its keep, lam and scope are used; λ is the start).")
-    shared.add_pool(s, flag=True, help="pool.yaml whose tasks' probe split gives the validation loss.")
-    s.add_argument("--budget", type=int, default=30, help="Number of loss evaluations (default 30).")
-    shared.add_seed(s, help="Seed of CMA-ES", maximum=shared.NUMPY_SEED_MAX - 1)   # CMA-ES is seeded with seed + 1
-    shared.add_out(s, "Write the recipe with the λ found (per model) to this YAML file.")
-    shared.add_device(s, help=shared.DEVICE_CPU_HELP)
-    shared.add_dtype(s, what="the working copy that scores each λ")
-    shared.add_dry_run(s)
-    shared.add_executor(s)
-    s.set_defaults(func=_pcb_search)
-
 
 def _merge(args) -> int:
-    from forgetlab.core.errors import ParameterError
-    from forgetlab.merge import run
-
     evaluate = args.eval or bool(args.lm_eval)
     if not evaluate and (args.lm_eval_include or args.limit is not None or args.no_lm_eval or args.max_general
                          is not None or args.max_task is not None):
@@ -69,28 +66,19 @@ def _merge(args) -> int:
     if args.dtype is not None and not evaluate:
         raise ParameterError("--dtype sets the precision the merge is scored in: add --eval (and --pool); the "
                              "merge's own output dtype is the recipe's `dtype:`.")
-    from forgetlab.merge.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)                   # read once: its notes first, then estimate and merge
     for note in recipe.notes:
         emit(f"note: {note}")
     pool = None
     if args.pool:
-        from forgetlab.core.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
-    from forgetlab.core.memory import estimate
-    from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate)
-
-    est = estimate("merge", recipe=recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
-                   max_general=args.max_general, max_task=args.max_task)
+    est = with_free(estimate_merge(recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
+                                   max_general=args.max_general, max_task=args.max_task))
     if emit_estimate(est, args.dry_run):
         return 0
     update, close = tqdm_progress("merge")
     try:
         if evaluate:
-            from forgetlab.commands.models import benchmark_spec
-            from forgetlab.merge.workflow import merge_and_evaluate
-
             bench, manager = benchmark_spec(args, pool)         # tasks checked before the merge starts
             res, cards = merge_and_evaluate(recipe, args.out_dir, pool, overwrite=args.overwrite,
                                             device=args.device, dtype=args.dtype, max_general=args.max_general,
@@ -104,13 +92,8 @@ def _merge(args) -> int:
     emit(f"merged {res.n_tensors} tensors ({res.n_parameters:,} parameters) with {res.method} in "
          f"{res.seconds:.1f} s into {res.out_dir}")
     if evaluate:
-        from forgetlab.merge.workflow import SCORECARDS, cards_frame
-
         emit_frame(cards_frame(cards, merged=[cards[-1].model]))
         if pool.task_names:
-            from forgetlab.analysis.retention import merge_retention, own_tasks
-            from forgetlab.core.evaluate import forgetting_text
-
             merged = cards[-1].model
             kept = merge_retention(cards, [merged], own_tasks(pool, [c.model for c in cards[1:-1]], cards))
             emit(f"own-task gain kept (exact match, docs/methods.md#retention): mean "
@@ -124,10 +107,6 @@ def _merge(args) -> int:
 
 
 def _methods(args) -> int:
-    import pandas as pd
-
-    from forgetlab.merge import METHODS, load_plugins
-
     load_plugins()
     if args.json:
         emit(json.dumps({n: s.to_dict() for n, s in METHODS.items()}, indent=2))
@@ -141,8 +120,6 @@ def _methods(args) -> int:
 
 
 def _export(args) -> int:
-    from forgetlab.merge.recipes import load_recipe
-
     recipe = load_recipe(args.recipe)
     text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out is not None:
@@ -153,39 +130,4 @@ def _export(args) -> int:
         for note in recipe.notes:  # YAML comments: the output stays a recipe
             emit(f"# note: {note}")
         emit(text.rstrip("\n"))
-    return 0
-
-
-def _pcb_search(args) -> int:
-    from forgetlab.analysis.lambda_search import pcb_lambda_search
-    from forgetlab.commands.executor_args import executor_from_args
-    from forgetlab.core.errors import ParameterError
-    from forgetlab.core.memory import estimate
-    from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.recipes import ModelEntry, load_recipe
-
-    recipe = load_recipe(args.recipe)
-    if recipe.method != "pcb":
-        raise ParameterError(f"pcb-search needs a pcb recipe; this one uses {recipe.method}.")
-    pool = ModelPool.from_yaml(args.pool)
-    est = estimate("pcb_search", pool=pool, recipe=recipe, device=args.device, dtype=args.dtype)
-    if emit_estimate(est, args.dry_run):
-        return 0
-    executor = executor_from_args(args)
-    update, close = tqdm_progress("λ search")
-    try:
-        res, workers = pcb_lambda_search(pool, recipe, budget=args.budget, seed=args.seed, device=args.device,
-                                         dtype=args.dtype, executor=executor, progress=update)
-    finally:
-        close()
-    if executor.name != "local":
-        pids = sorted({f"{w.get('host')}:{w.get('pid')}" for w in workers})
-        emit(f"executor {executor.name}: {len(pids)} worker process(es) ({', '.join(pids)})")
-    emit(f"start loss {res.initial_loss:.4f} → best {res.loss:.4f} after {res.n_evals} evaluations")
-    emit("λ = " + ", ".join(f"{v:.4f}" for v in res.lambdas))
-    if args.out is not None:
-        params = {k: v for k, v in recipe.params.items() if k != "lam"}
-        models = [ModelEntry(m.model, {**m.params, "lam": round(v, 6)}) for m, v in zip(recipe.models, res.lambdas)]
-        out = type(recipe)(recipe.method, recipe.base, models, params, recipe.dtype, recipe.seed, recipe.name)
-        emit(f"wrote {write_text_file(args.out, out.to_yaml(), overwrite=args.overwrite)}")
     return 0

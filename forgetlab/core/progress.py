@@ -1,7 +1,7 @@
 """Progress callbacks: long functions take `progress: Callable[[float, str], None] | None`."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 Progress = Optional[Callable[[float, str], None]]
 
@@ -25,3 +25,12 @@ def prefixed(progress: Progress, prefix: str) -> Progress:
     if progress is None:
         return None
     return lambda f, m="": report(progress, f, f"{prefix} · {m}" if m else prefix)
+
+
+def publish(progress: Progress, partial: Any) -> None:
+    """Hand `partial` (a snapshot of the result so far) to a progress callback that shows one — the app's
+    background job has `publish` (forgetlab.ui.jobs.Job) and draws it while the job runs; other callbacks (the
+    CLI's bar, None) ignore it."""
+    show = getattr(progress, "publish", None)
+    if show is not None:
+        show(partial)

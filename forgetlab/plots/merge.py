@@ -4,8 +4,13 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from forgetlab.analysis.search_results import SearchResult
 from forgetlab.core.evaluate import Scorecard
+from forgetlab.executors import worker_label
+from forgetlab.plots import color_map, forgetting_text, perplexity_text
+from forgetlab.plots.forgetting import speciality_label
 from forgetlab.plots.models import scorecards_figure
 
 
@@ -25,10 +30,6 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
     `colors`: merge → colour, by default each merge name's own).
     Right: forgetting, general loss − the base's in nats (a delta view: 0 is the base), for every parent and
     merge, each bar labelled with the perplexity change it means (exp(Δ) − 1)."""
-    from plotly.subplots import make_subplots
-
-    from forgetlab.plots import color_map, forgetting_text, perplexity_text
-
     labels = dict(labels or {})
     name = lambda m: labels.get(m, m)        # noqa: E731
     fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12,
@@ -71,14 +72,10 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
     return fig
 
 
-def search_figure(result) -> go.Figure:
-    """A merge search (`forgetlab.analysis.search.SearchResult`) on the speciality-vs-generality plane: every evaluated
-    point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best point
-    (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
-    from forgetlab.executors import worker_label
-    from forgetlab.plots import forgetting_text
-    from forgetlab.plots.forgetting import speciality_label
-
+def search_figure(result: SearchResult) -> go.Figure:
+    """A merge search (`forgetlab.analysis.search_results.SearchResult`) on the speciality-vs-generality plane:
+    every evaluated point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best
+    point (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
     ok = [p for p in result.points if p.error is None]
     fig = go.Figure()
     fig.add_trace(go.Scatter(

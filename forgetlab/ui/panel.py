@@ -56,10 +56,11 @@ class AnalysisPanel:
         """The job key: everything the result depends on."""
         return job_key(self.page, pool.key, str(workspace_home()), asdict(settings))
 
-    def controls(self, pool, settings: Any, *, disabled: bool = False, press: bool = False) -> bool:
-        """The memory line and the main button (disabled when the estimate does not fit); True when pressed —
-        or with `press` (another page asked for the run) when the estimate fits — and the settings pass the
-        analysis' checks (a refusal is shown, and nothing starts)."""
+    def controls(self, pool, settings: Any, *, disabled: bool = False, press: bool = False,
+                 help: Optional[str] = None) -> bool:
+        """The memory line and the main button (disabled when the estimate does not fit; `help` its tooltip);
+        True when pressed — or with `press` (another page asked for the run) when the estimate fits — and the
+        settings pass the analysis' checks (a refusal is shown, and nothing starts)."""
         fits = True
         try:
             estimate = self.analysis.estimate(pool, settings)
@@ -67,7 +68,8 @@ class AnalysisPanel:
             estimate = None           # the run's own checks will say what is wrong
         if estimate is not None:
             fits = show_estimate(estimate)
-        pressed = st.button(self.button, type="primary", key=f"{self.page}_run", disabled=disabled or not fits)
+        pressed = st.button(self.button, type="primary", key=f"{self.page}_run", disabled=disabled or not fits,
+                            help=help)
         pressed = pressed or (press and fits and not disabled)
         if not pressed:
             return False

@@ -110,15 +110,7 @@ def _benchmarks(run):
     return [benchmark_bars(BenchmarkTable.from_dict(run.results))]
 
 
-def _search(run):
-    from forgetlab.analysis.search import load_search
-    from forgetlab.plots.merge import search_figure
-
-    return [search_figure(load_search(run.path))]
-
-
 register_reopener("sweep-*", _sweep, _sweeps)
-register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)

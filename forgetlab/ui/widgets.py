@@ -33,22 +33,23 @@ def _csv(values: Sequence[Any]) -> str:
 def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[Sequence[Any]] = None,
                  default: Any = None, high: Optional[float] = None, low: Optional[float] = None,
                  label: Optional[str] = None, help: Optional[str] = None, format_func=None, radio: bool = False,
-                 container=None) -> Any:
+                 container=None, disabled: bool = False) -> Any:
     """The widget of one settings field, returning its value in the field's type (None for an unreadable number
     list, after showing why, or an optional one left empty). `options` override the declared choices (e.g. the
     pool's tasks), `default` the declared default, `low` and `high` the declared bounds; `label` and `help` add
-    to the declaration's; `radio` draws a word with few choices as radio buttons instead of a select box."""
+    to the declaration's; `radio` draws a word with few choices as radio buttons instead of a select box;
+    `disabled` greys it out (a setting that the others make irrelevant)."""
     info = field_info(settings_cls, name)
     where = container or st
     text = label or info.label
     tip = info.spec.help + (f"  \n{help}" if help else "")
     value = info.default if default is None else default
     choices = list(options) if options is not None else (list(info.spec.choices) if info.spec.choices else None)
-    kwargs = {"key": key, "help": tip}
+    kwargs = {"key": key, "help": tip, "disabled": disabled}
     if format_func is not None:
         kwargs["format_func"] = format_func
     if info.base is bool:
-        return where.checkbox(text, value=bool(value), key=key, help=tip)
+        return where.checkbox(text, value=bool(value), key=key, help=tip, disabled=disabled)
     if choices is not None and info.sequence:
         chosen = [v for v in (value if value is not None else choices) if v in choices]
         return tuple(where.multiselect(text, choices, default=chosen, **kwargs))
@@ -56,7 +57,7 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
         index = choices.index(value) if value in choices else 0
         return (where.radio if radio else where.selectbox)(text, choices, index=index, **kwargs)
     if info.sequence and info.base in (int, float):
-        raw = where.text_input(text, _csv(value or ()), key=key, help=tip)
+        raw = where.text_input(text, _csv(value or ()), key=key, help=tip, disabled=disabled)
         if info.optional and not raw.strip():
             return None
         try:
@@ -74,5 +75,6 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
             start = min(start, hi)
         return cast(where.number_input(text, min_value=cast(lo) if lo is not None else None,
                                        max_value=cast(hi) if hi is not None else None, value=cast(start),
-                                       key=key, help=tip))
-    return where.text_input(text, "" if value is None else str(value), key=key, help=tip) or None
+                                       key=key, help=tip, disabled=disabled))
+    return where.text_input(text, "" if value is None else str(value), key=key, help=tip,
+                            disabled=disabled) or None

@@ -85,6 +85,17 @@ class SubmoduleWeights:
             return f"layer {self.layer} head {self.head}"
         return f"layer {self.layer} {self.kind}"
 
+    def to_dict(self) -> dict:
+        """The submodule's weights and Gram matrix as plain lists (a saved run's results.json)."""
+        return {"layer": self.layer, "kind": self.kind, "head": self.head, "weights": np.asarray(self.weights).tolist(),
+                "fallback": bool(self.fallback), "gram": np.asarray(self.gram).tolist()}
+
+    @classmethod
+    def from_dict(cls, d) -> "SubmoduleWeights":
+        """The submodule's weights `to_dict` saved."""
+        return cls(int(d["layer"]), d["kind"], d["head"], np.asarray(d["weights"], dtype=np.float64),
+                   bool(d["fallback"]), np.asarray(d["gram"], dtype=np.float64))
+
 
 @dataclass
 class SlwmWeights:
@@ -114,6 +125,18 @@ class SlwmWeights:
         if len(df):
             df["head"] = df["head"].astype("Int64")
         return df
+
+    def to_dict(self) -> dict:
+        """The weights and what they were computed from (a saved run's results.json); the model's anatomy and
+        tensor shapes are left out, so a loaded copy has a table but no `coefficients`."""
+        return {"level": self.level, "tasks": list(self.tasks), "models": list(self.models), "samples": self.samples,
+                "ridge": self.ridge, "capture": self.capture, "submodules": [s.to_dict() for s in self.submodules]}
+
+    @classmethod
+    def from_dict(cls, d) -> "SlwmWeights":
+        """The weights `to_dict` saved (without anatomy and shapes)."""
+        return cls(d["level"], list(d["tasks"]), list(d["models"]), int(d["samples"]), float(d["ridge"]),
+                   d["capture"], [SubmoduleWeights.from_dict(s) for s in d["submodules"]])
 
     def coefficients(self) -> dict[str, torch.Tensor]:
         """Per-tensor coefficient maps (T, …) broadcastable to each tensor: θ = θ0 + Σj coef[j]·τj."""

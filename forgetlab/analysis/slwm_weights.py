@@ -1,0 +1,75 @@
+"""The weights submodule-linearity merging would choose (`forgetlab slwm-weights`): the closed-form per-submodule
+task weights of `slwm` (docs/methods.md#slwm; computed by `forgetlab.merge.methods.slwm.slwm_weights`, the merge
+method's own function), as an analysis whose table (`SlwmWeights.to_frame`) the CLI prints and writes, saved and
+reopened like any run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from forgetlab.analysis.base import ANALYSES, Analysis
+from forgetlab.core.errors import ParameterError, ProbeDataError
+from forgetlab.core.progress import Progress
+from forgetlab.core.settings import count_field, device_field, setting
+from forgetlab.merge.memory import estimate_slwm_weights
+from forgetlab.merge.methods.slwm import (DEFAULT_LEVEL, DEFAULT_RIDGE, DEFAULT_SAMPLES, SLWM_LEVELS, SlwmWeights,
+                                          slwm_weights)
+
+
+@dataclass
+class SlwmWeightsSettings:
+    """Which weights to solve: one fine-tuned model per task (`models`, `tasks`; default: the pool's models named
+    like its tasks), the submodules' `level`, the probe `samples` per task and the `ridge`."""
+
+    models: Optional[tuple[str, ...]] = setting(None, help="fine-tuned models (default: those named like the tasks)")
+    tasks: Optional[tuple[str, ...]] = setting(None, help="task of each model (default: the task named like the "
+                                                          "model)")
+    level: str = setting(DEFAULT_LEVEL, choices=SLWM_LEVELS,
+                         help="the submodules weighted: each layer; its attention and its MLP; or each attention "
+                              "head and the MLP")
+    samples: Optional[int] = count_field(DEFAULT_SAMPLES, "probe samples per task")
+    ridge: float = setting(DEFAULT_RIDGE, range=(0.0, None), help="ridge relative to tr(G)/T")
+    device: Optional[str] = device_field()
+
+
+def check_settings(settings: SlwmWeightsSettings, pool=None) -> None:
+    """What the declarations cannot say: with the pool, the models and tasks named exist, one task per model."""
+    if pool is None:
+        return
+    unknown = [m for m in settings.models or () if m not in pool.model_names]
+    if unknown:
+        raise ParameterError(f"The pool has no fine-tuned model {', '.join(map(repr, unknown))}; its models are: "
+                             f"{', '.join(pool.model_names) or 'none'}.")
+    missing = [t for t in settings.tasks or () if t not in pool.task_names]
+    if missing:
+        raise ProbeDataError(f"The pool has no task {', '.join(map(repr, missing))}; its tasks are: "
+                             f"{', '.join(pool.task_names) or 'none'}.")
+    if settings.models and settings.tasks and len(settings.models) != len(settings.tasks):
+        raise ParameterError(f"{len(settings.models)} models but {len(settings.tasks)} tasks; give one task per "
+                             "model.")
+
+
+def compute(pool, settings: SlwmWeightsSettings, progress: Progress = None, executor=None) -> SlwmWeights:
+    """`slwm_weights` on the pool with these settings."""
+    models = list(settings.models) if settings.models else None
+    tasks = list(settings.tasks) if settings.tasks else None
+    return slwm_weights(pool, tasks, models=models, level=settings.level, samples=settings.samples,
+                        ridge=settings.ridge, device=settings.device, progress=progress)
+
+
+def estimate(pool, settings: SlwmWeightsSettings):
+    """slwm's prepare phase (`forgetlab.merge.memory.estimate_slwm_weights`)."""
+    return estimate_slwm_weights(pool, settings.models, device=settings.device)
+
+
+def recipe(result: SlwmWeights) -> dict:
+    """What a saved run records (besides its pool): everything but the weights."""
+    return {k: v for k, v in result.to_dict().items() if k != "submodules"}
+
+
+ANALYSIS = ANALYSES.add("slwm-weights", Analysis(
+    "slwm-weights", "slwm weights", SlwmWeightsSettings, compute, SlwmWeights,
+    help="the per-submodule task weights of submodule-linearity merging",
+    description="Solve G a = b per submodule on the pool's probe data and print the weights (submodule × task). "
+                "Merge with `forgetlab merge` and method slwm.",
+    checks=check_settings, estimate_fn=estimate, recipe=recipe))
