@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from forgetlab.core.errors import ForgetlabError, MissingDependencyError, ParameterError
+from forgetlab.core.pool import ModelPool
 from forgetlab.core.progress import Progress, report, scaled
 
 EXECUTORS = ("local", "ray")
@@ -68,6 +69,19 @@ def worker_label(worker: Optional[dict[str, Any]]) -> str:
     if not worker:
         return ""
     return f"{worker.get('host')}:{worker.get('pid')}"
+
+
+def executor_lines(result_executor: dict, points) -> list[str]:
+    """Lines telling where a result's points ran (what the CLI prints under a sweep or search): executor, workers
+    (host:pid) and notes such as fewer workers."""
+    if not result_executor:
+        return []
+    who = sorted({worker_label(p.worker) for p in points if p.worker})
+    lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
+             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); "
+             f"driver {worker_label(result_executor.get('driver') or {})}"]
+    lines += [f"note: {n}" for n in result_executor.get("notes") or []]
+    return lines
 
 
 @dataclass
@@ -536,7 +550,5 @@ def pool_spec(pool, models: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 def open_pool(spec: dict[str, Any]):
     """Reopen a pool from `pool_spec` on a worker (no NaN scan: the driver's pool did it)."""
-    from forgetlab.core.pool import ModelPool
-
     return ModelPool(spec["base"], spec["models"], spec["probes"], name=spec.get("name", "pool"),
                      source=spec.get("source"), scan_nonfinite=False)

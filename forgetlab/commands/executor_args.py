@@ -2,50 +2,29 @@
 declare them): the executor that runs a command's points, and where a model is placed."""
 from __future__ import annotations
 
+import tempfile
+import weakref
+from dataclasses import replace
+
+from forgetlab.core.checkpoints import load_model
+from forgetlab.core.devicemap import placement_for
+from forgetlab.executors import make_executor
+
 
 def executor_from_args(args):
     """The `forgetlab.executors.Executor` the flags ask for (ParameterError for Ray flags without --executor ray)."""
-    from forgetlab.executors import make_executor
-
     return make_executor(args.executor, address=args.ray_address, workers=args.workers,
                          gpus_per_worker=args.gpus_per_worker)
 
 
-def executor_lines(result_executor: dict, points) -> list[str]:
-    """Lines telling where the points ran: executor, workers (host:pid) and notes such as fewer workers."""
-    if not result_executor:
-        return []
-    from forgetlab.executors import worker_label
-
-    who = sorted({worker_label(p.worker) for p in points if p.worker})
-    lines = [f"executor {result_executor.get('name')}: {len(who)} worker process(es) "
-             f"({', '.join(who[:8])}{' …' if len(who) > 8 else ''}); "
-             f"driver {worker_label(result_executor.get('driver') or {})}"]
-    lines += [f"note: {n}" for n in result_executor.get("notes") or []]
-    return lines
-
-
 def device_from_args(args):
-    """`args.device`, or a `forgetlab.core.devicemap.Placement` when --device-map is given."""
-    from forgetlab.core.devicemap import Placement, parse_max_memory
-    from forgetlab.core.errors import ParameterError
-
-    if getattr(args, "device_map", None):
-        return Placement(args.device_map, parse_max_memory(args.max_memory) if args.max_memory else None)
-    if getattr(args, "max_memory", None):
-        raise ParameterError("--max-memory needs --device-map auto (or balanced / sequential).")
-    return args.device
+    """`args.device`, or a `forgetlab.core.devicemap.Placement` when --device-map is given (`placement_for`)."""
+    return placement_for(args.device, getattr(args, "device_map", None), getattr(args, "max_memory", None))
 
 
 def load_placed(ckpt, placement):
     """`load_model(ckpt, device=placement)`; weights that fit nowhere go to a temporary offload folder that
     lives as long as the model (when the placement names none)."""
-    import tempfile
-    import weakref
-    from dataclasses import replace
-
-    from forgetlab.core.checkpoints import load_model
-
     if placement.offload_folder:
         return load_model(ckpt, device=placement)
     folder = tempfile.TemporaryDirectory(prefix="forgetlab-offload-")

@@ -3,9 +3,10 @@ over a merge method's per-model weights (and optionally per-block α), on the po
 from __future__ import annotations
 
 from forgetlab.commands import args as shared
-from forgetlab.commands.executor_args import executor_from_args, executor_lines
+from forgetlab.commands.executor_args import executor_from_args
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
-from forgetlab.commands.sweep import measure_benchmarks
+from forgetlab.executors import executor_lines
+from forgetlab.analysis.measures import measure_benchmarks
 from forgetlab.core.errors import parse_floats
 
 

@@ -12,6 +12,14 @@ def report(progress: Progress, fraction: float, message: str = "") -> None:
         progress(min(1.0, max(0.0, float(fraction))), message)
 
 
+def publish(progress: Progress, partial: object) -> None:
+    """Hand `partial` (a snapshot of the result so far) to whoever watches the job: the app's background job has
+    a `publish` method (forgetlab.ui.jobs.Job) and draws it while the job runs; a plain callback takes nothing."""
+    hand = getattr(progress, "publish", None)
+    if callable(hand):
+        hand(partial)
+
+
 def scaled(progress: Progress, start: float, stop: float) -> Progress:
     """A callback that maps [0, 1] of a sub-task onto [start, stop] of `progress`."""
     if progress is None:
