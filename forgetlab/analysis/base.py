@@ -16,6 +16,7 @@ with one panel (forgetlab.ui.panel), and Runs reopens a saved run through `load`
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -63,6 +64,7 @@ class Analysis:
     estimate(pool, settings) -> MemoryEstimate: the job's peak before it starts;
     figures(result) -> [go.Figure]: its charts (the page's, the Runs page's);
     compare(results, ids) -> [go.Figure]: several saved runs of it on shared charts (Runs);
+    (either may take a keyword `measure`: the session's speciality measure the Runs page draws in);
     recipe(result) -> dict: what its saved run records besides the pool;
     table(result) -> DataFrame: its results table (default `result.to_frame()`);
     report(result) -> lines or tables: what the CLI prints;
@@ -173,13 +175,18 @@ class Analysis:
         """The result's table (what --out and results.csv hold)."""
         return self.table(result) if self.table is not None else result.to_frame()
 
-    def figures(self, result: Any) -> list:
-        """The result's charts."""
-        return list(self.figures_fn(result)) if self.figures_fn is not None else []
+    def figures(self, result: Any, measure: Optional[str] = None) -> list:
+        """The result's charts (speciality in `measure` where they take one)."""
+        if self.figures_fn is None:
+            return []
+        return list(self.figures_fn(result, **_measured(self.figures_fn, measure)))
 
-    def compare(self, results: list, ids: list[str]) -> list:
-        """Several results on shared charts (one series per run), or [] where the analysis has no comparison."""
-        return list(self.compare_fn(results, ids)) if self.compare_fn is not None else []
+    def compare(self, results: list, ids: list[str], measure: Optional[str] = None) -> list:
+        """Several results on shared charts (one series per run), or [] where the analysis has no comparison;
+        speciality in `measure` where the charts take one."""
+        if self.compare_fn is None:
+            return []
+        return list(self.compare_fn(results, ids, **_measured(self.compare_fn, measure)))
 
     def exit_status(self, result: Any) -> int:
         """The CLI's exit status for a finished result (e.g. 1 when some points failed)."""
@@ -188,6 +195,16 @@ class Analysis:
     def lines(self, result: Any) -> list:
         """What the CLI prints for a result: text lines and tables, in order."""
         return list(self.report(result)) if self.report is not None else [self.frame(result)]
+
+
+def _measured(fn: Callable, measure: Optional[str]) -> dict[str, Any]:
+    """{"measure": measure} when one is given and `fn` takes a `measure` keyword, else {}."""
+    if measure is None:
+        return {}
+    try:
+        return {"measure": measure} if "measure" in inspect.signature(fn).parameters else {}
+    except (TypeError, ValueError):
+        return {}
 
 
 class WholeRun(PoolWorkerFactory):

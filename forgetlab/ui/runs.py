@@ -14,6 +14,7 @@ with a line per run.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
@@ -53,29 +54,6 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 
 
 # -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
-
-
-def _load_sweep(run, measure):
-    from forgetlab.analysis.sweeps import load_sweep
-
-    result = load_sweep(run.path)
-    if measure in ("exact_match", "answer_loss"):
-        result.measure = measure
-    return result
-
-
-def _sweep(run, measure=None):
-    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-
-    result = _load_sweep(run, measure)
-    return [curves_figure(result), tradeoff_figure(result)]
-
-
-def _sweeps(runs, measure=None):
-    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-
-    results, ids = [_load_sweep(r, measure) for r in runs], [r.id[-6:] for r in runs]
-    return [tradeoff_figure(results, ids=ids), curves_figure(results, ids=ids)]
 
 
 def _finetune(run, measure="exact_match"):
@@ -142,7 +120,6 @@ def _search(run):
     return [search_figure(load_search(run.path))]
 
 
-register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("search", _search)
 register_reopener("benchmarks", _benchmarks)
 register_reopener("attribution", _attribution)
@@ -154,8 +131,6 @@ register_reopener("features", _features)
 
 def _call(fn: Callable, arg, measure: str | None):
     """fn(arg, measure) when fn takes a measure, else fn(arg)."""
-    import inspect
-
     try:
         takes = len(inspect.signature(fn).parameters) >= 2
     except (TypeError, ValueError):
@@ -252,7 +227,7 @@ def run_figures(run, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(run.kind)
     if analysis is not None and analysis.figures_fn is not None:
         try:
-            return analysis.figures(analysis.load(run.path))
+            return analysis.figures(analysis.load(run.path), measure)
         except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
             return figures_from_frame(run.frame(), title=run.kind)
     fn = _lookup(_REOPENERS, run.kind)
@@ -288,7 +263,7 @@ def compare_figures(runs, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(kind)
     if analysis is not None and analysis.compare_fn is not None:
         try:
-            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs])
+            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs], measure)
         except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
             return figures_from_frame(compare_frame(runs), title=f"{kind}:")
     fn = _lookup(_COMPARERS, kind)
