@@ -70,20 +70,21 @@ def grid_of(settings: SweepSettings) -> dict[str, Any]:
     return {f.name: getattr(settings, f.name) for f in fields(settings) if f.name not in EVALUATION}
 
 
-def placement_of(settings: SweepSettings):
-    """Where the working copy goes: the device, or a `Placement` when a device map is named."""
-    return placement_for(settings.device, settings.device_map, settings.max_memory)
+def placement_of(settings: SweepSettings) -> tuple[Any, Any]:
+    """Where the working copy goes and in what dtype: the device, or a `Placement` when a device map is named,
+    and the torch dtype (`job_dtype`: None is bfloat16 on cuda, float32 elsewhere)."""
+    device = placement_for(settings.device, settings.device_map, settings.max_memory)
+    return device, job_dtype(settings.dtype, device if isinstance(device, str) else None)
 
 
 def curve_options(settings: SweepSettings, **more: Any) -> dict[str, Any]:
     """The keyword arguments of a kind's curve for these settings (its grid and the evaluation settings), plus
     `more` (progress, executor, on_point, benchmarks)."""
-    device = placement_of(settings)
+    device, dtype = placement_of(settings)
     return {**grid_of(settings), "task": settings.task,
             "tasks": list(settings.tasks) if settings.tasks is not None else None,
             "max_general": settings.max_general, "max_task": settings.max_task, "batch_size": settings.batch_size,
-            "device": device, "dtype": job_dtype(settings.dtype, device if isinstance(device, str) else None),
-            **more}
+            "device": device, "dtype": dtype, **more}
 
 
 class _Checked(Exception):
@@ -140,9 +141,8 @@ def run_sweep(curves: Mapping[str, Curve], kind: str, pool, settings: SweepSetti
 
 def estimate(kind: str, pool, settings: SweepSettings) -> MemoryEstimate:
     """The sweep's peak (`estimate_sweep`); with a device map it is shown, never enforced."""
-    device = placement_of(settings)
-    return estimate_sweep(pool, settings.model, kind=kind, device=device,
-                          dtype=job_dtype(settings.dtype, device if isinstance(device, str) else None),
+    device, dtype = placement_of(settings)
+    return estimate_sweep(pool, settings.model, kind=kind, device=device, dtype=dtype,
                           batch_size=settings.batch_size, max_general=settings.max_general,
                           max_task=settings.max_task)
 
