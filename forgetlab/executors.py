@@ -72,8 +72,8 @@ def worker_label(worker: Optional[dict[str, Any]]) -> str:
 
 
 def executor_lines(result_executor: dict, points) -> list[str]:
-    """Lines telling where a result's points ran (what the CLI prints under a sweep or search): executor, workers
-    (host:pid) and notes such as fewer workers."""
+    """What a command prints about where the points of a result ran: the executor, its worker processes
+    (host:pid, from each point's `worker`), the driver, and notes such as fewer workers than asked."""
     if not result_executor:
         return []
     who = sorted({worker_label(p.worker) for p in points if p.worker})

@@ -16,7 +16,6 @@ with one panel (forgetlab.ui.panel), and Runs reopens a saved run through `load`
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional
@@ -64,10 +63,11 @@ class Analysis:
     estimate(pool, settings) -> MemoryEstimate: the job's peak before it starts;
     figures(result) -> [go.Figure]: its charts (the page's, the Runs page's);
     compare(results, ids) -> [go.Figure]: several saved runs of it on shared charts (Runs);
-    (either may take a keyword `measure`: the session's speciality measure the Runs page draws in);
     recipe(result) -> dict: what its saved run records besides the pool;
     table(result) -> DataFrame: its results table (default `result.to_frame()`);
     report(result) -> lines or tables: what the CLI prints;
+    measured: its figures and comparison take the speciality measure the app shows ("exact_match" or
+    "answer_loss"): `figures_fn(result, measure)`, `compare_fn(results, ids, measure)`;
     outputs: extra files the CLI writes (`Output`);
     points: True when `compute` spreads its own points over the executor (sweeps, searches); otherwise a
     non-local executor runs the whole analysis as one item on a worker;
@@ -92,6 +92,7 @@ class Analysis:
     recipe: Optional[Callable[[Any], dict]] = None
     table: Optional[Callable[[Any], pd.DataFrame]] = None
     report: Optional[Callable[[Any], Iterable[Any]]] = None
+    measured: bool = False
     outputs: tuple[Output, ...] = ()
     points: bool = False
     kinds: tuple[str, ...] = ()
@@ -176,17 +177,18 @@ class Analysis:
         return self.table(result) if self.table is not None else result.to_frame()
 
     def figures(self, result: Any, measure: Optional[str] = None) -> list:
-        """The result's charts (speciality in `measure` where they take one)."""
+        """The result's charts (speciality in `measure` where the analysis is `measured` and one is given)."""
         if self.figures_fn is None:
             return []
-        return list(self.figures_fn(result, **_measured(self.figures_fn, measure)))
+        return list(self.figures_fn(result, measure) if self.measured and measure else self.figures_fn(result))
 
     def compare(self, results: list, ids: list[str], measure: Optional[str] = None) -> list:
-        """Several results on shared charts (one series per run), or [] where the analysis has no comparison;
-        speciality in `measure` where the charts take one."""
+        """Several results on shared charts (one series per run), or [] where the analysis has no comparison
+        (speciality in `measure` as for `figures`)."""
         if self.compare_fn is None:
             return []
-        return list(self.compare_fn(results, ids, **_measured(self.compare_fn, measure)))
+        return list(self.compare_fn(results, ids, measure) if self.measured and measure
+                    else self.compare_fn(results, ids))
 
     def exit_status(self, result: Any) -> int:
         """The CLI's exit status for a finished result (e.g. 1 when some points failed)."""
@@ -195,16 +197,6 @@ class Analysis:
     def lines(self, result: Any) -> list:
         """What the CLI prints for a result: text lines and tables, in order."""
         return list(self.report(result)) if self.report is not None else [self.frame(result)]
-
-
-def _measured(fn: Callable, measure: Optional[str]) -> dict[str, Any]:
-    """{"measure": measure} when one is given and `fn` takes a `measure` keyword, else {}."""
-    if measure is None:
-        return {}
-    try:
-        return {"measure": measure} if "measure" in inspect.signature(fn).parameters else {}
-    except (TypeError, ValueError):
-        return {}
 
 
 class WholeRun(PoolWorkerFactory):

@@ -58,6 +58,21 @@ def higher_is_better(measure: str) -> bool:
     return measure.partition("/")[2].partition(",")[0] not in LOWER_IS_BETTER
 
 
+def measure_benchmarks(pool, measures: Sequence[str], include: Optional[str] = None,
+                       limit: Optional[int] = None) -> Optional[BenchmarkSpec]:
+    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
+    limit as given, else the pool's probes.benchmarks), or None when every measure is built in. Each benchmark
+    measure's task and metric are checked here, before any work (`check_metrics`)."""
+    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
+    if not tasks:
+        return None
+    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
+    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
+                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
+    check_metrics(measures, spec)
+    return spec
+
+
 def measure_label(measure: str) -> str:
     """A label for axes and tables: 'exact match', 'answer loss', 'general loss' or the benchmark measure."""
     if measure in MEASURES:
@@ -151,17 +166,3 @@ def lm_eval_include_field() -> Any:
 def limit_field() -> Any:
     """`limit`: how many examples each lm-eval task of a benchmark measure runs, a settings field."""
     return count_field(None, LIMIT_HELP)
-
-
-def measure_benchmarks(pool, measures: Sequence[str], include: Optional[str], limit: Optional[int]):
-    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
-    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
-    Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
-    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
-    if not tasks:
-        return None
-    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
-    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
-                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
-    check_metrics(measures, spec)
-    return spec

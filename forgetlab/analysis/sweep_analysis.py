@@ -201,4 +201,4 @@ def sweep_analysis(kind: str, settings: type, curves: Mapping[str, Curve], *, ti
         f"sweep-{kind}", title, settings, partial(run_sweep, curves, kind), SweepResult, help=help,
         description=f"{description} {ABOUT}", command=("sweep", kind), checks=partial(check_sweep, curves, kind),
         estimate_fn=partial(estimate, kind), figures_fn=figures, compare_fn=compare, recipe=recipe, report=report,
-        points=True, group_help=GROUP_HELP, status=status))
+        measured=True, points=True, group_help=GROUP_HELP, status=status))

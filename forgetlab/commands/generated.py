@@ -41,7 +41,7 @@ def _convert(info: FieldInfo):
     argparse exits 2 naming the flag. A sequence of number tuples is read one comma-separated tuple per argument."""
     lo, hi = info.spec.range or (None, None)
     if info.base is int:
-        name = "count" if lo == 1 and hi is None else "seed" if info.name == "seed" else "integer"
+        name = "seed" if info.name == "seed" else "count" if lo == 1 and hi is None else "integer"
         number = shared.whole_number(None if lo is None else int(lo),
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:

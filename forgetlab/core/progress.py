@@ -1,7 +1,7 @@
 """Progress callbacks: long functions take `progress: Callable[[float, str], None] | None`."""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 Progress = Optional[Callable[[float, str], None]]
 
@@ -10,14 +10,6 @@ def report(progress: Progress, fraction: float, message: str = "") -> None:
     """Call `progress(fraction, message)` if a callback was given; fraction is clipped to [0, 1]."""
     if progress is not None:
         progress(min(1.0, max(0.0, float(fraction))), message)
-
-
-def publish(progress: Progress, partial: object) -> None:
-    """Hand `partial` (a snapshot of the result so far) to whoever watches the job: the app's background job has
-    a `publish` method (forgetlab.ui.jobs.Job) and draws it while the job runs; a plain callback takes nothing."""
-    hand = getattr(progress, "publish", None)
-    if callable(hand):
-        hand(partial)
 
 
 def scaled(progress: Progress, start: float, stop: float) -> Progress:
@@ -33,3 +25,12 @@ def prefixed(progress: Progress, prefix: str) -> Progress:
     if progress is None:
         return None
     return lambda f, m="": report(progress, f, f"{prefix} · {m}" if m else prefix)
+
+
+def publish(progress: Progress, partial: Any) -> None:
+    """Hand `partial` (a snapshot of the result so far) to a progress callback that shows one — the app's
+    background job has `publish` (forgetlab.ui.jobs.Job) and draws it while the job runs; other callbacks (the
+    CLI's bar, None) ignore it."""
+    show = getattr(progress, "publish", None)
+    if show is not None:
+        show(partial)
