@@ -28,23 +28,29 @@ def test_every_analysis_is_registered_with_five_verbs():
         assert a.kind == kind and (ANALYSES.get(kind) or MOVED.get(kind)) is a
         for verb in ("check", "run", "save", "load", "list"):
             assert callable(getattr(a, verb)), (kind, verb)
-    with pytest.raises(ParameterError, match="Unknown analysis 'nope'; choose one of sweep, linearity"):
+    with pytest.raises(ParameterError, match="Unknown analysis 'nope'; choose one of linearity, features"):
         get("nope")
+    for kind in ("alpha", "pruning", "density", "hma", "lines", "rank", "iso"):     # a sweep per kind (issue 42)
+        a = get(f"sweep-{kind}")
+        assert a.kind == f"sweep-{kind}" and MOVED.get(f"sweep-{kind}") is a and a.command == ("sweep", kind)
+        for verb in ("check", "run", "save", "load", "list"):
+            assert callable(getattr(a, verb)), (kind, verb)
+    with pytest.raises(ParameterError, match="Unknown analysis 'sweep-wobble'"):
+        MOVED.get("sweep-wobble")
 
 
 def test_settings_are_typed_and_unknown_names_are_refused():
-    a = get("sweep")
-    s = settings_from(a.settings, {"kind": "alpha", "model": "ft0", "alphas": [0.0, 1.0]})
-    assert s.alphas == [0.0, 1.0] and s.ratios is None
-    with pytest.raises(ParameterError, match="SweepSettings has no setting 'alhpas'"):
+    a = get("sweep-alpha")
+    s = settings_from(a.settings, {"model": "ft0", "alphas": [0.0, 1.0]})
+    assert s.alphas == [0.0, 1.0] and not hasattr(s, "ratios")         # another kind's grid is not a setting
+    with pytest.raises(ParameterError, match="AlphaSettings has no setting 'alhpas'"):
         settings_from(a.settings, {"alhpas": [0.5]})
 
 
 @pytest.mark.parametrize("kind,values,message", [
-    ("sweep", {"kind": "alpha", "model": "ft0", "ratios": [0.5]}, "ratios is not a setting of a alpha sweep"),
-    ("sweep", {"kind": "wobble", "model": "ft0"}, "Unknown sweep 'wobble'"),
-    ("sweep", {"kind": "alpha", "model": "nope"}, "no fine-tuned model 'nope'"),
-    ("sweep", {"kind": "alpha", "model": "ft0", "alphas": [0.5, 1.5]}, "alpha"),
+    ("sweep-alpha", {"model": "ft0", "ratios": [0.5]}, "AlphaSettings has no setting 'ratios'"),
+    ("sweep-alpha", {"model": "nope"}, "no fine-tuned model 'nope'"),
+    ("sweep-alpha", {"model": "ft0", "alphas": [0.5, 1.5]}, "alpha"),
     ("linearity", {"task": "math", "model": "ft0", "alphas": [0.5, 1.0]}, "alphas must be distinct numbers in [0, 1)"),
     ("linearity", {"task": "math", "model": "ft0", "levels": ["neuron"]}, "'neuron' is not one of the levels"),
     ("linearity", {"task": "chess", "model": "ft0"}, "no task 'chess'"),
@@ -64,7 +70,7 @@ def test_check_refuses_bad_settings_before_loading_a_model(kind, values, message
 
 def test_check_passes_good_settings_without_loading_a_model(pool, monkeypatch):
     _no_model_loads(monkeypatch)
-    for kind, values in [("sweep", {"kind": "alpha", "model": "ft0", "alphas": [0.0, 1.0]}),
+    for kind, values in [("sweep-alpha", {"model": "ft0", "alphas": [0.0, 1.0]}),
                          ("linearity", {"task": "math", "model": "ft0", "levels": ["mlp"]}),
                          ("features", {"models": ["base", "ft0"], "tasks": ["math"]}),
                          ("attribution", {"model": "ft0", "level": "layer", "task": "math"}),
@@ -77,8 +83,8 @@ def test_run_gives_what_the_function_gives_and_save_load_list_round_trip(pool, t
     from forgetlab.analysis.sweeps import alpha_curve
     from forgetlab.analysis.taskvec import cosine_matrix
 
-    sweep = get("sweep")
-    s = sweep.settings(kind="alpha", model="ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")
+    sweep = get("sweep-alpha")
+    s = sweep.settings(model="ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")
     seen = []
     res = sweep.run(pool, s, progress=lambda f, m: seen.append(f))
     direct = alpha_curve(pool, "ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from forgetlab.analysis.base import ANALYSES
 from forgetlab.analysis.closed_form_sweeps import iso_curve, lines_curve, rank_curve
-from forgetlab.analysis.sweeps import SweepSettings, check_settings, run_settings
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.evaluate import evaluate
 from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
@@ -48,13 +48,14 @@ def test_rank_curve_and_iso_curve(pool):
 def test_bad_grids_and_settings(pool):
     with pytest.raises(ParameterError, match="rank fraction"):
         rank_curve(pool, "ft0", ranks=[0.0])
-    with pytest.raises(ParameterError, match=r"\[0, 10\]"):
-        iso_curve(pool, "ft0", iso_alphas=[-1])
+    with pytest.raises(ParameterError, match=r"\[-10, 10\]"):     # iso_c's α range in the method registry
+        iso_curve(pool, "ft0", iso_alphas=[-11])
     with pytest.raises(ParameterError, match="beta"):
         lines_curve(pool, "ft0", betas=[1.5])
-    with pytest.raises(ParameterError, match="not a setting"):
-        check_settings(SweepSettings(kind="lines", model="ft0", ranks=[0.5]))
-    res = run_settings(pool, SweepSettings(kind="iso", model="ft0", iso_alphas=[0.5], max_general=2, max_task=2))
+    lines, iso = ANALYSES.get("sweep-lines"), ANALYSES.get("sweep-iso")
+    with pytest.raises(ParameterError, match="has no setting 'ranks'"):          # another kind's grid
+        lines.make_settings(model="ft0", ranks=[0.5])
+    res = iso.run(pool, iso.make_settings(model="ft0", iso_alphas=(0.5,), max_general=2, max_task=2))
     assert res.kind == "iso" and len(res.points) == 1
 
 
@@ -65,5 +66,7 @@ def test_sweep_cli_closed_form_kinds(tiny_llama, tmp_path, monkeypatch, capsys):
         code = main(["sweep", kind, str(tiny_llama.pool_yaml), "--model", "ft0", flag, grid, "--max-general", "2",
                      "--max-task", "2"])
         assert code == 0, capsys.readouterr().err
-    assert main(["sweep", "iso", str(tiny_llama.pool_yaml), "--model", "ft0", "--iso-alphas", "11"]) == 2
-    assert "[0, 10]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:        # argparse refuses it, naming the registry's range
+        raise SystemExit(main(["sweep", "iso", str(tiny_llama.pool_yaml), "--model", "ft0", "--iso-alphas", "11"]))
+    assert exit_info.value.code == 2
+    assert "[-10, 10]" in capsys.readouterr().err

@@ -209,7 +209,7 @@ def test_cancel_stops_the_workers(ray_cpus2):
 
 def test_sweep_keeps_and_saves_points_when_a_point_kills_its_workers(ray_cpus2, pool, tmp_path):
     """A point whose worker dies on every attempt is reported in `failed`; the other points are kept and saved."""
-    from forgetlab.analysis.sweeps import _run, _Spec, wise_ft_at, save_sweep
+    from forgetlab.analysis.sweeps import SweepSpec, run_specs, save_sweep, wise_ft_at
 
     driver = os.getpid()
 
@@ -218,10 +218,10 @@ def test_sweep_keeps_and_saves_points_when_a_point_kills_its_workers(ray_cpus2, 
             os._exit(1)
         return w1
 
-    specs = [_Spec("wise-ft", 0.0, {"alpha": 0.0}, wise_ft_at(0.0)), _Spec("wise-ft", 0.5, {"alpha": 0.5}, deadly),
-             _Spec("wise-ft", 1.0, {"alpha": 1.0}, wise_ft_at(1.0))]
-    res = _run(pool, "ft0", "alpha", specs, task=None, recipe={}, device="cpu", batch_size=16, max_general=2,
-               max_task=2, tasks=None, on_point=None, progress=None, executor=RayExecutor(workers=2))
+    specs = [SweepSpec("wise-ft", 0.0, {"alpha": 0.0}, wise_ft_at(0.0)),
+             SweepSpec("wise-ft", 0.5, {"alpha": 0.5}, deadly), SweepSpec("wise-ft", 1.0, {"alpha": 1.0}, wise_ft_at(1.0))]
+    res = run_specs(pool, "ft0", "alpha", specs, task=None, recipe={}, device="cpu", batch_size=16, max_general=2,
+                    max_task=2, tasks=None, on_point=None, progress=None, executor=RayExecutor(workers=2))
     assert [p.x for p in res.points] == [0.0, 1.0]
     assert len(res.failed) == 1 and res.failed[0]["x"] == 0.5 and res.failed[0]["attempts"] == 2
     saved = load_sweep(save_sweep(res, home_path=tmp_path))

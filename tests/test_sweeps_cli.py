@@ -1,6 +1,8 @@
 """`forgetlab sweep ...`: tables, saved runs, exit status 2 on bad input."""
 from __future__ import annotations
 
+import pytest
+
 from forgetlab.analysis.sweeps import load_sweep
 from forgetlab.cli import main
 from forgetlab.core.workspace import list_runs
@@ -49,13 +51,20 @@ def test_sweep_pruning_and_hma_cli(tiny_llama, tmp_path, monkeypatch, capsys):
     assert list_runs(tmp_path) == []
 
 
+def _exit_status(argv) -> int:
+    """The exit status of `forgetlab ARGV`: argparse's own refusals exit 2 (SystemExit), and so do forgetlab's."""
+    with pytest.raises(SystemExit) as exit_info:
+        raise SystemExit(main(argv))
+    return exit_info.value.code
+
+
 def test_sweep_cli_bad_input(tiny_llama, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     assert main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ghost"]) == 2
     assert "no fine-tuned model 'ghost'" in capsys.readouterr().err
-    assert main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "0,2"]) == 2
+    assert _exit_status(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "0,2"]) == 2
     assert "[0, 1]" in capsys.readouterr().err
-    assert main(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "a,b"]) == 2
+    assert _exit_status(["sweep", "alpha", str(tiny_llama.pool_yaml), "--model", "ft0", "--alphas", "a,b"]) == 2
 
 
 def test_sweep_dry_run_prints_the_estimate_and_runs_nothing(tiny_llama, tmp_path, monkeypatch, capsys):

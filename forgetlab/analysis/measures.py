@@ -1,7 +1,11 @@
 """How a trade-off is measured and judged: speciality measures (exact match ↑, answer loss ↓, or an lm-eval metric
 `TASK/METRIC`), generality measures (held-out general loss ↓, or a benchmark metric), which direction is better,
 and the Pareto front of points that no other point beats on both axes (docs/methods.md#pareto-front). Shared by
-sweeps, merge searches, fine-tune comparisons and the app's charts."""
+sweeps, merge searches, fine-tune comparisons and the app's charts.
+
+The settings that choose the measures are declared here once (`measure_field`, `general_measure_field`,
+`lm_eval_include_field`, `limit_field`: `--measure`, `--general-measure`, `--lm-eval-include`, `--limit`), and
+`measure_benchmarks` turns them into the lm-eval benchmarks a job must run."""
 from __future__ import annotations
 
 import math
@@ -9,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.settings import count_field, setting
 
 
 MEASURES: dict[str, tuple[str, bool]] = {"exact_match": ("exact match", True), "answer_loss": ("answer loss", False)}
@@ -123,3 +128,41 @@ def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str
         if hasattr(p, "pareto"):
             p.pareto = f
     return flags
+
+
+# ------------------------------------------------------------------------------ the settings that choose them
+
+LM_EVAL_INCLUDE_HELP = "folder of local lm-eval task YAMLs (default: the pool's probes.benchmarks.include)"
+LIMIT_HELP = "at most this many examples per lm-eval task"
+
+
+def measure_help(when: str = "at every point") -> str:
+    """The help of `--measure`; `when` says when a benchmark measure runs ("at every point", …)."""
+    return ("speciality measure: exact_match (higher is better, default), answer_loss (lower is better), or an "
+            "lm-eval metric TASK/METRIC (e.g. zoo_math/acc), run " + when)
+
+
+def general_measure_help(when: str = "at every point") -> str:
+    """The help of `--general-measure`; `when` as for `measure_help`."""
+    return ("generality measure: general_loss (held-out loss, default) or an lm-eval metric TASK/METRIC (e.g. "
+            "zoo_wiki_cloze/acc), run " + when)
+
+
+def measure_field(when: str = "at every point") -> Any:
+    """`measure`: the speciality measure (`check_measure`), a settings field (forgetlab.core.settings)."""
+    return setting("exact_match", help=measure_help(when))
+
+
+def general_measure_field(when: str = "at every point") -> Any:
+    """`general_measure`: the generality measure (`check_general_measure`), a settings field."""
+    return setting("general_loss", help=general_measure_help(when))
+
+
+def lm_eval_include_field() -> Any:
+    """`lm_eval_include`: the folder of a benchmark measure's local lm-eval tasks, a settings field."""
+    return setting(None, help=LM_EVAL_INCLUDE_HELP, metavar="DIR")
+
+
+def limit_field() -> Any:
+    """`limit`: how many examples each lm-eval task of a benchmark measure runs, a settings field."""
+    return count_field(None, LIMIT_HELP)

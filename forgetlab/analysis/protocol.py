@@ -1,7 +1,8 @@
 """The verbs every analysis shares, so that the app, the CLI and scripts drive each one the same way:
 
-    a = get("sweep")                      # or "linearity", "features", "attribution", "search", "taskvec", "textdiff"
-    settings = a.settings(kind="alpha", model="math")
+    a = get("features")                   # or "attribution", "search", "taskvec", "textdiff"; "linearity" and the
+                                          # sweeps ("sweep-alpha", …) come from forgetlab.analysis.base
+    settings = a.settings(models=["base", "math"])
     a.check(settings, pool)               # ForgetlabError for bad settings, before any model is loaded
     result = a.run(pool, settings, progress, executor)
     path = a.save(result)                 # under the workspace's runs/ (recipe + results)
@@ -18,9 +19,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from forgetlab.core.errors import ParameterError
+from forgetlab.analysis.base import ANALYSES as MOVED
+from forgetlab.core.errors import ParameterError, WorkspaceError
+from forgetlab.core.workspace import list_runs, load_run
 
-MODULES = {"sweep": "forgetlab.analysis.sweeps", "linearity": "forgetlab.analysis.linearity",
+MODULES = {"linearity": "forgetlab.analysis.linearity",
            "features": "forgetlab.analysis.features", "attribution": "forgetlab.analysis.attribution",
            "search": "forgetlab.analysis.search", "taskvec": "forgetlab.analysis.taskvec",
            "textdiff": "forgetlab.analysis.textdiff"}
@@ -58,8 +61,6 @@ def get(kind: str) -> Analysis:
     """The analysis called `kind` (its module imported on first use), or a ParameterError naming the others.
     An analysis already moved onto forgetlab.analysis.base comes from its registry (this module goes once every
     analysis has moved)."""
-    from forgetlab.analysis.base import ANALYSES as MOVED
-
     if kind in MOVED:
         return MOVED.get(kind)
     if kind not in ANALYSES and kind in MODULES:
@@ -90,9 +91,6 @@ def load_result(path, kind, cls: type, what: str):
     """The result saved under the workspace's runs/ at `path` (`cls.from_dict` of its results), refusing a run
     of another kind (`kind`: the run kind, or a function saying whether a kind fits) with a message naming
     `what` it should have been, and an unreadable one with what to do."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
     run = load_run(path)
     fits = kind(str(run.kind)) if callable(kind) else run.kind == kind
     if not fits:
@@ -106,8 +104,6 @@ def load_result(path, kind, cls: type, what: str):
 def list_results(home_path, kind, **recipe) -> list:
     """Saved runs (`forgetlab.core.workspace.SavedRun`s, newest first) of `kind` (a run kind, or a function of
     it), optionally only those whose recipe has the given values (e.g. model="math"; None matches all)."""
-    from forgetlab.core.workspace import list_runs
-
     fits = kind if callable(kind) else (lambda k: k == kind)
     return [r for r in list_runs(home_path) if fits(str(r.kind))
             and all(v is None or r.recipe.get(k) == v for k, v in recipe.items())]
@@ -119,21 +115,3 @@ def pool_source(pool) -> Optional[str]:
         return None
     source = getattr(pool, "source", None)
     return str(Path(source).resolve()) if source else getattr(pool, "name", None)
-
-
-class _Checked(Exception):
-    """Raised by `checked_before_work`'s progress callback at the analysis' first report."""
-
-
-def checked_before_work(fn: Callable[..., Any], *args, **kwargs) -> None:
-    """Run `fn(*args, progress=…, **kwargs)` only up to its first progress report and stop there.
-
-    For analyses that check every setting (model, grid, task, probe data) before their first report (the
-    loading of a working copy): the check raises the same ForgetlabError the run would, and loads no model."""
-    def stop(fraction: float, message: str) -> None:
-        raise _Checked
-
-    try:
-        fn(*args, progress=stop, **kwargs)
-    except _Checked:
-        return

@@ -45,10 +45,12 @@ def sweep_parts(size: ModelSize, *, dtype, batch_size: int = 16, kind: str = "pr
 @register_estimator("sweep")
 def estimate_sweep(pool, model: str, *, kind: str = "pruning", device: Optional[Any] = None, dtype=None, batch_size: int = 16,
                    max_general: Optional[int] = None, max_task: Optional[int] = None, **_: Any) -> MemoryEstimate:
-    """The peak of the `forgetlab.analysis.sweeps.SWEEPS[kind]` job on `pool`'s model `model` (module docstring), with
-    the flags that shrink it in the order they help most. A device map (`Placement`) is estimated as its first
-    device would hold the whole copy (an upper bound: accelerate spreads it)."""
-    dev = device if isinstance(device, str) or device is None else "cpu"
+    """The peak of a sweep of `kind` (the Analysis `sweep-<kind>`) on `pool`'s model `model` (module docstring),
+    with the flags that shrink it in the order they help most. A device map (`Placement`) is estimated as its first
+    device would hold the whole copy (an upper bound: accelerate spreads it), and spreads the copy over devices and
+    disk by design: its estimate is shown, never enforced."""
+    one_device = isinstance(device, str) or device is None
+    dev = device if one_device else "cpu"
     dev = str(dev or "cpu")
     dt = job_dtype(dtype, dev)
     size = ModelSize.of(pool.checkpoint(model if model in pool.model_names else "base"))
@@ -59,4 +61,4 @@ def estimate_sweep(pool, model: str, *, kind: str = "pruning", device: Optional[
     if "evaluation" in parts and batch_size > 1:
         fixes.append("a smaller --batch-size")
     fixes.append("--device-map auto (spread the working copy over GPUs, CPU and disk)")
-    return MemoryEstimate("sweep", dev, dtype_name(dt), parts, fixes=fixes)
+    return MemoryEstimate("sweep", dev, dtype_name(dt), parts, fixes=fixes, enforced=one_device)

@@ -28,6 +28,12 @@ Precision: `dtype=` sets the working copy's dtype (None: bfloat16 on cuda, float
 `forgetlab.core.memory.job_dtype`); merged tensors are computed in float32. Memory: `estimate("sweep", ...)`
 (`forgetlab.analysis.sweep_memory`).
 
+Analyses: each kind is an `Analysis` (forgetlab.analysis.sweep_analysis) named like its saved runs,
+"sweep-alpha", "sweep-pruning", "sweep-density", "sweep-hma", with its settings declared once below
+(`AlphaSettings`, …: the grids' defaults live there and nowhere else); the closed-form kinds are declared in
+forgetlab.analysis.closed_form_sweeps, which builds on the public pieces of this module (`SweepSpec`,
+`run_specs`, `sweep_recipe`, `check_grid`, `check_swept_model`, `wise_ft_at`).
+
 Executors: pass `executor=` ("local", the default, or "ray", or a `forgetlab.executors.Executor`) to run the
 points on Ray actors, each holding its own working copy (see `forgetlab.executors`); the points are the same
 to 1e-6. Every point records the executor and the worker (host, pid) that computed it; a point whose worker
@@ -45,30 +51,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-
-from forgetlab.analysis.protocol import Analysis, checked_before_work, list_results, load_result, options, register
+from forgetlab.analysis.base import ANALYSES, analysis_for_kind, pool_source
+from forgetlab.analysis.sweep_analysis import SweepSettings, sweep_analysis
 from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
-from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, check_fraction
+from forgetlab.analysis.taskvec import distance
+from forgetlab.core.benchmarks import checked_manager, task_manager
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.core.progress import Progress, report, scaled
-from forgetlab.executors import PoolWorkerFactory
-from forgetlab.merge.working_copy import TensorMerger, WorkingCopy
+from forgetlab.core.settings import seed_field, setting
+from forgetlab.core.workspace import SavedRun, list_runs, load_run
+from forgetlab.executors import PoolWorkerFactory, make_executor
+from forgetlab.merge.working_copy import LazyTensors, TensorMerger, WorkingCopy
 
 KINDS = ("alpha", "pruning", "density", "hma", "lines", "rank", "iso")
-DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
-DEFAULT_RATIOS = (0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0)
+"""Every sweep kind, in the order the Forgetting page offers them (the Analysis of each: `sweep-<kind>`)."""
 PRUNING_SCORES = ("fapm", "magnitude", "relative")
-DEFAULT_DROPS = (0.0, 0.5, 0.7, 0.9, 0.95, 0.99)
-DEFAULT_KEEPS = (1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.01)
 DENSITY_METHODS = ("dare", "ties", "della", "sce")
-DEFAULT_DENSITY_METHODS = ("dare", "ties")
 ALPHA_METHODS = ("wise-ft", "slerp")
 DELLA_EPSILON = 0.15  # mergekit's default ε, narrowed where density ± ε would leave (0, 1)
-HMA_TRIPLES = (
-    (0.05, 0.2, 0.35), (0.1, 0.2, 0.3), (0.2, 0.2, 0.2), (0.3, 0.2, 0.1), (0.35, 0.2, 0.05),
-    (0.3, 0.5, 0.7), (0.4, 0.5, 0.6), (0.5, 0.5, 0.5), (0.6, 0.5, 0.4), (0.7, 0.5, 0.3),
-    (0.65, 0.8, 0.95), (0.7, 0.8, 0.9), (0.8, 0.8, 0.8), (0.9, 0.8, 0.7), (0.95, 0.8, 0.65),
-)
 X_NAMES = {"alpha": "alpha", "pruning": "ratio", "density": "density", "hma": "mean_alpha"}
 X_NAMES.update(lines="beta", rank="keep", iso="alpha")      # the closed-form curves (closed_form_sweeps)
 
@@ -76,11 +77,73 @@ X_NAMES.update(lines="beta", rank="keep", iso="alpha")      # the closed-form cu
 OnPoint = Optional[Callable[[SweepPoint, SweepResult], None]]
 
 
+# ------------------------------------------------------------------------------------------- the settings
+
+
+@dataclass
+class AlphaSettings(SweepSettings):
+    """An α sweep (`alpha_curve`): WiSE-FT at each α of the grid, and SLERP at t = α with "slerp" among the
+    methods."""
+
+    alphas: tuple[float, ...] = setting(tuple(round(0.1 * i, 1) for i in range(11)), help="α grid, comma separated",
+                                        range=(0.0, 1.0), label="α values")
+    methods: tuple[str, ...] = setting(("wise-ft",), help="series: wise-ft slerp (SLERP of θ0 and θ1 at t = α, "
+                                                          "mergekit's)", choices=ALPHA_METHODS, cli_choices=False,
+                                       label="series")
+
+
+@dataclass
+class PruningSettings(SweepSettings):
+    """A pruning sweep (`pruning_curve`): FAPM at each ratio, for each score."""
+
+    ratios: tuple[float, ...] = setting((0.0, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 0.99, 1.0),
+                                        help="pruning ratios (zeroed share)", range=(0.0, 1.0),
+                                        label="pruning ratios")
+    scores: tuple[str, ...] = setting(PRUNING_SCORES, help="series: fapm magnitude relative", choices=PRUNING_SCORES,
+                                      cli_choices=False)
+
+
+@dataclass
+class DensitySettings(SweepSettings):
+    """A density sweep (`density_curve`): DARE over drop rates, TIES (DELLA, SCE) over keep fractions."""
+
+    drops: tuple[float, ...] = setting((0.0, 0.5, 0.7, 0.9, 0.95, 0.99), help="DARE drop rates p", range=(0.0, 1.0),
+                                       label="DARE drop rates")
+    keeps: tuple[float, ...] = setting((1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.01),
+                                       help="TIES keep fractions (also DELLA's densities and SCE's select_topk)",
+                                       range=(0.0, 1.0), label="TIES keep fractions (DELLA / SCE densities)")
+    methods: tuple[str, ...] = setting(("dare", "ties"), help="dare ties della sce (sce merges the model with the "
+                                                              "pool's other fine-tuned models)",
+                                       choices=DENSITY_METHODS, cli_choices=False, label="series")
+    seed: int = seed_field("DARE and DELLA seed", label="DARE / DELLA seed")
+
+
+HMA_TRIPLES = (
+    (0.05, 0.2, 0.35), (0.1, 0.2, 0.3), (0.2, 0.2, 0.2), (0.3, 0.2, 0.1), (0.35, 0.2, 0.05),
+    (0.3, 0.5, 0.7), (0.4, 0.5, 0.6), (0.5, 0.5, 0.5), (0.6, 0.5, 0.4), (0.7, 0.5, 0.3),
+    (0.65, 0.8, 0.95), (0.7, 0.8, 0.9), (0.8, 0.8, 0.8), (0.9, 0.8, 0.7), (0.95, 0.8, 0.65),
+)
+"""The MoFO rebuttal's 15 α triples (HMA's default grid)."""
+
+
+@dataclass
+class HmaSettings(SweepSettings):
+    """An HMA grid (`hma_grid`): one α per block of decoder layers, for each α tuple."""
+
+    grid: tuple[tuple[float, ...], ...] = setting(HMA_TRIPLES, help="α tuples like 0.1,0.2,0.3 (default: the MoFO "
+                                                                    "rebuttal's 15 triples)", range=(0.0, 1.0),
+                                                  label="α tuples (one per line)")
+
+
 # ------------------------------------------------------------------------------------------- the engine
 
 
 @dataclass
-class _Spec:
+class SweepSpec:
+    """One point of a sweep before it runs: its series, x, settings and the merger that writes its weights;
+    `key`/`same_as` share an exact endpoint (θ0, θ1) between series, `others` the further fine-tuned models
+    the merge takes after θ1 (SCE)."""
+
     series: str
     x: float
     settings: dict[str, Any]
@@ -109,17 +172,22 @@ def default_task(pool, model: str) -> Optional[str]:
     return max(hits, key=len) if hits else None
 
 
-def _check_grid(name: str, values: Sequence[float]) -> list[float]:
+def check_grid(name: str, values: Sequence[float]) -> list[float]:
+    """The grid as a list of fractions in [0, 1]; ParameterError naming `name` for an empty grid or a value
+    outside."""
     vals = list(values) if values is not None else []
     if not vals:
         raise ParameterError(f"The {name} grid is empty; give at least one value in [0, 1], e.g. 0 0.5 1.")
     return [check_fraction(f"every {name} value", v) for v in vals]
 
 
-def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[str], recipe: dict[str, Any],
-         device: Optional[str], batch_size: int, max_general: Optional[int], max_task: Optional[int],
-         tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
-         benchmarks=None, executor=None, dtype=None) -> SweepResult:
+def run_specs(pool, model: str, kind: str, specs: Sequence[SweepSpec], *, task: Optional[str],
+              recipe: dict[str, Any], device: Optional[str], batch_size: int, max_general: Optional[int],
+              max_task: Optional[int], tasks: Optional[Sequence[str]], on_point: OnPoint, progress: Progress,
+              benchmarks=None, executor=None, dtype=None) -> SweepResult:
+    """Evaluate the points `specs` of a sweep of `kind` on `pool`'s `model` (one working copy per worker of the
+    executor, shared endpoints evaluated once): the engine of every curve. Checks the model, the probe data and
+    the task before its first progress report; `on_point(point, result)` after each point."""
     check_swept_model(pool, model)
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
@@ -131,13 +199,9 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
     eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)
     if task is not None and task not in eval_tasks:
         eval_tasks.append(task)
-    from forgetlab.core.benchmarks import checked_manager
-
     manager = checked_manager(benchmarks)
     if manager is not None:
         recipe = {**recipe, "benchmarks": benchmarks.to_dict()}
-    from forgetlab.executors import make_executor
-
     executor = make_executor(executor)
     result = SweepResult(kind=kind, model=model, task=task, x_name=X_NAMES[kind], recipe=recipe,
                          executor={"name": executor.name})
@@ -187,8 +251,6 @@ def _run(pool, model: str, kind: str, specs: Sequence[_Spec], *, task: Optional[
 
 def _distance(work: WorkingCopy) -> float:
     """D(θ, θ0) of a working copy's current weights (`forgetlab.analysis.taskvec.distance`; NaN if undefined)."""
-    from forgetlab.analysis.taskvec import distance
-
     try:
         return float(distance(work.access, work.base))
     except ForgetlabError:
@@ -207,14 +269,10 @@ class _SweepState:
         self.kw = dict(batch_size=batch_size, max_general=max_general, max_task=max_task, tasks=list(tasks))
         self.benchmarks, self.manager = None, None
         if benchmarks is not None and benchmarks.all_tasks:
-            from forgetlab.core.benchmarks import task_manager
-
             self.benchmarks = benchmarks
             self.manager = manager or task_manager(benchmarks.include, benchmarks.all_tasks)
 
     def _targets(self, others: Sequence[str]) -> list:
-        from forgetlab.merge.working_copy import LazyTensors
-
         return [self.work.tuned, *(LazyTensors(self.pool.checkpoint(m), self.work.names) for m in others)]
 
     def __call__(self, item, progress: Progress = None) -> tuple[Scorecard, float]:
@@ -245,9 +303,9 @@ class _SweepFactory(PoolWorkerFactory):
         return _SweepState(pool, self.model, self.device, *self.args, manager=self.manager, dtype=self.dtype)
 
 
-def _recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
-    src = str(pool.source) if getattr(pool, "source", None) else None
-    return {"sweep": kind, "pool": src, "pool_name": getattr(pool, "name", None), "model": model, **kw}
+def sweep_recipe(pool, model: str, kind: str, **kw) -> dict[str, Any]:
+    """What a sweep records to be redone: its kind, pool (file and name), model and `kw` (grid, evaluation)."""
+    return {"sweep": kind, "pool": pool_source(pool), "pool_name": getattr(pool, "name", None), "model": model, **kw}
 
 
 def wise_ft_at(alpha: float) -> TensorMerger:
@@ -272,8 +330,9 @@ def _check_methods(methods: Sequence[str], choices: Sequence[str], what: str) ->
     return methods
 
 
-def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, methods: Sequence[str] = ("wise-ft",),
-                task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
+def alpha_curve(pool, model: str, *, alphas: Sequence[float] = AlphaSettings.alphas,
+                methods: Sequence[str] = AlphaSettings.methods, task: Optional[str] = None,
+                device: Optional[str] = None, batch_size: int = SweepSettings.batch_size,
                 max_general: Optional[int] = None, max_task: Optional[int] = None,
                 tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
                 progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
@@ -284,7 +343,7 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, m
     α = 0 is the base and α = 1 the fine-tuned model, bit for bit (shared by both series, evaluated once).
     `on_point(point, result)` is called after each point with the result so far.
     """
-    grid = _check_grid("alpha", alphas)
+    grid = check_grid("alpha", alphas)
     methods = _check_methods(methods, ALPHA_METHODS, "interpolation")
     specs = []
     for m in methods:
@@ -292,12 +351,12 @@ def alpha_curve(pool, model: str, *, alphas: Sequence[float] = DEFAULT_ALPHAS, m
             key = "base" if a <= 0 else ("ft" if a >= 1 else None)
             seen = any(sp.key == key for sp in specs) if key else False
             settings = {"alpha": a} if m == "wise-ft" else {"t": a}
-            specs.append(_Spec(m, a, settings, wise_ft_at(a) if m == "wise-ft" else _slerp(a),
+            specs.append(SweepSpec(m, a, settings, wise_ft_at(a) if m == "wise-ft" else _slerp(a),
                                same_as=key if seen else None, key=key))
     extra = {} if methods == ["wise-ft"] else {"methods": methods}
-    recipe = _recipe(pool, model, "alpha", alphas=grid, **extra, task=task, max_general=max_general,
+    recipe = sweep_recipe(pool, model, "alpha", alphas=grid, **extra, task=task, max_general=max_general,
                      max_task=max_task, tasks=list(tasks) if tasks is not None else None)
-    return _run(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+    return run_specs(pool, model, "alpha", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
@@ -311,9 +370,9 @@ def _pruned(ratio: float, score: str) -> TensorMerger:
     return TensorMerger("fapm", {"ratio": ratio, "score": score})
 
 
-def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
-                  scores: Sequence[str] = PRUNING_SCORES, task: Optional[str] = None, device: Optional[str] = None,
-                  batch_size: int = 16, max_general: Optional[int] = None, max_task: Optional[int] = None,
+def pruning_curve(pool, model: str, *, ratios: Sequence[float] = PruningSettings.ratios,
+                  scores: Sequence[str] = PruningSettings.scores, task: Optional[str] = None,
+                  device: Optional[str] = None, batch_size: int = SweepSettings.batch_size, max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
                   progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """FAPM pruning curve: θ = θ0 + mask ⊙ τ, mask keeping the entries of largest score so that ⌊ratio·n⌋
@@ -322,7 +381,7 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
 
     Ratio 0 is the fine-tuned model and ratio 1 the base (identical across scores, evaluated once).
     """
-    grid = _check_grid("ratio", ratios)
+    grid = check_grid("ratio", ratios)
     scores = list(scores)
     if not scores:
         raise ParameterError(f"Give at least one pruning score: {', '.join(PRUNING_SCORES)}.")
@@ -334,11 +393,11 @@ def pruning_curve(pool, model: str, *, ratios: Sequence[float] = DEFAULT_RATIOS,
         for r in grid:
             key = "ft" if r <= 0 else ("base" if r >= 1 else None)
             seen = any(sp.key == key for sp in specs) if key else False
-            specs.append(_Spec(s, r, {"ratio": r, "score": s}, _pruned(r, s), same_as=key if seen else None,
+            specs.append(SweepSpec(s, r, {"ratio": r, "score": s}, _pruned(r, s), same_as=key if seen else None,
                                key=key))
-    recipe = _recipe(pool, model, "pruning", ratios=grid, scores=scores, task=task, max_general=max_general,
+    recipe = sweep_recipe(pool, model, "pruning", ratios=grid, scores=scores, task=task, max_general=max_general,
                      max_task=max_task, tasks=list(tasks) if tasks is not None else None)
-    return _run(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+    return run_specs(pool, model, "pruning", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
@@ -386,9 +445,10 @@ def _sce(select_topk: float, n_models: int) -> TensorMerger:
     return TensorMerger("sce", {"select_topk": select_topk}, n_models=n_models)
 
 
-def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
-                  keeps: Sequence[float] = DEFAULT_KEEPS, methods: Sequence[str] = DEFAULT_DENSITY_METHODS, seed: int = 0,
-                  task: Optional[str] = None, device: Optional[str] = None, batch_size: int = 16,
+def density_curve(pool, model: str, *, drops: Sequence[float] = DensitySettings.drops,
+                  keeps: Sequence[float] = DensitySettings.keeps, methods: Sequence[str] = DensitySettings.methods,
+                  seed: int = DensitySettings.seed, task: Optional[str] = None, device: Optional[str] = None,
+                  batch_size: int = SweepSettings.batch_size,
                   max_general: Optional[int] = None, max_task: Optional[int] = None,
                   tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
                   progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
@@ -407,12 +467,12 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
                                  "(its selection needs the variance across task vectors), and the pool has no "
                                  "other; add one to the pool or leave sce out.")
     specs = []
-    drop_grid = _check_grid("drop", drops) if "dare" in methods else []
-    keep_grid = _check_grid("keep", keeps) if {"ties", "della", "sce"} & set(methods) else []
+    drop_grid = check_grid("drop", drops) if "dare" in methods else []
+    keep_grid = check_grid("keep", keeps) if {"ties", "della", "sce"} & set(methods) else []
     for p in drop_grid:
         key = "ft" if p <= 0 else ("base" if p >= 1 else None)
         seen = any(sp.key == key for sp in specs) if key else False
-        specs.append(_Spec("dare", 1.0 - p, {"drop": p, "seed": int(seed)}, _dare(p, int(seed)),
+        specs.append(SweepSpec("dare", 1.0 - p, {"drop": p, "seed": int(seed)}, _dare(p, int(seed)),
                            same_as=key if seen else None, key=key))
     for m in ("ties", "della", "sce"):
         if m not in methods:
@@ -421,19 +481,19 @@ def density_curve(pool, model: str, *, drops: Sequence[float] = DEFAULT_DROPS,
             key = "base" if k <= 0 else ("ft" if k >= 1 and m != "sce" else None)
             seen = any(sp.key == key for sp in specs) if key else False
             if m == "ties":
-                spec = _Spec("ties", k, {"keep": k}, _ties(k))
+                spec = SweepSpec("ties", k, {"keep": k}, _ties(k))
             elif m == "della":
-                spec = _Spec("della", k, {"density": k, "epsilon": della_epsilon(k), "seed": int(seed)},
+                spec = SweepSpec("della", k, {"density": k, "epsilon": della_epsilon(k), "seed": int(seed)},
                              _della(k, int(seed)))
             else:
-                spec = _Spec("sce", k, {"select_topk": k, "models": [model, *others]}, _sce(k, 1 + len(others)),
+                spec = SweepSpec("sce", k, {"select_topk": k, "models": [model, *others]}, _sce(k, 1 + len(others)),
                              others=others)
             spec.same_as, spec.key = (key if seen else None), key
             specs.append(spec)
-    recipe = _recipe(pool, model, "density", drops=drop_grid, keeps=keep_grid, methods=methods, seed=int(seed),
+    recipe = sweep_recipe(pool, model, "density", drops=drop_grid, keeps=keep_grid, methods=methods, seed=int(seed),
                      task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
-    return _run(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+    return run_specs(pool, model, "density", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
@@ -443,8 +503,8 @@ def _hma(alphas: Sequence[float], config, names: Sequence[str]) -> TensorMerger:
     return TensorMerger("hma", {"alphas": list(alphas)}, config=config, names=names)
 
 
-def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES, task: Optional[str] = None,
-             device: Optional[str] = None, batch_size: int = 16, max_general: Optional[int] = None,
+def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HmaSettings.grid, task: Optional[str] = None,
+             device: Optional[str] = None, batch_size: int = SweepSettings.batch_size, max_general: Optional[int] = None,
              max_task: Optional[int] = None, tasks: Optional[Sequence[str]] = None, on_point: OnPoint = None,
              progress: Progress = None, benchmarks=None, executor=None, dtype=None) -> SweepResult:
     """HMA grid: for each α tuple (α1 … αB), WiSE-FT with one α per block of decoder layers (B contiguous
@@ -459,122 +519,55 @@ def hma_grid(pool, model: str, *, grid: Sequence[Sequence[float]] = HMA_TRIPLES,
     tuples = [[check_fraction("every HMA alpha", a) for a in t] for t in tuples]
     check_swept_model(pool, model)
     names = [n for n in pool.base.names()]
-    specs = [_Spec("hma", sum(t) / len(t), {"alphas": t}, _hma(t, pool.config, names)) for t in tuples]
-    recipe = _recipe(pool, model, "hma", grid=tuples, task=task, max_general=max_general, max_task=max_task,
+    specs = [SweepSpec("hma", sum(t) / len(t), {"alphas": t}, _hma(t, pool.config, names)) for t in tuples]
+    recipe = sweep_recipe(pool, model, "hma", grid=tuples, task=task, max_general=max_general, max_task=max_task,
                      tasks=list(tasks) if tasks is not None else None)
-    return _run(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
+    return run_specs(pool, model, "hma", specs, task=task, recipe=recipe, device=device, batch_size=batch_size,
                 max_general=max_general, max_task=max_task, tasks=tasks, on_point=on_point, progress=progress,
                 benchmarks=benchmarks, executor=executor, dtype=dtype)
 
 
-SWEEPS = {"alpha": alpha_curve, "pruning": pruning_curve, "density": density_curve, "hma": hma_grid}
-from forgetlab.analysis.closed_form_sweeps import iso_curve, lines_curve, rank_curve  # noqa: E402
-
-SWEEPS.update(lines=lines_curve, rank=rank_curve, iso=iso_curve)
+# ------------------------------------------------------------------------------ the analyses and saved runs
 
 
-def check(kind: str, pool, model: str, **settings) -> None:
-    """Raise the ForgetlabError that `SWEEPS[kind](pool, model, **settings)` would raise for bad settings,
-    without loading a model (the app calls it before starting the sweep in the background).
+SWEEPS: dict[str, Callable[..., SweepResult]] = {"alpha": alpha_curve, "pruning": pruning_curve,
+                                                 "density": density_curve, "hma": hma_grid}
+"""The curve of each kind declared here, looked up when its sweep runs (forgetlab.analysis.sweep_analysis)."""
 
-    Every sweep checks its model, grid, task and probe data before its first progress report (the loading
-    of the working copy), so the sweep itself is run up to that report and stopped there.
-    """
-    if kind not in SWEEPS:
-        raise ParameterError(f"Unknown sweep {kind!r}; choose from {', '.join(SWEEPS)}.")
-    checked_before_work(SWEEPS[kind], pool, model, **settings)
-
-
-# ------------------------------------------------------------------------------------------- save/reopen
+ALPHA = sweep_analysis("alpha", AlphaSettings, SWEEPS, title="WiSE-FT α / SLERP t curve",
+                       help="WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1",
+                       description="WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1 at each α of the grid (and mergekit's SLERP at "
+                                   "t = α with --methods wise-ft slerp).")
+PRUNING = sweep_analysis("pruning", PruningSettings, SWEEPS, title="FAPM pruning curve (+ ablations)",
+                         help="FAPM pruning ratios, with magnitude/relative ablations",
+                         description="FAPM θ0 + mask ⊙ τ over pruning ratios (the share of each tensor's task-vector "
+                                     "entries zeroed), with the magnitude and relative scores as ablations.")
+DENSITY = sweep_analysis("density", DensitySettings, SWEEPS, title="DARE / TIES / DELLA / SCE density curve",
+                         help="DARE drop rates, TIES keep fractions, DELLA and SCE densities against density",
+                         description="DARE over drop rates and TIES (DELLA, SCE) over keep fractions, against the "
+                                     "density (the share of τ's entries that survive).")
+HMA = sweep_analysis("hma", HmaSettings, SWEEPS, title="HMA grid (α per block)",
+                     help="HMA: one α per block of layers, over a grid of α tuples",
+                     description="HMA: WiSE-FT with one α per block of decoder layers, for each α tuple of the grid "
+                                 "(x = the tuple's mean α).")
 
 
 def save_sweep(result: SweepResult, home_path: str | Path | None = None) -> Path:
-    """Save a sweep under the workspace's runs/ (kind `sweep-<kind>`: recipe.json, results.json, results.csv)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = dict(result.recipe)
-    recipe.setdefault("model", result.model)
-    recipe.setdefault("task", result.task)
-    return save_run(f"sweep-{result.kind}", recipe, result.to_dict(), frame=result.to_frame(),
-                    home_path=home_path)
+    """Save a sweep under the workspace's runs/ (kind `sweep-<kind>`: recipe.json, results.json, results.csv), as
+    its analysis saves it."""
+    return ANALYSES.get(f"sweep-{result.kind}").save(result, home_path=home_path)
 
 
 def load_sweep(path: str | Path) -> SweepResult:
-    """Reopen a sweep saved by `save_sweep`."""
-    return load_result(path, lambda kind: kind.startswith("sweep-"), SweepResult, "a sweep")
+    """Reopen a sweep of any kind saved by `save_sweep` (its analysis' `load`)."""
+    kind = str(load_run(path).kind)
+    analysis = analysis_for_kind(kind) if kind.startswith("sweep-") else None
+    if analysis is None:
+        raise WorkspaceError(f"{path} holds a {kind} run, not a sweep.")
+    return analysis.load(path)
 
 
-def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None) -> list:
-    """Saved sweeps (`forgetlab.core.workspace.SavedRun`s, newest first), optionally of one model."""
-    return list_results(home_path, lambda kind: kind.startswith("sweep-"), model=model)
-
-
-# ------------------------------------------------------------------------------------------ the verbs
-
-
-@dataclass
-class SweepSettings:
-    """What a forgetting sweep runs: its `kind` (alpha, pruning, density, hma), the fine-tuned `model`, the
-    kind's own grid (alpha: `alphas`, `methods`; pruning: `ratios`, `scores`; density: `drops`, `keeps`, `methods`, `seed`;
-    hma: `grid`) and the evaluation settings. A setting left None takes the sweep's default."""
-
-    kind: str = "alpha"
-    model: str = ""
-    task: Optional[str] = None
-    alphas: Optional[Sequence[float]] = None
-    ratios: Optional[Sequence[float]] = None
-    scores: Optional[Sequence[str]] = None
-    drops: Optional[Sequence[float]] = None
-    keeps: Optional[Sequence[float]] = None
-    methods: Optional[Sequence[str]] = None
-    seed: Optional[int] = None
-    grid: Optional[Sequence[Sequence[float]]] = None
-    betas: Optional[Sequence[float]] = None         # lines
-    ranks: Optional[Sequence[float]] = None         # rank (TSV keep)
-    iso_alphas: Optional[Sequence[float]] = None    # iso (Iso-C α)
-    device: Optional[str] = None
-    batch_size: Optional[int] = None
-    max_general: Optional[int] = None
-    max_task: Optional[int] = None
-    tasks: Optional[Sequence[str]] = None
-    benchmarks: Any = None
-    dtype: Any = None
-
-
-_GRID_SETTINGS = {"alpha": {"alphas", "methods"}, "pruning": {"ratios", "scores"},
-                  "density": {"drops", "keeps", "methods", "seed"}, "hma": {"grid"}}
-_GRID_SETTINGS.update(lines={"betas"}, rank={"ranks"}, iso={"iso_alphas"})
-_EVAL_SETTINGS = {"task", "device", "batch_size", "max_general", "max_task", "tasks", "benchmarks", "dtype"}
-
-
-def _sweep_options(settings: SweepSettings) -> dict[str, Any]:
-    if settings.kind not in SWEEPS:
-        raise ParameterError(f"Unknown sweep {settings.kind!r}; choose from {', '.join(SWEEPS)}.")
-    others = set().union(*_GRID_SETTINGS.values()) - _GRID_SETTINGS[settings.kind]
-    wrong = sorted(n for n in others if getattr(settings, n) is not None)
-    if wrong:
-        grid = ", ".join(sorted(_GRID_SETTINGS[settings.kind]))
-        raise ParameterError(f"{', '.join(wrong)} {'is not a setting' if len(wrong) == 1 else 'are not settings'} of "
-                             f"a {settings.kind} sweep; its grid is {grid}.")
-    return options(settings, _GRID_SETTINGS[settings.kind] | _EVAL_SETTINGS)
-
-
-def check_settings(settings: SweepSettings, pool=None) -> None:
-    """Refuse bad sweep settings (unknown kind, another kind's grid; with the pool: model, grid, task, probe
-    data) with the message the sweep would give, without loading a model."""
-    opts = _sweep_options(settings)
-    if pool is not None:
-        check(settings.kind, pool, settings.model, **opts)
-
-
-def run_settings(pool, settings: SweepSettings, progress: Progress = None, executor=None,
-                 on_point: OnPoint = None) -> SweepResult:
-    """Run the sweep `settings` describe (`SWEEPS[kind]`)."""
-    return SWEEPS[settings.kind](pool, settings.model, progress=progress, executor=executor, on_point=on_point,
-                                 **_sweep_options(settings))
-
-
-ANALYSIS = register(Analysis("sweep", SweepSettings, check_settings, run_settings, save_sweep, load_sweep,
-                             list_sweeps))
-
-from forgetlab.analysis import sweep_memory  # noqa: E402,F401  registers the "sweep" memory estimator
+def list_sweeps(home_path: str | Path | None = None, model: Optional[str] = None) -> list[SavedRun]:
+    """Saved sweeps of every kind (newest first), optionally of one model."""
+    return [r for r in list_runs(home_path) if str(r.kind).startswith("sweep-")
+            and (model is None or r.recipe.get("model") == model)]

@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from forgetlab.analysis.measures import LIMIT_HELP, LM_EVAL_INCLUDE_HELP, general_measure_help, measure_help
+from forgetlab.core.devicemap import DEVICE_MAP_HELP, MAX_MEMORY_HELP, PLACEMENTS
+
 POOL_HELP = "pool.yaml"
 DEVICE_HELP = "cpu or cuda (default: cuda when available)"
 # Commands that load their models through ModelPool.load, which puts a model without a device on the CPU.
@@ -141,11 +144,8 @@ def add_device(p, *, default: str | None = None, help: str = DEVICE_HELP) -> Non
 def add_device_map(p) -> None:
     """`--device-map auto|balanced|sequential [--max-memory 0=20GiB,cpu=64GiB]` for models larger than a device
     (read by `forgetlab.commands.executor_args.device_from_args`)."""
-    p.add_argument("--device-map", default=None, choices=["auto", "balanced", "sequential"],
-                   help="spread a model that does not fit one device over the GPUs, then CPU, then disk "
-                        "(accelerate); overrides --device")
-    p.add_argument("--max-memory", default=None, metavar="DEV=SIZE,…",
-                   help="memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=200GiB")
+    p.add_argument("--device-map", default=None, choices=list(PLACEMENTS), help=DEVICE_MAP_HELP)
+    p.add_argument("--max-memory", default=None, metavar="DEV=SIZE,…", help=MAX_MEMORY_HELP)
 
 
 def add_out(p, help: str, *, flag: str = "--out", metavar: str | None = None) -> None:
@@ -194,28 +194,23 @@ def add_samples(p, *, default: int | None = 30) -> None:
 
 
 def add_measure(p, *, when: str = "at every point") -> None:
-    """`--measure M`: the speciality measure (read by `forgetlab.analysis.sweeps.check_measure`); `when` says
+    """`--measure M`: the speciality measure (read by `forgetlab.analysis.measures.check_measure`); `when` says
     when a benchmark measure runs ("at every point", "at every record", "on every candidate")."""
-    p.add_argument("--measure", default="exact_match",
-                   help="speciality measure: exact_match (higher is better, default), answer_loss (lower is "
-                        "better), or an lm-eval metric TASK/METRIC (e.g. zoo_math/acc), run " + when)
+    p.add_argument("--measure", default="exact_match", help=measure_help(when))
 
 
 def add_general_measure(p, *, when: str = "at every point") -> None:
-    """`--general-measure M`: the generality measure (read by `forgetlab.analysis.sweeps.check_general_measure`);
+    """`--general-measure M`: the generality measure (read by `forgetlab.analysis.measures.check_general_measure`);
     `when` as for `add_measure`."""
-    p.add_argument("--general-measure", default="general_loss",
-                   help="generality measure: general_loss (held-out loss, default) or an lm-eval metric "
-                        "TASK/METRIC (e.g. zoo_wiki_cloze/acc), run " + when)
+    p.add_argument("--general-measure", default="general_loss", help=general_measure_help(when))
 
 
 def add_lm_eval(p) -> None:
     """`--lm-eval-include DIR` and `--limit N`: where a benchmark measure's lm-eval tasks are, and how many
     examples each runs (read by `forgetlab.analysis.measures.measure_benchmarks` and
     `forgetlab.commands.models.benchmark_spec`)."""
-    p.add_argument("--lm-eval-include", metavar="DIR", help="folder of local lm-eval task YAMLs "
-                   "(default: the pool's probes.benchmarks.include)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many examples per lm-eval task")
+    p.add_argument("--lm-eval-include", metavar="DIR", help=LM_EVAL_INCLUDE_HELP)
+    p.add_argument("--limit", type=int, default=None, help=LIMIT_HELP)
 
 
 def add_benchmarks(p, what: str = "each model") -> None:

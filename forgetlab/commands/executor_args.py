@@ -7,9 +7,8 @@ import weakref
 from dataclasses import replace
 
 from forgetlab.core.checkpoints import load_model
-from forgetlab.core.devicemap import Placement, parse_max_memory
-from forgetlab.core.errors import ParameterError
-from forgetlab.executors import executor_lines, make_executor  # noqa: F401  (executor_lines: the commands' name for it)
+from forgetlab.core.devicemap import placement_for
+from forgetlab.executors import make_executor
 
 
 def executor_from_args(args):
@@ -19,12 +18,8 @@ def executor_from_args(args):
 
 
 def device_from_args(args):
-    """`args.device`, or a `forgetlab.core.devicemap.Placement` when --device-map is given."""
-    if getattr(args, "device_map", None):
-        return Placement(args.device_map, parse_max_memory(args.max_memory) if args.max_memory else None)
-    if getattr(args, "max_memory", None):
-        raise ParameterError("--max-memory needs --device-map auto (or balanced / sequential).")
-    return args.device
+    """`args.device`, or a `forgetlab.core.devicemap.Placement` when --device-map is given (`placement_for`)."""
+    return placement_for(args.device, getattr(args, "device_map", None), getattr(args, "max_memory", None))
 
 
 def load_placed(ckpt, placement):

@@ -66,8 +66,7 @@ def cmd_finetune(args) -> int:
     if args.executor != "local" and not args.compare:
         raise ParameterError("--executor ray runs the runs of --compare on workers (one run per worker); a single "
                              "fine-tune runs in process: add --compare or drop --executor.")
-    from forgetlab.analysis.measures import check_general_measure, check_measure
-    from forgetlab.commands.sweep import measure_benchmarks
+    from forgetlab.analysis.measures import check_general_measure, check_measure, measure_benchmarks
 
     pool = ModelPool.from_yaml(args.pool)
     if args.save_as is not None and not args.compare:

@@ -12,6 +12,7 @@ under the workspace's runs/.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
@@ -38,9 +39,9 @@ class OldFlag(argparse.Action):
 
 
 def _convert(info: FieldInfo):
-    """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a whole
-    number within 64 bits, a finite decimal), then the value checked against the declaration, so that argparse
-    exits 2 naming the flag."""
+    """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a seed,
+    a whole number within 64 bits, a finite decimal), then the value checked against the declaration, so that
+    argparse exits 2 naming the flag. A sequence of number tuples is read one comma-separated tuple per argument."""
     lo, hi = info.spec.range or (None, None)
     if info.base is int:
         name = "seed" if info.name == "seed" else "count" if lo == 1 and hi is None else "integer"
@@ -48,12 +49,13 @@ def _convert(info: FieldInfo):
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:
         number = shared.finite_number
+    one = replace(info, nested=False)       # the declaration of one tuple of a sequence of tuples
 
     def parse(text: str) -> Any:
         try:
             if info.sequence and info.base in (int, float):
-                return checked_value(info, [int(v) if info.base is int else v
-                                            for v in parse_floats(text, info.flag)])
+                return checked_value(one, [int(v) if info.base is int else v
+                                           for v in parse_floats(text, info.flag)])
             value = number(text) if info.base in (int, float) else text
             return checked_value(info, value)
         except ParameterError as exc:
@@ -64,7 +66,7 @@ def _convert(info: FieldInfo):
 
 
 def _default_text(info: FieldInfo) -> str:
-    if info.default is None or info.base is bool:
+    if info.default is None or info.base is bool or info.nested:     # a grid of tuples: its help says it
         return ""
     if info.sequence:
         shown = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in info.default)
@@ -83,12 +85,16 @@ def add_setting(p, info: FieldInfo) -> None:
                                 default=False if info.negative else bool(info.default), help=spec.help)
     elif spec.positional:
         action = p.add_argument(info.name, type=_convert(info), help=help_, metavar=spec.metavar)
+    elif info.nested:           # left out: None, and the declared default applies (settings_of)
+        action = p.add_argument(info.flag, dest=info.name, nargs="+", type=_convert(info), default=None,
+                                required=spec.required, help=help_, metavar=spec.metavar)
     elif info.sequence and info.base is str:
-        action = p.add_argument(info.flag, dest=info.name, nargs="+", choices=spec.choices,
+        action = p.add_argument(info.flag, dest=info.name, nargs="*" if spec.may_be_empty else "+",
+                                choices=spec.choices if spec.cli_choices else None,
                                 default=list(info.default) if info.default is not None else None,
                                 required=spec.required, help=help_, metavar=spec.metavar)
     else:
-        choices = spec.choices if info.base is str else None
+        choices = spec.choices if info.base is str and spec.cli_choices else None
         action = p.add_argument(info.flag, dest=info.name, type=_convert(info), choices=choices,
                                 default=info.default, required=spec.required, help=help_, metavar=spec.metavar)
     for old in spec.old_flags:
@@ -140,13 +146,16 @@ def write_output(out: Output, result: Any, path: str) -> None:
 
 
 def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
-    """The analysis' settings from parsed arguments (fields kept off the command line take their default)."""
+    """The analysis' settings from parsed arguments (fields kept off the command line, and a field that may not be
+    None whose argument was left out, take their default)."""
     values = {}
     for info in settings_fields(analysis.settings):
         if info.spec.cli:
             value = getattr(args, info.dest)
             if info.negative:
                 value = not value
+            if value is None and not info.optional:
+                continue
             values[info.name] = tuple(value) if info.sequence and value is not None else value
     return analysis.make_settings(**values)
 
@@ -193,7 +202,8 @@ def register(sub) -> None:
             p = sub.add_parser(words[0], help=analysis.help, description=analysis.description or analysis.help)
         else:
             if words[0] not in groups:
-                head = sub.add_parser(words[0], help=f"{words[0]} analyses")
+                group_help = analysis.group_help or f"{words[0]} analyses"
+                head = sub.add_parser(words[0], help=group_help, description=group_help)
                 groups[words[0]] = head.add_subparsers(dest="kind", metavar="KIND", required=True)
             p = groups[words[0]].add_parser(words[1], help=analysis.help,
                                             description=analysis.description or analysis.help)

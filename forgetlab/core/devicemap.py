@@ -60,6 +60,23 @@ def parse_max_memory(text: str) -> dict:
     return out
 
 
+PLACEMENTS = ("auto", "balanced", "sequential")
+"""The device maps a command takes by name (`--device-map`)."""
+DEVICE_MAP_HELP = ("spread a model that does not fit one device over the GPUs, then CPU, then disk (accelerate); "
+                   "overrides --device")
+MAX_MEMORY_HELP = "memory per device for --device-map, e.g. 0=70GiB,1=70GiB,cpu=200GiB"
+
+
+def placement_for(device: Optional[str], device_map: Optional[str] = None, max_memory: Optional[str] = None):
+    """Where a job puts its model: `device`, or a `Placement` when a device map is named (`max_memory` written
+    as `parse_max_memory` reads it); ParameterError for a memory limit without a device map."""
+    if device_map:
+        return Placement(device_map, parse_max_memory(max_memory) if max_memory else None)
+    if max_memory:
+        raise ParameterError("--max-memory needs --device-map auto (or balanced / sequential).")
+    return device
+
+
 def _hook_map(module):
     """The accelerate weights map of a module's hook (None when its weights are not offloaded)."""
     hook = getattr(module, "_hf_hook", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import errno
 import re
 import resource
@@ -226,7 +227,8 @@ class MemoryEstimate:
     """A job's estimated peak on its device: `parts` maps what holds memory ("weights", "gradients",
     "optimizer state", "activations", …) to bytes; `free` is the device's free memory when estimated (None:
     unknown); `fixes` are the flags that shrink the job, in the order to try them ("--dtype bfloat16", "--lora 16",
-    "--gradient-checkpointing", "--batch-size 4", …)."""
+    "--gradient-checkpointing", "--batch-size 4", …). `enforced` False: a job that a device map spreads over
+    devices and disk by design, whose estimate is shown but never stops it (`check` passes)."""
 
     job: str
     device: str
@@ -234,6 +236,7 @@ class MemoryEstimate:
     parts: dict[str, int] = field(default_factory=dict)
     free: int | None = None
     fixes: list[str] = field(default_factory=list)
+    enforced: bool = True
 
     @property
     def total(self) -> int:
@@ -256,8 +259,9 @@ class MemoryEstimate:
         return " · ".join(f"{k} {gib(v)}" for k, v in parts)
 
     def check(self) -> "MemoryEstimate":
-        """This estimate if it fits; else `MemoryBudgetError` with the figures and the flags that shrink the job."""
-        if self.fits:
+        """This estimate if it fits (or is not `enforced`); else `MemoryBudgetError` with the figures and the flags
+        that shrink the job."""
+        if self.fits or not self.enforced:
             return self
         hint = (" To make it fit, try " + ", then ".join(self.fixes) + ".") if self.fixes else \
             " Use a smaller model or a device with more memory."
@@ -325,8 +329,6 @@ def _release_free_heap() -> None:
     """Give the heap's freed pages back to the system (glibc's malloc_trim; nothing elsewhere), so that a block's
     new allocations raise the resident memory instead of silently reusing pages freed before it began."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -351,8 +353,6 @@ def large_frees_to_os(device: Any = "cpu", threshold: int = 4 << 20):
         yield
         return
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))
     except (OSError, AttributeError):

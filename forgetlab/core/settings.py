@@ -11,9 +11,10 @@ help text is never written twice.
         samples: int = setting(30, help="probe samples per task", range=(1, None))
         alphas: tuple[float, ...] = setting(DEFAULT_ALPHAS, help="α grid", range=(0.0, 1.0))
 
-Types the declarations understand: bool, int, float, str, and sequences of them (tuple[float, ...], list[str]),
-each possibly Optional. Sequences of numbers are written comma-separated on the command line ("0,0.5,1");
-sequences of words as several arguments (`--levels model layer`).
+Types the declarations understand: bool, int, float, str, sequences of them (tuple[float, ...], list[str]) and
+sequences of number tuples (tuple[tuple[float, ...], ...]), each possibly Optional. Sequences of numbers are
+written comma-separated on the command line ("0,0.5,1"); sequences of words as several arguments (`--levels model
+layer`); number tuples as several comma-separated groups (`--grid 0.1,0.2,0.3 0.5,0.5,0.5`), one per line in the app.
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ class Setting:
     label: the widget's label in the app (default: the name with spaces).
     metavar: the CLI's placeholder for the value.
     exclusive: the name of a group of options of which the CLI takes at most one (`--text` or `--split`).
+    may_be_empty: a sequence may hold no value (the CLI then takes the flag alone: `--tasks`).
+    cli_choices: False for a word (or words) whose CLI option lists no choices: any word is taken there and the
+    settings' check refuses one outside `choices` (options that never listed their choices keep their form).
     """
 
     help: str
@@ -54,18 +58,21 @@ class Setting:
     label: Optional[str] = None
     metavar: Optional[str] = None
     exclusive: Optional[str] = None
+    may_be_empty: bool = False
+    cli_choices: bool = True
 
 
 def setting(default: Any = None, *, help: str, range: Optional[tuple] = None, choices: Optional[Sequence] = None,
             flag: Optional[str] = None, positional: bool = False, required: bool = False, cli: bool = True,
             old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None,
-            exclusive: Optional[str] = None) -> Any:
+            exclusive: Optional[str] = None, may_be_empty: bool = False, cli_choices: bool = True) -> Any:
     """A dataclass field declared once: its default and everything `Setting` lists (see the module docstring).
     A list default is copied per instance."""
     meta = {"setting": Setting(help=help, range=tuple(range) if range is not None else None,
                                choices=tuple(choices) if choices is not None else None, flag=flag,
                                positional=positional, required=required, cli=cli, old_flags=tuple(old_flags),
-                               label=label, metavar=metavar, exclusive=exclusive)}
+                               label=label, metavar=metavar, exclusive=exclusive, may_be_empty=may_be_empty,
+                               cli_choices=cli_choices)}
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -75,7 +82,8 @@ def setting(default: Any = None, *, help: str, range: Optional[tuple] = None, ch
 @dataclass(frozen=True)
 class FieldInfo:
     """A settings field as the CLI and the app read it: name, declared `Setting`, default, and its type as
-    (base, is_sequence, optional) — e.g. (float, True, False) for tuple[float, ...]."""
+    (base, is_sequence, optional, nested) — e.g. (float, True, False, False) for tuple[float, ...] and
+    (float, True, False, True) for tuple[tuple[float, ...], ...] (a sequence of number tuples)."""
 
     name: str
     spec: Setting
@@ -83,6 +91,7 @@ class FieldInfo:
     base: type
     sequence: bool
     optional: bool
+    nested: bool = False
 
     @property
     def flag(self) -> str:
@@ -106,7 +115,12 @@ class FieldInfo:
         return self.spec.label or self.name.replace("_", " ")
 
 
-def _resolve(tp: Any) -> tuple[type, bool, bool]:
+def _is_sequence(origin: Any) -> bool:
+    return origin in (tuple, list, Sequence, typing.Sequence) or \
+        str(origin) == "<class 'collections.abc.Sequence'>"
+
+
+def _resolve(tp: Any) -> tuple[type, bool, bool, bool]:
     optional = False
     origin = typing.get_origin(tp)
     if origin is typing.Union or str(origin) == "types.UnionType":
@@ -117,12 +131,17 @@ def _resolve(tp: Any) -> tuple[type, bool, bool]:
         tp = args[0]
         origin = typing.get_origin(tp)
     if tp in SCALARS:
-        return tp, False, optional
-    if origin in (tuple, list, Sequence, typing.Sequence) or str(origin) == "<class 'collections.abc.Sequence'>":
+        return tp, False, optional, False
+    if _is_sequence(origin):
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         if len(args) == 1 and args[0] in SCALARS:
-            return args[0], True, optional
-    raise TypeError(f"a setting's type must be bool, int, float, str or a sequence of one of them; got {tp}")
+            return args[0], True, optional, False
+        if len(args) == 1 and _is_sequence(typing.get_origin(args[0])):
+            inner = [a for a in typing.get_args(args[0]) if a is not Ellipsis]
+            if len(inner) == 1 and inner[0] in (int, float):
+                return inner[0], True, optional, True
+    raise TypeError(f"a setting's type must be bool, int, float, str, a sequence of one of them or a sequence of "
+                    f"number tuples; got {tp}")
 
 
 def settings_fields(cls: type) -> list[FieldInfo]:
@@ -137,8 +156,8 @@ def settings_fields(cls: type) -> list[FieldInfo]:
             continue
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)
-        base, sequence, optional = _resolve(hints[f.name])
-        out.append(FieldInfo(f.name, spec, default, base, sequence, optional or default is None))
+        base, sequence, optional, nested = _resolve(hints[f.name])
+        out.append(FieldInfo(f.name, spec, default, base, sequence, optional or default is None, nested))
     return out
 
 
@@ -152,9 +171,12 @@ def _bounded(info: FieldInfo, value: Any) -> Any:
         if isinstance(value, bool):
             raise ParameterError(f"{what} must be a number; got {value!r}.")
         try:
-            v = int(value) if info.base is int else float(value)
-            if info.base is int and float(value) != v:
-                raise ValueError
+            if info.base is int and isinstance(value, int):
+                v = value               # exact, also beyond float's 53 bits (a seed up to 2**63 − 1)
+            else:
+                v = int(value) if info.base is int else float(value)
+                if info.base is int and float(value) != v:
+                    raise ValueError
         except (TypeError, ValueError, OverflowError):
             kind = "a whole number" if info.base is int else "a number"
             raise ParameterError(f"{what} must be {kind}; got {value!r}.") from None
@@ -173,19 +195,27 @@ def _bounded(info: FieldInfo, value: Any) -> Any:
     return v
 
 
+def _listed(info: FieldInfo, value: Any, empty: bool) -> Sequence:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ParameterError(f"{info.name} must be a list; got {value!r}.")
+    if not value and not empty:
+        raise ParameterError(f"{info.name} is empty; give at least one value. {info.spec.help}")
+    return value
+
+
 def checked_value(info: FieldInfo, value: Any) -> Any:
     """`value` of field `info` coerced to its declared type and checked against its range or choices (each
-    element of a sequence); None passes where the field may be None. ParameterError names the field."""
+    element of a sequence, each number of a tuple); None passes where the field may be None. ParameterError
+    names the field."""
     if value is None:
         if info.optional:
             return None
         raise ParameterError(f"{info.name} needs a value. {info.spec.help}")
     if not info.sequence:
         return _bounded(info, value)
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        raise ParameterError(f"{info.name} must be a list; got {value!r}.")
-    if not value:
-        raise ParameterError(f"{info.name} is empty; give at least one value. {info.spec.help}")
+    value = _listed(info, value, info.spec.may_be_empty)
+    if info.nested:
+        return tuple(tuple(_bounded(info, v) for v in _listed(info, group, False)) for group in value)
     return tuple(_bounded(info, v) for v in value)
 
 
@@ -227,3 +257,13 @@ def dtype_field(what: str = "the models") -> Any:
 def count_field(default: Optional[int], help: str, **options: Any) -> Any:
     """A count ≥ 1 (`samples`, `batch_size`, `max_general`…); None where the default means "all"."""
     return setting(default, help=help, range=(1, None), **options)
+
+
+SEED_MAX = 2**63 - 1
+"""The largest seed torch's generator takes (torch.manual_seed)."""
+
+
+def seed_field(help: str, default: int = 0, **options: Any) -> Any:
+    """`seed`: a whole number from 0 to SEED_MAX that seeds torch's generator; `help` says what it seeds (the CLI
+    names its type "seed")."""
+    return setting(default, help=f"{help} (a whole number from 0 to 2**63 − 1)", range=(0, SEED_MAX), **options)

@@ -24,10 +24,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import streamlit as st
+import yaml
+
+from forgetlab.core.benchmarks import BenchmarkSpec
+from forgetlab.core.evaluate import Scorecard
+from forgetlab.core.scorecards import Budget, remember
+from forgetlab.ui.benchmarks import DEFAULT_LIMIT, latest_benchmarks, pool_spec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from forgetlab.core.evaluate import Scorecard
-    from forgetlab.core.scorecards import Budget
     from forgetlab.core.pool import ModelPool
 
 MEASURE_KEY = "app_measure"
@@ -45,8 +49,6 @@ def measure_label(measure: str) -> str:
 def stored_scorecards(pool: "ModelPool") -> list["Scorecard"]:
     """The scorecards that a zoo build stored in the manifest beside the pool file, for the pool's models
     (base first, then the pool's order); [] when the pool has no manifest (a user's own pool) or none match."""
-    from forgetlab.core.evaluate import Scorecard
-
     source = getattr(pool, "source", None)
     path = Path(source).parent / MANIFEST if source else None
     if path is None or not path.is_file():
@@ -71,8 +73,6 @@ def stored_scorecards(pool: "ModelPool") -> list["Scorecard"]:
 def stored_budget(pool: "ModelPool") -> "Budget | None":
     """The budget the zoo build computed its stored scorecards with (the manifest's `settings.evaluation`), when
     it is one the app can reproduce (blocks of 128 tokens, `forgetlab.core.evaluate`'s default); else None."""
-    from forgetlab.core.scorecards import Budget
-
     source = getattr(pool, "source", None)
     path = Path(source).parent / MANIFEST if source else None
     if path is None or not path.is_file():
@@ -91,8 +91,6 @@ def remember_stored_scorecards(pool: "ModelPool", budget: "Budget", device: str 
     on the CPU in float32 (what the build does), so they are not computed again; returns whether they were."""
     if device != "cpu" or stored_budget(pool) != budget:
         return False
-    from forgetlab.core.scorecards import remember
-
     remember(pool, stored_scorecards(pool), budget, device=device)
     return True
 
@@ -112,8 +110,6 @@ def _yaml_metrics(include: str | None, task: str) -> list[str]:
     """The metrics a local lm-eval task's YAML lists (`metric_list`), or [] when it is not found there."""
     if not include or not Path(include).is_dir():
         return []
-    import yaml
-
     class _AnyTags(yaml.SafeLoader):
         pass
 
@@ -134,8 +130,6 @@ def benchmark_measures(pool: "ModelPool | None") -> list[str]:
     the pool names no benchmarks."""
     if pool is None:
         return []
-    from forgetlab.ui.benchmarks import latest_benchmarks, pool_spec
-
     spec = pool_spec(pool)
     if spec is None:
         return []
@@ -224,21 +218,23 @@ def generality_measure(page: str, pool: "ModelPool | None" = None, *, container=
 class SweepMeasures:
     """The Forgetting page's measures: `measure` (speciality) and `general_measure` (generality), each built in
     or a benchmark `TASK/METRIC`; `settings` ({"benchmarks": BenchmarkSpec} when a benchmark is chosen, else {})
-    to pass to the sweep so that every point runs those lm-eval tasks; `apply(results)` sets both measures on
-    sweep results, falling back to the built-in ones (with a note) when a result lacks the benchmark."""
+    to pass to a sweep function so that every point runs those lm-eval tasks, and `values` the same as the
+    measure settings of an analysis (forgetlab.analysis.measures: the benchmark measures, their include folder
+    and limit; {} with the built-in measures, which change only the charts); `apply(results)` sets both measures
+    on sweep results, falling back to the built-in ones (with a note) when a result lacks the benchmark."""
 
     def __init__(self, pool: "ModelPool", measure: str, general_measure: str):
         self.measure, self.general_measure = measure, general_measure
         self.fallback = current_measure(pool)        # the built-in measure for sweeps without the benchmark
         tasks = list(dict.fromkeys(m.partition("/")[0] for m in (measure, general_measure) if "/" in m))
         self.settings: dict = {}
+        self.values: dict = {}
         if tasks:
-            from forgetlab.core.benchmarks import BenchmarkSpec
-            from forgetlab.ui.benchmarks import DEFAULT_LIMIT, pool_spec
-
             spec = pool_spec(pool)
             limit = min(DEFAULT_LIMIT, spec.limit or DEFAULT_LIMIT)     # at every point: the quick limit
             self.settings = {"benchmarks": BenchmarkSpec(general=tasks, include=spec.include, limit=limit)}
+            self.values = {**{k: m for k, m in (("measure", measure), ("general_measure", general_measure))
+                              if "/" in m}, "lm_eval_include": spec.include, "limit": limit}
 
     @staticmethod
     def _has(result, measure: str) -> bool:

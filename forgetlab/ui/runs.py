@@ -14,6 +14,7 @@ with a line per run.
 """
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Callable
 
@@ -55,29 +56,6 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 # -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
 
 
-def _load_sweep(run, measure):
-    from forgetlab.analysis.sweeps import load_sweep
-
-    result = load_sweep(run.path)
-    if measure in ("exact_match", "answer_loss"):
-        result.measure = measure
-    return result
-
-
-def _sweep(run, measure=None):
-    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-
-    result = _load_sweep(run, measure)
-    return [curves_figure(result), tradeoff_figure(result)]
-
-
-def _sweeps(runs, measure=None):
-    from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
-
-    results, ids = [_load_sweep(r, measure) for r in runs], [r.id[-6:] for r in runs]
-    return [tradeoff_figure(results, ids=ids), curves_figure(results, ids=ids)]
-
-
 def _finetune(run, measure="exact_match"):
     from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
     from forgetlab.train.runs import load_finetune_run
@@ -110,7 +88,6 @@ def _benchmarks(run):
     return [benchmark_bars(BenchmarkTable.from_dict(run.results))]
 
 
-register_reopener("sweep-*", _sweep, _sweeps)
 register_reopener("benchmarks", _benchmarks)
 register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
@@ -118,8 +95,6 @@ register_reopener("scorecards", _scorecards)
 
 def _call(fn: Callable, arg, measure: str | None):
     """fn(arg, measure) when fn takes a measure, else fn(arg)."""
-    import inspect
-
     try:
         takes = len(inspect.signature(fn).parameters) >= 2
     except (TypeError, ValueError):

@@ -5,8 +5,8 @@ choices and tooltip of a page's widget come from the one place the CLI reads the
     alphas = field_widget(LinearitySettings, "alphas", key="linearity_alphas")        # "0, 0.1, …" → floats
 
 A page passes what only it knows (bounds from the pool, the options a pool offers, a default that depends on
-the pool); a comma-separated number list that cannot be read is shown as an error and gives None, and so does an
-optional one left empty (without an error: None is its "not given").
+the pool); a comma-separated number list (a sequence of number tuples: one per line) that cannot be read is shown
+as an error and gives None, and so does an optional list left empty (without an error: None is its "not given").
 """
 from __future__ import annotations
 
@@ -56,6 +56,14 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
     if choices is not None:
         index = choices.index(value) if value in choices else 0
         return (where.radio if radio else where.selectbox)(text, choices, index=index, **kwargs)
+    if info.nested:             # number tuples: one per line
+        raw = where.text_area(text, "\n".join(_csv(t) for t in value or ()), key=key, help=tip, height=160)
+        try:
+            return checked_value(info, [parse_floats(line, f"the {text}") for line in raw.splitlines()
+                                        if line.strip()])
+        except ForgetlabError as exc:
+            where.error(str(exc))
+            return None
     if info.sequence and info.base in (int, float):
         raw = where.text_input(text, _csv(value or ()), key=key, help=tip, disabled=disabled)
         if info.optional and not raw.strip():
