@@ -41,7 +41,9 @@ def pool_source(pool) -> Optional[str]:
 
 @dataclass(frozen=True)
 class Output:
-    """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and the table."""
+    """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and the table. An
+    output whose flag is `--out` takes the place of the analysis' table there (e.g. a fine-tune's trajectories,
+    where its table and saved results.csv hold the final points)."""
 
     flag: str
     help: str
@@ -63,6 +65,8 @@ class Analysis:
     estimate(pool, settings) -> MemoryEstimate: the job's peak before it starts;
     figures(result) -> [go.Figure]: its charts (the page's, the Runs page's);
     compare(results, ids) -> [go.Figure]: several saved runs of it on shared charts (Runs);
+    measured: True when `figures` and `compare` draw speciality in a measure they take as a keyword
+    (`measure=`: the Runs page passes the session's, "exact_match" or "answer_loss");
     recipe(result) -> dict: what its saved run records besides the pool;
     table(result) -> DataFrame: its results table (default `result.to_frame()`);
     report(result) -> lines or tables: what the CLI prints;
@@ -87,6 +91,7 @@ class Analysis:
     estimate_fn: Optional[Callable[[Any, Any], Any]] = None
     figures_fn: Optional[Callable[[Any], list]] = None
     compare_fn: Optional[Callable[[list, list], list]] = None
+    measured: bool = False
     recipe: Optional[Callable[[Any], dict]] = None
     table: Optional[Callable[[Any], pd.DataFrame]] = None
     report: Optional[Callable[[Any], Iterable[Any]]] = None
@@ -173,13 +178,22 @@ class Analysis:
         """The result's table (what --out and results.csv hold)."""
         return self.table(result) if self.table is not None else result.to_frame()
 
-    def figures(self, result: Any) -> list:
-        """The result's charts."""
-        return list(self.figures_fn(result)) if self.figures_fn is not None else []
+    def figures(self, result: Any, measure: Optional[str] = None) -> list:
+        """The result's charts (speciality in `measure` where the analysis is `measured` and one is given)."""
+        if self.figures_fn is None:
+            return []
+        if self.measured and measure is not None:
+            return list(self.figures_fn(result, measure=measure))
+        return list(self.figures_fn(result))
 
-    def compare(self, results: list, ids: list[str]) -> list:
-        """Several results on shared charts (one series per run), or [] where the analysis has no comparison."""
-        return list(self.compare_fn(results, ids)) if self.compare_fn is not None else []
+    def compare(self, results: list, ids: list[str], measure: Optional[str] = None) -> list:
+        """Several results on shared charts (one series per run), or [] where the analysis has no comparison;
+        speciality in `measure` as for `figures`."""
+        if self.compare_fn is None:
+            return []
+        if self.measured and measure is not None:
+            return list(self.compare_fn(results, ids, measure=measure))
+        return list(self.compare_fn(results, ids))
 
     def exit_status(self, result: Any) -> int:
         """The CLI's exit status for a finished result (e.g. 1 when some points failed)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any, Optional, Sequence
 
+from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 from forgetlab.core.errors import ParameterError
 
 
@@ -107,3 +108,18 @@ def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str
         if hasattr(p, "pareto"):
             p.pareto = f
     return flags
+
+
+def measure_benchmarks(pool, measures: Sequence[str], include: Optional[str] = None,
+                       limit: Optional[int] = None) -> Optional[BenchmarkSpec]:
+    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
+    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
+    Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
+    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
+    if not tasks:
+        return None
+    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
+    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
+                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
+    check_metrics(measures, spec)
+    return spec

@@ -36,11 +36,16 @@ class OldFlag(argparse.Action):
 
 def _convert(info: FieldInfo):
     """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a whole
-    number within 64 bits, a finite decimal), then the value checked against the declaration, so that argparse
-    exits 2 naming the flag."""
+    number ≥ 0, any whole number within 64 bits — named by the field's `cli_type` where it declares one, e.g. a
+    seed —, a finite decimal) or the reader its `cli_type` names in `forgetlab.commands.args.READERS`, then the
+    value checked against the declaration, so that argparse exits 2 naming the flag."""
     lo, hi = info.spec.range or (None, None)
-    if info.base is int:
-        name = "count" if lo == 1 and hi is None else "integer"
+    reader = shared.READERS.get(info.spec.cli_type or "")
+    if reader is not None:
+        number = reader
+    elif info.base is int:
+        name = info.spec.cli_type or ("count" if lo == 1 and hi is None else
+                                      "number" if lo == 0 and hi is None else "integer")
         number = shared.whole_number(None if lo is None else int(lo),
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:
@@ -48,6 +53,8 @@ def _convert(info: FieldInfo):
 
     def parse(text: str) -> Any:
         try:
+            if reader is not None:
+                return checked_value(info, reader(text))
             if info.sequence and info.base in (int, float):
                 return checked_value(info, [int(v) if info.base is int else v
                                             for v in parse_floats(text, info.flag)])
@@ -55,8 +62,9 @@ def _convert(info: FieldInfo):
             return checked_value(info, value)
         except ParameterError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = ("numbers" if info.sequence else getattr(number, "__name__", "number")) \
-        if info.base in (int, float) else "word"
+    parse.__name__ = (reader.__name__ if reader is not None else
+                      ("numbers" if info.sequence else getattr(number, "__name__", "number"))
+                      if info.base in (int, float) else "word")
     return parse
 
 
@@ -80,7 +88,7 @@ def add_setting(p: argparse.ArgumentParser, info: FieldInfo) -> None:
                                 default=bool(info.default), help=spec.help)
     elif spec.positional:
         action = p.add_argument(info.name, type=_convert(info), help=help_, metavar=spec.metavar)
-    elif info.sequence and info.base is str:
+    elif info.sequence and info.base is str and spec.cli_type is None:
         action = p.add_argument(info.flag, dest=info.name, nargs="+", choices=spec.choices,
                                 default=list(info.default) if info.default is not None else None,
                                 required=spec.required, help=help_, metavar=spec.metavar)
@@ -101,7 +109,8 @@ def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
             add_setting(p, info)
     if analysis.pool_arg == "option":
         shared.add_pool(p, flag=True, help="pool.yaml whose models and probe data the analysis reads")
-    shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
+    if "--out" not in {out.flag for out in analysis.outputs}:
+        shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
     for out in analysis.outputs:
         shared.add_out(p, out.help, flag=out.flag)
     shared.add_no_save(p)
@@ -146,7 +155,7 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
             emit(item)
         else:
             emit_frame(item)
-    if args.out is not None:
+    if args.out is not None and "--out" not in {out.flag for out in analysis.outputs}:
         emit_frame(analysis.frame(result), args.out)
     for out in analysis.outputs:
         path = getattr(args, out.flag.lstrip("-").replace("-", "_"))

@@ -1,6 +1,7 @@
 """CLI: `forgetlab sweep alpha|pruning|density|hma POOL.yaml --model NAME ...` — forgetting curves."""
 from __future__ import annotations
 
+from forgetlab.analysis.measures import measure_benchmarks
 from forgetlab.commands import args as shared
 from forgetlab.commands.executor_args import device_from_args, executor_from_args, executor_lines
 from forgetlab.commands.io import emit, emit_frame, tqdm_progress
@@ -76,23 +77,6 @@ def register(sub) -> None:
         k.add_argument(f"--{setting.replace('_', '-')}", dest=setting, default=",".join(f"{v:g}" for v in default),
                        help=f"{help_}, comma separated")
         k.set_defaults(func=cmd_sweep)
-
-
-def measure_benchmarks(pool, measures, include, limit):
-    """The BenchmarkSpec that the benchmark measures among `measures` need (their tasks; include folder and
-    limit from the arguments, else the pool's probes.benchmarks), or None when every measure is built in.
-    Each benchmark measure's task and metric are checked here, before any work (`check_metrics`)."""
-    from forgetlab.analysis.measures import is_benchmark
-    from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
-
-    tasks = list(dict.fromkeys(m.partition("/")[0] for m in measures if is_benchmark(m)))
-    if not tasks:
-        return None
-    pool_spec = pool.probes.benchmarks if pool.probes is not None else None
-    spec = BenchmarkSpec(general=tasks, include=include or (pool_spec.include if pool_spec else None),
-                         limit=check_limit(limit) if limit is not None else (pool_spec.limit if pool_spec else None))
-    check_metrics(measures, spec)
-    return spec
 
 
 def cmd_sweep(args) -> int:

@@ -40,6 +40,9 @@ class Setting:
     old_flags: earlier spellings of the option, still accepted for one release with a note naming `flag`.
     label: the widget's label in the app (default: the name with spaces).
     metavar: the CLI's placeholder for the value.
+    cli_type: the name of the CLI's reader of the value, where the declared type alone does not say it: the
+    name a whole number's messages use ("seed"), or a reader `forgetlab.commands.args.READERS` holds under
+    that name ("rank": a LoRA rank; "names": comma-separated names in one argument).
     """
 
     help: str
@@ -52,17 +55,19 @@ class Setting:
     old_flags: tuple[str, ...] = ()
     label: Optional[str] = None
     metavar: Optional[str] = None
+    cli_type: Optional[str] = None
 
 
 def setting(default: Any = None, *, help: str, range: Optional[tuple] = None, choices: Optional[Sequence] = None,
             flag: Optional[str] = None, positional: bool = False, required: bool = False, cli: bool = True,
-            old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None) -> Any:
+            old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None,
+            cli_type: Optional[str] = None) -> Any:
     """A dataclass field declared once: its default and everything `Setting` lists (see the module docstring).
     A list default is copied per instance."""
     meta = {"setting": Setting(help=help, range=tuple(range) if range is not None else None,
                                choices=tuple(choices) if choices is not None else None, flag=flag,
                                positional=positional, required=required, cli=cli, old_flags=tuple(old_flags),
-                               label=label, metavar=metavar)}
+                               label=label, metavar=metavar, cli_type=cli_type)}
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -139,7 +144,7 @@ def _bounded(info: FieldInfo, value: Any) -> Any:
             raise ParameterError(f"{what} must be a number; got {value!r}.")
         try:
             v = int(value) if info.base is int else float(value)
-            if info.base is int and float(value) != v:
+            if info.base is int and not isinstance(value, int) and float(value) != v:
                 raise ValueError
         except (TypeError, ValueError, OverflowError):
             kind = "a whole number" if info.base is int else "a number"
@@ -171,7 +176,7 @@ def checked_value(info: FieldInfo, value: Any) -> Any:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ParameterError(f"{info.name} must be a list; got {value!r}.")
     if not value:
-        raise ParameterError(f"{info.name} is empty; give at least one value. {info.spec.help}")
+        raise ParameterError(f"{info.name} is an empty list; give at least one value. {info.spec.help}")
     return tuple(_bounded(info, v) for v in value)
 
 
@@ -213,3 +218,50 @@ def dtype_field(what: str = "the models") -> Any:
 def count_field(default: Optional[int], help: str, **options: Any) -> Any:
     """A count ≥ 1 (`samples`, `batch_size`, `max_general`…); None where the default means "all"."""
     return setting(default, help=help, range=(1, None), **options)
+
+
+TORCH_SEED_MAX = 2**63 - 1     # torch.manual_seed / torch.Generator, and a recipe's seed (merge.recipes.check_seed)
+
+
+def bound_text(maximum: int) -> str:
+    """`maximum` written as 2**b − k when it lies just below a power of two (2**63 − 1, 2**32 − 2)."""
+    bits = maximum.bit_length()
+    below = (1 << bits) - maximum
+    return f"2**{bits} − {below}" if 0 < below <= 16 and bits > 8 else str(maximum)
+
+
+def seed_field(help: str, *, maximum: int = TORCH_SEED_MAX, default: int = 0) -> Any:
+    """`seed`: a whole number from 0 to `maximum`, the range of the generator it seeds; `help` says what it
+    seeds."""
+    return setting(default, help=f"{help} (a whole number from 0 to {bound_text(maximum)})", range=(0, maximum),
+                   cli_type="seed")
+
+
+MEASURE_HELP = ("speciality measure: exact_match (higher is better, default), answer_loss (lower is better), or an "
+                "lm-eval metric TASK/METRIC (e.g. zoo_math/acc), run ")
+GENERAL_MEASURE_HELP = ("generality measure: general_loss (held-out loss, default) or an lm-eval metric TASK/METRIC "
+                        "(e.g. zoo_wiki_cloze/acc), run ")
+LM_EVAL_INCLUDE_HELP = "folder of local lm-eval task YAMLs (default: the pool's probes.benchmarks.include)"
+LIMIT_HELP = "at most this many examples per lm-eval task"
+
+
+def measure_field(when: str = "at every point") -> Any:
+    """`measure`: the speciality measure (checked by `forgetlab.analysis.measures.check_measure`); `when` says
+    when a benchmark measure runs ("at every point", "at every record")."""
+    return setting("exact_match", help=MEASURE_HELP + when)
+
+
+def general_measure_field(when: str = "at every point") -> Any:
+    """`general_measure`: the generality measure (checked by `forgetlab.analysis.measures.check_general_measure`);
+    `when` as for `measure_field`."""
+    return setting("general_loss", help=GENERAL_MEASURE_HELP + when)
+
+
+def lm_eval_include_field() -> Any:
+    """`lm_eval_include`: the folder of a benchmark measure's local lm-eval tasks (None: the pool's)."""
+    return setting(None, help=LM_EVAL_INCLUDE_HELP, metavar="DIR")
+
+
+def limit_field() -> Any:
+    """`limit`: how many examples each lm-eval task of a benchmark measure runs (None: the pool's limit)."""
+    return count_field(None, LIMIT_HELP)

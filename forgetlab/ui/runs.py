@@ -252,7 +252,7 @@ def run_figures(run, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(run.kind)
     if analysis is not None and analysis.figures_fn is not None:
         try:
-            return analysis.figures(analysis.load(run.path))
+            return analysis.figures(analysis.load(run.path), measure)
         except Exception:  # noqa: BLE001 - fall back to the generic charts of the saved table
             return figures_from_frame(run.frame(), title=run.kind)
     fn = _lookup(_REOPENERS, run.kind)
@@ -288,7 +288,7 @@ def compare_figures(runs, measure: str | None = None) -> list[go.Figure]:
     analysis = analysis_for_kind(kind)
     if analysis is not None and analysis.compare_fn is not None:
         try:
-            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs])
+            return analysis.compare([analysis.load(r.path) for r in runs], [r.id[-6:] for r in runs], measure)
         except Exception:  # noqa: BLE001 - the generic comparison still works from the tables
             return figures_from_frame(compare_frame(runs), title=f"{kind}:")
     fn = _lookup(_COMPARERS, kind)

@@ -31,11 +31,13 @@ def _csv(values: Sequence[Any]) -> str:
 
 def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[Sequence[Any]] = None,
                  default: Any = None, high: Optional[float] = None, label: Optional[str] = None,
-                 help: Optional[str] = None, format_func=None, radio: bool = False, container=None) -> Any:
+                 help: Optional[str] = None, format_func=None, radio: bool = False, container=None,
+                 low: Optional[float] = None, format: Optional[str] = None) -> Any:
     """The widget of one settings field, returning its value in the field's type (None for an unreadable number
     list, after showing why). `options` override the declared choices (e.g. the pool's tasks), `default` the
-    declared default, `high` the declared upper bound; `label` and `help` add to the declaration's; `radio`
-    draws a word with few choices as radio buttons instead of a select box."""
+    declared default, `low` and `high` the declared bounds (a page's narrower or wider range: a learning rate
+    above 0); `label` and `help` add to the declaration's; `radio` draws a word with few choices as radio
+    buttons instead of a select box; `format` is a number's printf format ("%.6f")."""
     info = field_info(settings_cls, name)
     where = container or st
     text = label or info.label
@@ -62,12 +64,14 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
             return None
     if info.base in (int, float):
         lo, hi = info.spec.range or (None, None)
+        lo = low if low is not None else lo
         hi = high if high is not None else hi
         cast = int if info.base is int else float
         start = value if value is not None else (lo if lo is not None else 0)
         if hi is not None:
             start = min(start, hi)
+        extra = {"format": format} if format is not None else {}
         return cast(where.number_input(text, min_value=cast(lo) if lo is not None else None,
                                        max_value=cast(hi) if hi is not None else None, value=cast(start),
-                                       key=key, help=tip))
+                                       key=key, help=tip, **extra))
     return where.text_input(text, "" if value is None else str(value), key=key, help=tip) or None
