@@ -419,7 +419,7 @@ def _same_row(expected, got) -> bool:
 
 # Issue 42: commands made from an analysis' settings (forgetlab.commands.generated) take the executor flags too
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
-GENERATED = {"linearity"}
+GENERATED = {"linearity", "finetune"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)

@@ -77,20 +77,6 @@ def add_seed(p, *, help: str, maximum: int = TORCH_SEED_MAX, default: int = 0) -
                    help=f"{help} (a whole number from 0 to {bound_text(maximum)}; default {default})")
 
 
-def add_lora(p) -> None:
-    """`--lora R`, `--lora-alpha A` and `--lora-targets NAME[,NAME…]` (dests `lora`, `lora_alpha`,
-    `lora_targets`): a LoRA fine-tune instead of a full one. The rank is ≥ 1 (left out: a full fine-tune); the
-    targets, when given, a non-empty list (read into a list of names)."""
-    p.add_argument("--lora", type=lora_rank, default=None, metavar="R",
-                   help="train a LoRA adapter of rank R ≥ 1 instead of every weight (saved with --save-as as a "
-                        "PEFT adapter); the optimizer and the fixes act on the adapter's parameters. Leave it out "
-                        "for a full fine-tune")
-    p.add_argument("--lora-alpha", type=finite_number, default=None, metavar="A", help="LoRA alpha (default 2·R)")
-    p.add_argument("--lora-targets", type=module_names, default=None, metavar="NAME[,NAME…]",
-                   help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
-                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
-
-
 def lora_rank(text: str) -> int:
     """A CLI reader (its name in argparse's messages: "rank"): a LoRA rank, a whole number ≥ 1 (`--lora R`; left
     out: a full fine-tune)."""

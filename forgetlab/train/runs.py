@@ -21,13 +21,13 @@ import torch
 from forgetlab.analysis.measures import check_general_measure, check_measure
 from forgetlab.core.benchmarks import checked_manager, require_task
 from forgetlab.core.checkpoints import check_device, load_model, save_model
-from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError, WorkspaceError
+from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 from forgetlab.core.outputs import absolute, check_name, check_output_dir
 from forgetlab.core.poolsaves import finish_interrupted_saves, save_into_pool
 from forgetlab.core.progress import Progress, prefixed, report, scaled
-from forgetlab.core.workspace import home, load_run, save_run
+from forgetlab.core.workspace import home
 from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
 from forgetlab.train.examples import training_examples
 from forgetlab.train.lora import LoraDistance, add_adapter, enable_checkpointing, save_adapter, trainable_parameters
@@ -40,6 +40,23 @@ from forgetlab.train.trainer import start_distance, train
 # with the displacement. λ1 = 1e-3 equals the L2 default's pull (λ2 = 1) at a displacement of 1e-3 per entry,
 # the order of what a short fine-tune at lr 1e-3 moves an entry, so the two penalties start comparable.
 L1_DEFAULT = 1e-3
+
+
+def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Optional[float] = None,
+                 l1: float = 0.0, l2: float = 0.0, lora: Optional[int] = 0) -> str:
+    """How a single fine-tune is named in tables and charts, from what it does: the optimizer ("mofo-0.2" with
+    its fraction), then each fix it adds ("+sfa-p0.25", "+l1-0.001", "+l2-1"), after "lora16-" for a LoRA run of
+    rank 16 — "lora16-mofo-0.2+l2-0.5". The comparison's runs are named by `standard_configs`."""
+    label = optimizer if optimizer != "mofo" else f"mofo-{fraction:g}"
+    if sfa_p:
+        label += f"+sfa-p{sfa_p:g}"
+    if l1:
+        label += f"+l1-{l1:g}"
+    if l2:
+        label += f"+l2-{l2:g}"
+    if lora:
+        label = f"lora{lora}-{label}"
+    return label
 
 
 def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
@@ -282,24 +299,6 @@ class _FinetuneFactory(PoolWorkerFactory):
 # --------------------------------------------------------------------------------------------- saving
 
 
-def save_finetune_run(result: FinetuneRun | FinetuneComparison, home_path=None) -> Path:
-    """Save a run or a comparison under the workspace's runs/ (kind `finetune`); reopen with `load_finetune_run`."""
-    if isinstance(result, FinetuneRun):
-        recipe = {"task": result.task, "start": result.start, "configs": [result.config.to_dict()]}
-        comp = FinetuneComparison(result.task, result.start, [result], recipe)
-    else:
-        comp = result
-    return save_run("finetune", dict(comp.recipe), comp.to_dict(), frame=comp.to_frame(), home_path=home_path)
-
-
-def load_finetune_run(path) -> FinetuneComparison:
-    """Reopen a fine-tune saved by `save_finetune_run` (always as a comparison, possibly of one run)."""
-    run = load_run(path)
-    if run.kind != "finetune":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not a fine-tune.")
-    return FinetuneComparison.from_dict(run.results)
-
-
 def default_model_dir(pool, name: str) -> Path:
     """Where `save_finetuned` puts a model: `finetuned/<name>` beside the pool file, else in the workspace."""
     if getattr(pool, "source", None):
@@ -350,5 +349,3 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
         model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra, inputs=inputs, kind="finetune",
         then=then), update_yaml=update_yaml)
 
-
-from forgetlab.train import memory as _memory  # noqa: E402,F401  (registers the "finetune" memory estimator)
