@@ -43,7 +43,7 @@ def test_settings_refuse_what_a_fine_tune_would_ignore():
     for values, message in [({"lora_alpha": 8.0}, "apply only to a LoRA fine-tune"),
                             ({"compare": True, "save_as": "x"}, "--save-as saves one run"),
                             ({"measure": "nope"}, "Unknown speciality measure"),
-                            ({"lora": 2, "lora_targets": ()}, "lora_targets is an empty list")]:
+                            ({"lora": 2, "lora_targets": ()}, "lora_targets is empty")]:
         with pytest.raises(ParameterError, match=message):
             ANALYSIS.check(FinetuneSettings(task="math", **values))
 

@@ -46,7 +46,7 @@ class FinetuneSettings:
     batch_size: int = count_field(8, "training batch size")
     lr: float = setting(1e-3, help="learning rate", label="learning rate")
     weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
-    warmup: int = setting(0, help="linear warm-up steps before the cosine decay", range=(0, None))
+    warmup: int = setting(0, help="linear warm-up steps before the cosine decay", range=(0, None), cli_type="number")
     schedule: str = setting("cosine", help="learning-rate schedule after the warm-up", choices=SCHEDULES)
     seed: int = seed_field("seed of the batch order, dropout and LoRA's initial weights")
     sfa_p: Optional[float] = setting(None, help="SFA: average with the start every ⌈p·T⌉ steps; with --compare the "

@@ -36,16 +36,15 @@ class OldFlag(argparse.Action):
 
 def _convert(info: FieldInfo):
     """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a whole
-    number ≥ 0, any whole number within 64 bits — named by the field's `cli_type` where it declares one, e.g. a
-    seed —, a finite decimal) or the reader its `cli_type` names in `forgetlab.commands.args.READERS`, then the
+    number within 64 bits — named by the field's `cli_type` where it declares one, e.g. a seed —, a finite
+    decimal) or the reader its `cli_type` names in `forgetlab.commands.args.READERS`, then the
     value checked against the declaration, so that argparse exits 2 naming the flag."""
     lo, hi = info.spec.range or (None, None)
     reader = shared.READERS.get(info.spec.cli_type or "")
     if reader is not None:
         number = reader
     elif info.base is int:
-        name = info.spec.cli_type or ("count" if lo == 1 and hi is None else
-                                      "number" if lo == 0 and hi is None else "integer")
+        name = info.spec.cli_type or ("count" if lo == 1 and hi is None else "integer")
         number = shared.whole_number(None if lo is None else int(lo),
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:

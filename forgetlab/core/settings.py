@@ -41,8 +41,9 @@ class Setting:
     label: the widget's label in the app (default: the name with spaces).
     metavar: the CLI's placeholder for the value.
     cli_type: the name of the CLI's reader of the value, where the declared type alone does not say it: the
-    name a whole number's messages use ("seed"), or a reader `forgetlab.commands.args.READERS` holds under
-    that name ("rank": a LoRA rank; "names": comma-separated names in one argument).
+    name a whole number's messages use ("seed"; "number": one ≥ 0, as `forgetlab.cli` names --warmup), or a
+    reader `forgetlab.commands.args.READERS` holds under that name ("rank": a LoRA rank; "names":
+    comma-separated names in one argument).
     """
 
     help: str
@@ -176,7 +177,7 @@ def checked_value(info: FieldInfo, value: Any) -> Any:
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ParameterError(f"{info.name} must be a list; got {value!r}.")
     if not value:
-        raise ParameterError(f"{info.name} is an empty list; give at least one value. {info.spec.help}")
+        raise ParameterError(f"{info.name} is empty; give at least one value. {info.spec.help}")
     return tuple(_bounded(info, v) for v in value)
 
 
