@@ -88,7 +88,6 @@ def child(pool: str, job: str, device: str) -> None:
     from forgetlab.cli import main
     from forgetlab.core.memory import ModelSize, PeakMeter, estimate, recording  # noqa: F401
     from forgetlab.core.pool import ModelPool
-    import forgetlab.train.runs  # noqa: F401  (registers the finetune estimator)
     import forgetlab.analysis.sweeps  # noqa: F401  (registers the sweep estimator)
     import forgetlab.analysis.features, forgetlab.analysis.textdiff, forgetlab.analysis.search  # noqa: E401,F401
 

@@ -1,25 +1,26 @@
 """Fine-tune: what if the model had been fine-tuned differently? AdamW vs MoFO vs SFA vs L2, forgetting over steps."""
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
-from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
-from forgetlab.train.runs import (L1_DEFAULT, FinetuneComparison, FinetuneConfig, compare, finetune,
-                                  save_finetune_run, save_finetuned, standard_configs)
-from forgetlab.ui.errors import show_errors
-from forgetlab.ui.jobs import job_key, run_once
-from forgetlab.ui.pool import clear_pool_cache, require_pool, require_tasks
-from forgetlab.ui.settings import budget_caption, device_settings, workspace_home
-from forgetlab.ui.glossary import explain, explain_group
+from forgetlab.analysis.finetune import ANALYSIS, FinetuneSettings, configs_of
 from forgetlab.core.memory import dtype_name
+from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
 from forgetlab.train.lora import checkpoint_targets
+from forgetlab.train.results import FinetuneComparison
+from forgetlab.train.runs import L1_DEFAULT, save_finetuned
+from forgetlab.ui.choices import index_of
+from forgetlab.ui.errors import show_errors
+from forgetlab.ui.executor import session_executor
+from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
-from forgetlab.ui.memory import memory_check
 from forgetlab.ui.measure import sweep_measures
 from forgetlab.ui.navigation import page_header
+from forgetlab.ui.panel import AnalysisPanel
+from forgetlab.ui.pool import clear_pool_cache, require_pool, require_tasks
+from forgetlab.ui.settings import budget_caption, device_settings
 from forgetlab.ui.tables import show_table
-from forgetlab.ui.choices import index_of
+from forgetlab.ui.widgets import field_widget
 
 MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -31,7 +32,7 @@ page_header("Fine-tune",
 pool = require_pool()
 require_tasks(pool, "fine-tuning")
 
-RESULT_KEY, MODEL_KEY = "finetune_result", "finetune_model"
+MODEL_KEY, MODEL_OF_KEY = "finetune_model", "finetune_model_of"
 # the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)
 # The zoo's own fine-tune recipe (150 steps of 16 pairs at lr 2.25e-4): AdamW learns math (EM 0 → 0.98) at
 # +0.048 nats, MoFO keeps 0.96 at +0.031, L2/L1-to-init 0.94 at +0.024/+0.027, SFA (p 0.25, β 0.5) forgets
@@ -45,7 +46,6 @@ DEFAULT_TASK = "math"        # the measured default comparison, and the Forgetti
 DEFAULT_SECONDS = "30 s"
 
 
-
 def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) -> str:
     """What pressing Fine-tune will do, and how long the default comparison took when measured."""
     records = len({*range(0, steps + 1, every), steps})
@@ -57,10 +57,16 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
     return text
 
 
+def widget(name: str, key: str, **kw):
+    """The Fine-tune page's widget of setting `name` (forgetlab.ui.widgets.field_widget)."""
+    return field_widget(FinetuneSettings, name, key=f"finetune_{key}", **kw)
+
+
 left, right = st.columns([1, 2])
 with left:
-    task = st.selectbox("task", pool.task_names, key="finetune_task", index=index_of(pool.task_names, DEFAULT_TASK))
-    start = st.selectbox("start from", ["base", *pool.model_names], key="finetune_start")
+    task = widget("task", "task", options=pool.task_names, default=pool.task_names[index_of(pool.task_names,
+                                                                                            DEFAULT_TASK)])
+    start = widget("start", "start", options=["base", *pool.model_names])
     mode = st.radio("mode", ["one run", "comparison"], index=1, horizontal=True, key="finetune_mode",
                     help="comparison: AdamW, MoFO, SFA, L2- and L1-to-init, one run each, with the same steps, lr, "
                          "batches and seed.  \n" + explain_group("finetune"))
@@ -68,57 +74,54 @@ with left:
                        help="LoRA trains a low-rank update (α/r)·B·A of chosen layers and leaves the weights "
                             "frozen: far less memory (what fits a 7–8B model on one GPU); the optimizer and the "
                             "fixes then act on A and B.")
-    lora = dict(lora=0)
+    lora = dict(lora=None)
     if weights == "a LoRA adapter":
         c7, c8 = st.columns(2)
-        rank = c7.number_input("LoRA rank r", 1, 1024, 16, key="finetune_lora_r")
-        alpha = c8.number_input("LoRA α", 0.1, 1e4, float(2 * rank), key="finetune_lora_alpha",
-                                help="scale α/r of the update (default 2·r)")
+        rank = widget("lora", "lora_r", default=16, high=1024, container=c7)
+        alpha = widget("lora_alpha", "lora_alpha", default=float(2 * rank), low=0.1, high=1e4, container=c8,
+                       help="scale α/r of the update")
         offered = checkpoint_targets(pool.checkpoint(start))
-        targets = st.multiselect("adapted layers", offered, default=offered, key="finetune_lora_targets")
-        lora = dict(lora=int(rank), lora_alpha=float(alpha), lora_targets=targets)  # none chosen: refused, not all
-    checkpointing = st.checkbox("gradient checkpointing", key="finetune_checkpointing",
-                                help="recompute each layer's activations in the backward pass instead of keeping "
-                                     "them: less memory, about a third more time")
+        targets = widget("lora_targets", "lora_targets", options=offered, default=offered)
+        lora = dict(lora=rank, lora_alpha=alpha, lora_targets=tuple(targets))  # none chosen: refused, not all
+    checkpointing = widget("gradient_checkpointing", "checkpointing")
     c1, c2 = st.columns(2)
-    steps = c1.number_input("steps", 1, 100_000, DEFAULT_STEPS, key="finetune_steps",
-                            help="training steps of each run (one batch each)")
-    lr = c2.number_input("learning rate", 1e-6, 1.0, DEFAULT_LR, format="%.6f", key="finetune_lr",
-                         help="default: the demo zoo's own fine-tuning rate")
-    batch = c1.number_input("batch size", 1, 512, DEFAULT_BATCH, key="finetune_batch")
-    seed = c2.number_input("seed", 0, 2**31 - 1, 0, key="finetune_seed",
-                           help="the same seed gives every run the same batches in the same order")
-    fraction = c1.number_input("MoFO fraction", 0.01, 1.0, 0.2, key="finetune_fraction",
-                               help=explain("mofo") + "  \nShare of each tensor's entries that move per step; "
-                                    "1 = AdamW.")
-    sfa_beta = c2.number_input("SFA β", 0.0, 1.0, 0.5, key="finetune_sfa_beta",
-                               help=explain("sfa") + "  \nβ: weight of the starting weights in each average "
-                                    "(0 = plain fine-tuning, 1 = back to the start).")
+    steps = widget("steps", "steps", default=DEFAULT_STEPS, high=100_000, container=c1)
+    lr = widget("lr", "lr", default=DEFAULT_LR, low=1e-6, high=1.0, format="%.6f", container=c2,
+                help="default: the demo zoo's own fine-tuning rate")
+    batch = widget("batch_size", "batch", default=DEFAULT_BATCH, high=512, container=c1)
+    seed = widget("seed", "seed", high=2**31 - 1, container=c2,
+                  help="the same seed gives every run the same batches in the same order")
+    fraction = widget("fraction", "fraction", low=0.01, high=1.0, container=c1,
+                      help=explain("mofo") + "  \nShare of each tensor's entries that move per step; 1 = AdamW.")
+    sfa_beta = widget("sfa_beta", "sfa_beta", low=0.0, high=1.0, container=c2,
+                      help=explain("sfa") + "  \nβ: weight of the starting weights in each average (0 = plain "
+                           "fine-tuning, 1 = back to the start).")
     sfa_p_help = "SFA p: average every ⌈p·steps⌉ steps (1 = once, at the end: WiSE-FT with α = 1 − β)."
     l1_help = explain("l1") + "  \nλ: strength of the pull (0 = off)."
     l2_help = explain("l2") + "  \nλ: strength of the pull (0 = off)."
+    optimizer = "adamw"
     if mode == "one run":
-        optimizer = st.radio("optimizer", ["adamw", "mofo"], horizontal=True, key="finetune_optimizer",
-                             help=explain("adamw", "mofo"))
+        optimizer = widget("optimizer", "optimizer", options=["adamw", "mofo"], radio=True,
+                           help=explain("adamw", "mofo"))
         use_sfa = st.checkbox("SFA averaging", key="finetune_use_sfa", help=explain("sfa"))
-        sfa_p = (st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_sfa_p", help=sfa_p_help)
-                 if use_sfa else None)
-        l1 = st.number_input("L1-to-init λ", 0.0, 1e6, 0.0, key="finetune_l1", help=l1_help)
-        l2 = st.number_input("L2-to-init λ", 0.0, 1e6, 0.0, key="finetune_l2", help=l2_help)
+        sfa_p = widget("sfa_p", "sfa_p", default=0.25, low=0.01, high=1.0, help=sfa_p_help) if use_sfa else None
+        l1 = widget("l1", "l1", low=0.0, high=1e6, help=l1_help)
+        l2 = widget("l2", "l2", low=0.0, high=1e6, help=l2_help)
     else:
-        sfa_p = st.number_input("SFA p", 0.01, 1.0, 0.25, key="finetune_cmp_sfa_p", help=sfa_p_help)
+        sfa_p = widget("sfa_p", "cmp_sfa_p", default=0.25, low=0.01, high=1.0, help=sfa_p_help)
         c5, c6 = st.columns(2)
-        l2 = c5.number_input("L2-to-init λ", 0.0, 1e6, 1.0, key="finetune_cmp_l2", help=l2_help)
-        l1 = c6.number_input("L1-to-init λ", 0.0, 1e6, L1_DEFAULT, format="%g", key="finetune_cmp_l1",
-                             help=l1_help + " The comparison's default 1e-3 pulls as hard as L2's λ = 1 at a "
-                                            "displacement of 1e-3 per weight (docs/methods.md#l1-to-init).")
+        l2 = widget("l2", "cmp_l2", default=1.0, low=0.0, high=1e6, container=c5, help=l2_help)
+        l1 = widget("l1", "cmp_l1", default=L1_DEFAULT, low=0.0, high=1e6, format="%g", container=c6,
+                    help=l1_help + " The comparison's default 1e-3 pulls as hard as L2's λ = 1 at a displacement "
+                                   "of 1e-3 per weight (docs/methods.md#l1-to-init).")
     c3, c4 = st.columns(2)
-    eval_every = c3.number_input("record every k steps", 1, 100_000, max(1, int(steps) // DEFAULT_RECORDS),
-                                 key="finetune_eval_every",
-                                 help="each record evaluates the model (general loss, speciality, D): the "
-                                      "slowest part of a run")
-    max_general = c4.number_input("general blocks (max)", 1, 4096, DEFAULT_GENERAL, key="finetune_max_general")
-    max_task = c3.number_input("eval pairs (max)", 1, 4096, DEFAULT_PAIRS, key="finetune_max_task")
+    eval_every = widget("eval_every", "eval_every", default=max(1, int(steps) // DEFAULT_RECORDS), high=100_000,
+                        container=c3, help="each record evaluates the model (general loss, speciality, D): the "
+                                           "slowest part of a run")
+    max_general = widget("max_general", "max_general", default=DEFAULT_GENERAL, high=4096, container=c4,
+                         label="general blocks (max)")
+    max_task = widget("max_task", "max_task", default=DEFAULT_PAIRS, high=4096, container=c3,
+                      label="eval pairs (max)")
     budget_caption(note=f" · this page's in-training records use their own, smaller budget ({int(max_general)} "
                         f"blocks, {int(max_task)} pairs, above) to keep runs quick, so their general loss differs "
                         "from the other pages'")
@@ -127,76 +130,39 @@ with right:
     measures = sweep_measures("finetune", pool)
     measure, general = measures.measure, measures.general_measure
     device, dtype = device_settings()
-    # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run
-    # records score the fine-tuned task only (the charts show no other): a third of the evaluation time
-    common = dict(start=start, eval_every=int(eval_every), max_general=int(max_general), max_task=int(max_task),
-                  eval_tasks=[task], device=device, dtype=dtype_name(dtype), gradient_checkpointing=checkpointing,
-                  **measures.settings)
-    if mode == "one run":
-        label = optimizer if optimizer == "adamw" else f"mofo-{fraction:g}"
-        label += f"+sfa-p{sfa_p:g}" if sfa_p else ""
-        label += f"+l1-{l1:g}" if l1 else ""
-        label += f"+l2-{l2:g}" if l2 else ""
-        configs = [FinetuneConfig(label=label, optimizer=optimizer, steps=int(steps), lr=float(lr),
-                                  batch_size=int(batch), seed=int(seed), fraction=float(fraction), sfa_p=sfa_p,
-                                  sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), **lora)]
-    else:
-        configs = standard_configs(int(steps), float(lr), batch_size=int(batch), seed=int(seed),
-                                   fraction=float(fraction), sfa_p=float(sfa_p), sfa_beta=float(sfa_beta), l2=float(l2),
-                                   l1=float(l1), **lora)
+    # a benchmark measure (an lm-eval TASK/METRIC of the pool) is run at every record of every run, with the
+    # quick limit of `sweep_measures`; records score the fine-tuned task only (the charts show no other)
+    spec = measures.settings.get("benchmarks")
+    settings = FinetuneSettings(
+        task=task, start=start, optimizer=optimizer, fraction=fraction, steps=steps, batch_size=batch, lr=lr,
+        seed=seed, sfa_p=sfa_p, sfa_beta=sfa_beta, l1=l1, l2=l2, compare=mode == "comparison",
+        eval_every=eval_every, max_general=max_general, max_task=max_task, device=device, dtype=dtype_name(dtype),
+        gradient_checkpointing=checkpointing, measure=measure, general_measure=general,
+        lm_eval_include=spec.include if spec else None, limit=spec.limit if spec else None, eval_tasks=(task,),
+        **lora)
+    runs = len(configs_of(settings))
+    panel = AnalysisPanel(ANALYSIS, page="finetune", button="Fine-tune",
+                          label=lambda s: f"Fine-tuning {s.start} on {s.task} ({runs} run(s))",
+                          executor=lambda s: session_executor() if s.compare else None)   # one run: here
     # the main action at the top of the results, where it is seen without scrolling past the settings
-    fits = memory_check("finetune", pool=pool, task=task, configs=configs, start=start, device=device,
-                        dtype=dtype, gradient_checkpointing=checkpointing)
-    go = st.button("Fine-tune", type="primary", key="finetune_run", disabled=not fits)
-    st.caption(plan_caption(len(configs), int(steps), int(eval_every), int(max_general), int(max_task)))
-
-    def work(progress):
-        """The fine-tune(s), publishing what is recorded so far, then saved; one run keeps its model too."""
-        model = None
-        if mode == "one run":
-            records: list[dict] = []
-
-            def on_record(step, rec) -> None:
-                records.append({"step": step, "general loss ↓": rec["general_loss"],
-                                f"{task} exact match ↑": rec["exact_match"],
-                                f"{task} answer loss ↓": rec.get("answer_loss")})
-                progress.publish(pd.DataFrame(records).set_index("step"))
-
-            run, model = finetune(pool, task, configs[0], progress=progress, return_model=True,
-                                  on_record=on_record, **common)
-            result = FinetuneComparison(task, start, [run], {"task": task, "start": start,
-                                                             "configs": [configs[0].to_dict()]})
-            result.mark_pareto(measure, general)
-        else:
-            from forgetlab.ui.executor import session_executor
-
-            result = compare(pool, task, configs, progress=progress, measure=measure, general_measure=general,
-                             executor=session_executor(), **common,
-                             on_run=lambda run, partial: progress.publish(FinetuneComparison(
-                                 partial.task, partial.start, list(partial.runs), partial.recipe)))
-        return {"result": result, "model": model, "path": save_finetune_run(result)}
+    go = panel.controls(pool, settings)
+    st.caption(plan_caption(runs, steps, eval_every, max_general, max_task))
 
     def show_partial(partial) -> None:
-        if isinstance(partial, pd.DataFrame):
-            st.caption(f"records so far (step {partial.index[-1]} of {int(steps)})")
-            st.line_chart(partial, height=220)
-        else:
-            st.caption(f"{len(partial.runs)} of {len(configs)} runs done")
+        """A single run's records so far, or the comparison's finished runs."""
+        if isinstance(partial, FinetuneComparison):
+            st.caption(f"{len(partial.runs)} of {runs} runs done")
             st.plotly_chart(partial_figure(partial, trajectories_figure, measure, general), key="finetune_live")
+        else:
+            st.caption(f"records so far (step {partial.index[-1]} of {steps})")
+            st.line_chart(partial.rename(columns={"general_loss": "general loss ↓",
+                                                  "exact_match": f"{task} exact match ↑",
+                                                  "answer_loss": f"{task} answer loss ↓"}), height=220)
 
-    def keep(done: dict) -> None:
-        # the model moves into this session: the finished job (kept for other tabs) must not hold a model copy
-        st.session_state[RESULT_KEY], st.session_state[MODEL_KEY] = done["result"], done.pop("model", None)
-        st.toast(f"Saved under {done['path']}")
-
-    key = job_key("finetune", pool.key, str(workspace_home()), task, [c.to_dict() for c in configs], common)
-    run_once(key, work, start=go, label=f"Fine-tuning {start} on {task} ({len(configs)} run(s))", slot="finetune",
-             on_done=keep, show_partial=show_partial)
-
-    result = st.session_state.get(RESULT_KEY)
-    if result is None:
-        st.info("Configure a run (left) and press Fine-tune.")
-    else:
+    def show(result) -> None:
+        """The trajectories, the final trade-off, the training loss, the table; a single run's model to keep."""
+        if result.model is not None:      # the model moves into this session: the finished job holds no copy
+            st.session_state[MODEL_OF_KEY], st.session_state[MODEL_KEY] = result, result.take_model()
         st.subheader(f"{result.start} fine-tuned on {result.task}",
                      help=explain("general_loss", "speciality", "distance"))
         st.plotly_chart(trajectories_figure(result, measure, general), key="finetune_trajectories")
@@ -205,15 +171,14 @@ with right:
         st.plotly_chart(final_scatter(result, measure, general), key="finetune_final")
         st.markdown("**Training loss**")
         st.plotly_chart(loss_figure(result), key="finetune_loss")
-        frame = result.to_frame()
-        show_table(frame, key="finetune_table")
+        show_table(result.to_frame(), key="finetune_table")
         traj = result.trajectories()
         st.download_button("Download trajectories (CSV)",
                            traj.drop(columns=[c for c in traj.columns if c.startswith("scorecard")]).to_csv(index=False),
                            file_name=f"finetune-{result.task}.csv", mime="text/csv", key="finetune_csv",
                            on_click="ignore")
-        model = st.session_state.get(MODEL_KEY)
-        if model is not None and len(result.runs) == 1:
+        model = st.session_state.get(MODEL_KEY) if st.session_state.get(MODEL_OF_KEY) is result else None
+        if model is not None:
             st.markdown("**Keep this model** — add it to the pool so every other page can analyse it.")
             name = st.text_input("name in the pool", f"{result.task}-{result.runs[0].label}",
                                  key="finetune_save_name")
@@ -224,3 +189,6 @@ with right:
                     st.success(f"Saved {name} to {path} and added it to the pool.")
         elif len(result.runs) > 1:
             st.caption("To save one of these models into the pool, run it alone (mode: one run).")
+
+    panel.results(pool, settings, start=go, show=show, show_partial=show_partial,
+                  empty="Configure a run (left) and press Fine-tune.")

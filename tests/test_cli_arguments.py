@@ -420,7 +420,8 @@ def _same_row(expected, got) -> bool:
 # Issue 42: commands made from an analysis' settings (forgetlab.commands.generated) take the executor flags too
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
 GENERATED = {"linearity", "attribution", "textdiff", "features", "search", "pcb-search", "slwm-weights",
-             "sweep alpha", "sweep pruning", "sweep density", "sweep hma", "sweep lines", "sweep rank", "sweep iso"}
+             "sweep alpha", "sweep pruning", "sweep density", "sweep hma", "sweep lines", "sweep rank", "sweep iso",
+             "finetune"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)

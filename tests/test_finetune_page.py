@@ -33,7 +33,8 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     from forgetlab.ui.jobs import REGISTRY
 
     done = [j for j in REGISTRY.jobs() if j.key.startswith("finetune") and j.status == "done"][0]
-    assert "model" not in done.result and at.session_state["finetune_model"] is not None
+    result, _ = done.result                       # (the comparison of one run, the folder it was saved in)
+    assert result.model is None and at.session_state["finetune_model"] is not None
     at.text_input(key="finetune_save_name").set_value("math-mofo")
     at.button(key="finetune_save").click().run()
     assert not at.exception, at.exception
@@ -114,6 +115,9 @@ def test_finetune_page_lora_run_saved_as_an_adapter(tiny_llama, tmp_path, monkey
     settings = result.runs[0].train.settings
     assert settings["gradient_checkpointing"] and settings["trainable_parameters"] < 2000
     assert result.runs[0].config.lora == 2 and result.runs[0].config.lora_targets == ["q_proj", "v_proj"]
+    # named as the CLI names it (one function: forgetlab.analysis.finetune.configs_of), measures in its recipe
+    assert result.runs[0].label == "lora2-adamw" and at.text_input(key="finetune_save_name").value == "math-lora2-adamw"
+    assert result.recipe["measure"] == at.session_state["app_measure"] and result.recipe["general_measure"]
     at.text_input(key="finetune_save_name").set_value("math-lora")
     at.button(key="finetune_save").click().run()
     assert not at.exception, at.exception

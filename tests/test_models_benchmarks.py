@@ -398,7 +398,8 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
     from forgetlab.cli import main
     from forgetlab.core.benchmarks import BenchmarkSpec, evaluate_benchmarks
     from forgetlab.core.pool import ModelPool
-    from forgetlab.train.runs import finetune, load_finetune_run, standard_configs
+    from forgetlab.analysis.finetune import ANALYSIS as FINETUNE
+    from forgetlab.train.runs import finetune, standard_configs
 
     home = tmp_path / "home"
     monkeypatch.setenv("FORGETLAB_HOME", str(home))
@@ -416,7 +417,7 @@ def test_finetune_compare_with_benchmark_speciality_and_generality_cli_and_page(
     assert "speciality: tiny_cloze/acc_norm; generality: tiny_cloze/acc" in out
     saved = [p for p in (home / "runs").iterdir() if "finetune" in p.name]
     assert len(saved) == 1
-    comp = load_finetune_run(saved[0])
+    comp = FINETUNE.load(saved[0])
     assert comp.recipe["measure"] == "tiny_cloze/acc_norm" and comp.recipe["general_measure"] == "tiny_cloze/acc"
     assert [r.label for r in comp.runs][0] == "adamw" and len(comp.runs) == 5
     assert comp.runs[0].final.benchmarks["tiny_cloze"] == direct                     # same seed, same batches

@@ -6,7 +6,7 @@ import shutil
 from forgetlab.cli import main
 from forgetlab.core.pool import ModelPool
 from forgetlab.core.workspace import list_runs
-from forgetlab.train.runs import load_finetune_run
+from forgetlab.analysis.finetune import ANALYSIS as FINETUNE
 
 
 def test_finetune_cli_one_run_saved_into_pool(tiny_llama, tmp_path, monkeypatch, capsys):
@@ -21,7 +21,7 @@ def test_finetune_cli_one_run_saved_into_pool(tiny_llama, tmp_path, monkeypatch,
     assert "mofo-0.2+l2-0.5" in text and "added math-mofo" in text
     assert "math-mofo" in ModelPool.from_yaml(root / "pool.yaml").model_names
     runs = list_runs(tmp_path / "home", kind="finetune")
-    comp = load_finetune_run(runs[0].path)
+    comp = FINETUNE.load(runs[0].path)
     assert comp.runs[0].config.optimizer == "mofo" and comp.runs[0].config.l2 == 0.5
 
 

@@ -10,8 +10,8 @@ from forgetlab.core.data import Probes, TaskData, TaskPair
 from forgetlab.core.errors import ForgetlabError, TrainingError
 from forgetlab.core.evaluate import evaluate
 from forgetlab.core.pool import ModelPool
-from forgetlab.train.runs import (FinetuneConfig, compare, finetune, load_finetune_run, save_finetune_run,
-                                  save_finetuned, standard_configs)
+from forgetlab.analysis.finetune import ANALYSIS as FINETUNE
+from forgetlab.train.runs import FinetuneConfig, compare, finetune, save_finetuned, standard_configs
 
 
 def test_finetune_records_generality_speciality_distance(pool):
@@ -46,8 +46,8 @@ def test_compare_and_save_reopen(pool, tmp_path):
     assert set(traj["label"]) == set(frame["label"]) and set(traj["step"]) == {0, 2, 4}
     # all runs started from the same weights: identical step-0 records
     assert traj[traj.step == 0]["general_loss"].nunique() == 1
-    path = save_finetune_run(comp, home_path=tmp_path)
-    back = load_finetune_run(path)
+    path = FINETUNE.save(comp, home_path=tmp_path)
+    back = FINETUNE.load(path)
     assert back.to_frame()[["label", "speciality", "general_loss"]].equals(frame[["label", "speciality", "general_loss"]])
 
 

@@ -15,6 +15,7 @@ import math
 
 from forgetlab.analysis.measures import LIMIT_HELP, LM_EVAL_INCLUDE_HELP, general_measure_help, measure_help
 from forgetlab.core.devicemap import DEVICE_MAP_HELP, MAX_MEMORY_HELP, PLACEMENTS
+from forgetlab.core.settings import TORCH_SEED_MAX, bound_text
 
 POOL_HELP = "pool.yaml"
 DEVICE_HELP = "cpu or cuda (default: cuda when available)"
@@ -27,7 +28,6 @@ EVAL_BATCH_HELP = "evaluation batch size"
 OUTPUT_FILES = ("out", "curves", "distances", "save_recipe")
 
 INT64_MAX = 2**63 - 1          # the largest whole number torch and numpy take as an index, size or count
-TORCH_SEED_MAX = 2**63 - 1     # torch.manual_seed / torch.Generator, and a recipe's seed (merge.recipes.check_seed)
 NUMPY_SEED_MAX = 2**32 - 1     # numpy's legacy seeding, used by scikit-learn, openTSNE and cma
 FLOAT32_MAX = 3.4028234663852886e38   # torch.finfo(torch.float32).max: settings become float32 tensor scalars
 
@@ -44,19 +44,12 @@ def whole_number(minimum: int | None = None, maximum: int = INT64_MAX, name: str
         if minimum is not None and value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}; got {value}")
         if value > maximum:
-            raise argparse.ArgumentTypeError(f"must be at most {_power_of_two(maximum)} ({maximum:,}); got {value}")
+            raise argparse.ArgumentTypeError(f"must be at most {bound_text(maximum)} ({maximum:,}); got {value}")
         if minimum is None and value < -maximum - 1:
             raise argparse.ArgumentTypeError(f"must be at least {-maximum - 1:,}; got {value}")
         return value
     parse.__name__ = name
     return parse
-
-
-def _power_of_two(maximum: int) -> str:
-    """`maximum` written as 2**b − k when it lies just below a power of two (2**63 − 1, 2**32 − 2)."""
-    bits = maximum.bit_length()
-    below = (1 << bits) - maximum
-    return f"2**{bits} − {below}" if 0 < below <= 16 and bits > 8 else str(maximum)
 
 
 def finite_number(text: str) -> float:
@@ -82,24 +75,12 @@ def add_seed(p, *, help: str, maximum: int = TORCH_SEED_MAX, default: int = 0) -
     (TORCH_SEED_MAX for torch's, NUMPY_SEED_MAX for numpy's legacy seeding; less where the command derives
     further seeds from it). `help` says what it seeds."""
     p.add_argument("--seed", type=whole_number(0, maximum, "seed"), default=default,
-                   help=f"{help} (a whole number from 0 to {_power_of_two(maximum)}; default {default})")
+                   help=f"{help} (a whole number from 0 to {bound_text(maximum)}; default {default})")
 
 
-def add_lora(p) -> None:
-    """`--lora R`, `--lora-alpha A` and `--lora-targets NAME[,NAME…]` (dests `lora`, `lora_alpha`,
-    `lora_targets`): a LoRA fine-tune instead of a full one. The rank is ≥ 1 (left out: a full fine-tune); the
-    targets, when given, a non-empty list (read into a list of names)."""
-    p.add_argument("--lora", type=_lora_rank, default=None, metavar="R",
-                   help="train a LoRA adapter of rank R ≥ 1 instead of every weight (saved with --save-as as a "
-                        "PEFT adapter); the optimizer and the fixes act on the adapter's parameters. Leave it out "
-                        "for a full fine-tune")
-    p.add_argument("--lora-alpha", type=finite_number, default=None, metavar="A", help="LoRA alpha (default 2·R)")
-    p.add_argument("--lora-targets", type=_module_names, default=None, metavar="NAME[,NAME…]",
-                   help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
-                        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)")
-
-
-def _lora_rank(text: str) -> int:
+def lora_rank(text: str) -> int:
+    """A CLI reader (its name in argparse's messages: "rank"): a LoRA rank, a whole number ≥ 1 (`--lora R`; left
+    out: a full fine-tune)."""
     value = whole_number(None)(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"LoRA rank must be ≥ 1; got {value}. Leave --lora out for a full "
@@ -107,10 +88,12 @@ def _lora_rank(text: str) -> int:
     return value
 
 
-_lora_rank.__name__ = "rank"
+lora_rank.__name__ = "rank"
 
 
-def _module_names(text: str) -> list[str]:
+def module_names(text: str) -> list[str]:
+    """A CLI reader (its name: "names"): module names written comma-separated in one argument (`--lora-targets
+    q_proj,v_proj`), read into a non-empty list without empty names."""
     names = [t.strip() for t in text.split(",")]
     if not any(names):
         raise argparse.ArgumentTypeError(f"names no module (got {text!r}); give names such as q_proj,v_proj, or "
@@ -121,7 +104,10 @@ def _module_names(text: str) -> list[str]:
     return names
 
 
-_module_names.__name__ = "names"
+module_names.__name__ = "names"
+
+READERS = {"rank": lora_rank, "names": module_names}
+"""CLI readers a settings field may name as its `cli_type` (forgetlab.core.settings.Setting), by name."""
 
 
 def add_pool(p, *, flag: bool = False, required: bool = True, help: str = POOL_HELP) -> None:

@@ -39,12 +39,18 @@ class OldFlag(argparse.Action):
 
 
 def _convert(info: FieldInfo):
-    """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a seed,
-    a whole number within 64 bits, a finite decimal), then the value checked against the declaration, so that
-    argparse exits 2 naming the flag. A sequence of number tuples is read one comma-separated tuple per argument."""
+    """The argparse type of one field: the CLI's own number types (forgetlab.commands.args: a count ≥ 1, a whole
+    number within 64 bits — named by the field's `cli_type` where it declares one, e.g. a seed —, a finite
+    decimal) or the reader its `cli_type` names in `forgetlab.commands.args.READERS`, then the value checked
+    against the declaration, so that argparse exits 2 naming the flag. A sequence of number tuples is read one
+    comma-separated tuple per argument."""
     lo, hi = info.spec.range or (None, None)
-    if info.base is int:
-        name = "seed" if info.name == "seed" else "count" if lo == 1 and hi is None else "integer"
+    reader = shared.READERS.get(info.spec.cli_type or "")
+    if reader is not None:
+        number = reader
+    elif info.base is int:
+        name = info.spec.cli_type or ("seed" if info.name == "seed" else "count" if lo == 1 and hi is None
+                                      else "integer")
         number = shared.whole_number(None if lo is None else int(lo),
                                      shared.INT64_MAX if hi is None else int(hi), name)
     else:
@@ -53,6 +59,8 @@ def _convert(info: FieldInfo):
 
     def parse(text: str) -> Any:
         try:
+            if reader is not None:
+                return checked_value(info, reader(text))
             if info.sequence and info.base in (int, float):
                 return checked_value(one, [int(v) if info.base is int else v
                                            for v in parse_floats(text, info.flag)])
@@ -60,8 +68,9 @@ def _convert(info: FieldInfo):
             return checked_value(info, value)
         except ParameterError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
-    parse.__name__ = ("numbers" if info.sequence else getattr(number, "__name__", "number")) \
-        if info.base in (int, float) else "word"
+    parse.__name__ = (reader.__name__ if reader is not None else
+                      ("numbers" if info.sequence else getattr(number, "__name__", "number"))
+                      if info.base in (int, float) else "word")
     return parse
 
 
@@ -88,7 +97,7 @@ def add_setting(p, info: FieldInfo) -> None:
     elif info.nested:           # left out: None, and the declared default applies (settings_of)
         action = p.add_argument(info.flag, dest=info.name, nargs="+", type=_convert(info), default=None,
                                 required=spec.required, help=help_, metavar=spec.metavar)
-    elif info.sequence and info.base is str:
+    elif info.sequence and info.base is str and spec.cli_type is None:
         action = p.add_argument(info.flag, dest=info.name, nargs="*" if spec.may_be_empty else "+",
                                 choices=spec.choices if spec.cli_choices else None,
                                 default=list(info.default) if info.default is not None else None,

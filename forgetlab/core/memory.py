@@ -273,8 +273,10 @@ class MemoryEstimate:
                 "free": self.free, "fixes": list(self.fixes), "total": self.total, "fits": self.fits}
 
 
-ESTIMATORS: Registry[Callable[..., MemoryEstimate]] = Registry("memory estimate")
-"""Every job's estimator by job name ("linearity", "finetune", …), declared beside the job."""
+ESTIMATORS: Registry[Callable[..., MemoryEstimate]] = Registry("memory estimate", "forgetlab.analysis")
+"""Every job's estimator by job name ("linearity", "finetune", …), declared beside the job; a job not declared
+yet is looked for in the modules of forgetlab.analysis (the analysis named like the job first, which imports
+its estimator), so `estimate("finetune", …)` needs no import "to register" it."""
 
 
 def register_estimator(job: str) -> Callable[[Callable[..., MemoryEstimate]], Callable[..., MemoryEstimate]]:

@@ -45,6 +45,10 @@ class Setting:
     may_be_empty: a sequence may hold no value (the CLI then takes the flag alone: `--tasks`).
     cli_choices: False for a word (or words) whose CLI option lists no choices: any word is taken there and the
     settings' check refuses one outside `choices` (options that never listed their choices keep their form).
+    cli_type: the name of the CLI's reader of the value, where the declared type alone does not say it: the
+    name a whole number's messages use ("seed"; "number": one ≥ 0, as `forgetlab.cli` names --warmup), or a
+    reader `forgetlab.commands.args.READERS` holds under that name ("rank": a LoRA rank; "names":
+    comma-separated names in one argument).
     """
 
     help: str
@@ -60,19 +64,21 @@ class Setting:
     exclusive: Optional[str] = None
     may_be_empty: bool = False
     cli_choices: bool = True
+    cli_type: Optional[str] = None
 
 
 def setting(default: Any = None, *, help: str, range: Optional[tuple] = None, choices: Optional[Sequence] = None,
             flag: Optional[str] = None, positional: bool = False, required: bool = False, cli: bool = True,
             old_flags: Sequence[str] = (), label: Optional[str] = None, metavar: Optional[str] = None,
-            exclusive: Optional[str] = None, may_be_empty: bool = False, cli_choices: bool = True) -> Any:
+            exclusive: Optional[str] = None, may_be_empty: bool = False, cli_choices: bool = True,
+            cli_type: Optional[str] = None) -> Any:
     """A dataclass field declared once: its default and everything `Setting` lists (see the module docstring).
     A list default is copied per instance."""
     meta = {"setting": Setting(help=help, range=tuple(range) if range is not None else None,
                                choices=tuple(choices) if choices is not None else None, flag=flag,
                                positional=positional, required=required, cli=cli, old_flags=tuple(old_flags),
                                label=label, metavar=metavar, exclusive=exclusive, may_be_empty=may_be_empty,
-                               cli_choices=cli_choices)}
+                               cli_choices=cli_choices, cli_type=cli_type)}
     if isinstance(default, (list, dict, set)):
         value = default
         return field(default_factory=lambda: type(value)(value), metadata=meta)
@@ -259,11 +265,18 @@ def count_field(default: Optional[int], help: str, **options: Any) -> Any:
     return setting(default, help=help, range=(1, None), **options)
 
 
-SEED_MAX = 2**63 - 1
-"""The largest seed torch's generator takes (torch.manual_seed)."""
+TORCH_SEED_MAX = 2**63 - 1     # torch.manual_seed / torch.Generator, and a recipe's seed (merge.recipes.check_seed)
 
 
-def seed_field(help: str, default: int = 0, **options: Any) -> Any:
-    """`seed`: a whole number from 0 to SEED_MAX that seeds torch's generator; `help` says what it seeds (the CLI
-    names its type "seed")."""
-    return setting(default, help=f"{help} (a whole number from 0 to 2**63 − 1)", range=(0, SEED_MAX), **options)
+def bound_text(maximum: int) -> str:
+    """`maximum` written as 2**b − k when it lies just below a power of two (2**63 − 1, 2**32 − 2)."""
+    bits = maximum.bit_length()
+    below = (1 << bits) - maximum
+    return f"2**{bits} − {below}" if 0 < below <= 16 and bits > 8 else str(maximum)
+
+
+def seed_field(help: str, *, maximum: int = TORCH_SEED_MAX, default: int = 0, **options: Any) -> Any:
+    """`seed`: a whole number from 0 to `maximum`, the range of the generator it seeds; `help` says what it
+    seeds."""
+    return setting(default, help=f"{help} (a whole number from 0 to {bound_text(maximum)})", range=(0, maximum),
+                   cli_type="seed", **options)

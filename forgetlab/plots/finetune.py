@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 from forgetlab.analysis.measures import higher_is_better, pareto_mask
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.plots import color_for, series_name
-from forgetlab.train.runs import FinetuneComparison, FinetuneRun
+from forgetlab.train.results import FinetuneComparison, FinetuneRun
 
 
 def _runs(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> list[FinetuneRun]:

@@ -10,12 +10,16 @@ adapter — so full and LoRA runs are compared on one scale.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
+from transformers.pytorch_utils import Conv1D
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.outputs import atomic_output_dir
+from forgetlab.core.poolsaves import save_into_pool
 
 ADAPTER = "default"
 
@@ -24,8 +28,6 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     """The distinct last names of the linear layers inside the model's transformer blocks (q_proj, v_proj,
     gate_proj … for Llama; c_attn, c_proj, c_fc for GPT-2's Conv1D): what `targets` may name. The output head
     is left out (an adapter on it would also move the tied embedding)."""
-    from transformers.pytorch_utils import Conv1D
-
     names = set()
     for full, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, Conv1D)) and not full.endswith(("lm_head", "embed_out")):
@@ -36,8 +38,6 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
 def checkpoint_targets(ckpt) -> list[str]:
     """The linear layers a LoRA adapter can target, read from a checkpoint's headers (the last name of every 2-D
     weight inside the transformer blocks): what the Fine-tune page offers without loading the model."""
-    import re
-
     names = set()
     for name, info in ckpt.infos().items():
         if len(info.shape) == 2 and name.endswith(".weight") and re.search(r"\.(layers|h|blocks)\.\d+\.", name):
@@ -135,9 +135,6 @@ def save_adapter(pool, model, name: str, *, target: Path, run_json: Optional[str
     adapter_model.safetensors, written atomically) at `target`, add it to the pool as `{adapter: …}` and to
     the pool's YAML file (with `update_yaml`), both or neither (forgetlab.core.poolsaves); the analyses and merges
     read it as base + (α/R)·B·A."""
-    from forgetlab.core.outputs import atomic_output_dir
-    from forgetlab.core.poolsaves import save_into_pool
-
     def write(then) -> Path:
         with atomic_output_dir(target, overwrite=overwrite, kind="adapter", then=then) as tmp:
             model.save_pretrained(str(tmp), safe_serialization=True)

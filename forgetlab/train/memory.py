@@ -17,8 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from forgetlab.core.checkpoints import check_device
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
+from forgetlab.train.examples import training_examples
+from forgetlab.train.results import FinetuneConfig
 
 
 def _lora_parameters(size: ModelSize, config) -> int:
@@ -35,8 +38,6 @@ def _lora_parameters(size: ModelSize, config) -> int:
 
 
 def _longest(pool, task: str, max_train: Optional[int], max_length: int) -> int:
-    from forgetlab.train.runs import training_examples
-
     examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
     return max(len(e.input_ids) for e in examples)
 
@@ -78,9 +79,6 @@ def estimate_finetune(pool, task: str, config=None, configs: Optional[Sequence[A
                       max_train: Optional[int] = None, max_length: int = 256, **_: Any) -> MemoryEstimate:
     """The peak of `forgetlab.train.runs.finetune` (or `compare` with `configs`): the largest run's parts
     (module docstring), with the flags that shrink it in the order they help most."""
-    from forgetlab.core.checkpoints.loading import check_device
-    from forgetlab.train.runs import FinetuneConfig
-
     device = check_device(device)
     dt = job_dtype(dtype, device)
     size = ModelSize.of(pool.checkpoint(start))

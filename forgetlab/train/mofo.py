@@ -25,6 +25,7 @@ from typing import Collection, Iterable
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.merge.select import kth_largest
 
 _NORM_TYPES = tuple(t for t in (torch.nn.LayerNorm, torch.nn.GroupNorm, getattr(torch.nn, "RMSNorm", None),
                                  torch.nn.modules.batchnorm._NormBase, torch.nn.LocalResponseNorm) if t is not None)
@@ -55,8 +56,6 @@ def top_fraction_mask(scores: torch.Tensor, fraction: float) -> torch.Tensor:
     The cut is found with `forgetlab.merge.select.kth_largest` (an exact selection; on the CPU a numpy one
     that needs about one copy of the tensor, where torch.topk needs 4.6 of them), then compared in pieces.
     """
-    from forgetlab.merge.select import kth_largest
-
     n = scores.numel()
     k = min(n, max(1, math.ceil(fraction * n - 1e-9)))
     if k >= n:

@@ -13,58 +13,26 @@ from __future__ import annotations
 import collections.abc
 import json
 import math
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-import pandas as pd
 import torch
 
+from forgetlab.analysis.measures import check_general_measure, check_measure
+from forgetlab.core.benchmarks import checked_manager, require_task
+from forgetlab.core.checkpoints import check_device, load_model, save_model
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, TrainingError
-from forgetlab.core.evaluate import Scorecard, evaluate
+from forgetlab.core.evaluate import evaluate
+from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
+from forgetlab.core.outputs import absolute, check_name, check_output_dir
+from forgetlab.core.poolsaves import finish_interrupted_saves, save_into_pool
 from forgetlab.core.progress import Progress, prefixed, report, scaled
-from forgetlab.executors import PoolWorkerFactory
-from forgetlab.train.trainer import TrainResult, train
-
-
-@dataclass
-class FinetuneConfig:
-    """One fine-tuning recipe. `label` names it in tables and charts; the rest are `train` arguments."""
-
-    label: str = "adamw"
-    optimizer: str = "adamw"
-    steps: int = 100
-    batch_size: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    fraction: float = 0.2
-    warmup: int = 0
-    schedule: str = "cosine"
-    seed: int = 0
-    sfa_p: Optional[float] = None
-    sfa_beta: float = 0.5
-    l1: float = 0.0
-    l2: float = 0.0
-    lora: int = 0                                # LoRA rank; 0 = a full fine-tune (forgetlab.train.lora)
-    lora_alpha: Optional[float] = None           # default 2·rank
-    lora_targets: Optional[list[str]] = None     # default every linear layer of the blocks
-
-    def train_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of `forgetlab.train.trainer.train` this config stands for."""
-        d = asdict(self)
-        for key in ("label", "lora", "lora_alpha", "lora_targets"):
-            d.pop(key)
-        return d
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (round-trips through `from_dict`)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneConfig":
-        """Rebuild an object saved with `to_dict`."""
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in d.items() if k in known})
+from forgetlab.core.workspace import home
+from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
+from forgetlab.train.examples import training_examples
+from forgetlab.train.lora import LoraDistance, add_adapter, enable_checkpointing, save_adapter, trainable_parameters
+from forgetlab.train.results import FinetuneComparison, FinetuneConfig, FinetuneRun, records_card
+from forgetlab.train.trainer import start_distance, train
 
 
 # L1-to-init strength of the comparison. Neither docs/methods.md nor the SFA rebuttal gives a value. The penalty's
@@ -72,6 +40,23 @@ class FinetuneConfig:
 # with the displacement. λ1 = 1e-3 equals the L2 default's pull (λ2 = 1) at a displacement of 1e-3 per entry,
 # the order of what a short fine-tune at lr 1e-3 moves an entry, so the two penalties start comparable.
 L1_DEFAULT = 1e-3
+
+
+def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Optional[float] = None,
+                 l1: float = 0.0, l2: float = 0.0, lora: Optional[int] = 0) -> str:
+    """How a single fine-tune is named in tables and charts, from what it does: the optimizer ("mofo-0.2" with
+    its fraction), then each fix it adds ("+sfa-p0.25", "+l1-0.001", "+l2-1"), after "lora16-" for a LoRA run of
+    rank 16 — "lora16-mofo-0.2+l2-0.5". The comparison's runs are named by `standard_configs`."""
+    label = optimizer if optimizer != "mofo" else f"mofo-{fraction:g}"
+    if sfa_p:
+        label += f"+sfa-p{sfa_p:g}"
+    if l1:
+        label += f"+l1-{l1:g}"
+    if l2:
+        label += f"+l2-{l2:g}"
+    if lora:
+        label = f"lora{lora}-{label}"
+    return label
 
 
 def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
@@ -90,170 +75,6 @@ def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8,
         FinetuneConfig(label=f"l2-{l2:g}", optimizer="adamw", l2=l2, **common),
         FinetuneConfig(label=f"l1-{l1:g}", optimizer="adamw", l1=l1, **common),
     ]
-
-
-@dataclass
-class FinetuneRun:
-    """One fine-tune: its config, the task, where it started, the training record and the final scorecard.
-
-    `train.history` holds the periodic records (step, distance, general_loss, perplexity, exact_match,
-    answer_loss); `start_card` is the scorecard of the starting model (step 0).
-    """
-
-    config: FinetuneConfig
-    task: str
-    start: str
-    train: TrainResult
-    final: Optional[Scorecard] = None
-    start_card: Optional[Scorecard] = None
-    pareto: bool = False
-    executor: str = "local"
-    worker: dict[str, Any] = field(default_factory=dict)   # {"host", "pid"} of the process that trained it
-
-    @property
-    def label(self) -> str:
-        """The config's label (names the run in tables and charts)."""
-        return self.config.label
-
-    @property
-    def speciality(self) -> float:
-        """Final exact match on the task."""
-        return self.final.tasks[self.task].exact_match if self.final else float("nan")
-
-    def value(self, measure: str = "exact_match", card: Optional[Scorecard] = None) -> float:
-        """The run's score on its task in `measure` — exact match, answer loss or an lm-eval `TASK/METRIC`
-        (run at every record with `benchmarks=`) — of its final scorecard, or of `card` (e.g. `start_card`)."""
-        card = card if card is not None else self.final
-        if card is None:
-            return float("nan")
-        if "/" in str(measure):
-            from forgetlab.core.benchmarks import pick
-
-            return pick(card.benchmarks, measure)
-        return float(getattr(card.tasks[self.task], measure))
-
-    def generality(self, measure: str = "general_loss", card: Optional[Scorecard] = None) -> float:
-        """The run's generality in `measure` — held-out general loss (↓) or an lm-eval `TASK/METRIC` (run at
-        every record with `benchmarks=`) — of its final scorecard, or of `card` (e.g. `start_card`)."""
-        card = card if card is not None else self.final
-        if card is None:
-            return float("nan")
-        if measure == "general_loss":
-            return float(card.general_loss)
-        from forgetlab.core.benchmarks import pick
-
-        return pick(card.benchmarks, measure)
-
-    @property
-    def general_loss(self) -> float:
-        """Final held-out general loss."""
-        return self.final.general_loss if self.final else float("nan")
-
-    @property
-    def distance(self) -> float:
-        """Final D(θ, θ0) from the start model."""
-        for rec in reversed(self.train.history):
-            if "distance" in rec:
-                return float(rec["distance"])
-        return float("nan")
-
-    def trajectory(self) -> pd.DataFrame:
-        """The periodic records as a table, one row per record, with the run's label."""
-        df = self.train.history_frame()
-        df.insert(0, "label", self.label)
-        return df
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row: label, settings, final speciality, general loss, forgetting, distance, pareto."""
-        base_gen = self.start_card.general_loss if self.start_card else float("nan")
-        row = {"label": self.label, "task": self.task, "start": self.start, "optimizer": self.config.optimizer,
-               "steps": self.train.completed_steps, "speciality": self.speciality,
-               "answer_loss": self.final.tasks[self.task].answer_loss if self.final else float("nan"),
-               "general_loss": self.general_loss, "forgetting": self.general_loss - base_gen,
-               "distance": self.distance, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
-               "seconds": self.train.seconds, "stopped": self.train.stopped, "executor": self.executor,
-               "worker_host": self.worker.get("host"), "worker_pid": self.worker.get("pid")}
-        for btask, metrics in (self.final.benchmarks if self.final else {}).items():
-            row.update({f"{btask}/{metric}": v for metric, v in metrics.items()})
-        return pd.DataFrame([row])
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (round-trips through `from_dict`)."""
-        return {"config": self.config.to_dict(), "task": self.task, "start": self.start,
-                "train": self.train.to_dict(), "final": self.final.to_dict() if self.final else None,
-                "start_card": self.start_card.to_dict() if self.start_card else None, "pareto": self.pareto,
-                "executor": self.executor, "worker": dict(self.worker)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneRun":
-        """Rebuild an object saved with `to_dict`."""
-        return cls(config=FinetuneConfig.from_dict(d["config"]), task=d["task"], start=d["start"],
-                   train=TrainResult.from_dict(d["train"]),
-                   final=Scorecard.from_dict(d["final"]) if d.get("final") else None,
-                   start_card=Scorecard.from_dict(d["start_card"]) if d.get("start_card") else None,
-                   pareto=bool(d.get("pareto", False)), executor=str(d.get("executor", "local")),
-                   worker=dict(d.get("worker") or {}))
-
-
-@dataclass
-class FinetuneComparison:
-    """Several fine-tunes of the same task on the same data and steps, with the Pareto front marked."""
-
-    task: str
-    start: str
-    runs: list[FinetuneRun] = field(default_factory=list)
-    recipe: dict[str, Any] = field(default_factory=dict)
-
-    def mark_pareto(self, measure: str = "exact_match", general_measure: str = "general_loss") -> list[bool]:
-        """Flag the runs whose final (speciality in `measure`, generality in `general_measure`) no other run
-        beats on both."""
-        from forgetlab.analysis.measures import higher_is_better, pareto_mask
-
-        sign = 1.0 if higher_is_better(measure) else -1.0
-        gsign = -1.0 if higher_is_better(general_measure) else 1.0       # the mask wants a loss
-        flags = pareto_mask([sign * r.value(measure) for r in self.runs],
-                            [gsign * r.generality(general_measure) for r in self.runs])
-        for r, f in zip(self.runs, flags):
-            r.pareto = f
-        return flags
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per run (see `FinetuneRun.to_frame`)."""
-        if not self.runs:
-            return pd.DataFrame()
-        return pd.concat([r.to_frame() for r in self.runs], ignore_index=True)
-
-    def trajectories(self) -> pd.DataFrame:
-        """Every run's periodic records stacked, with a `label` column."""
-        if not self.runs:
-            return pd.DataFrame()
-        return pd.concat([r.trajectory() for r in self.runs], ignore_index=True)
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict (round-trips through `from_dict`)."""
-        return {"task": self.task, "start": self.start, "runs": [r.to_dict() for r in self.runs],
-                "recipe": self.recipe}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "FinetuneComparison":
-        """Rebuild an object saved with `to_dict`."""
-        return cls(task=d["task"], start=d["start"], runs=[FinetuneRun.from_dict(r) for r in d.get("runs", [])],
-                   recipe=dict(d.get("recipe", {})))
-
-
-def training_examples(pool, task: str, *, max_length: int = 256, max_train: Optional[int] = None):
-    """The task's `train` pairs encoded for fine-tuning (loss on answer tokens and EOS only)."""
-    from forgetlab.core.data import encode_pairs
-
-    if task not in pool.task_names:
-        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
-    pairs = list(pool.probes.task(task).train or [])
-    if max_train is not None:
-        pairs = pairs[: int(max_train)]
-    if not pairs:
-        raise TrainingError(f"Task {task!r} has no training data: add a `train:` file for it under "
-                            "`probes: tasks:` in the pool file.")
-    return encode_pairs(pool.tokenizer, pairs, max_length, pool.probes.template)
 
 
 def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_general: Optional[int],
@@ -302,16 +123,14 @@ class _StreamedDistance:
 
     @torch.no_grad()
     def __call__(self) -> float:
-        from forgetlab.analysis.taskvec import distance
-
-        try:
-            return float(distance(self.params, self.start))
-        except ForgetlabError:                      # no tensor with a non-zero norm
-            return float("nan")
+        return start_distance(self.params, self.start)
 
 
-def _records_to_card(rec: Mapping[str, Any]) -> Scorecard:
-    return Scorecard.from_dict(rec["scorecard"])
+def check_start(pool, start: str) -> None:
+    """Refuse a start that is neither the base nor a model of the pool, naming the pool's models."""
+    if start != "base" and start not in pool.model_names:
+        raise ForgetlabError(f"The pool has no model {start!r}; its models are: base, "
+                             f"{', '.join(pool.model_names)}. Pick one of them to fine-tune.")
 
 
 def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: str = "base",
@@ -336,20 +155,12 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     trains a PEFT adapter (forgetlab.train.lora). D(θ, θ0) is streamed from the start's checkpoint (no copy
     of the starting weights is kept for it).
     """
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.core.checkpoints.loading import check_device
-    from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
-
     config = config or FinetuneConfig()
-    if start != "base" and start not in pool.model_names:
-        raise ForgetlabError(f"The pool has no model {start!r}; its models are: base, "
-                             f"{', '.join(pool.model_names)}. Pick one of them to fine-tune.")
+    check_start(pool, start)
     if not pool.probes.general:
         raise ProbeDataError("Fine-tuning records generality on held-out general text; add `probes: general:` "
                              "to the pool file.")
     examples = training_examples(pool, task, max_length=max_length, max_train=max_train)
-    from forgetlab.core.benchmarks import checked_manager
-
     manager = checked_manager(benchmarks)
     tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
     if task not in tasks:
@@ -360,12 +171,8 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     dt = job_dtype(dtype, device)
     model = load_model(pool.checkpoint(start), device=device, dtype=dt)
     if gradient_checkpointing:
-        from forgetlab.train.lora import enable_checkpointing
-
         enable_checkpointing(model)
     if config.lora:
-        from forgetlab.train.lora import LoraDistance, add_adapter
-
         model = add_adapter(model, config.lora, config.lora_alpha, config.lora_targets, seed=config.seed)
         distance_fn = LoraDistance(model, pool.checkpoint(start))
     else:
@@ -390,12 +197,10 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
         if partial is not None:
             err.run = FinetuneRun(config, task, start, partial)  # type: ignore[attr-defined]
         raise
-    from forgetlab.train.lora import trainable_parameters
-
     result.settings.update(dtype=dtype_name(dt), device=str(device), gradient_checkpointing=bool(gradient_checkpointing),
                            trainable_parameters=trainable_parameters(model))
     run = FinetuneRun(config=config, task=task, start=start, train=result,
-                      final=_records_to_card(result.history[-1]), start_card=_records_to_card(result.history[0]))
+                      final=records_card(result.history[-1]), start_card=records_card(result.history[0]))
     report(progress, 1.0, f"done · speciality {run.speciality:.3f} · general loss {run.general_loss:.3f}")
     if return_model:
         return run, model
@@ -425,9 +230,6 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     labels = [c.label for c in configs]
     if len(set(labels)) != len(labels):
         raise ParameterError(f"Config labels must be distinct; got {labels}.")
-    from forgetlab.analysis.measures import check_general_measure, check_measure
-    from forgetlab.core.benchmarks import checked_manager, require_task
-
     for m in (check_measure(measure), check_general_measure(general_measure)):
         require_task(m, benchmarks)
     checked_manager(benchmarks)               # an unknown task or a bad include folder fails before training
@@ -443,11 +245,7 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
               dtype=dtype if dtype is None or isinstance(dtype, str) else str(dtype).removeprefix("torch."),
               gradient_checkpointing=gradient_checkpointing)
     comp.recipe.update(dtype=kw["dtype"], gradient_checkpointing=bool(gradient_checkpointing))
-    from forgetlab.executors import worker_id
-
     if executor is not None and executor != "local":
-        from forgetlab.executors import make_executor
-
         executor = make_executor(executor)
         slots: list[Optional[FinetuneRun]] = [None] * n
 
@@ -501,33 +299,8 @@ class _FinetuneFactory(PoolWorkerFactory):
 # --------------------------------------------------------------------------------------------- saving
 
 
-def save_finetune_run(result: FinetuneRun | FinetuneComparison, home_path=None) -> Path:
-    """Save a run or a comparison under the workspace's runs/ (kind `finetune`); reopen with `load_finetune_run`."""
-    from forgetlab.core.workspace import save_run
-
-    if isinstance(result, FinetuneRun):
-        recipe = {"task": result.task, "start": result.start, "configs": [result.config.to_dict()]}
-        comp = FinetuneComparison(result.task, result.start, [result], recipe)
-    else:
-        comp = result
-    return save_run("finetune", dict(comp.recipe), comp.to_dict(), frame=comp.to_frame(), home_path=home_path)
-
-
-def load_finetune_run(path) -> FinetuneComparison:
-    """Reopen a fine-tune saved by `save_finetune_run` (always as a comparison, possibly of one run)."""
-    from forgetlab.core.errors import WorkspaceError
-    from forgetlab.core.workspace import load_run
-
-    run = load_run(path)
-    if run.kind != "finetune":
-        raise WorkspaceError(f"{path} holds a {run.kind} run, not a fine-tune.")
-    return FinetuneComparison.from_dict(run.results)
-
-
 def default_model_dir(pool, name: str) -> Path:
     """Where `save_finetuned` puts a model: `finetuned/<name>` beside the pool file, else in the workspace."""
-    from forgetlab.core.workspace import home
-
     if getattr(pool, "source", None):
         return Path(pool.source).parent / "finetuned" / name
     return home() / "finetuned" / name
@@ -537,9 +310,6 @@ def check_save_as(pool, name: str, *, out_dir=None, overwrite: bool = False) -> 
     """Check, before any training, that a fine-tune can be saved into the pool as `name`: a plain name
     (forgetlab.core.outputs.check_name), not 'base' nor a model the pool has, and a target folder that may be
     written. Returns the target folder."""
-    from forgetlab.core.outputs import absolute, check_name, check_output_dir
-    from forgetlab.core.poolsaves import finish_interrupted_saves
-
     check_name(name, "model name")
     if name == "base":
         raise ParameterError("'base' names the pool's base model; choose another name for the fine-tune.")
@@ -564,15 +334,10 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
     An existing folder is replaced only with `overwrite=True`; a name the pool already has is refused. The folder
     and the pool's entry appear together or not at all, even when interrupted (forgetlab.core.poolsaves).
     """
-    from forgetlab.core.checkpoints import save_model
-    from forgetlab.core.poolsaves import save_into_pool
-
     target = check_save_as(pool, name, out_dir=out_dir, overwrite=overwrite)
     run_json = json.dumps(run.to_dict(), indent=2, default=str) if run is not None else None
     if hasattr(model, "peft_config"):            # a LoRA fine-tune (forgetlab.train.lora)
         if run is None or run.start == "base":   # an adapter of the pool's base: saved as such
-            from forgetlab.train.lora import save_adapter
-
             return save_adapter(pool, model, name, target=target, run_json=run_json, overwrite=overwrite,
                                 update_yaml=update_yaml)
         model = model.merge_and_unload()         # an adapter of another model: saved merged, as a full model
@@ -584,5 +349,3 @@ def save_finetuned(pool, model, name: str, *, run: Optional[FinetuneRun] = None,
         model, pool.tokenizer, target, overwrite=overwrite, extra_files=extra, inputs=inputs, kind="finetune",
         then=then), update_yaml=update_yaml)
 
-
-from forgetlab.train import memory as _memory  # noqa: E402,F401  (registers the "finetune" memory estimator)

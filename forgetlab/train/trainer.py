@@ -27,13 +27,16 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import pandas as pd
 import torch
 
-from forgetlab.core.errors import ParameterError, TrainingError, check_fraction
+from forgetlab.analysis.taskvec import distance
+from forgetlab.core.data import collate
+from forgetlab.core.errors import ForgetlabError, ParameterError, TrainingError, check_fraction
 from forgetlab.core.progress import Progress, report
+from forgetlab.train.mofo import MoFO, unfiltered_parameters
 
 OPTIMIZERS = ("adamw", "mofo", "sgd")
 SCHEDULES = ("cosine", "constant")
@@ -201,10 +204,6 @@ def make_optimizer(
         return torch.optim.AdamW([p for _, p in named], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                  foreach=False)
     if key == "mofo":
-        from forgetlab.train.mofo import MoFO
-
-        from forgetlab.train.mofo import unfiltered_parameters
-
         return MoFO(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fraction=fraction,
                     unfiltered=unfiltered_parameters(model) & {n for n, _ in named})
     if key == "sgd":
@@ -245,15 +244,18 @@ class _Batches:
         return batch
 
 
-def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
-    """D(θ, θo) of docs/methods.md via `forgetlab.analysis.taskvec.distance` (NaN when every θo tensor has norm 0)."""
-    from forgetlab.analysis.taskvec import distance
-    from forgetlab.core.errors import ForgetlabError
-
+def start_distance(named: Sequence[tuple[str, torch.Tensor]], start: Mapping[str, torch.Tensor]) -> float:
+    """D(θ, θo) of docs/methods.md (`forgetlab.analysis.taskvec.distance`) of the `named` tensors against the
+    start weights `start` (by name); NaN when every θo tensor has norm 0."""
     try:
-        return float(distance(list(zip(names, params)), dict(zip(names, anchors))))
-    except ForgetlabError:
+        return float(distance(named, start))
+    except ForgetlabError:                      # no tensor with a non-zero norm
         return float("nan")
+
+
+def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
+    """`start_distance` of parameters and their anchors given as parallel lists."""
+    return start_distance(list(zip(names, params)), dict(zip(names, anchors)))
 
 
 def train(
@@ -298,8 +300,6 @@ def train(
     non-finite loss, restore the last weights that gave a finite loss (keeps a full copy; see the module doc). Batches are drawn from a generator seeded with `seed`; dropout uses
     a forked RNG seeded likewise, so the same call gives the same weights.
     """
-    from forgetlab.core.data import collate
-
     steps = int(steps)
     if steps < 1:
         raise ParameterError(f"steps must be a positive integer; got {steps}.")

@@ -41,12 +41,14 @@ def _results() -> dict:
 
 class AnalysisPanel:
     """The app's one way of running an analysis (module docstring). `page` names the page's state and job slot;
-    `button` is the main button's label; `label(settings)` says what a running job computes."""
+    `button` is the main button's label; `label(settings)` says what a running job computes; `executor(settings)`
+    picks where a job runs (default: the session's executor, `forgetlab.ui.executor.session_executor`)."""
 
     def __init__(self, analysis: Analysis, *, page: str, button: str,
-                 label: Optional[Callable[[Any], str]] = None):
+                 label: Optional[Callable[[Any], str]] = None, executor: Optional[Callable[[Any], Any]] = None):
         self.analysis, self.page, self.button = analysis, page, button
         self.label = label or (lambda settings: analysis.title[:1].upper() + analysis.title[1:])
+        self.executor = executor or (lambda settings: session_executor())
 
     @property
     def result_key(self) -> str:
@@ -79,7 +81,7 @@ class AnalysisPanel:
         return False
 
     def _work(self, pool, settings: Any, key: str, on_point: Optional[Callable] = None):
-        analysis, executor, cache = self.analysis, session_executor(), _results()
+        analysis, executor, cache = self.analysis, self.executor(settings), _results()
 
         def work(progress):
             """The result, kept for this process and saved under the workspace's runs/ as the CLI saves it."""

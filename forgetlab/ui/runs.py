@@ -8,9 +8,10 @@ otherwise the figures are drawn from the table by shape:
   series (model / method / task / … column), coloured with `forgetlab.plots.color_for`;
 - `layer` + `module` (or `level`) columns → a heatmap of the first metric;
 - otherwise → grouped bars of each metric per row label.
-Comparing runs of a kind with a registered comparison (sweeps, fine-tunes) draws its page's own charts with
-one named series per run; other kinds stack their tables with a `run` column and draw the generic figures
-with a line per run.
+An analysis' runs are redrawn by the analysis itself (`Analysis.figures` / `compare`, in the session's measure
+where it draws one: fine-tunes). Comparing runs of a kind with a comparison (its analysis' or a registered one:
+sweeps, fine-tunes) draws its page's own charts with one named series per run; other kinds stack their tables
+with a `run` column and draw the generic figures with a line per run.
 """
 from __future__ import annotations
 
@@ -56,21 +57,6 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 # -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
 
 
-def _finetune(run, measure="exact_match"):
-    from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
-    from forgetlab.train.runs import load_finetune_run
-
-    comp = load_finetune_run(run.path)
-    general = comp.recipe.get("general_measure") or "general_loss"       # the generality it was run with
-    return [trajectories_figure(comp, measure, general), loss_figure(comp), final_scatter(comp, measure, general)]
-
-
-def _finetunes(runs, measure="exact_match"):
-    from forgetlab.plots.finetune import final_scatter, runs_of, trajectories_figure
-    from forgetlab.train.runs import load_finetune_run
-
-    every = runs_of([load_finetune_run(r.path) for r in runs], [r.id[-6:] for r in runs])
-    return [trajectories_figure(every, measure), final_scatter(every, measure)]
 
 
 def _scorecards(run, measure="exact_match"):
@@ -89,7 +75,6 @@ def _benchmarks(run):
 
 
 register_reopener("benchmarks", _benchmarks)
-register_reopener("finetune", _finetune, _finetunes)
 register_reopener("scorecards", _scorecards)
 
 

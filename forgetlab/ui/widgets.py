@@ -33,12 +33,13 @@ def _csv(values: Sequence[Any]) -> str:
 def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[Sequence[Any]] = None,
                  default: Any = None, high: Optional[float] = None, low: Optional[float] = None,
                  label: Optional[str] = None, help: Optional[str] = None, format_func=None, radio: bool = False,
-                 container=None, disabled: bool = False) -> Any:
+                 container=None, disabled: bool = False, format: Optional[str] = None) -> Any:
     """The widget of one settings field, returning its value in the field's type (None for an unreadable number
     list, after showing why, or an optional one left empty). `options` override the declared choices (e.g. the
-    pool's tasks), `default` the declared default, `low` and `high` the declared bounds; `label` and `help` add
-    to the declaration's; `radio` draws a word with few choices as radio buttons instead of a select box;
-    `disabled` greys it out (a setting that the others make irrelevant)."""
+    pool's tasks), `default` the declared default, `low` and `high` the declared bounds (a page's narrower or
+    wider range: a learning rate above 0); `label` and `help` add to the declaration's; `radio` draws a word with
+    few choices as radio buttons instead of a select box; `disabled` greys it out (a setting that the others make
+    irrelevant); `format` is a number's printf format ("%.6f")."""
     info = field_info(settings_cls, name)
     where = container or st
     text = label or info.label
@@ -81,8 +82,9 @@ def field_widget(settings_cls: type, name: str, *, key: str, options: Optional[S
         start = value if value is not None else (lo if lo is not None else 0)
         if hi is not None:
             start = min(start, hi)
+        extra = {"format": format} if format is not None else {}
         return cast(where.number_input(text, min_value=cast(lo) if lo is not None else None,
                                        max_value=cast(hi) if hi is not None else None, value=cast(start),
-                                       key=key, help=tip, disabled=disabled))
+                                       key=key, help=tip, disabled=disabled, **extra))
     return where.text_input(text, "" if value is None else str(value), key=key, help=tip,
                             disabled=disabled) or None

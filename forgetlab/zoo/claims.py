@@ -36,8 +36,18 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
+from forgetlab.analysis.linearity import nonlinearity_scores
+from forgetlab.analysis.retention import gain_share
+from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
+from forgetlab.analysis.taskvec import cosine_matrix
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import check_limits, evaluate, forgetting_text
 from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.core.submodules import SUBMODULE_LEVELS
+from forgetlab.merge.api import merge_state_dicts
+from forgetlab.merge.methods.slwm import slwm_weights
+from forgetlab.merge.registry import PrepareContext, get_method, validate_params
+from forgetlab.zoo.manifest import manifest_beside
 
 MERGE_METHODS = ("task_arithmetic", "ties", "pcb", "slwm")
 # every merge of several full fine-tunes that the claims can measure: the seeds' methods, mergekit's that merge many
@@ -192,8 +202,6 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     task; linearity uses `nls_samples` probe pairs per model, slwm `slwm_samples` per task. Full fine-tunes
     (not adapters) are interpolated, pruned and merged.
     """
-    from forgetlab.core.evaluate import check_limits, evaluate, forgetting_text
-
     if measure not in MEASURES:
         raise ParameterError(f"measure must be one of {', '.join(MEASURES)}; got {measure!r}.")
     check_limits(max_general=max_general, max_task=max_task, batch_size=batch_size)
@@ -222,7 +230,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     base = cards["base"]
     for name, task in own.items():
         gain = _spec(cards[name], task, measure) - _spec(base, task, measure)
-        cost = cards[name].general_loss - base.general_loss
+        cost = cards[name].forgetting(base)
         holds = gain > 0 and cost > 0
         em0, em1 = base.tasks[task].exact_match, cards[name].tasks[task].exact_match
         al0, al1 = base.tasks[task].answer_loss, cards[name].tasks[task].answer_loss
@@ -240,8 +248,6 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         claims.append(_distinct_claim(pool, full, cards, measure))
 
     # (b) WiSE-FT α = 0.5 and (c) FAPM ratio 0.9, per full fine-tune
-    from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
-
     wise_vals, fapm_vals, wise_flags, fapm_flags = {}, {}, [], []
     n_full = max(1, len(full))
     for i, (name, task) in enumerate(full.items()):
@@ -252,12 +258,12 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         wc, fc = w.points[0].scorecard, f.points[0].scorecard
         ft, b = cards[name], base
         gain = _spec(ft, task, measure) - _spec(b, task, measure)
-        forget = ft.general_loss - b.general_loss
+        forget = ft.forgetting(b)
         wgain = _spec(wc, task, measure) - _spec(b, task, measure)
-        wforget = wc.general_loss - b.general_loss
+        wforget = wc.forgetting(b)
         fgain = _spec(fc, task, measure) - _spec(b, task, measure)
-        fforget = fc.general_loss - b.general_loss
-        recovered = _share(ft.general_loss - wc.general_loss, forget)
+        fforget = fc.forgetting(b)
+        recovered = _share(ft.forgetting(wc), forget)          # the general loss WiSE-FT won back
         kept = _share(wgain, gain)
         wflag = None if not (math.isfinite(recovered) and math.isfinite(kept)) else (recovered > 0 and kept > 0)
         wise_flags.append(wflag)
@@ -285,9 +291,6 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         values=fapm_vals))
 
     # (d) submodules are more linear than the model
-    from forgetlab.analysis.linearity import nonlinearity_scores
-    from forgetlab.core.submodules import SUBMODULE_LEVELS
-
     lin_vals, lin_flags = {}, []
     for i, (name, task) in enumerate(full.items()):
         lo = 0.55 + 0.2 * i / n_full
@@ -325,8 +328,6 @@ MAX_OFF_TASK_SHARE = 1 / 3
 def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str) -> Claim:
     """The full fine-tunes learned different things: every pairwise cosine of their task vectors (all tensors)
     is ≤ 0.3, and on every task an off-task fine-tune gains at most a third of the own-task fine-tune's gain."""
-    from forgetlab.analysis.taskvec import cosine_matrix
-
     names = list(full)
     cos = cosine_matrix(pool, names)
     pairs = {f"{full[a]}–{full[b]}": cos.values[i][j] for i, a in enumerate(names)
@@ -366,11 +367,6 @@ def _ratio_text(gain: float, forgetting: float) -> str:
 
 def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str, merges: Sequence[str],
                   slwm_samples: int, kw: Mapping[str, Any], progress: Progress) -> list[Claim]:
-    from forgetlab.analysis.retention import gain_share
-    from forgetlab.core.evaluate import evaluate, forgetting_text
-    from forgetlab.merge.api import merge_state_dicts
-    from forgetlab.merge.registry import PrepareContext, get_method, validate_params
-
     names = list(full)
     tasks = [full[n] for n in names]
     base_model = pool.load("base")
@@ -385,8 +381,6 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
         report(progress, i / len(methods), f"merging with {method}")
         params = dict(CLAIM_PARAMS.get(method, {}))
         if method == "slwm":
-            from forgetlab.merge.methods.slwm import slwm_weights
-
             weights = slwm_weights(pool, tasks, models=names, samples=slwm_samples)
             merged = merge_state_dicts("slwm", base_sd, ft_sds, prepared=weights.coefficients(),
                                        config=base_model.config, samples=slwm_samples)
@@ -419,7 +413,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
             source=CLAIM_SOURCES["merge"], holds=holds,
             numbers=(", ".join(f"{full[n]} {_pct(s[n])}" for n in names) + f" of the gain (mean {_pct(mean)}; "
                      f"weight average {_pct(ref_mean)}); held-out loss {card.general_loss:.3f} "
-                     f"(base {base.general_loss:.3f}; {forgetting_text(card.general_loss - base.general_loss)})"),
+                     f"(base {base.general_loss:.3f}; {forgetting_text(card.forgetting(base))})"),
             values={"params": CLAIM_PARAMS.get(method, {}),
                     "shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
                     "general_loss": card.general_loss,
@@ -435,8 +429,6 @@ def _mean(values) -> float:
 def stored_claims(pool_or_path) -> Optional[ZooClaims]:
     """The claims a zoo build stored in the manifest beside a pool file (a `ModelPool` read from YAML, or the
     path of its pool.yaml or zoo folder); None for a pool that is not a zoo, or a zoo without claims."""
-    from forgetlab.zoo.manifest import manifest_beside
-
     data = (manifest_beside(pool_or_path) or {}).get("claims")
     try:
         return ZooClaims.from_dict(data) if isinstance(data, dict) and data.get("claims") else None
