@@ -13,7 +13,7 @@ import copy, json, sys, time
 from dataclasses import replace
 from pathlib import Path
 import torch
-from forgetlab.analysis.taskvec import distance
+from forgetlab.core.taskvectors import distance
 from forgetlab.zoo.datafiles import read_data
 from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
 from forgetlab.zoo.presets import get_spec, EvalSpec

@@ -5,7 +5,7 @@ import streamlit as st
 
 from forgetlab.analysis.base import ANALYSES
 from forgetlab.analysis.linearity import LinearitySettings
-from forgetlab.analysis.taskvec import checkpoint_distance
+from forgetlab.core.taskvectors import checkpoint_distance
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap

@@ -48,7 +48,7 @@ def _anatomy() -> dict:
 def _anatomy_job(names: list[str]):
     """A job streaming every fine-tuned model's task vector once: norms per layer × module and the cosines.
     Runs in the background on a page's first visit, so the page is usable while it reads the weights."""
-    from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
+    from forgetlab.core.taskvectors import cosine_matrix, task_vector_norms
 
     cache = _anatomy()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forgetlab.analysis.sweeps import _sce, _slerp, alpha_curve, della_epsilon, density_curve, load_sweep
-from forgetlab.analysis.taskvec import distance
+from forgetlab.core.taskvectors import distance
 from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.workspace import list_runs

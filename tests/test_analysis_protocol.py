@@ -81,7 +81,7 @@ def test_check_passes_good_settings_without_loading_a_model(pool, monkeypatch):
 
 def test_run_gives_what_the_function_gives_and_save_load_list_round_trip(pool, tmp_path):
     from forgetlab.analysis.sweeps import alpha_curve
-    from forgetlab.analysis.taskvec import cosine_matrix
+    from forgetlab.core.taskvectors import cosine_matrix
 
     sweep = get("sweep-alpha")
     s = sweep.settings(model="ft0", alphas=[0.0, 0.5], max_general=2, max_task=2, device="cpu")

@@ -21,7 +21,7 @@ def test_linearity_page_computes_and_caches(tiny_llama, tmp_path, monkeypatch):
     assert len(at.get("plotly_chart")) == 3  # heatmap, bars, curves
     assert [m.label for m in at.metric][:5] == ["model", "layer", "attn", "mlp", "head"]   # short: never cut
     # the task vector's size, which decides how linear submodules can be, computed another way
-    from forgetlab.analysis.taskvec import distance
+    from forgetlab.core.taskvectors import distance
     from forgetlab.core.pool import ModelPool
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)

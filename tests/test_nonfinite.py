@@ -65,7 +65,7 @@ def test_a_merge_that_overflows_the_output_dtype_is_refused():
 
 
 def test_task_vector_norms_show_nan_as_nan(tiny_llama, tmp_path):
-    from forgetlab.analysis.taskvec import task_vector_norms
+    from forgetlab.core.taskvectors import task_vector_norms
     from forgetlab.core.pool import ModelPool
 
     bad = _poisoned_copy(tiny_llama.finetuned["ft0"], tmp_path / "bad", NAME, float("nan"))
@@ -78,7 +78,7 @@ def test_task_vector_norms_show_nan_as_nan(tiny_llama, tmp_path):
     others = level[~((level["layer"] == 1) & (level["module"] == "mlp"))]
     assert others["norm"].notna().all() and (others["norm"] > 0).all()
     assert math.isnan(norms.total)
-    from forgetlab.analysis.taskvec import cosine_matrix
+    from forgetlab.core.taskvectors import cosine_matrix
     cos = cosine_matrix(pool)
     assert math.isnan(cos.values[0][0]) and math.isnan(cos.norms[0])
 

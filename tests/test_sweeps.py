@@ -36,7 +36,7 @@ def test_alpha_curve_endpoints_and_live_points(pool):
     _same(res.points[0].scorecard, _card(pool, "base"))
     _same(res.points[-1].scorecard, _card(pool, "ft0"))
     assert res.points[0].distance == 0.0
-    from forgetlab.analysis.taskvec import checkpoint_distance
+    from forgetlab.core.taskvectors import checkpoint_distance
     assert res.points[-1].distance == pytest.approx(checkpoint_distance(pool, "ft0"), rel=1e-5)
     # D grows linearly in α for WiSE-FT: D(θ(α), θ0) = α·D(θ1, θ0)
     assert res.points[1].distance == pytest.approx(0.5 * res.points[-1].distance, rel=1e-4)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from forgetlab.analysis.taskvec import checkpoint_distance, cosine_matrix, distance, task_vector_norms
+from forgetlab.core.taskvectors import checkpoint_distance, cosine_matrix, distance, task_vector_norms
 from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.pool import ModelPool
 
@@ -47,3 +47,20 @@ def test_checkpoint_distance_matches_in_memory(tiny_llama):
     base = pool.base.state_dict()
     tuned = pool.checkpoint("ft0").state_dict()
     assert checkpoint_distance(pool, "ft0") == pytest.approx(distance(tuned, base), rel=1e-6)
+
+
+def test_distance_is_nan_wherever_no_partition_counts(tiny_llama, tmp_path):
+    """One rule for the empty case (docs/methods.md#distance): no tensor with a non-zero base norm → NaN, in
+    memory, streamed from checkpoints, and in a LoRA run's records (forgetlab.core.taskvectors.DistanceSum)."""
+    import math
+
+    from forgetlab.core.taskvectors import DistanceSum
+
+    zeros = {"a": torch.zeros(3), "b": torch.zeros(2)}
+    assert math.isnan(distance({"a": torch.ones(3), "b": torch.ones(2)}, zeros))
+    assert math.isnan(distance({"c": torch.ones(3)}, {"a": torch.ones(3)}))        # no tensor in common
+    acc = DistanceSum()
+    acc.add(2.0, 0.0)
+    assert math.isnan(acc.value)
+    acc.add(1.0, 4.0)
+    assert acc.value == pytest.approx(0.25) and acc.count == 1

@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from forgetlab.analysis.taskvec import checkpoint_distance
+from forgetlab.core.taskvectors import checkpoint_distance
 from forgetlab.core.memory import estimate
 from forgetlab.core.pool import ModelPool
 from forgetlab.train.runs import FinetuneConfig, compare, finetune, save_finetuned, standard_configs
@@ -66,7 +66,7 @@ def test_lora_comparison_runs_every_fix_on_the_adapter(pool):
 def test_streamed_distance_matches_a_copy_of_the_start(pool):
     cfg = FinetuneConfig(steps=3, lr=5e-3, batch_size=4, sfa_p=None)
     run, model = finetune(pool, "math", cfg, eval_every=3, device="cpu", return_model=True)
-    from forgetlab.analysis.taskvec import distance
+    from forgetlab.core.taskvectors import distance
 
     base = {n: p.detach() for n, p in pool.load("base", device="cpu").named_parameters()}
     assert run.train.history[-1]["distance"] == pytest.approx(distance(dict(model.named_parameters()), base),

@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional, Sequence
 from forgetlab.analysis.base import ANALYSES, analysis_for_kind, pool_source
 from forgetlab.analysis.sweep_analysis import SweepSettings, sweep_analysis
 from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
-from forgetlab.analysis.taskvec import distance
+from forgetlab.core.taskvectors import distance
 from forgetlab.core.benchmarks import checked_manager, task_manager
 from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
@@ -250,11 +250,8 @@ def run_specs(pool, model: str, kind: str, specs: Sequence[SweepSpec], *, task: 
 
 
 def _distance(work: WorkingCopy) -> float:
-    """D(θ, θ0) of a working copy's current weights (`forgetlab.analysis.taskvec.distance`; NaN if undefined)."""
-    try:
-        return float(distance(work.access, work.base))
-    except ForgetlabError:
-        return float("nan")
+    """D(θ, θ0) of a working copy's current weights (forgetlab.core.taskvectors.distance; NaN where undefined)."""
+    return float(distance(work.access, work.base))
 
 
 class _SweepState:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from forgetlab.analysis.taskvec import cosine_matrix, task_vector_norms
+from forgetlab.core.taskvectors import cosine_matrix, task_vector_norms
 from forgetlab.commands import args as shared
 from forgetlab.commands.executor_args import device_from_args, load_placed
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress

@@ -8,7 +8,7 @@ import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from forgetlab.analysis.taskvec import CosineMatrix
+from forgetlab.core.taskvectors import CosineMatrix
 from forgetlab.core.evaluate import Scorecard
 from forgetlab.plots import color_map, forgetting_text, perplexity_text
 

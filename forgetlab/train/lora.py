@@ -5,7 +5,7 @@ With `--lora R` the fine-tune trains only a PEFT LoRA adapter (rank R, `lora_alp
 start. AdamW, MoFO, SFA and L1/L2-to-init act on the adapter's parameters A and B (SFA averages them with their
 initial values, the penalties pull them towards those: θo is the adapter at its start). The records' D(θ, θ0) is
 that of the merged weights against the model the run started from, (1/B)·Σk ‖ΔWk‖/‖W0,k‖ over the start's B
-tensors of non-zero norm — the same figure `forgetlab.analysis.taskvec.checkpoint_distance` gives the saved
+tensors of non-zero norm — the same figure `forgetlab.core.taskvectors.checkpoint_distance` gives the saved
 adapter — so full and LoRA runs are compared on one scale.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ from transformers.pytorch_utils import Conv1D
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import atomic_output_dir
 from forgetlab.core.poolsaves import save_into_pool
+from forgetlab.core.taskvectors import DistanceSum
 
 ADAPTER = "default"
 
@@ -91,26 +92,28 @@ def _lora_layers(peft_model):
 
 class LoraDistance:
     """D(θ, θ0) of a LoRA model's merged weights against the checkpoint it started from (module docstring):
-    the start's tensor norms are read once, streaming; each call forms each layer's ΔW = (α/R)·B·A."""
+    the start's tensor norms are read once, streaming; each call forms each layer's ΔW = (α/R)·B·A. Every start
+    tensor counts in the mean (an adapted layer with its ΔW, any other with no change), as
+    `forgetlab.core.taskvectors.checkpoint_distance` counts the saved adapter."""
 
     def __init__(self, peft_model, start_checkpoint):
         self.model = peft_model
         self.layers = dict(_lora_layers(peft_model))
         norms = {name: float(t.norm()) for name, t in start_checkpoint.iter_tensors(dtype=torch.float32)}
-        self.count = sum(1 for n in norms.values() if n > 0)
         missing = [n for n in self.layers if n not in norms]
         if missing:
             raise ParameterError(f"The adapter's layer {missing[0]} has no tensor in the start model; "
                                  "LoRA needs the model's own module names.")
-        self.norms = {n: norms[n] for n in self.layers}
+        self.norms = norms
 
     @torch.no_grad()
     def __call__(self) -> float:
-        total = 0.0
-        for name, module in self.layers.items():
-            if self.norms[name] > 0:
-                total += float(module.get_delta_weight(ADAPTER).float().norm()) / self.norms[name]
-        return total / max(1, self.count)
+        acc = DistanceSum()
+        for name, base_norm in self.norms.items():
+            module = self.layers.get(name)
+            change = float(module.get_delta_weight(ADAPTER).float().norm()) if module is not None else 0.0
+            acc.add(change, base_norm)
+        return acc.value
 
 
 def enable_checkpointing(model) -> None:

@@ -27,12 +27,13 @@ from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 from forgetlab.core.outputs import absolute, check_name, check_output_dir
 from forgetlab.core.poolsaves import finish_interrupted_saves, save_into_pool
 from forgetlab.core.progress import Progress, prefixed, report, scaled
+from forgetlab.core.taskvectors import distance
 from forgetlab.core.workspace import home
 from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
 from forgetlab.train.examples import training_examples
 from forgetlab.train.lora import LoraDistance, add_adapter, enable_checkpointing, save_adapter, trainable_parameters
 from forgetlab.train.results import FinetuneComparison, FinetuneConfig, FinetuneRun, records_card
-from forgetlab.train.trainer import start_distance, train
+from forgetlab.train.trainer import train
 
 
 # L1-to-init strength of the comparison. Neither docs/methods.md nor the SFA rebuttal gives a value. The penalty's
@@ -114,7 +115,7 @@ class _StartWeights(collections.abc.Mapping):
 
 class _StreamedDistance:
     """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from
-    (`forgetlab.analysis.taskvec.distance`, θ0 streamed by `_StartWeights`)."""
+    (`forgetlab.core.taskvectors.distance`, θ0 streamed by `_StartWeights`)."""
 
     def __init__(self, model, checkpoint):
         names = set(checkpoint.names())
@@ -123,7 +124,7 @@ class _StreamedDistance:
 
     @torch.no_grad()
     def __call__(self) -> float:
-        return start_distance(self.params, self.start)
+        return distance(self.params, self.start)
 
 
 def check_start(pool, start: str) -> None:

@@ -32,9 +32,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 import pandas as pd
 import torch
 
-from forgetlab.analysis.taskvec import distance
+from forgetlab.core.taskvectors import distance
 from forgetlab.core.data import collate
-from forgetlab.core.errors import ForgetlabError, ParameterError, TrainingError, check_fraction
+from forgetlab.core.errors import ParameterError, TrainingError, check_fraction
 from forgetlab.core.progress import Progress, report
 from forgetlab.train.mofo import MoFO, unfiltered_parameters
 
@@ -244,18 +244,9 @@ class _Batches:
         return batch
 
 
-def start_distance(named: Sequence[tuple[str, torch.Tensor]], start: Mapping[str, torch.Tensor]) -> float:
-    """D(θ, θo) of docs/methods.md (`forgetlab.analysis.taskvec.distance`) of the `named` tensors against the
-    start weights `start` (by name); NaN when every θo tensor has norm 0."""
-    try:
-        return float(distance(named, start))
-    except ForgetlabError:                      # no tensor with a non-zero norm
-        return float("nan")
-
-
 def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
-    """`start_distance` of parameters and their anchors given as parallel lists."""
-    return start_distance(list(zip(names, params)), dict(zip(names, anchors)))
+    """D(θ, θo) (forgetlab.core.taskvectors.distance) of parameters and their anchors given as parallel lists."""
+    return distance(list(zip(names, params)), dict(zip(names, anchors)))
 
 
 def train(

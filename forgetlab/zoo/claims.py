@@ -39,7 +39,7 @@ import pandas as pd
 from forgetlab.analysis.linearity import nonlinearity_scores
 from forgetlab.analysis.retention import gain_share
 from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
-from forgetlab.analysis.taskvec import cosine_matrix
+from forgetlab.core.taskvectors import cosine_matrix
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.evaluate import check_limits, evaluate, forgetting_text
 from forgetlab.core.progress import Progress, report, scaled
