@@ -43,13 +43,23 @@ def pool_source(pool) -> Optional[str]:
 class Output:
     """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and either the table
     (`table(result)`, written as CSV or JSON) or the text (`text(result)`, e.g. a recipe's YAML; None: nothing to
-    write). An output whose flag is `--out` takes the place of the results table's `--out`."""
+    write). An output whose flag is `--out` takes the place of the results table's `--out`. `beside` adds tables
+    written next to that file (`beside_paths`)."""
 
     flag: str
     help: str
     table: Optional[Callable[[Any], pd.DataFrame]] = None
     text: Optional[Callable[[Any], Optional[str]]] = None
     metavar: Optional[str] = None
+    beside: tuple[tuple[str, Callable[[Any], pd.DataFrame]], ...] = ()
+
+    def beside_paths(self, path: str | Path) -> list[tuple[Path, Callable[[Any], pd.DataFrame]]]:
+        """The files written next to `path` and their tables: `beside` holds (ending, table) pairs, and the file
+        is `path`'s name without its suffix followed by the ending (norms.csv, ".cosine.csv" → norms.cosine.csv;
+        only the file name's suffix counts, never a dot in a folder's name)."""
+        p = Path(path)
+        stem = p.stem if p.suffix else p.name
+        return [(p.with_name(f"{stem}{ending}"), table) for ending, table in self.beside]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from forgetlab.commands import args as shared
 from forgetlab.commands.executor_args import executor_from_args
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.errors import ParameterError, parse_floats
-from forgetlab.core.outputs import write_text_file
+from forgetlab.core.outputs import check_output_file, write_text_file
 from forgetlab.core.pool import ModelPool
 from forgetlab.core.settings import FieldInfo, checked_value, settings_fields
 
@@ -152,6 +152,26 @@ def write_output(out: Output, result: Any, path: str) -> None:
             emit(f"wrote {write_text_file(path, text, overwrite=True)}")
     else:
         emit_frame(out.table(result), path)
+    for beside, table in out.beside_paths(path):
+        emit(f"wrote {write_text_file(beside, table(result).to_csv(index=False), overwrite=True)}")
+
+
+def output_paths(analysis: Analysis, args: argparse.Namespace) -> list[tuple[Output, str]]:
+    """The outputs the command line asks for, with their paths."""
+    found = []
+    for out in analysis.outputs:
+        path = getattr(args, out.flag.lstrip("-").replace("-", "_"))
+        if path is not None:
+            found.append((out, path))
+    return found
+
+
+def check_beside(analysis: Analysis, args: argparse.Namespace) -> None:
+    """Refuse, before any work, a file an output would write next to its own (`Output.beside`) that exists
+    (without --overwrite), is a folder or lies in no folder — as `forgetlab.cli` checks the named outputs."""
+    for out, path in output_paths(analysis, args):
+        for beside, _ in out.beside_paths(path):
+            check_output_file(beside, getattr(args, "overwrite", False))
 
 
 def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
@@ -171,6 +191,7 @@ def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
 
 def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
     """Check, estimate, run, report and save one analysis as the command line asks; returns the exit status."""
+    check_beside(analysis, args)
     pool = ModelPool.from_yaml(args.pool)
     settings = settings_of(analysis, args)
     analysis.check(settings, pool)
@@ -193,10 +214,8 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
             emit_frame(item)
     if args.out is not None and not _own_out(analysis):
         emit_frame(analysis.frame(result), args.out)
-    for out in analysis.outputs:
-        path = getattr(args, out.flag.lstrip("-").replace("-", "_"))
-        if path is not None:
-            write_output(out, result, path)
+    for out, path in output_paths(analysis, args):
+        write_output(out, result, path)
     if not args.no_save:
         emit(f"saved run {analysis.save(result, pool=pool)}")
     return analysis.exit_status(result)
