@@ -6,19 +6,23 @@ import time
 import pandas as pd
 import streamlit as st
 
+from forgetlab.analysis import taskvec
 from forgetlab.core import eval_memory  # noqa: F401  (registers the "eval" memory estimate)
+from forgetlab.core.evaluate import scorecards_frame
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
-from forgetlab.core.scorecards import cached_scorecards
-from forgetlab.ui.errors import show_errors
-from forgetlab.ui.jobs import job_key, run_once
-from forgetlab.ui.pool import require_pool
-from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
+from forgetlab.core.scorecards import cached_scorecards, pool_scorecard
+from forgetlab.core.workspace import save_run
+from forgetlab.plots.models import cosine_heatmap, norms_heatmap, scorecard_bars
 from forgetlab.ui.benchmarks import render_benchmarks
+from forgetlab.ui.errors import show_errors
 from forgetlab.ui.glossary import explain
+from forgetlab.ui.jobs import REGISTRY, job_key, run_once
 from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.navigation import page_header
+from forgetlab.ui.pool import require_pool
+from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_build import render_pretraining
 from forgetlab.ui.zoo_claims import render_zoo_claims
@@ -41,27 +45,16 @@ for warning in pool.warnings:
 
 @st.cache_resource
 def _anatomy() -> dict:
-    """Task-vector norms by level and cosines, by (pool, model), shared by every session of this process."""
+    """The task-vector analysis of every fine-tuned model, by pool, shared by every session of this process."""
     return {}
 
 
-def _anatomy_job(names: list[str]):
-    """A job streaming every fine-tuned model's task vector once: norms per layer × module and the cosines.
-    Runs in the background on a page's first visit, so the page is usable while it reads the weights."""
-    from forgetlab.core.taskvectors import cosine_matrix, task_vector_norms
-
-    cache = _anatomy()
-
-    def work(progress):
-        for i, n in enumerate(names):
-            progress(i / (len(names) + 1), f"task vector of {n}")
-            if (pool.key, n) not in cache:
-                cache[(pool.key, n)] = task_vector_norms(pool, n).by_level()
-        progress(len(names) / (len(names) + 1), "cosines")
-        cache[(pool.key, "cosines")] = cosine_matrix(pool, list(names))
-        return True
-
-    return work
+def _anatomy_job(progress):
+    """The task-vector analysis (forgetlab.analysis.taskvec) of every fine-tuned model: norms per layer × module and
+    the cosines. Runs in the background on a page's first visit, so the page is usable while it reads the weights;
+    the Task vectors page runs, saves and reopens the same analysis."""
+    _anatomy()[pool.key] = taskvec.ANALYSIS.run(pool, taskvec.TaskvecSettings(), progress)
+    return True
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -97,8 +90,6 @@ def work(progress, which: list[str], save: bool):
     """The scorecards of `which` at the app's budget in the sidebar's dtype (`forgetlab.core.scorecards`: each
     computed once per pool, budget, device and dtype), one model loaded at a time; a click saves the set to the
     workspace's runs/ (kind "scorecards")."""
-    from forgetlab.core.scorecards import pool_scorecard
-
     out = []
     for i, n in enumerate(which):
         out.append(pool_scorecard(pool, n, budget, device=device, dtype=dtype,
@@ -106,7 +97,6 @@ def work(progress, which: list[str], save: bool):
         pool.unload(n)      # as `forgetlab eval`: the estimate above counts one model at a time
     if not save:
         return None
-    from forgetlab.core.workspace import save_run
 
     recipe = {"pool": str(pool.source or pool.name), "models": list(which), "device": device,
               "dtype": dtype_name(dtype), **budget.to_dict(), "evaluated": time.time()}
@@ -120,8 +110,6 @@ def keep(path) -> None:
     st.rerun()
 
 
-from forgetlab.ui.jobs import REGISTRY  # noqa: E402
-
 auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device, dtype_name(dtype))
 # a demo zoo (small models whose build stored cards) is scored at the app's budget on the first visit
 auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None and fits
@@ -132,9 +120,6 @@ run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_nam
          slot="models", on_done=keep)
 cards = cached_scorecards(pool, names, budget, device=device, dtype=dtype)
 if cards:
-    from forgetlab.core.evaluate import scorecards_frame
-    from forgetlab.plots.models import scorecard_bars
-
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
     show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
 elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
@@ -143,23 +128,22 @@ elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running)
 render_benchmarks(pool, device, dtype)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
 
 if pool.model_names:
-    from forgetlab.plots.models import cosine_heatmap, norms_heatmap
-
     st.subheader("Task vectors τ = θt − θ0", help=explain("tau"))
-    anatomy = _anatomy()
-    if (pool.key, "cosines") not in anatomy:
-        from forgetlab.ui.jobs import REGISTRY
-
+    anatomy = _anatomy().get(pool.key)
+    if anatomy is None:
         key = job_key("models-anatomy", pool.key)     # started once per pool; a failure is shown, not retried
-        run_once(key, _anatomy_job(list(pool.model_names)), start=REGISTRY.get(key) is None,
-                 label="Reading the task vectors", cancellable=False)
-    if (pool.key, "cosines") in anatomy:
+        run_once(key, _anatomy_job, start=REGISTRY.get(key) is None, label="Reading the task vectors",
+                 cancellable=False)
+    else:
         left, right = st.columns(2)
         with left, show_errors():
             name = st.selectbox("fine-tuned model", pool.model_names, key="models_tv_model")
             value = st.radio("value", ["relative", "norm"], horizontal=True, key="models_tv_value",
                              help="relative = ‖τ‖/‖θ0‖ per layer and module; norm = ‖τ‖")
-            st.plotly_chart(norms_heatmap(anatomy[(pool.key, name)], value), key="models_norms_fig")
+            norms = next(n for n in anatomy.norms if n.model == name)
+            st.plotly_chart(norms_heatmap(norms.by_level(), value), key="models_norms_fig")
         with right, show_errors():
             st.markdown("**Cosine similarity between task vectors**")
-            st.plotly_chart(cosine_heatmap(anatomy[(pool.key, "cosines")]), key="models_cos_fig")
+            st.plotly_chart(cosine_heatmap(anatomy.cosine), key="models_cos_fig")
+        st.caption("The **Task vectors** page measures them for the models you choose, saves the run and reopens "
+                   "saved ones.")

@@ -421,7 +421,7 @@ def _same_row(expected, got) -> bool:
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
 GENERATED = {"linearity", "attribution", "textdiff", "features", "search", "pcb-search", "slwm-weights",
              "sweep alpha", "sweep pruning", "sweep density", "sweep hma", "sweep lines", "sweep rank", "sweep iso",
-             "finetune"}
+             "finetune", "taskvec"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)
@@ -432,6 +432,10 @@ EXPECTED["features"]["no_save"] = (("--no-save",), False, False, None, None, 0, 
 EXPECTED["pcb-search"].update(no_save=(("--no-save",), False, False, None, None, 0, None),
                               merge=(("--merge",), None, False, None, None, None, "OUT_DIR"))
 EXPECTED["slwm-weights"]["no_save"] = (("--no-save",), False, False, None, None, 0, None)
+# taskvec, the task-vector analysis on the analysis home: which models, and whether the cosines too; it saves its run
+EXPECTED["taskvec"].update(models=(("--models",), None, False, None, None, "+", None),
+                           no_cosines=(("--no-cosines",), False, False, None, None, 0, None),
+                           no_save=(("--no-save",), False, False, None, None, 0, None), dry_run=_DRY_RUN)
 
 
 @pytest.mark.parametrize("path", list(EXPECTED))

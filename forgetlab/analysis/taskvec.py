@@ -1,29 +1,32 @@
-"""The task-vector analysis: the norms of each fine-tuned model's task vector per tensor and level, and the
-cosines between them (the formulas: forgetlab.core.taskvectors)."""
+"""Task vectors: where in the network did fine-tuning move each model, and how alike are the moves?
+
+For each chosen fine-tuned model, the norm of its task vector τ = θt − θ0 per layer and module (‖τ‖ and
+‖τ‖/‖θ0‖), and the cosine similarity between the models' whole task vectors — streamed one tensor at a time
+(the formulas: forgetlab.core.taskvectors; docs/methods.md#taskvec-stats).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional
 
 import pandas as pd
 
-from forgetlab.analysis.protocol import Analysis, list_results, load_result, pool_source, register
-from forgetlab.core.errors import ForgetlabError, ParameterError
+from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, scaled
+from forgetlab.core.settings import setting
 from forgetlab.core.taskvectors import CosineMatrix, TaskVectorNorms, cosine_matrix, task_vector_norms
-
-
-# ------------------------------------------------------------------------------------------ the verbs
+from forgetlab.plots.models import cosine_heatmap, norms_heatmap
 
 
 @dataclass
 class TaskvecSettings:
-    """Which task vectors to measure: the norms of each of `models` (default: every fine-tuned model of the
-    pool) and, with `cosines`, the cosine matrix between them."""
+    """Which task vectors to measure, and whether to compare them."""
 
-    models: Optional[Sequence[str]] = None
-    cosines: bool = True
+    models: Optional[tuple[str, ...]] = setting(None, help="fine-tuned models whose task vectors to measure "
+                                                           "(default: every fine-tuned model of the pool)")
+    cosines: bool = setting(True, help="the cosine similarity between the task vectors (--no-cosines leaves it "
+                                       "out)", flag="--no-cosines")
 
 
 @dataclass
@@ -33,64 +36,80 @@ class TaskvecResult:
     norms: list[TaskVectorNorms]
     cosine: Optional[CosineMatrix] = None
 
+    def by_level(self) -> pd.DataFrame:
+        """model, layer, module, norm, relative: each model's norms per layer and module (layer −1: the tensors
+        outside the layers)."""
+        frames = [n.by_level().assign(model=n.model) for n in self.norms]
+        columns = ["model", "layer", "module", "norm", "relative"]
+        return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
+
+    def cosine_table(self) -> pd.DataFrame:
+        """The cosine matrix as a table whose first column names the model of each row."""
+        return self.cosine.to_frame().rename_axis("model").reset_index() if self.cosine else pd.DataFrame()
+
     def to_frame(self) -> pd.DataFrame:
         """One row per (model, tensor): the norms tables stacked."""
         frames = [n.to_frame().assign(model=n.model) for n in self.norms]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
     def to_dict(self) -> dict:
+        """A JSON-ready dict (`from_dict` rebuilds it)."""
         return {"norms": [n.to_dict() for n in self.norms],
                 "cosine": self.cosine.to_dict() if self.cosine is not None else None}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "TaskvecResult":
-        """Rebuild an object saved with `to_dict`."""
+        """Rebuild a result saved with `to_dict`."""
         cos = d.get("cosine")
         return cls([TaskVectorNorms(n["model"], list(n.get("rows", []))) for n in d.get("norms", [])],
                    CosineMatrix(**cos) if cos else None)
 
 
-def check_settings(settings: TaskvecSettings, pool=None) -> None:
-    """Refuse an empty or unknown choice of models (with the pool) without reading a tensor."""
-    if settings.models is not None and not list(settings.models):
-        raise ParameterError("Choose at least one fine-tuned model whose task vector to measure.")
-    if pool is not None:
-        missing = [m for m in (settings.models or []) if m not in pool.model_names]
-        if missing:
-            raise ParameterError(f"The pool has no fine-tuned model {missing[0]!r}; its models are: "
-                                 f"{', '.join(pool.model_names) or 'none'}.")
-        if settings.models is None and not pool.model_names:
-            raise ForgetlabError("The pool has no fine-tuned models, so there are no task vectors to measure.")
+def check(settings: TaskvecSettings, pool=None) -> None:
+    """With the pool: every chosen model is one of its fine-tuned models, and it has some."""
+    if pool is None:
+        return
+    missing = [m for m in settings.models or () if m not in pool.model_names]
+    if missing:
+        raise ParameterError(f"The pool has no fine-tuned model {missing[0]!r}; its models are: "
+                             f"{', '.join(pool.model_names) or 'none'}.")
+    if not pool.model_names:
+        raise ParameterError("The pool has no fine-tuned models, so there are no task vectors to measure: add one "
+                             "to the pool file.")
 
 
-def run_settings(pool, settings: TaskvecSettings, progress: Progress = None, executor=None) -> TaskvecResult:
-    """`task_vector_norms` of every chosen model, then `cosine_matrix` (streamed; `executor` is not used)."""
-    models = list(settings.models if settings.models is not None else pool.model_names)
+def compute(pool, settings: TaskvecSettings, progress: Progress = None, executor=None) -> TaskvecResult:
+    """The norms of every chosen model's task vector, then (with `cosines`) the cosines between them."""
+    models = list(settings.models or pool.model_names)
     steps = len(models) + (1 if settings.cosines else 0)
     norms = [task_vector_norms(pool, m, progress=scaled(progress, i / steps, (i + 1) / steps))
              for i, m in enumerate(models)]
-    cos = cosine_matrix(pool, models, progress=scaled(progress, len(models) / steps, 1.0)) if settings.cosines else None
+    cos = cosine_matrix(pool, models, progress=scaled(progress, len(models) / steps, 1.0)) if settings.cosines \
+        else None
     return TaskvecResult(norms, cos)
 
 
-def save_taskvec(result: TaskvecResult, home_path=None, pool=None) -> Path:
-    """Save task-vector norms (and cosines) under the workspace's runs/ (kind `taskvec`)."""
-    from forgetlab.core.workspace import save_run
-
-    recipe = {"pool": pool_source(pool), "models": [n.model for n in result.norms],
-              "cosines": result.cosine is not None}
-    return save_run("taskvec", recipe, result.to_dict(), frame=result.to_frame(), home_path=home_path)
+def figures(result: TaskvecResult) -> list:
+    """A layer × module heatmap of ‖τ‖/‖θ0‖ per model, and the cosine matrix."""
+    figs = [norms_heatmap(n.by_level(), "relative", title=f"{n.model}: ‖τ‖ / ‖θ0‖ per layer and module")
+            for n in result.norms]
+    return figs + ([cosine_heatmap(result.cosine)] if result.cosine is not None else [])
 
 
-def load_taskvec(path) -> TaskvecResult:
-    """Reopen task-vector norms saved by `save_taskvec`."""
-    return load_result(path, "taskvec", TaskvecResult, "task-vector norms")
+def report(result: TaskvecResult) -> list:
+    """The CLI's lines: the norms per level, then the cosine matrix."""
+    lines: list = [result.by_level()]
+    if result.cosine is not None:
+        lines += ["", "cosine similarity between task vectors:", result.cosine_table()]
+    return lines
 
 
-def list_taskvec(home_path=None) -> list:
-    """Saved task-vector runs (`forgetlab.core.workspace.SavedRun`s, newest first)."""
-    return list_results(home_path, "taskvec")
-
-
-ANALYSIS = register(Analysis("taskvec", TaskvecSettings, check_settings, run_settings, save_taskvec, load_taskvec,
-                             list_taskvec))
+ANALYSIS = ANALYSES.add("taskvec", Analysis(
+    "taskvec", "task-vector norms", TaskvecSettings, compute, TaskvecResult,
+    help="task-vector norms per layer/module and cosines between task vectors",
+    description="Stream every fine-tuned model's task vector τ = θt − θ0 and report its norms per layer and "
+                "module, and the cosine matrix.",
+    checks=check, figures_fn=figures, table=TaskvecResult.by_level, report=report,
+    recipe=lambda r: {"models": [n.model for n in r.norms], "cosines": r.cosine is not None},
+    outputs=(Output("--out", "CSV file for the per-level norms (the cosines go to <out>.cosine.csv)",
+                    table=TaskvecResult.by_level, beside=((".cosine.csv", TaskvecResult.cosine_table),)),)))

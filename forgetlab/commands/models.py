@@ -1,13 +1,12 @@
-"""CLI: `forgetlab inspect`, `forgetlab taskvec`, `forgetlab eval` — checkpoints, task vectors, scorecards."""
+"""CLI: `forgetlab inspect`, `forgetlab eval` — checkpoints and scorecards (`forgetlab taskvec`: the task-vector
+analysis, forgetlab.analysis.taskvec)."""
 from __future__ import annotations
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
-from forgetlab.core.taskvectors import cosine_matrix, task_vector_norms
 from forgetlab.commands import args as shared
 from forgetlab.commands.executor_args import device_from_args, load_placed
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
@@ -17,8 +16,8 @@ from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_che
 from forgetlab.core.errors import IncompatibleModelsError
 from forgetlab.core.eval_memory import estimate_eval
 from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES, evaluate, scorecards_frame
-from forgetlab.core.memory import estimate, job_dtype
-from forgetlab.core.outputs import check_output_file, write_text_file
+from forgetlab.core.memory import job_dtype, with_free
+from forgetlab.core.outputs import write_text_file
 from forgetlab.core.pool import BASE, ModelPool
 
 
@@ -32,13 +31,6 @@ def register(sub) -> None:
     p.add_argument("--base", help="base model, for a LoRA adapter")
     p.add_argument("--tensors", action="store_true", help="list every tensor")
     p.set_defaults(func=cmd_inspect)
-
-    p = sub.add_parser("taskvec", help="task-vector norms per layer/module and cosines between task vectors",
-                       description="Stream every fine-tuned model's task vector τ = θt − θ0 and report its "
-                                   "norms per layer and module, and the cosine matrix.")
-    shared.add_pool(p)
-    shared.add_out(p, "CSV file for the per-level norms (the cosines go to <out>.cosine.csv)")
-    p.set_defaults(func=cmd_taskvec)
 
     p = sub.add_parser("eval", help="scorecard (generality, speciality per task) of every model of a pool",
                        description="Evaluate every model of a pool: held-out general loss and perplexity, "
@@ -100,37 +92,6 @@ def cmd_inspect(args) -> int:
     return 0
 
 
-def cmd_taskvec(args) -> int:
-    if args.out is not None:
-        check_output_file(cosine_path(args.out), args.overwrite)
-    pool = ModelPool.from_yaml(args.pool)
-    frames = []
-    for name in pool.model_names:
-        update, close = tqdm_progress(f"τ {name}")
-        try:
-            norms = task_vector_norms(pool, name, progress=update)
-        finally:
-            close()
-        frames.append(norms.by_level().assign(model=name))
-    df = pd.concat(frames, ignore_index=True)[["model", "layer", "module", "norm", "relative"]]
-    cos = cosine_matrix(pool).to_frame()
-    if args.out is not None:
-        emit_frame(df, args.out)
-        emit(f"wrote {write_text_file(cosine_path(args.out), cos.to_csv(), overwrite=True)}")
-    else:
-        emit_frame(df)
-        emit("\ncosine similarity between task vectors:")
-        emit(cos.to_string(float_format="{:.3f}".format))
-    return 0
-
-
-def cosine_path(out: str) -> Path:
-    """Where `taskvec --out FILE` puts its cosine table: beside FILE, its suffix replaced by `.cosine.csv`
-    (`norms.csv` → `norms.cosine.csv`; only the file name's suffix counts, never a dot in a folder name)."""
-    p = Path(out)
-    return p.with_name(f"{p.stem if p.suffix else p.name}.cosine.csv")
-
-
 def cmd_eval(args) -> int:
     pool = ModelPool.from_yaml(args.pool)
     names = args.models or [BASE, *pool.model_names]
@@ -138,8 +99,9 @@ def cmd_eval(args) -> int:
     placement = device_from_args(args)
 
     dtype = job_dtype(args.dtype, args.device)
-    est = estimate("eval", pool=pool, models=names, device=args.device, dtype=dtype, max_general=args.max_general,
-                   max_task=args.max_task, general_mode=args.general_loss)
+    est = with_free(estimate_eval(pool=pool, models=names, device=args.device, dtype=dtype,
+                                  max_general=args.max_general, max_task=args.max_task,
+                                  general_mode=args.general_loss))
     # with a device map the model is spread over devices: the single-device check would refuse what fits
     if (args.dry_run or isinstance(placement, (str, type(None)))) and emit_estimate(est, args.dry_run):
         return 0

@@ -1,0 +1,29 @@
+"""Task vectors: where in the network did fine-tuning move each model, and how alike are the moves?"""
+from __future__ import annotations
+
+import streamlit as st
+
+from forgetlab.analysis.taskvec import ANALYSIS, TaskvecSettings
+from forgetlab.ui.navigation import page_header
+from forgetlab.ui.panel import AnalysisPanel
+from forgetlab.ui.pool import require_finetuned, require_pool
+from forgetlab.ui.widgets import field_widget
+
+MENU = ("Task vectors", ":material/insights:", 15)    # its entry in the app's menu (forgetlab.ui.navigation)
+
+page_header("Task vectors",
+            "Each fine-tuned model's task vector τ = θt − θ0: how far fine-tuning moved each layer and module "
+            "relative to the base (‖τ‖ / ‖θ0‖), and how alike the models' moves are (cosine similarity).")
+pool = require_pool()
+require_finetuned(pool, "task vectors")
+
+panel = AnalysisPanel(ANALYSIS, page="taskvec", button="Measure the task vectors")
+left, right = st.columns([1, 3])
+with left:
+    models = field_widget(TaskvecSettings, "models", key="taskvec_models", options=pool.model_names,
+                          default=pool.model_names)
+    cosines = field_widget(TaskvecSettings, "cosines", key="taskvec_cosines", label="compare them (cosines)")
+    settings = TaskvecSettings(models=models or None, cosines=cosines)
+    start = panel.controls(pool, settings)
+with right:
+    panel.results(pool, settings, start=start)
