@@ -8,7 +8,7 @@ import streamlit as st
 from forgetlab.analysis.lambda_search import pcb_lambda_search
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import scaled
-from forgetlab.merge import METHODS, load_plugins
+from forgetlab.merge import METHODS
 from forgetlab.merge.recipes import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
@@ -37,7 +37,6 @@ page_header("Merge",
 pool = require_pool()
 require_finetuned(pool, "merge")
 
-load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 
 incoming = st.session_state.pop("attribution_recipe", None)   # a recipe made on the Attribution page

@@ -69,8 +69,8 @@ import json, sys, torch
 torch.set_num_threads(1)
 from forgetlab.core.memory import PeakMeter, estimate
 import forgetlab.merge.engine, forgetlab.merge.memory  # noqa: F401  (the merge code, before the meter starts)
-from forgetlab.merge import load_plugins, run
-load_plugins()
+from forgetlab.merge import METHODS, run
+METHODS.discover()  # every method's module, imported before the meter starts
 recipe, out = sys.argv[1], sys.argv[2]
 est = estimate("merge", recipe=recipe).total
 with PeakMeter("cpu") as meter:

@@ -126,9 +126,8 @@ def _merge(args) -> int:
 def _methods(args) -> int:
     import pandas as pd
 
-    from forgetlab.merge import METHODS, load_plugins
+    from forgetlab.merge import METHODS
 
-    load_plugins()
     if args.json:
         emit(json.dumps({n: s.to_dict() for n, s in METHODS.items()}, indent=2))
         return 0

@@ -12,7 +12,6 @@ from forgetlab.core.outputs import write_text_file
 
 
 def register(sub) -> None:
-    import forgetlab.merge.methods.slwm  # noqa: F401  (registers the `slwm` merge method for `forgetlab merge`)
     p = sub.add_parser("slwm-weights", help="the per-submodule task weights of submodule-linearity merging",
                        description="Solve G a = b per submodule on the pool's probe data and print the weights "
                                    "(submodule × task). Merge with `forgetlab merge` and method slwm.")

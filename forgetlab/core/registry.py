@@ -95,6 +95,10 @@ class Registry(Generic[T]):
             raise ParameterError(f"Unknown {self.what} {name!r}; choose one of {', '.join(self.names())}.")
         return entry
 
+    def __getitem__(self, name: str) -> T:
+        """`registry[name]`: the same as `get(name)` (a ParameterError naming every registered entry if unknown)."""
+        return self.get(name)
+
     def names(self) -> list[str]:
         """Every registered name, sorted (after discovery)."""
         self.discover()

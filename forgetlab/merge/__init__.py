@@ -4,13 +4,12 @@ app, and the working copy analyses build their weights with.
 
     from forgetlab.merge import METHODS, merge_state_dicts, run
 """
-from forgetlab.merge import methods as _methods  # noqa: F401  (registers the built-in methods)
 from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.registry import (METHODS, MethodSpec, ParamSpec, PrepareContext, TensorJob, fast_kernel,
-                                      get_method, load_plugins, method, register, validate_params)
+                                      get_method, method, register, validate_params)
 
 __all__ = ["METHODS", "MethodSpec", "ParamSpec", "PrepareContext", "TensorJob", "fast_kernel", "get_method",
-           "load_plugins", "merge_state_dicts", "method", "register", "run", "validate_params"]
+           "merge_state_dicts", "method", "register", "run", "validate_params"]
 
 
 def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs):

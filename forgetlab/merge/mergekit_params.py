@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
-from forgetlab.merge.registry import METHODS, MethodSpec, get_method, load_plugins
+from forgetlab.merge.registry import METHODS, MethodSpec, get_method
 
 
 MERGEKIT_KEYS = ("merge_method", "base_model", "models", "slices", "parameters", "dtype", "out_dtype",
@@ -132,7 +132,6 @@ def mergekit_params(spec: MethodSpec) -> dict[str, MkParam]:
 
 def mergekit_methods() -> tuple[str, ...]:
     """The registered methods that are mergekit methods of the same name (importable and exportable)."""
-    load_plugins()
     return tuple(n for n, s in METHODS.items() if s.mergekit == n)
 
 

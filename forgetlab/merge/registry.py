@@ -1,6 +1,6 @@
 """The registry of merge methods: one name per method, used by the recipe YAML, the CLI, the app and the docs.
 
-`METHODS` maps a name to its `MethodSpec`: parameters (`ParamSpec`: name, type, default, range or choices,
+`METHODS` (a `forgetlab.core.registry.Registry`) maps a name to its `MethodSpec`: parameters (`ParamSpec`: name, type, default, range or choices,
 help), a one-line description, and how it merges one tensor (`merge(job: TensorJob) -> Tensor`). The app
 builds its forms from it; `validate_params` checks user input against it.
 
@@ -22,8 +22,10 @@ Hooks for methods that need more than the tensors of one name:
 A method is one file in `forgetlab/merge/methods/` (its family): the reference tensor function registered
 with the `@method(...)` decorator, and where it pays a CPU kernel registered with `@fast_kernel(name)` — the
 same result, computed in place block by block on float32 CPU tensors (`MethodSpec.apply` picks it, see
-`forgetlab.merge.select.on_cpu_fast_path`). Other modules may also `register(MethodSpec(...))` directly (a name
-can be registered once). Formulas: docs/methods.md.
+`forgetlab.merge.select.on_cpu_fast_path`). The registry finds the methods itself: asking for a name imports its
+family's module (every module of forgetlab.merge.methods when no module has the method's name), so no module is
+imported only to register its methods. Other modules may also `register(MethodSpec(...))` directly (a name can be
+registered once). Formulas: docs/methods.md.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.registry import Registry
 from forgetlab.merge.select import on_cpu_fast_path
 
 
@@ -214,20 +217,19 @@ class MethodSpec:
                 "needs_pool": self.needs_pool, "mergekit": self.mergekit}
 
 
-METHODS: dict[str, MethodSpec] = {}
+METHODS: Registry[MethodSpec] = Registry("merge method", "forgetlab.merge.methods")
+"""Every merge method by name. Each is declared in its family's module of forgetlab.merge.methods (`@method`,
+`@fast_kernel`), which the registry imports on the first lookup of a name it does not hold."""
 
 
 def register(spec: MethodSpec) -> MethodSpec:
     """Add a method to METHODS under `spec.name` (a name can be registered only once)."""
-    if spec.name in METHODS:
-        raise ParameterError(f"A merge method named {spec.name!r} is registered already.")
-    METHODS[spec.name] = spec
-    return spec
+    return METHODS.add(spec.name, spec)
 
 
 def method(name: str, description: str, params: Sequence[ParamSpec] = (), **options) -> Callable:
     """Decorator: register the decorated function (TensorJob → merged tensor) as the reference of merge method
-    `name`; `options` are MethodSpec's other fields (formula, mergekit, check, collector, …)."""
+    `name`; `options` are MethodSpec's other fields (formula, mergekit, memory, check, collector, …)."""
     def decorate(fn: Callable[[TensorJob], torch.Tensor]) -> Callable[[TensorJob], torch.Tensor]:
         register(MethodSpec(name, description, tuple(params), fn, **options))
         return fn
@@ -238,33 +240,15 @@ def fast_kernel(name: str) -> Callable:
     """Decorator: register the decorated function as the CPU kernel of the already registered method `name`.
     It returns the same tensor as the reference (tests compare them), or None where it does not apply."""
     def decorate(fn: Callable[[TensorJob], torch.Tensor | None]) -> Callable[[TensorJob], torch.Tensor | None]:
-        METHODS[name] = replace(METHODS[name], fast=fn)
+        METHODS.replace(name, replace(METHODS.get(name), fast=fn))
         return fn
     return decorate
 
 
-# Modules that register more methods when imported. They are imported on demand (`load_plugins`), so that
-# a plain merge does not pay for their imports (slwm pulls in pandas and the evaluation stack).
-PLUGINS = ("forgetlab.merge.methods.slwm",)
-
-
-def load_plugins() -> None:
-    """Import the PLUGINS modules (each registers its methods)."""
-    import importlib
-    for mod in PLUGINS:
-        importlib.import_module(mod)
-
-
 def get_method(name: str) -> MethodSpec:
-    """The MethodSpec called `name` (loading the plugin modules if needed), or a ParameterError listing the
-    registered methods."""
-    spec = METHODS.get(name)
-    if spec is None:
-        load_plugins()
-        spec = METHODS.get(name)
-    if spec is None:
-        raise ParameterError(f"Unknown merge method {name!r}; choose one of {', '.join(sorted(METHODS))}.")
-    return spec
+    """The MethodSpec called `name` (its module imported on first use), or a ParameterError listing the registered
+    methods."""
+    return METHODS.get(name)
 
 
 def _number(spec_name: str, p: ParamSpec, value: Any, integer: bool) -> float | int:
