@@ -142,6 +142,29 @@ class PrepareContext:
 
 
 @dataclass(frozen=True)
+class WorkingMemory:
+    """What a method holds while it merges one tensor, beyond the tensors it reads (`forgetlab.merge.memory`):
+    a + b·N float32 tensors of that tensor's size for N fine-tuned models, as (a, b), measured on the CPU at N = 2
+    and 3 by `bench/merge_memory.py` (its table is in docs/scaling.md) and rounded up by 0.1.
+
+    `fast`: what the CPU kernels hold (`MethodSpec.fast`, the path a float32 merge on the CPU takes; for a method
+    without kernels, its reference function). `reference`: what the reference functions hold, the path on a GPU
+    (measured on the CPU with the kernels turned off: `bench/merge_memory.py --reference`); None: as `fast`.
+    `prepare`: for a method that prepares coefficients from a pool, the parts of that phase on the CPU,
+    `prepare(model_bytes, n_models, linear_inputs) -> {part: bytes}` (the model's float32 bytes, the fine-tunes,
+    Σ d_in² over the decoder's linear layers), measured by `bench/prepare_memory.py`."""
+
+    fast: tuple[float, float]
+    reference: tuple[float, float] | None = None
+    prepare: Callable[[int, int, int], dict[str, int]] | None = None
+
+    def units(self, n_models: int, *, reference: bool = False) -> float:
+        """a + b·N for `n_models` fine-tuned models, on the reference path (a GPU's) or the CPU kernels'."""
+        a, b = (self.reference or self.fast) if reference else self.fast
+        return a + b * n_models
+
+
+@dataclass(frozen=True)
 class MethodSpec:
     """A registered merge method: name, one-line description, parameters, its reference per-tensor function
     `merge` and, optionally, `fast`: a CPU kernel giving the same tensor (None when it does not apply)."""
@@ -166,6 +189,9 @@ class MethodSpec:
     # whether θ0 is an input of the merge (True, or a function of the parameters, e.g. multislerp's use_base);
     # a method without one takes config and tokenizer from its first model when a recipe names no base
     base_input: bool | Callable[[dict], bool] = True
+    # its working memory (a + b·N tensors of the largest tensor's size) and any prepare phase's parts, as measured;
+    # None: not measured (forgetlab.merge.memory then assumes the largest measured)
+    memory: WorkingMemory | None = None
 
     def apply(self, job: TensorJob) -> torch.Tensor:
         """The merged tensor of one job: the CPU kernel when there is one and the job's tensors are float32 on

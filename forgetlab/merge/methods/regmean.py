@@ -28,7 +28,7 @@ from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import report
 from forgetlab.merge.methods.common import UNIT
 from forgetlab.merge.methods.spectral import is_embedding
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 DEFAULT_SAMPLES = 64
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)$")
@@ -272,9 +272,21 @@ def _params(alpha: float) -> tuple:
                       "named like the model)."))
 
 
+def _prepare_memory(models: float) -> Any:
+    """The prepare phase on the CPU in bytes (`WorkingMemory.prepare`): the model and the forward passes, `models`
+    model sizes (float32; measured by bench/prepare_memory.py on a 42M Llama — regmean 2.2, regmean_pp 2.3 — and
+    rounded up), and the Grams, which the formula needs whole: d_in² float32 entries per linear layer and
+    fine-tune (`linear_inputs` = Σ d_in²)."""
+    def parts(model: int, n_models: int, linear_inputs: int) -> dict[str, int]:
+        return {"model and forward passes": int(models * model), "Gram matrices": n_models * linear_inputs * 4}
+    return parts
+
+
 method("regmean", "RegMean: per linear layer, the weights that best reproduce every model's outputs on its task's inputs.",
        _params(0.6), prepare=lambda ctx: regmean_grams(ctx, False), needs_pool=True, in_place=False,
-       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt per linear layer; mean of the θt elsewhere")(_regmean)
+       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt per linear layer; mean of the θt elsewhere",
+       memory=WorkingMemory((1.0, 3.3), prepare=_prepare_memory(2.3)))(_regmean)
 method("regmean_pp", "RegMean++: RegMean with each layer's inputs taken from the merged model's earlier layers.",
        _params(0.95), prepare=lambda ctx: regmean_grams(ctx, True), needs_pool=True, in_place=False,
-       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt, Xt through the merged layers < ℓ; mean elsewhere")(_regmean)
+       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt, Xt through the merged layers < ℓ; mean elsewhere",
+       memory=WorkingMemory((4.7, 1.9), prepare=_prepare_memory(2.4)))(_regmean)

@@ -14,7 +14,7 @@ import torch
 
 from forgetlab.merge.methods.common import UNIT
 from forgetlab.merge.methods.ties import sum_rows
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges, kth_largest, topk_mask
 
 
@@ -163,7 +163,8 @@ def sce_into_(base: torch.Tensor, taus: list[torch.Tensor], select_topk: float =
          ParamSpec("int8_mask", "bool", False, "mergekit's memory option for its masks; the numbers are the "
                    "same either way (accepted so that mergekit recipes carry over).")),
         mergekit="sce",
-        formula="θ = θ0 + Σt wt·τ̂t·[agree] / Σt wt·[agree], wt ∝ mean(τ̂t²)")
+        formula="θ = θ0 + Σt wt·τ̂t·[agree] / Σt wt·[agree], wt ∝ mean(τ̂t²)",
+        memory=WorkingMemory(fast=(2.2, 0), reference=(1.4, 3.3)))
 def _sce(job: TensorJob) -> torch.Tensor:
     return sce(job.base, job.take_taus(), job.params["select_topk"])
 

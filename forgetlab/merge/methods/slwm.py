@@ -31,7 +31,7 @@ from forgetlab.core.submodules import (CAPTURES, capture_inputs,
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import IncompatibleModelsError, ParameterError
 from forgetlab.core.progress import Progress, report
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 from forgetlab.merge.working_copy import WorkingCopy
 
 SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
@@ -402,6 +402,11 @@ def prepare_slwm(ctx) -> PreparedCoefficients:
     return out
 
 
+def slwm_prepare_memory(model: int, n_models: int, linear_inputs: int) -> dict[str, int]:
+    """slwm's prepare phase on the CPU, in bytes (`WorkingMemory.prepare`; `model`: the model's float32 bytes): the
+    working copy, the layers read from the checkpoints and the forward passes (2.3 model sizes measured by
+    bench/prepare_memory.py on a 42M Llama, rounded up; the forward passes' share shrinks with the model)."""
+    return {"working copy, layers read and forward passes": int(2.4 * model)}
 
 
 @method("slwm", "Submodule-linearity merging: per-submodule task weights solved in closed form on probe data.",
@@ -415,7 +420,8 @@ def prepare_slwm(ctx) -> PreparedCoefficients:
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),
         min_models=1, prepare=prepare_slwm, needs_pool=True,
-        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere")
+        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere",
+        memory=WorkingMemory((4.9, 0.6), prepare=slwm_prepare_memory))
 def _slwm(job: TensorJob) -> torch.Tensor:
     """θ = θ0 + Σj coef[j]·τj with the prepared coefficient map (task arithmetic λ = 1/T where none)."""
     T = len(job.finetuned)

@@ -23,7 +23,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 
 
 def slerp(t: float, v0: torch.Tensor, v1: torch.Tensor, dot_threshold: float = 0.9995,
@@ -170,7 +170,8 @@ def _use_base_param() -> ParamSpec:
         max_models=1, mergekit="slerp", in_place=False,
         extra={"models_hint": "SLERP interpolates the base and ONE fine-tuned model; for several models use "
                               "multislerp or karcher, for two nuslerp."},
-        formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)")
+        formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)",
+        memory=WorkingMemory((3.1, 0)))
 def _slerp(job: TensorJob) -> torch.Tensor:
     return slerp(job.params["t"], job.base, job.finetuned[0])
 
@@ -184,7 +185,7 @@ def _slerp(job: TensorJob) -> torch.Tensor:
          _use_base_param()),
         min_models=2, max_models=2, mergekit="nuslerp", in_place=False, base_input=lambda p: p["use_base"],
         extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
-        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)")
+        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)", memory=WorkingMemory(fast=(3.1, 0), reference=(7.1, 0)))
 def _nuslerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     t = nuslerp_t(p["weights"])
@@ -204,7 +205,7 @@ def _check_multislerp(params: dict, n: int) -> None:
         (weights_param(), ParamSpec("normalize_weights", "bool", True, "Divide the weights by their sum."),
          ParamSpec("eps", "float", 1e-8, "Small constant added to norms.", (0.0, 1.0)), _use_base_param()),
         check=_check_multislerp, mergekit="multislerp", in_place=False, base_input=lambda p: p["use_base"],
-        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|")
+        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|", memory=WorkingMemory(fast=(5.1, 0), reference=(2.0, 4.1)))
 def _multislerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     if len(job.finetuned) == 1:
@@ -218,7 +219,7 @@ def _multislerp(job: TensorJob) -> torch.Tensor:
         (ParamSpec("max_iter", "int", 10, "Most gradient steps per tensor.", (1, 1000)),
          ParamSpec("tol", "float", 1e-5, "Stop when the tangent step is shorter than this.", (0.0, 1.0))),
         mergekit="karcher", in_place=False, base_input=False,
-        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩")
+        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩", memory=WorkingMemory((6.1, 1.0)))
 def _karcher(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)
     out = karcher_mean(job.finetuned, [1.0 / n] * n, job.params["max_iter"], job.params["tol"])
