@@ -267,11 +267,12 @@ def _vocabularies_differ(refs: Mapping[str, Any]) -> bool:
 def mergekit_inputs(recipe: Recipe) -> tuple[str | None, list[str]]:
     """mergekit's base_model of a recipe (None where mergekit has none: linear and karcher unless the base is
     listed after the first model, nuslerp and multislerp with use_base false) and its inputs in order."""
-    from forgetlab.merge.mergekit_params import BASE_IGNORED, BASE_OPTIONAL
+    from forgetlab.merge.mergekit_params import base_policy
     names = [m.model for m in recipe.models] + [s.model for sl in recipe.slices or [] for s in sl.sources]
-    if recipe.method in BASE_IGNORED:
+    policy = base_policy(recipe.method)
+    if policy == "ignored":
         mk_base = recipe.base if recipe.base in names[1:] else None
-    elif recipe.method in BASE_OPTIONAL and not recipe.params.get("use_base", True):
+    elif policy == "optional" and not recipe.params.get("use_base", True):
         mk_base = None
     else:
         mk_base = recipe.base

@@ -141,6 +141,59 @@ class PrepareContext:
     progress: Any = None
 
 
+REQUIRED = object()
+"""The default of a mergekit parameter that mergekit requires (no default in its method's signature)."""
+
+
+@dataclass(frozen=True)
+class MkParam:
+    """One mergekit parameter of a method: its forgetlab parameter (None: accepted, no effect), whether mergekit
+    takes it per model and whether forgetlab does, value converters and mergekit's default. `collapse`: per-model
+    values that agree are imported as one value (the sparsity knobs of the older methods, so that their recipes
+    read as before); `ignored`: mergekit reads the parameter and ignores it — why, for the notice an imported
+    recipe carries (`Recipe.notes`)."""
+
+    mk: str
+    fl: str | None
+    mk_per_model: bool
+    fl_per_model: bool
+    default: Any = REQUIRED
+    to_fl: Callable[[Any], Any] = lambda v: v
+    to_mk: Callable[[Any], Any] = lambda v: v
+    collapse: bool = False
+    ignored: str | None = None
+
+
+MERGEKIT_BASE = ("required", "ignored", "optional")
+
+
+@dataclass(frozen=True)
+class MergekitSpec:
+    """How mergekit 0.1.5 names and reads a method (forgetlab.merge.mergekit_params; docs/merging.md), declared
+    with the method.
+
+    `name`: mergekit's merge_method (a recipe of that name is imported as this method). `base`: mergekit's base
+    policy (its InputContract): "required"; "ignored" (base_model is one more input if given: it is averaged in);
+    "optional" (without base_model the models themselves are interpolated). `params`: mergekit's parameter table
+    by mergekit name, for the methods forgetlab had before mergekit's others (their own names for the sparsity
+    knob); None: made from the method's parameters (mergekit's `lambda` is `lam`, a per-model parameter is
+    given under its `model_key`, every other keeps its name), with `required` (the parameters mergekit requires),
+    `int8_mask` (mergekit reads int8_mask, which only sets the dtype of a sign mask: no effect on the result) and
+    `ignored` (parameters published configs give the method and mergekit ignores: accepted, with a notice)."""
+
+    name: str
+    base: str = "required"
+    params: Mapping[str, MkParam] | None = None
+    required: tuple[str, ...] = ()
+    int8_mask: bool = False
+    ignored: tuple[MkParam, ...] = ()
+
+    def __post_init__(self):
+        if self.base not in MERGEKIT_BASE:
+            raise ParameterError(f"internal: mergekit base policy {self.base!r} of {self.name} is not one of "
+                                 f"{', '.join(MERGEKIT_BASE)}.")
+
+
 @dataclass(frozen=True)
 class WorkingMemory:
     """What a method holds while it merges one tensor, beyond the tensors it reads (`forgetlab.merge.memory`):
@@ -180,7 +233,7 @@ class MethodSpec:
     prepare: Callable[[PrepareContext], Mapping[str, Any]] | None = None
     needs_pool: bool = False
     check: Callable[[dict, int], None] | None = None
-    mergekit: str | None = None
+    mergekit: MergekitSpec | None = None   # the mergekit method it computes and how mergekit names its parameters
     formula: str = ""
     needs_layers: bool = False  # the merge uses job.layer / job.num_layers (the engine then reads the config)
     extra: dict = field(default_factory=dict)
@@ -240,7 +293,7 @@ class MethodSpec:
         return {"name": self.name, "description": self.description, "formula": self.formula,
                 "params": [p.to_dict() for p in self.params], "min_models": self.min_models,
                 "max_models": self.max_models, "global_pass": self.global_pass,
-                "needs_pool": self.needs_pool, "mergekit": self.mergekit}
+                "needs_pool": self.needs_pool, "mergekit": self.mergekit.name if self.mergekit else None}
 
 
 METHODS: Registry[MethodSpec] = Registry("merge method", "forgetlab.merge.methods")

@@ -10,7 +10,7 @@ import torch
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.layers import FIRST, LAST
 from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
+from forgetlab.merge.registry import MergekitSpec, MkParam, ParamSpec, TensorJob, WorkingMemory, method
 
 
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
@@ -97,9 +97,15 @@ def _check_linear(params: dict, n: int) -> None:
         check_weight_sum(params["weights"], "linear", "normalize")
 
 
+# mergekit's linear: base_model, if given, is one more input (averaged in); forgetlab's older names (a weight per model)
+LINEAR_MERGEKIT = MergekitSpec("linear", base="ignored", params={
+    "weight": MkParam("weight", "weights", True, True, 1.0),
+    "normalize": MkParam("normalize", "normalize", False, False, True)})
+
+
 @method("linear", "Model soup: weighted average of the fine-tuned models.",
         (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
-        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False,
+        check=_check_linear, mergekit=LINEAR_MERGEKIT, formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False,
         memory=WorkingMemory((2.1, 0)))
 def _linear(job: TensorJob) -> torch.Tensor:
     return linear(job.finetuned, job.params["weights"], job.params["normalize"])
