@@ -9,7 +9,7 @@ from forgetlab.analysis.lambda_search import pcb_lambda_search
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS
-from forgetlab.merge.recipes import mergekit_yaml
+from forgetlab.merge.recipe_io import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
 from forgetlab.ui.errors import show_errors

@@ -9,7 +9,8 @@ import yaml
 from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.yamlio import YamlError, safe_load
-from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import Recipe
 from forgetlab.merge.registry import METHODS, validate_params
 
 FL = "method: {method}\nbase: /m/base\nmodels: [/m/a, /m/b]\nparams: {{{param}: }}\n"

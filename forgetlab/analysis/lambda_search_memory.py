@@ -38,7 +38,7 @@ def estimate_pcb_search(pool, recipe, *, device: Optional[str] = None, dtype=Non
     from forgetlab.core.checkpoints import open_checkpoint
     from forgetlab.core.eval_memory import eval_batch_bytes
     from forgetlab.core.evaluate import largest_eval_batch
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     dev = str(device or "cpu")
     dt = job_dtype(dtype, dev)

@@ -290,7 +290,7 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
              sigma0: float = 0.3, popsize: Optional[int] = None, seed: int = 0):
     """The search's checks of its settings (see `check_search`); returns (recipe, the searched parameter's spec
     or None, (low, high), the searched method-wide parameters)."""
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     recipe = load_recipe(recipe)
     if objective not in OBJECTIVES:

@@ -69,7 +69,7 @@ def _merge(args) -> int:
     if args.dtype is not None and not evaluate:
         raise ParameterError("--dtype sets the precision the merge is scored in: add --eval (and --pool); the "
                              "merge's own output dtype is the recipe's `dtype:`.")
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     recipe = load_recipe(args.recipe)                   # read once: its notes first, then estimate and merge
     for note in recipe.notes:
@@ -78,11 +78,11 @@ def _merge(args) -> int:
     if args.pool:
         from forgetlab.core.pool import ModelPool
         pool = ModelPool.from_yaml(args.pool)
-    from forgetlab.core.memory import estimate
-    from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate)
+    from forgetlab.core.memory import with_free
+    from forgetlab.merge.memory import estimate_merge
 
-    est = estimate("merge", recipe=recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
-                   max_general=args.max_general, max_task=args.max_task)
+    est = with_free(estimate_merge(recipe, pool=pool, device=args.device, dtype=args.dtype, evaluate=evaluate,
+                                   max_general=args.max_general, max_task=args.max_task))
     if emit_estimate(est, args.dry_run):
         return 0
     update, close = tqdm_progress("merge")
@@ -140,10 +140,11 @@ def _methods(args) -> int:
 
 
 def _export(args) -> int:
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.mergekit_export import to_mergekit
+    from forgetlab.merge.recipe_io import load_recipe
 
     recipe = load_recipe(args.recipe)
-    text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
+    text = yaml.safe_dump(to_mergekit(recipe) if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out is not None:
         emit(f"wrote {write_text_file(args.out, text, overwrite=args.overwrite)}")
         for note in recipe.notes:
@@ -161,7 +162,8 @@ def _pcb_search(args) -> int:
     from forgetlab.core.errors import ParameterError
     from forgetlab.core.memory import estimate
     from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.recipes import ModelEntry, load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
+    from forgetlab.merge.recipes import ModelEntry
 
     recipe = load_recipe(args.recipe)
     if recipe.method != "pcb":

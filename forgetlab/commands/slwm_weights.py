@@ -39,10 +39,10 @@ def cmd_slwm_weights(args) -> int:
     from forgetlab.merge.methods.slwm import slwm_weights
 
     pool = ModelPool.from_yaml(args.pool)
-    from forgetlab.core.memory import estimate
-    from forgetlab.merge.memory import estimate_slwm_weights  # noqa: F401  (registers the estimate)
+    from forgetlab.core.memory import with_free
+    from forgetlab.merge.memory import estimate_slwm_weights
 
-    if emit_estimate(estimate("slwm_weights", pool=pool, models=args.models, device=args.device), args.dry_run):
+    if emit_estimate(with_free(estimate_slwm_weights(pool, models=args.models, device=args.device)), args.dry_run):
         return 0
     update, close = tqdm_progress("slwm weights")
     try:

@@ -16,6 +16,6 @@ def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs)
     """Merge checkpoints on disk by a recipe (a Recipe, a dict, YAML text or a recipe file, parsed once here) into
     an HF folder (see forgetlab.merge.engine.run)."""
     from forgetlab.merge.engine import run as _run
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     return _run(load_recipe(recipe), out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)

@@ -97,7 +97,8 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     tokenizes the probe texts when evaluating)."""
     from forgetlab.merge.core import float_entries, check_compatible, resident_budget, resident_bytes
     from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
+    from forgetlab.merge.recipes import recipe_parents
     from forgetlab.merge.registry import get_method
 
     dev = str(device or "cpu")
@@ -138,7 +139,6 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
             from forgetlab.core.errors import ParameterError
             raise ParameterError("Estimating the merge's evaluation needs the pool that judges it (pool=…).")
         from forgetlab.core.eval_memory import estimate_eval
-        from forgetlab.merge.workflow import recipe_parents
 
         ev = estimate_eval(pool, ["base", *recipe_parents(pool, recipe)], device=dev, dtype=dt,
                            batch_size=batch_size, max_general=max_general, max_task=max_task)

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
-from forgetlab.merge.recipes import (Recipe)
+from forgetlab.merge.recipes import Recipe
 from forgetlab.merge.mergekit_params import (NOT_MERGEKIT, base_policy, mergekit_model_key, mergekit_methods,
                                               mergekit_params)
 from forgetlab.merge.registry import MethodSpec, MkParam, get_method

@@ -21,10 +21,10 @@ from typing import Any, Mapping
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
 from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, check_models_list,
-                                     check_slices, check_tokenizer, combine)
+                                     check_slices, check_tokenizer, combine, read_layer_range)
 from forgetlab.merge.mergekit_params import (MERGEKIT_KEYS, base_policy, mergekit_method_spec, mergekit_model_key,
-                                              mergekit_methods,  # noqa: F401 - re-exported
                                               mergekit_params)
+from forgetlab.merge.mergekit_params import mergekit_methods  # noqa: F401 - re-exported
 from forgetlab.merge.mergekit_export import to_mergekit  # noqa: F401 - the dialect's other direction
 from forgetlab.merge.registry import REQUIRED, MethodSpec, MkParam, get_method
 
@@ -348,7 +348,6 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, note
 
 
 def _range(value: Any, i: int) -> tuple[int, int]:
-    from forgetlab.merge.recipes import read_layer_range
     return read_layer_range(value, f"mergekit slice {i + 1}")
 
 

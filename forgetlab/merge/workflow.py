@@ -26,8 +26,8 @@ from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, run
-from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate with its job)
-from forgetlab.merge.recipes import ModelEntry, Recipe, load_recipe
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import ModelEntry, Recipe, recipe_parents
 from forgetlab.merge.registry import get_method
 
 SCORECARDS = "scorecards.json"
@@ -153,31 +153,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     return cards
 
 
-def _ref_key(ref: Any) -> str:
-    """A model reference compared by what it points at: an existing path resolved, anything else as written."""
-    path = Path(str(ref)).expanduser()
-    return str(path.resolve()) if path.exists() else str(ref)
-
-
-def recipe_parents(pool, recipe: Recipe) -> list[str]:
-    """Pool names of the recipe's fine-tuned models (matched by the folder they point at), in recipe order;
-    the base among them (mergekit's linear merges may list it) is left out, as it is scored as "base".
-    ParameterError when the recipe merges into another base than the pool's or names a model the pool lacks
-    (its scorecards would not be comparable)."""
-    base = _ref_key(pool.base_ref)
-    if _ref_key(recipe.base) != base:
-        raise ParameterError(f"The recipe merges into {recipe.base}, but the pool's base is {pool.base_ref}; "
-                             "evaluate the merge with a pool of the same base.")
-    by_ref = {_ref_key(e.ref): n for n, e in pool.entries.items()}
-    models = [m for m in recipe.models if _ref_key(m.model) != base]
-    missing = [m.model for m in models if _ref_key(m.model) not in by_ref]
-    if missing:
-        raise ParameterError(f"The recipe merges {', '.join(map(str, missing))}, which the pool does not hold "
-                             f"(its models: {', '.join(pool.model_names)}); add them to the pool file to compare "
-                             "the merge with its parents.")
-    return [by_ref[_ref_key(m.model)] for m in models]
-
-
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
                        device: str = "cpu", dtype=None, max_general: int | None = 32, max_task: int | None = 50,
                        benchmarks=None, benchmark_manager=None,
@@ -195,7 +170,6 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
     from forgetlab.core.benchmarks import checked_manager
     from forgetlab.core.outputs import atomic_output_dir, check_output_dir
     from forgetlab.merge.engine import open_sources
-    from forgetlab.merge.recipes import load_recipe
 
     recipe = load_recipe(recipe)
     if pool.probes is None:
