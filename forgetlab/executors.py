@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 from forgetlab.core.errors import ForgetlabError, MissingDependencyError, ParameterError
+from forgetlab.core.pool import ModelPool
 from forgetlab.core.progress import Progress, report, scaled
 
 EXECUTORS = ("local", "ray")
@@ -536,7 +537,5 @@ def pool_spec(pool, models: Optional[Sequence[str]] = None) -> dict[str, Any]:
 
 def open_pool(spec: dict[str, Any]):
     """Reopen a pool from `pool_spec` on a worker (no NaN scan: the driver's pool did it)."""
-    from forgetlab.core.pool import ModelPool
-
     return ModelPool(spec["base"], spec["models"], spec["probes"], name=spec.get("name", "pool"),
                      source=spec.get("source"), scan_nonfinite=False)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import errno
 import re
 import resource
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
 
 from forgetlab.core.errors import ForgetlabError, ParameterError
@@ -153,8 +155,6 @@ def free_bytes(device: Any = "cpu") -> int | None:
         free, _total = torch.cuda.mem_get_info(dev.index if dev.index is not None else torch.cuda.current_device())
         return int(free)
     if dev.type == "cpu":
-        import psutil
-
         return int(psutil.virtual_memory().available)
     return None
 
@@ -313,7 +313,6 @@ def _rss() -> int:
             return int(m.group(1)) * 1024
     except OSError:
         pass
-    import psutil
 
     return int(psutil.Process().memory_info().rss)
 
@@ -325,8 +324,6 @@ def _release_free_heap() -> None:
     """Give the heap's freed pages back to the system (glibc's malloc_trim; nothing elsewhere), so that a block's
     new allocations raise the resident memory instead of silently reusing pages freed before it began."""
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
@@ -351,8 +348,6 @@ def large_frees_to_os(device: Any = "cpu", threshold: int = 4 << 20):
         yield
         return
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6")
         libc.mallopt(_M_MMAP_THRESHOLD, int(threshold))
     except (OSError, AttributeError):

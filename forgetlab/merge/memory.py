@@ -26,9 +26,15 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, job_dtype,
-                                   register_estimator)
-from forgetlab.merge.registry import METHODS
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.eval_memory import estimate_eval
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, in_decoder_layer,
+                                   job_dtype, register_estimator)
+from forgetlab.merge.core import check_compatible, float_entries, resident_budget, resident_bytes
+from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import recipe_parents
+from forgetlab.merge.registry import METHODS, get_method
 from forgetlab.merge.vocab import is_vocab_tensor
 
 F32 = 4
@@ -83,8 +89,6 @@ def prepare_parts(method: str, size: ModelSize, n_models: int, linear_inputs: in
 
 def gram_entries(ckpt) -> int:
     """Σ d_in² over the 2-D weights inside decoder layers (from the headers)."""
-    from forgetlab.core.memory import in_decoder_layer
-
     return sum(i.shape[-1] ** 2 for n, i in ckpt.infos().items() if len(i.shape) == 2 and in_decoder_layer(n))
 
 
@@ -95,12 +99,6 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     """The peak of merging `recipe` on `device` (the larger of its phases, module docstring) and, with `evaluate`,
     of scoring the base, the parents and the merge in `dtype` on `pool`'s probe data. Reads headers only (and
     tokenizes the probe texts when evaluating)."""
-    from forgetlab.merge.core import float_entries, check_compatible, resident_budget, resident_bytes
-    from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
-    from forgetlab.merge.recipe_io import load_recipe
-    from forgetlab.merge.recipes import recipe_parents
-    from forgetlab.merge.registry import get_method
-
     dev = str(device or "cpu")
     dt = job_dtype(dtype, dev)
     recipe = load_recipe(recipe)
@@ -136,10 +134,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
         fixes.append("fewer models, or a method that needs no forward passes")
     if evaluate:
         if pool is None:
-            from forgetlab.core.errors import ParameterError
             raise ParameterError("Estimating the merge's evaluation needs the pool that judges it (pool=…).")
-        from forgetlab.core.eval_memory import estimate_eval
-
         ev = estimate_eval(pool, ["base", *recipe_parents(pool, recipe)], device=dev, dtype=dt,
                            batch_size=batch_size, max_general=max_general, max_task=max_task)
         phases["evaluating"] = ev.parts

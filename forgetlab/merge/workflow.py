@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -18,14 +18,17 @@ import pandas as pd
 import yaml
 
 from forgetlab.core import workspace
-from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.benchmarks import checked_manager
+from forgetlab.core.checkpoints import load_model, open_checkpoint
 from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
+from forgetlab.core.memory import job_dtype, recorded_peak
+from forgetlab.core.outputs import atomic_output_dir, check_output_dir, record_file
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import load_file
-from forgetlab.merge.engine import MergeResult, run
+from forgetlab.merge.engine import MergeResult, open_sources, run
 from forgetlab.merge.recipe_io import load_recipe
 from forgetlab.merge.recipes import ModelEntry, Recipe, recipe_parents
 from forgetlab.merge.registry import get_method
@@ -115,10 +118,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name). A merge whose
     tokenizer gives the base's tokens other ids is refused (`forgetlab.core.tokenization.check_same_tokenizer`)."""
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.core.memory import job_dtype, recorded_peak
-    from forgetlab.core.outputs import record_file
-
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
     merged_dir = Path(merged_dir)
@@ -127,7 +126,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1
-    from forgetlab.core.benchmarks import checked_manager
 
     manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
@@ -165,12 +163,6 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
     made; the base's and parents' scorecards come from the pool's cache (`evaluate_merge`). Returns the
     MergeResult (its out_dir the final folder) and the cards. The CLI (`merge --eval`) and the Merge page both
     take this path."""
-    from dataclasses import replace
-
-    from forgetlab.core.benchmarks import checked_manager
-    from forgetlab.core.outputs import atomic_output_dir, check_output_dir
-    from forgetlab.merge.engine import open_sources
-
     recipe = load_recipe(recipe)
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")

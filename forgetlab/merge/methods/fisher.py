@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from forgetlab.core.errors import CheckpointError
-from forgetlab.core.progress import report
+from forgetlab.core.progress import report, scaled
 from forgetlab.merge.methods.regmean import probe_inputs
 from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
@@ -106,8 +106,6 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
     One fine-tuned model at a time is loaded (`ModelPool.borrow`: unloaded after unless the caller held it) and
     its gradients are taken on it directly when the pool did not hold it before (on a copy when it did); each
     model's Fisher is written into the (T, …) stacks as soon as it is known."""
-    from forgetlab.core.progress import scaled
-
     names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]), method="fisher")
     T = len(names)
     out: dict[str, torch.Tensor] = {}

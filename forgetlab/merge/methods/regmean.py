@@ -24,11 +24,15 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from forgetlab.core.checkpoints import load_model
 from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import report
+from forgetlab.core.submodules import encode_samples, select_pairs
 from forgetlab.merge.methods.common import UNIT
+from forgetlab.merge.methods.slwm import pool_names_for
 from forgetlab.merge.methods.spectral import is_embedding
 from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
+from forgetlab.merge.working_copy import stored_params
 
 DEFAULT_SAMPLES = 64
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)$")
@@ -123,9 +127,6 @@ class _Stop(Exception):
 def probe_inputs(ctx, samples: int, max_length: int = 128, method: str = "regmean"):
     """(pool model names, [Samples per task], tokenizer) for a prepare hook: each fine-tuned model's task's probe
     split (the task named like the model unless `tasks` says otherwise), `samples` pairs each."""
-    from forgetlab.core.submodules import encode_samples, select_pairs
-    from forgetlab.merge.methods.slwm import pool_names_for
-
     pool = ctx.pool
     names = pool_names_for(pool, ctx.model_names, method)
     tasks = [t.strip() for t in str(ctx.params.get("tasks") or "").split(",") if t.strip()] or names
@@ -203,9 +204,6 @@ def _regmean_pp_grams(ctx, names: list[str], encs: list, out: dict[str, list], s
     """RegMean++'s layer-by-layer pass (module docstring): fills `out` (module path → the T Grams) and returns
     module path → stored (out, in). Fine-tuned parameters are read from the checkpoints layer by layer; a model
     whose checkpoint cannot be read so is borrowed whole from the pool into `stack` (an ExitStack)."""
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.merge.working_copy import stored_params
-
     p, T, pool = ctx.params, len(names), ctx.pool
     merged = load_model(pool.checkpoint("base"), device="cpu", dtype=torch.float32).eval()   # our own copy
     lin_all = _linears(merged)

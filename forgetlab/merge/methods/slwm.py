@@ -19,20 +19,23 @@ from __future__ import annotations
 import contextlib
 from collections import ChainMap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
 from forgetlab.core.submodules import (CAPTURES, capture_inputs,
                                           check_head_decomposition, check_same_structure, encode_samples, param_dict,
                                           run_submodule, select_pairs)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import IncompatibleModelsError, ParameterError
-from forgetlab.core.progress import Progress, report
+from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
-from forgetlab.merge.working_copy import WorkingCopy
+from forgetlab.merge.working_copy import WorkingCopy, stored_params
 
 SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
 DEFAULT_LEVEL = "attn_mlp"
@@ -207,8 +210,6 @@ def _weight_inputs(pool_or_models, tasks, models, device, stack):
         for m, ft in zip(models, fts):
             check_same_structure(base, ft, m)
         return WorkingCopy.of(base), [param_dict(ft) for ft in fts], tok, pairs, tasks, models, template, False
-    from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
-    from forgetlab.merge.working_copy import stored_params
 
     pool = pool_or_models
     tasks, models = _pool_tasks(pool, tasks, models)
@@ -366,8 +367,6 @@ class PreparedCoefficients(dict):
 def pool_names_for(pool, refs: Sequence[str], method: str = "slwm") -> list[str]:
     """The pool names of a recipe's models `refs` (a name, or a path the pool's checkpoint points at), for a pool
     method (`method`, named in the ParameterError for a model the pool does not hold: its probe data is needed)."""
-    from pathlib import Path
-
     out = []
     for ref in refs:
         if ref in pool.model_names:
@@ -440,9 +439,6 @@ def slwm_merge(pool_or_models, tasks: Optional[Sequence[str]] = None, level: str
                models: Optional[Sequence[str]] = None, capture: str = "finetuned",
                progress: Progress = None) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
     """Submodule-linearity merge in memory: returns (merged state dict, weights table submodule × task)."""
-    from forgetlab.core.progress import scaled
-    from forgetlab.merge.api import merge_state_dicts
-
     weights = slwm_weights(pool_or_models, tasks, models=models, level=level, samples=samples, ridge=ridge,
                            capture=capture, progress=scaled(progress, 0.0, 0.8))
     base, fts, *_ = _resolve(pool_or_models, weights.tasks, weights.models, None)
