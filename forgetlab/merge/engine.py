@@ -112,7 +112,7 @@ def run(recipe: Recipe, out_dir: str | Path, progress: Progress = None, overwrit
         device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
         max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS,
         sources: Sources | None = None) -> MergeResult:
-    """Merge the checkpoints of a parsed `recipe` (`forgetlab.merge.recipes.load_recipe`; `forgetlab.merge.run`
+    """Merge the checkpoints of a parsed `recipe` (`forgetlab.merge.recipe_io.load_recipe`; `forgetlab.merge.run`
     takes a file or dict too) into an HF folder at `out_dir` (see the module docstring). `sources`: the
     recipe's checkpoints already opened (`open_sources`), so that a caller that needed them first (to know the
     inputs an output must not hold) does not open them again.
@@ -135,7 +135,7 @@ def run(recipe: Recipe, out_dir: str | Path, progress: Progress = None, overwrit
 def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes, sources) -> MergeResult:
     t0 = time.perf_counter()
     if not isinstance(recipe, Recipe):
-        raise ParameterError("internal: the merge engine takes a parsed Recipe (forgetlab.merge.recipes.load_recipe); "
+        raise ParameterError("internal: the merge engine takes a parsed Recipe (forgetlab.merge.recipe_io.load_recipe); "
                              "forgetlab.merge.run also takes a file or a dict.")
     spec = get_method(recipe.method)
     params = recipe.validated_params()

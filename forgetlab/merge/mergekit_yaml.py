@@ -6,8 +6,8 @@ A mergekit method name is importable when a forgetlab method is registered under
 `mergekit=MergekitSpec(<name>, …)`. Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
 with `per_model=True` and `model_key` = mergekit's key (e.g. `weight` → `weights`), every other parameter keeps
 mergekit's name. The six methods forgetlab had before mergekit's others keep their own names for the
-sparsity knob (their declared tables, `mergekit_params.gta_params`): `density` is `keep` for ties and breadcrumbs and `1 − drop` for dare_*, per model
-as in mergekit (one value when all models agree). A parameter mergekit reads and ignores (task_arithmetic's
+sparsity knob (the tables they declare, `mergekit_params.gta_params`): `density` is `keep` for ties and
+breadcrumbs and `1 − drop` for dare_*, per model as in mergekit (one value when all models agree). A parameter mergekit reads and ignores (task_arithmetic's
 density, sce's weight) is accepted and named in the recipe's `notes`. Values are read with mergekit's
 defaults (its `merge_methods/registry.py` and each method's signature), and written explicitly into the
 imported recipe, so the merge does not depend on forgetlab's defaults. Gradients and filters
