@@ -176,7 +176,7 @@ def job_merge_and_evaluate(pool, models, device, dtype):
 
 def job_pcb_search(pool, models, device, dtype):
     from forgetlab.analysis.lambda_search import pcb_lambda_search
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     res, _ = pcb_lambda_search(pool, load_recipe({**_recipe("pcb", pool, models), "params": {"scope": "global"}}),
                                budget=1, max_task=16, device=device, dtype=dtype)

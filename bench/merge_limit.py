@@ -144,7 +144,9 @@ def _recipe(method, params, base, fts, n):
 
 def bench_size(size: str, root: Path, args, env_fl: dict, env: dict) -> list[dict]:
     import yaml
-    from forgetlab.merge.recipes import MERGEKIT_METHODS, load_recipe
+    from forgetlab.merge.mergekit_export import to_mergekit
+    from forgetlab.merge.mergekit_params import mergekit_methods
+    from forgetlab.merge.recipe_io import load_recipe
 
     hidden, layers, vocab, inter = SIZES[size]
     t = time.perf_counter()
@@ -176,9 +178,9 @@ def bench_size(size: str, root: Path, args, env_fl: dict, env: dict) -> list[dic
             shutil.rmtree(out_dir, ignore_errors=True)
             r["fl_process_s"], r["fl_rss_mb"] = fl["seconds"], fl["peak_rss_kb"] / 1024
         rec = load_recipe(recipe)
-        if args.mergekit and rec.method in MERGEKIT_METHODS and rec.validated_params().get("scope", "tensor") == "tensor":
+        if args.mergekit and rec.method in mergekit_methods() and rec.validated_params().get("scope", "tensor") == "tensor":
             mk_file = root / f"mk-{rfile.name}"
-            mk_file.write_text(yaml.safe_dump(rec.to_mergekit(), sort_keys=False))
+            mk_file.write_text(yaml.safe_dump(to_mergekit(rec), sort_keys=False))
             mk_out = root / "mk-out"
             shutil.rmtree(mk_out, ignore_errors=True)
             mk = measure([str(MK_VENV / "bin" / "mergekit-yaml"), str(mk_file), str(mk_out), "--no-write-model-card",

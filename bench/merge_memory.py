@@ -68,13 +68,12 @@ def child(root: str, method: str, n: int, reference: bool) -> None:
     torch.set_num_threads(1)
     from forgetlab.cli import main
     from forgetlab.core.memory import PeakMeter, estimate
-    from forgetlab.merge import load_plugins
-    from forgetlab.merge.registry import get_method
+    from forgetlab.merge.registry import METHODS, get_method
     import forgetlab.merge.engine  # noqa: F401  (the merge code, imported before the meter starts)
     import transformers.models.llama.modeling_llama  # noqa: F401  (a pool method's forward passes need it)
     from forgetlab.merge.memory import estimate_merge  # noqa: F401
 
-    load_plugins()
+    METHODS.discover()  # every method's module, imported before the meter starts
     if reference:       # every CPU kernel off: the reference functions run, as they do on a GPU
         for name, module in list(sys.modules.items()):
             if name.startswith("forgetlab.merge") and hasattr(module, "on_cpu_fast_path"):
@@ -107,9 +106,8 @@ def main() -> None:
                     "path) instead of the CPU kernels")
     args = ap.parse_args()
     from forgetlab.core.workspace import home
-    from forgetlab.merge import METHODS, load_plugins
+    from forgetlab.merge import METHODS
 
-    load_plugins()
     zoo = Path(args.zoo) if args.zoo else home() / "zoo" / "pico"
     if not (zoo / "base").exists():
         sys.exit(f"No pico zoo at {zoo}: build it with `forgetlab zoo build` or pass --zoo DIR.")

@@ -61,10 +61,11 @@ def child(pool: str, method: str, samples: int) -> None:
     torch.set_num_threads(1)
     import transformers.models.llama.modeling_llama  # noqa: F401  (the code every run imports anyway)
 
-    import forgetlab.merge.methods  # noqa: F401  (registers the methods)
     from forgetlab.core.memory import ModelSize, PeakMeter
     from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.registry import PrepareContext, get_method, validate_params
+    from forgetlab.merge.registry import METHODS, PrepareContext, get_method, validate_params
+
+    METHODS.discover()  # every method's module, imported before the meter starts
 
     p = ModelPool.from_yaml(pool)
     p.tokenizer                                                      # loaded before the meter starts

@@ -8,8 +8,8 @@ import streamlit as st
 
 from forgetlab.analysis.lambda_search import search_then_merge
 from forgetlab.core.errors import ParameterError
-from forgetlab.merge import METHODS, load_plugins
-from forgetlab.merge.recipes import mergekit_yaml
+from forgetlab.merge import METHODS
+from forgetlab.merge.recipe_io import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
 from forgetlab.ui.errors import show_errors
@@ -38,7 +38,6 @@ page_header("Merge",
 pool = require_pool()
 require_finetuned(pool, "merge")
 
-load_plugins()  # methods registered by other modules (e.g. slwm) appear in the form too
 REPORT_KEY = "merge_report"
 
 incoming = st.session_state.pop("attribution_recipe", None)   # a recipe made on the Attribution page

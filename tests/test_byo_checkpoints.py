@@ -16,7 +16,7 @@ from forgetlab.core.checkpoints import open_checkpoint
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.pool import DtypeMismatchWarning, ModelPool
 from forgetlab.merge import merge_state_dicts
-from forgetlab.merge.recipes import load_recipe
+from forgetlab.merge.recipe_io import load_recipe
 from tests.test_gguf import _gguf_file
 
 

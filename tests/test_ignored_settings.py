@@ -9,15 +9,15 @@ import yaml
 from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.yamlio import YamlError, safe_load
-from forgetlab.merge.recipes import Recipe, load_recipe
-from forgetlab.merge.registry import METHODS, load_plugins, validate_params
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import Recipe
+from forgetlab.merge.registry import METHODS, validate_params
 
 FL = "method: {method}\nbase: /m/base\nmodels: [/m/a, /m/b]\nparams: {{{param}: }}\n"
 
 
 def _numeric_params():
-    load_plugins()
-    return [(spec.name, p.name) for spec in METHODS.values() for p in spec.params
+    return [(spec.name, p.name) for _, spec in METHODS.items() for p in spec.params
             if p.type in ("float", "int") and not p.per_model][:60]
 
 

@@ -338,11 +338,12 @@ def test_bad_input_exits_2(tiny_llama, loras, tmp_path, capsys):
         assert main(["merge", recipe(method, models), str(out)]) == 2
         assert msg in capsys.readouterr().err
         assert not out.exists()
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.mergekit_export import to_mergekit
+    from forgetlab.merge.recipe_io import load_recipe
     for method in ("lines", "tsv", "iso_c", "iso_cts", "cart", "localize_stitch", "knots", "regmean", "fisher"):
         r = load_recipe({"method": method, "base": str(tiny_llama.base), "models": [str(tiny_llama.finetuned["ft0"])]})
         with pytest.raises(ParameterError, match="no mergekit counterpart"):
-            r.to_mergekit()
+            to_mergekit(r)
 
 
 def test_streamed_merges_equal_in_memory(tiny_llama, tmp_path):

@@ -146,9 +146,12 @@ def test_failure_half_way_leaves_no_output_and_inputs_untouched(tiny_llama, tmp_
         return original(job)
 
     import dataclasses
-    monkeypatch.setitem(METHODS, "task_arithmetic", dataclasses.replace(spec, merge=failing))
-    with pytest.raises(OSError, match="simulated"):
-        run(_recipe(tiny_llama, "task_arithmetic", {}), tmp_path / "out", max_shard_bytes=30_000)
+    METHODS.replace("task_arithmetic", dataclasses.replace(spec, merge=failing))
+    try:
+        with pytest.raises(OSError, match="simulated"):
+            run(_recipe(tiny_llama, "task_arithmetic", {}), tmp_path / "out", max_shard_bytes=30_000)
+    finally:
+        METHODS.replace("task_arithmetic", spec)
     assert calls["n"] == 8
     assert list(tmp_path.iterdir()) == []  # neither the output nor a temporary folder
     assert _tree_digest(tiny_llama.root) == before

@@ -13,7 +13,8 @@ import torch
 
 from forgetlab.cli import main
 from forgetlab.core.memory import ModelSize, estimate
-from forgetlab.merge.memory import FAST, merge_parts, working_units
+from forgetlab.merge.memory import merge_parts, working_units
+from forgetlab.merge.registry import METHODS
 from tests.test_linearity_memory import _random_pool
 
 
@@ -31,7 +32,7 @@ def test_merge_parts_are_the_tensors_read_plus_the_methods_working_set():
     E = 1000
     f32 = merge_parts(E, 4, 3, "ties")
     assert f32["tensors read (base + fine-tunes)"] == 4 * E * 4           # a float32 tensor is read in place
-    a, b = FAST["ties"]
+    a, b = METHODS["ties"].memory.fast                                   # as ties declares it
     assert f32["ties's working tensors"] == int((a + 3 * b) * E * 4)
     bf16 = merge_parts(E, 2, 3, "ties")
     assert bf16["tensors read (base + fine-tunes)"] == 4 * E * (2 + 4)    # raw bf16 bytes + their float32 copy
@@ -40,7 +41,7 @@ def test_merge_parts_are_the_tensors_read_plus_the_methods_working_set():
     assert gpu["ties's working tensors"] == int(working_units("ties", 3, reference=True) * E * 4)
     assert working_units("pcb", 3) > working_units("pcb", 2)               # PCB's statistics grow with N
     unknown = merge_parts(E, 4, 3, "a_plugin")
-    assert unknown["a_plugin's working tensors"] >= max(working_units(m, 3) for m in FAST) * E * 4
+    assert unknown["a_plugin's working tensors"] >= max(working_units(m, 3) for m in METHODS) * E * 4
     kept = merge_parts(E, 4, 3, "ties", resident=123)
     assert kept["inputs kept on the device (global pass)"] == 123
 
@@ -69,8 +70,8 @@ import json, sys, torch
 torch.set_num_threads(1)
 from forgetlab.core.memory import PeakMeter, estimate
 import forgetlab.merge.engine, forgetlab.merge.memory  # noqa: F401  (the merge code, before the meter starts)
-from forgetlab.merge import load_plugins, run
-load_plugins()
+from forgetlab.merge import METHODS, run
+METHODS.discover()  # every method's module, imported before the meter starts
 recipe, out = sys.argv[1], sys.argv[2]
 est = estimate("merge", recipe=recipe).total
 with PeakMeter("cpu") as meter:

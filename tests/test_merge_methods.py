@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -263,6 +265,18 @@ def test_every_registered_method_has_help_defaults_and_a_description():
         assert spec.description and spec.name == name
         for p in spec.params:
             assert p.help, (name, p.name)
+
+
+def test_every_registered_method_has_an_entry_in_docs_methods_md():
+    """docs/methods.md names every method the registry finds: its anchor (`docs/methods.md#<name>`, which the code
+    cites) and its name in a heading."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "methods.md").read_text(encoding="utf-8")
+    anchors = set(re.findall(r'<a id="([^"]+)"', text))
+    headings = "\n".join(line for line in text.splitlines() if line.startswith("#"))
+    no_anchor = [n for n in METHODS.names() if n not in anchors]
+    no_heading = [n for n in METHODS.names() if f"`{n}`" not in headings]
+    assert not no_anchor and not no_heading, (f"docs/methods.md lacks the anchor of {no_anchor} and a heading naming "
+                                              f"{no_heading}: document every registered method there")
 
 
 # ------------------------------------------------------------------ bad input

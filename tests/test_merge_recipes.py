@@ -12,7 +12,10 @@ from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import merge_state_dicts
 from forgetlab.analysis.lambda_search import cma_lambdas, compose, pcb_components, probe_loss
-from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.mergekit_export import to_mergekit
+from forgetlab.merge.mergekit_yaml import from_mergekit
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import Recipe
 
 
 def test_our_recipe_round_trip_and_per_model_params():
@@ -66,10 +69,10 @@ def test_mergekit_import(mk, exp_method, exp_params):
 def test_mergekit_export_round_trips_through_import():
     r = Recipe.from_dict({"method": "ties", "base": "/b", "models": [{"model": "/a", "weight": 2.0}, "/c"],
                           "params": {"keep": 0.25, "lam": 0.9}})
-    mk = r.to_mergekit()
+    mk = to_mergekit(r)
     assert mk["models"][0]["parameters"] == {"weight": 2.0, "density": 0.25}
     assert mk["parameters"] == {"lambda": 0.9, "normalize": True, "rescale": False}
-    back = Recipe.from_mergekit(mk)
+    back = from_mergekit(mk)
     assert back.validated_params() == r.validated_params()
 
 
@@ -83,9 +86,9 @@ def test_mergekit_import_refuses_what_has_no_counterpart():
                                         {"model": "c", "parameters": {"density": 0.5}}]})
     assert per_model.validated_params()["keep"] == [0.2, 0.5]
     with pytest.raises(ParameterError, match="no mergekit counterpart"):
-        Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}).to_mergekit()
+        to_mergekit(Recipe.from_dict({"method": "pcb", "base": "b", "models": ["a"]}))
     with pytest.raises(ParameterError, match="scope: tensor"):
-        Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "params": {"scope": "global"}}).to_mergekit()
+        to_mergekit(Recipe.from_dict({"method": "ties", "base": "b", "models": ["a"], "params": {"scope": "global"}}))
 
 
 def test_bad_recipes():
@@ -172,7 +175,7 @@ def test_recipe_parents_maps_a_recipes_models_to_the_pool_and_refuses_what_it_ca
     """`merge --eval` scores a recipe's parents by their pool names: matched by folder, the base among the
     models (mergekit's linear) left out; a recipe into another base, or a model outside the pool, is refused."""
     from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.workflow import recipe_parents
+    from forgetlab.merge.recipes import recipe_parents
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     ft = tiny_llama.finetuned
@@ -223,28 +226,28 @@ def _mk(method="dare_ties", models=("/m/a", "/m/c"), base="/m/b", **top):
 def test_dare_ties_means_what_mergekit_means_both_ways():
     """issue 25: mergekit's dare_ties defaults to normalize: false (the sum of the agreeing entries) and rescale:
     true (the L1 rule); both are imported as such, normalize: true too, and merge-export writes them back."""
-    r = Recipe.from_mergekit(_mk())
+    r = from_mergekit(_mk())
     assert (r.method, r.params["drop"], r.params["normalize"], r.params["rescale"]) == \
         ("dare_ties", pytest.approx(0.3), False, "l1")
-    assert Recipe.from_mergekit(_mk(parameters={"normalize": True})).params["normalize"] is True
-    assert Recipe.from_mergekit(_mk(parameters={"rescale": False})).params["rescale"] == "none"
+    assert from_mergekit(_mk(parameters={"normalize": True})).params["normalize"] is True
+    assert from_mergekit(_mk(parameters={"rescale": False})).params["rescale"] == "none"
     ours = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a", "/c"], "params": {"drop": 0.2}})
-    mk = ours.to_mergekit()
+    mk = to_mergekit(ours)
     assert mk["parameters"]["normalize"] is False and mk["parameters"]["rescale"] is True
-    assert Recipe.from_mergekit(mk).validated_params() == ours.validated_params()
+    assert from_mergekit(mk).validated_params() == ours.validated_params()
     former = Recipe.from_dict({"method": "dare_ties", "base": "/b", "models": ["/a"], "params": {"rescale": "inverse"}})
     with pytest.raises(ParameterError, match=r"1/\(1 − p\).*rescale: l1"):
-        former.to_mergekit()
+        to_mergekit(former)
 
 
 def test_ties_normalize_and_rescale_are_imported_and_exported():
     """ties: normalize (default true: the disjoint mean; false: the sum) and rescale (L1) are read and written."""
-    assert Recipe.from_mergekit(_mk("ties")).params["normalize"] is True
-    assert Recipe.from_mergekit(_mk("ties", parameters={"normalize": False})).params["normalize"] is False
-    assert Recipe.from_mergekit(_mk("ties", parameters={"rescale": True})).params["rescale"] is True
-    assert Recipe.from_mergekit(_mk("breadcrumbs", parameters={"rescale": True})).params["rescale"] is True
+    assert from_mergekit(_mk("ties")).params["normalize"] is True
+    assert from_mergekit(_mk("ties", parameters={"normalize": False})).params["normalize"] is False
+    assert from_mergekit(_mk("ties", parameters={"rescale": True})).params["rescale"] is True
+    assert from_mergekit(_mk("breadcrumbs", parameters={"rescale": True})).params["rescale"] is True
     ours = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/c"], "params": {"keep": 0.3}})
-    assert ours.to_mergekit()["parameters"]["normalize"] is True
+    assert to_mergekit(ours)["parameters"]["normalize"] is True
 
 
 @pytest.mark.parametrize("method", ["task_arithmetic", "dare_linear", "breadcrumbs"])
@@ -256,30 +259,30 @@ def test_normalize_true_without_consensus_is_the_methods_parameter(method):
     if method == "task_arithmetic":
         for e in d["models"]:
             del e["parameters"]["density"]
-    r = Recipe.from_mergekit(d)
+    r = from_mergekit(d)
     assert r.validated_params()["weights"] == [1.0, 0.5] and r.validated_params()["normalize"] is True
-    assert Recipe.from_mergekit(r.to_mergekit()).validated_params() == r.validated_params()
+    assert from_mergekit(to_mergekit(r)).validated_params() == r.validated_params()
 
 
 def test_lora_entry_mapping_is_read_as_base_plus_adapter():
     """mergekit's `model: {model: BASE, lora: ADAPTER}` is the same model as `BASE+ADAPTER` (it was read as BASE)."""
-    as_map = Recipe.from_mergekit(_mk("ties", models=[{"model": "/m/b", "lora": "/m/ad"}], parameters={}))
+    as_map = from_mergekit(_mk("ties", models=[{"model": "/m/b", "lora": "/m/ad"}], parameters={}))
     as_map_models = [m.model for m in as_map.models]
     d = _mk("ties")
     d["models"] = [{"model": {"model": "/m/b", "lora": "/m/ad"}, "parameters": {"weight": 1.0, "density": 0.5}},
                    {"model": "/m/c", "parameters": {"weight": 1.0, "density": 0.5}}]
-    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    assert [m.model for m in from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
     d["models"][0]["model"] = "/m/b+/m/ad"
-    assert [m.model for m in Recipe.from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
+    assert [m.model for m in from_mergekit(d).models] == ["/m/b+/m/ad", "/m/c"]
     d["base_model"] = {"model": "/m/b"}
-    assert Recipe.from_mergekit(d).base == "/m/b"
+    assert from_mergekit(d).base == "/m/b"
     assert as_map_models == ["/m/b+/m/ad"]
     d["models"][0]["model"] = {"model": {"path": "/m/b", "revision": "v2"}, "lora": "/m/ad"}
     with pytest.raises(ParameterError, match=r"revision 'v2'"):
-        Recipe.from_mergekit(d)
+        from_mergekit(d)
     d["models"][0]["model"] = {"model": "/m/b", "lora": "/m/ad", "override_architecture": "X"}
     with pytest.raises(ParameterError, match="override_architecture"):
-        Recipe.from_mergekit(d)
+        from_mergekit(d)
 
 
 @pytest.fixture(scope="module")
@@ -318,14 +321,14 @@ def test_cli_lora_entry_mapping_merges_like_the_plus_form(tiny_llama, lora_on_ti
 
 def test_linear_with_a_base_model_averages_the_base_in():
     """mergekit's linear adds base_model to the inputs (with the top-level weight) when the models do not list it."""
-    r = Recipe.from_mergekit(_mk("linear", parameters={"weight": 2.0}))
+    r = from_mergekit(_mk("linear", parameters={"weight": 2.0}))
     assert [m.model for m in r.models] == ["/m/a", "/m/c", "/m/b"]
     assert r.validated_params()["weights"] == [1.0, 1.0, 2.0]
     listed = _mk("linear", models=("/m/a", "/m/b"))                   # listed: counted once, with its own weight
-    assert [m.model for m in Recipe.from_mergekit(listed).models] == ["/m/a", "/m/b"]
+    assert [m.model for m in from_mergekit(listed).models] == ["/m/a", "/m/b"]
     with pytest.raises(ParameterError, match=r"base_model.*needs a weight.*parameters: \{weight"):
-        Recipe.from_mergekit(_mk("linear"))
-    assert [m.model for m in Recipe.from_mergekit(_mk("linear", base=None)).models] == ["/m/a", "/m/c"]
+        from_mergekit(_mk("linear"))
+    assert [m.model for m in from_mergekit(_mk("linear", base=None)).models] == ["/m/a", "/m/c"]
 
 
 @pytest.mark.parametrize("extra, says", [
@@ -338,11 +341,11 @@ def test_linear_with_a_base_model_averages_the_base_in():
 ])
 def test_mergekit_settings_forgetlab_lacks_are_refused_by_name(extra, says):
     with pytest.raises(ParameterError, match=re.escape(says)):
-        Recipe.from_mergekit(_mk(**{"parameters": {"normalize": True}, **extra}))
+        from_mergekit(_mk(**{"parameters": {"normalize": True}, **extra}))
 
 
 def test_mergekit_settings_that_change_nothing_are_accepted():
-    r = Recipe.from_mergekit(_mk(tokenizer_source="base", name="m1", parameters={"normalize": True,
+    r = from_mergekit(_mk(tokenizer_source="base", name="m1", parameters={"normalize": True,
                                                                                 "int8_mask": True}))
     assert r.method == "dare_ties" and r.name == "m1"
 
@@ -351,16 +354,16 @@ def test_per_model_settings_mergekit_would_ignore_are_refused():
     d = _mk(parameters={"normalize": True})
     d["models"][0]["parameters"]["lambda"] = 0.5                      # shared in mergekit: a per-model one is ignored
     with pytest.raises(ParameterError, match=r"lambda.*top-level `parameters`"):
-        Recipe.from_mergekit(d)
+        from_mergekit(d)
     d = _mk(parameters={"normalize": True})
     d["models"][0]["weight"] = 0.5                                    # beside `parameters`: mergekit ignores it
     with pytest.raises(ParameterError, match=r"'weight'.*parameters: \{weight: 0.5\}"):
-        Recipe.from_mergekit(d)
+        from_mergekit(d)
 
 
 def test_a_parameter_mergekit_ignores_is_accepted_with_a_note():
     """issue 41: task_arithmetic trims nothing and mergekit ignores its density: mergekit's result, and a note."""
-    assert Recipe.from_mergekit(_mk("task_arithmetic")).notes == [
+    assert from_mergekit(_mk("task_arithmetic")).notes == [
         "mergekit's task_arithmetic ignores `density` (it does not sparsify the task vectors): it has no effect on "
         "this merge."]
 
@@ -370,15 +373,15 @@ def test_a_parameter_mergekit_ignores_is_accepted_with_a_note():
 def test_a_model_listed_twice_is_refused_as_mergekit_does(models):
     d = _mk("ties", models=models, parameters={})
     with pytest.raises(ParameterError, match=r"twice.*once"):
-        Recipe.from_mergekit(d)
+        from_mergekit(d)
     with pytest.raises(ParameterError, match=r"twice"):
-        Recipe.from_mergekit(_mk("linear", models=("/m/a", "/m/a"), base=None))
+        from_mergekit(_mk("linear", models=("/m/a", "/m/a"), base=None))
 
 
 def test_export_refuses_a_model_listed_twice():
     r = Recipe.from_dict({"method": "ties", "base": "/b", "models": ["/a", "/a"]})
     with pytest.raises(ParameterError, match=r"twice"):
-        r.to_mergekit()
+        to_mergekit(r)
 
 
 @pytest.mark.parametrize("extra, says", [({"parameters": {"lambda": "x"}}, "lam must be a number"),

@@ -24,7 +24,10 @@ import yaml
 from safetensors.torch import load_file
 
 from forgetlab.cli import main
-from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.mergekit_export import to_mergekit
+from forgetlab.merge.mergekit_yaml import from_mergekit
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import Recipe
 from tests.conftest import make_tiny_pool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,14 +208,14 @@ def test_per_model_sparsity_in_forgetlabs_own_recipes(tmp_path):
     r = load_recipe({"method": "breadcrumbs", "base": "/m/base",
                      "models": [{"model": "/m/a", "keep": 0.2, "gamma": 0.05}, {"model": "/m/b", "keep": 0.4}]})
     assert r.validated_params()["keep"] == [0.2, 0.4] and r.validated_params()["gamma"] == [0.05, 0.01]
-    mk = r.to_mergekit()
+    mk = to_mergekit(r)
     assert [e["parameters"]["density"] for e in mk["models"]] == [0.2, 0.4]
     assert [e["parameters"]["gamma"] for e in mk["models"]] == [0.05, 0.01]
-    assert Recipe.from_mergekit(mk).validated_params() == r.validated_params()
+    assert from_mergekit(mk).validated_params() == r.validated_params()
     dare = load_recipe({"method": "dare_ties", "base": "/m/base", "params": {"drop": [0.1, 0.7]},
                         "models": ["/m/a", "/m/b"]})
-    assert [e["parameters"]["density"] for e in dare.to_mergekit()["models"]] == [0.9, 0.3]
-    one = Recipe.from_mergekit({"merge_method": "ties", "base_model": "/m/base",
+    assert [e["parameters"]["density"] for e in to_mergekit(dare)["models"]] == [0.9, 0.3]
+    one = from_mergekit({"merge_method": "ties", "base_model": "/m/base",
                                 "models": [{"model": "/m/a", "parameters": {"density": 0.3, "weight": 1}},
                                            {"model": "/m/b", "parameters": {"density": 0.3, "weight": 1}}]})
     assert one.params["keep"] == 0.3 and all("keep" not in m.params for m in one.models)
@@ -227,12 +230,12 @@ def test_ignored_mergekit_parameters_are_notes_not_refusals():
     a parameter no mergekit method has is still refused as a misspelling."""
     sce = {"merge_method": "sce", "base_model": "/m/base",
            "models": [{"model": "/m/a", "parameters": {"weight": 1.0}}, {"model": "/m/b", "parameters": {"weight": 2}}]}
-    r = Recipe.from_mergekit(sce)
+    r = from_mergekit(sce)
     assert r.notes == [SCE_NOTE] and "weights" not in r.validated_params()
-    assert Recipe.from_mergekit({**sce, "models": ["/m/a", "/m/b"]}).notes == []
-    ta = Recipe.from_mergekit({"merge_method": "task_arithmetic", "base_model": "/m/base",
+    assert from_mergekit({**sce, "models": ["/m/a", "/m/b"]}).notes == []
+    ta = from_mergekit({"merge_method": "task_arithmetic", "base_model": "/m/base",
                                "models": ["/m/a", "/m/b"], "parameters": {"rescale": True}})
     assert ta.notes == ["mergekit's task_arithmetic ignores `rescale` (it does not sparsify the task vectors): it has "
                         "no effect on this merge."]
     with pytest.raises(Exception, match="'wieght' is not a parameter of mergekit's sce"):
-        Recipe.from_mergekit({**sce, "parameters": {"wieght": 1.0}})
+        from_mergekit({**sce, "parameters": {"wieght": 1.0}})

@@ -20,7 +20,7 @@ def _pcb_recipe(tiny_llama, path):
 def test_pcb_search_merges_the_lambdas_found_and_saves_its_run(tiny_llama, tmp_path, monkeypatch, capsys):
     from forgetlab.analysis.lambda_search import pcb_lambda_search, search_then_merge
     from forgetlab.core.pool import ModelPool
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     recipe, out = _pcb_recipe(tiny_llama, tmp_path / "pcb.yaml"), tmp_path / "merged"

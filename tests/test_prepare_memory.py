@@ -63,9 +63,9 @@ def test_regmean_pp_reads_the_fine_tunes_from_their_checkpoints(tiny_llama, monk
                        .load("base").model.layers[0].mlp.up_proj.weight)   # the merged copy was its own
 
     # a checkpoint that cannot be read tensor by tensor (an adapter, GGUF): the model is borrowed whole
-    import forgetlab.merge.working_copy as wc
+    import forgetlab.merge.methods.regmean as regmean
 
-    monkeypatch.setattr(wc, "stored_params", lambda *a, **k: None)
+    monkeypatch.setattr(regmean, "stored_params", lambda *a, **k: None)     # working_copy's, as regmean_pp reads it
     watch = LoadWatch(pool)
     with watch.watching():
         loaded = _prepare(pool, "regmean_pp")
@@ -91,9 +91,9 @@ def test_slwm_weights_load_no_fine_tune_and_equal_those_of_loaded_models(tiny_ll
                        models=["ft0", "ft1"], level=level, samples=5, batch_size=2)
     pool.unload()
 
-    import forgetlab.merge.working_copy as wc
+    import forgetlab.merge.methods.slwm as slwm
 
-    monkeypatch.setattr(wc, "stored_params", lambda *a, **k: None)
+    monkeypatch.setattr(slwm, "stored_params", lambda *a, **k: None)          # working_copy's, as slwm reads it
     watch = LoadWatch(pool)
     with watch.watching():
         loaded = slwm_weights(pool, ["math", "copy"], **kw)

@@ -18,7 +18,7 @@ def _write_recipe(tiny_llama, path, method="task_arithmetic"):
 
 def test_search_cli_saves_points_and_best_recipe(tiny_llama, tmp_path, monkeypatch, capsys):
     from forgetlab.core.workspace import load_run
-    from forgetlab.merge.recipes import load_recipe
+    from forgetlab.merge.recipe_io import load_recipe
 
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     recipe = _write_recipe(tiny_llama, tmp_path / "recipe.yaml")

@@ -135,7 +135,6 @@ def test_gqa_head_mlp_coefficient_maps(tok):
 def test_gpt2_runs_and_registry(tiny_gpt2):
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge import METHODS, validate_params
-    import forgetlab.merge.methods.slwm  # noqa: F401  (registers slwm)
 
     assert "slwm" in METHODS and METHODS["slwm"].needs_pool
     p = validate_params("slwm", {"level": "head_mlp"}, n_models=2)
@@ -149,7 +148,6 @@ def test_gpt2_runs_and_registry(tiny_gpt2):
 def test_engine_prepare_hook(tiny_llama, tmp_path):
     from forgetlab.core.pool import ModelPool
     from forgetlab.merge import run
-    import forgetlab.merge.methods.slwm  # noqa: F401
 
     pool = ModelPool.from_yaml(tiny_llama.pool_yaml)
     recipe = {"method": "slwm", "base": str(tiny_llama.base),

@@ -35,7 +35,8 @@ from forgetlab.merge.core import DictSource, check_compatible, collect_stats
 from forgetlab.merge.engine import MergeResult
 from forgetlab.merge.memory import estimate_merge
 from forgetlab.merge.methods import pcb as pcbmod
-from forgetlab.merge.recipes import Recipe, load_recipe
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import Recipe
 from forgetlab.merge.registry import get_method, validate_params
 from forgetlab.merge.workflow import SCORECARDS, cards_frame, merge_and_evaluate, recipe_parents
 

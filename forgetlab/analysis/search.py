@@ -45,7 +45,8 @@ from forgetlab.core.progress import Progress, publish, report, scaled
 from forgetlab.core.settings import count_field, device_field, dtype_field, setting
 from forgetlab.executors import ExecutorError, PoolWorkerFactory, executor_lines, make_executor
 from forgetlab.merge import merge_state_dicts
-from forgetlab.merge.recipes import ModelEntry, load_recipe
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import ModelEntry
 from forgetlab.merge.registry import get_method
 from forgetlab.merge.working_copy import TensorMerger
 from forgetlab.plots.merge import search_figure

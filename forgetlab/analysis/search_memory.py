@@ -30,7 +30,7 @@ from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, host_shortfall,
                                    job_dtype, register_estimator)
 from forgetlab.core.pool import stored_float_dtype
-from forgetlab.merge.recipes import load_recipe
+from forgetlab.merge.recipe_io import load_recipe
 
 F32 = 4
 

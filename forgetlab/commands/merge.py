@@ -16,9 +16,10 @@ from forgetlab.core.evaluate import forgetting_text
 from forgetlab.core.memory import with_free
 from forgetlab.core.outputs import write_text_file
 from forgetlab.core.pool import ModelPool
-from forgetlab.merge import METHODS, load_plugins, run
+from forgetlab.merge import METHODS, run
 from forgetlab.merge.memory import estimate_merge
-from forgetlab.merge.recipes import load_recipe
+from forgetlab.merge.mergekit_export import to_mergekit
+from forgetlab.merge.recipe_io import load_recipe
 from forgetlab.merge.workflow import SCORECARDS, cards_frame, merge_and_evaluate
 
 
@@ -107,7 +108,6 @@ def _merge(args) -> int:
 
 
 def _methods(args) -> int:
-    load_plugins()
     if args.json:
         emit(json.dumps({n: s.to_dict() for n, s in METHODS.items()}, indent=2))
         return 0
@@ -121,7 +121,7 @@ def _methods(args) -> int:
 
 def _export(args) -> int:
     recipe = load_recipe(args.recipe)
-    text = yaml.safe_dump(recipe.to_mergekit() if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
+    text = yaml.safe_dump(to_mergekit(recipe) if args.to == "mergekit" else recipe.to_dict(), sort_keys=False)
     if args.out is not None:
         emit(f"wrote {write_text_file(args.out, text, overwrite=args.overwrite)}")
         for note in recipe.notes:

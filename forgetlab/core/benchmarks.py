@@ -16,12 +16,18 @@ from __future__ import annotations
 
 import difflib
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
+import pandas as pd
+import torch
+import yaml
+
 from forgetlab.core.errors import ForgetlabError, MissingDependencyError, ParameterError, ProbeDataError
-from forgetlab.core.progress import Progress, report
+from forgetlab.core.memory import job_dtype
+from forgetlab.core.progress import Progress, report, scaled
 
 PIP = "pip install 'lm-eval[hf]'"
 
@@ -119,7 +125,6 @@ def check_include(include: str | Path | None) -> str | None:
     if not folder.is_dir():
         raise BenchmarkError(f"The lm-eval task folder {folder} does not exist; pass the folder holding your task "
                              "YAML files.")
-    import yaml
 
     class _AnyTags(yaml.SafeLoader):
         pass
@@ -367,8 +372,6 @@ class BenchmarkTable:
 
     def to_frame(self):
         """One row per model; a column `model`, then one column per `TASK/METRIC` (empty where missing)."""
-        import pandas as pd
-
         cols = self.measures()
         rows = [{"model": m, **{c: card.get(c.partition("/")[0], {}).get(c.partition("/")[2]) for c in cols}}
                 for m, card in self.results.items()]
@@ -400,13 +403,6 @@ def benchmark_pool(pool, models: Sequence[str], spec: BenchmarkSpec, *, limit: i
     `threads` sets torch's intra-op threads for the run (restored afterwards; process-wide). lm-eval scores one
     short request at a time: on the busy two-core machine the pico zoo's four tasks at limit 20 took 8.2 s per
     model with 1 thread, 38 s with torch's default 2 (11.6 s with 2 threads and batch size 16)."""
-    import time
-
-    import torch
-
-    from forgetlab.core.memory import job_dtype
-    from forgetlab.core.progress import scaled
-
     dt = job_dtype(dtype, device)
     names = list(models)
     if not names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
 
@@ -27,8 +28,6 @@ def estimate_eval(pool, models: Optional[Sequence[str]] = None, *, device: Optio
                   general_mode: str = "blocks", **_: Any) -> MemoryEstimate:
     """The peak of evaluating `models` (default: base and every fine-tune) one after another: the largest one's
     weights in `dtype` plus its largest batch (`largest_eval_batch`). Reads headers and tokenizes the texts."""
-    from forgetlab.core.evaluate import largest_eval_batch
-
     dt = job_dtype(dtype, device)
     names = list(models) if models else ["base", *pool.model_names]
     size = max((ModelSize.of(pool.checkpoint(n)) for n in names), key=lambda s: s.parameters)

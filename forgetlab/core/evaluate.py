@@ -9,6 +9,7 @@ Forward passes are batched, without gradients, and deterministic.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
@@ -16,9 +17,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
+from forgetlab.core.benchmarks import evaluate_benchmarks
 from forgetlab.core.data import (IGNORE, EncodedExample, Probes, TaskPair, check_template, collate,
                                  encode_documents, encode_pairs, encode_text)
-from forgetlab.core.errors import ProbeDataError
+from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import Progress, report, scaled
 
 
@@ -160,7 +162,6 @@ def general_loss(model, tokenizer, texts: Sequence[str], *, block_size: int = 12
     """Mean token loss on general text (all predicted tokens pooled) and the number of tokens
     (GENERAL_LOSS_HELP: packed `blocks`, or one sequence per document with `mode="documents"`)."""
     if mode not in GENERAL_LOSS_MODES:
-        from forgetlab.core.errors import ParameterError
         raise ParameterError(f"Unknown general-loss mode {mode!r}; choose one of {', '.join(GENERAL_LOSS_MODES)}.")
     encode = encode_documents if mode == "documents" else encode_text
     blocks = encode(tokenizer, texts, block_size, max_blocks)   # only as much text as max_blocks needs
@@ -184,10 +185,6 @@ def task_score(model, tokenizer, task: str, pairs: Sequence[TaskPair], *, templa
 def check_limits(**limits: int | None) -> None:
     """ParameterError unless every given limit (batch size, block size, max_general, max_task, …) is None or a
     whole number ≥ 1."""
-    import numbers
-
-    from forgetlab.core.errors import ParameterError
-
     for name, value in limits.items():
         if value is None:
             continue
@@ -226,8 +223,6 @@ def evaluate(model, tokenizer, probes: Probes, *, name: str = "model", split: st
                                progress=scaled(progress, (k + 1) / steps, (k + 2) / steps))
     bench: dict[str, dict[str, float]] = {}
     if bench_tasks:
-        from forgetlab.core.benchmarks import evaluate_benchmarks
-
         bench = evaluate_benchmarks(model, tokenizer, bench_tasks, include=benchmarks.include,
                                     limit=benchmarks.limit, manager=benchmark_manager,
                                     progress=scaled(progress, (steps - 1) / steps, 1.0))

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import psutil
 import torch
 
 from forgetlab.core.errors import ForgetlabError, ParameterError
@@ -154,8 +155,6 @@ def free_bytes(device: Any = "cpu") -> int | None:
         free, _total = torch.cuda.mem_get_info(dev.index if dev.index is not None else torch.cuda.current_device())
         return int(free)
     if dev.type == "cpu":
-        import psutil
-
         return int(psutil.virtual_memory().available)
     return None
 
@@ -319,7 +318,6 @@ def _rss() -> int:
             return int(m.group(1)) * 1024
     except OSError:
         pass
-    import psutil
 
     return int(psutil.Process().memory_info().rss)
 

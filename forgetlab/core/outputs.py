@@ -28,17 +28,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import signal
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from forgetlab.core.errors import ForgetlabError, OutputExistsError, WorkspaceError
+import forgetlab
+from forgetlab.core.errors import ForgetlabError, OutputExistsError, ParameterError, WorkspaceError
+from forgetlab.core import filerecords
+from forgetlab.core.filerecords import HASH, file_records
+from forgetlab.core.yamlio import safe_load, write_atomic
 
 MARKER = ".forgetlab-output.json"
 PARTIAL = ".forgetlab-partial"
@@ -60,8 +66,6 @@ def absolute(path: str | Path) -> Path:
 def check_name(name: str, what: str = "name") -> str:
     """A single path component that is safe as a file or folder name: no control characters, no separators,
     not '.', '..' or hidden, at most MAX_NAME_BYTES bytes (UTF-8). Returns it; raises ParameterError."""
-    from forgetlab.core.errors import ParameterError
-
     shown = repr(name) if len(str(name)) <= 60 else repr(str(name)[:60] + "…")
     if not isinstance(name, str) or not name.strip():
         raise ParameterError(f"The {what} is empty; give a short name such as 'my-merge'.")
@@ -182,12 +186,10 @@ def changed_files(out: str | Path) -> list[str]:
     """The files forgetlab wrote into its output folder `out` that were changed since (re-saved, edited, replaced):
     by their recorded size and hash, or — for a marker written before those were recorded — by a change time
     later than the marker's (forgetlab.core.filerecords). A file that was removed is not listed."""
-    from forgetlab.core.filerecords import changed_files as changed
-
     out = absolute(out)
     marker = _read_marker(out)
     is_ours = _ownership(marker)
-    return changed(out, marker, out / MARKER, lambda rel: rel != MARKER and is_ours(rel), written_files(out))
+    return filerecords.changed_files(out, marker, out / MARKER, lambda rel: rel != MARKER and is_ours(rel), written_files(out))
 
 
 def foreign_files(out: Path) -> list[str]:
@@ -208,9 +210,6 @@ def record_file(folder: str | Path, rel: str) -> None:
     may replace it. Does nothing for a folder without forgetlab's marker or with an old marker without a list.
     An old marker keeps the time it was first written (`unrecorded_since`), by which its other files are
     judged (forgetlab.core.filerecords)."""
-    from forgetlab.core.filerecords import file_records
-    from forgetlab.core.yamlio import write_atomic
-
     folder = absolute(folder)
     marker = folder / MARKER
     try:
@@ -285,8 +284,6 @@ def exclusive_lock(lock: Path, busy: Exception, cannot: Exception, remove: bool 
 
     The lock file forgetlab creates holds LOCK_TEXT; a file of that name with other contents is the user's: it
     is locked as it is (never written) and never removed. A link or a folder of that name is refused."""
-    import fcntl
-
     if lock.is_symlink() or (lock.exists() and not lock.is_file()):
         raise WorkspaceError(f"{lock} is in the way of forgetlab's lock file (it is a "
                              f"{'symbolic link' if lock.is_symlink() else 'folder'}); nothing was changed. Move it "
@@ -362,8 +359,6 @@ def signals_held(signums: Iterable[int] = (signal.SIGINT, signal.SIGTERM)) -> It
     """Hold Ctrl-C and SIGTERM for the block: one that arrives meanwhile is delivered, as usual, when the block
     ends — for a few steps that must happen together (a folder landing and its entry in a pool file). Only the
     main thread receives signals; elsewhere the block just runs."""
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -448,10 +443,6 @@ def _atomic_output_dir(out: Path, overwrite: bool, inputs: list, kind: str,
                                  "folder.") from None
         try:
             yield tmp
-            import forgetlab
-
-            from forgetlab.core.filerecords import HASH, file_records
-
             files = [f for f in written_files(tmp) if f not in (MARKER, PARTIAL)]
             (tmp / MARKER).write_text(json.dumps({"written_by": "forgetlab", "kind": kind,
                                                   "version": forgetlab.__version__, "time": time.time(),
@@ -515,8 +506,6 @@ def named_inputs(values: Iterable[object]) -> list[Path]:
                     continue
                 found.append(p)
                 if p.is_file() and p.stat().st_size <= 1 << 20 and p.suffix.lower() in (".yaml", ".yml", ".json"):
-                    from forgetlab.core.yamlio import safe_load
-
                     walk(safe_load(p.read_text(encoding="utf-8"), str(p)), p.parent)
             except (OSError, ValueError, ForgetlabError):
                 continue

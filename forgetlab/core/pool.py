@@ -23,15 +23,21 @@ a job that visits models one at a time `borrow`s each (unloaded after unless the
 from __future__ import annotations
 
 import contextlib
+import difflib
+import json
 import os
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from ruamel.yaml.comments import CommentedMap
 
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.benchmarks import BenchmarkSpec
 from forgetlab.core.checkpoints import (Checkpoint, LoraCheckpoint, load_model, load_tokenizer, looks_like_hub_id,
                                         open_checkpoint)
 from forgetlab.core.data import Probes, TaskData, check_template, read_general_text, read_task_pairs
@@ -67,8 +73,6 @@ class DtypeMismatchWarning(UserWarning):
 
 def stored_float_dtype(ckpt: Checkpoint):
     """The floating dtype most of a checkpoint's tensors are stored in (None if it has none)."""
-    from collections import Counter
-
     counts = Counter(i.dtype for i in ckpt.infos().values() if i.dtype.is_floating_point)
     return counts.most_common(1)[0][0] if counts else None
 
@@ -77,8 +81,6 @@ def warn_dtype_mismatch(base: Checkpoint, other: Checkpoint, other_name: str) ->
     """Warn (DtypeMismatchWarning) when `other` is stored in a lower-precision float dtype than `base`: the task
     vector τ = θ1 − θ0 is computed in float32, but θ1's rounding to its dtype is then part of τ and can dominate
     a small fine-tuning change. Returns the message (None when the dtypes agree)."""
-    import warnings
-
     bd, od = stored_float_dtype(base), stored_float_dtype(other)
     if bd is None or od is None or bd == od:
         return None
@@ -94,8 +96,6 @@ def warn_dtype_mismatch(base: Checkpoint, other: Checkpoint, other_name: str) ->
 def config_value(ckpt: Checkpoint, key: str):
     """`key` of the checkpoint's config: read from config.json as plain JSON when there is one (no transformers
     import: the merge engine avoids it), else from the config transformers builds (a GGUF file)."""
-    import json
-
     folder = getattr(ckpt, "config_dir", None)
     if folder is not None and (Path(folder) / "config.json").is_file():
         try:
@@ -328,8 +328,6 @@ class ModelPool:
     @property
     def anatomy(self):
         """Which parameter belongs to which layer/attn/mlp/head, from the base's config."""
-        from forgetlab.core.anatomy import Anatomy
-
         return Anatomy.from_config(self.base.config)
 
     @property
@@ -426,8 +424,6 @@ class ModelPool:
             ref_text = str(ref.resolve())
 
         def change(doc) -> None:
-            from ruamel.yaml.comments import CommentedMap
-
             if not isinstance(doc, dict):
                 raise ForgetlabError(f"The pool file {p} is not a mapping; cannot add {name!r} to it.")
             models = doc.get("models")
@@ -454,8 +450,6 @@ TEMPLATES = (None, "chat")
 def _check_keys(spec: dict, known: tuple[str, ...], where: str) -> None:
     """Keys forgetlab does not know are the user's own and are kept; one that looks like a misspelt known key
     (e.g. `modles`) is refused, since the setting it was meant for would silently be missing."""
-    import difflib
-
     for key in spec:
         if key in known:
             continue
@@ -474,8 +468,6 @@ def _read_probes(spec: dict, root: Path, source: Path) -> Probes:
                              "in the tokenizer's chat template) or leave it out (prompts as written).")
     probes = Probes(template=spec.get("template"))
     if spec.get("benchmarks") is not None:
-        from forgetlab.core.benchmarks import BenchmarkSpec
-
         probes.benchmarks = BenchmarkSpec.from_pool_yaml(spec["benchmarks"], root, str(source))
     if spec.get("general"):
         probes.general = read_general_text(root / spec["general"])

@@ -25,6 +25,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.outputs import (absolute, exclusive_lock, is_forgetlab_output, missing_dirs, process_alive,
+                                    removed_if_failed)
+from forgetlab.core.yamlio import write_atomic
+
 JOURNAL_SUFFIX = ".pool-entry.json"
 
 
@@ -44,9 +49,6 @@ def save_into_pool(pool, name: str, target: str | Path, write: Callable[[Callabl
     """Write a model folder at `target` with `write(then)` (which passes `then` to `atomic_output_dir`) and add
     it to `pool` as `name` — `{adapter: target}` with `adapter` — and to the pool's file when it has one and
     `update_yaml`; both or neither (module docstring). Returns what `write` returns."""
-    from forgetlab.core.outputs import absolute, missing_dirs, removed_if_failed
-    from forgetlab.core.yamlio import write_atomic
-
     target = absolute(target)
     journal = journal_path(target)
     pool_file = _pool_file(pool) if update_yaml else None
@@ -86,8 +88,6 @@ def finish_interrupted_saves(pool, folder: str | Path) -> list[str]:
     """Finish the saves into `folder` for `pool` whose process was killed (journals of processes that are gone):
     add to the pool and its file each entry whose model folder landed and that the pool does not list yet, and
     remove their journals. Returns the names added."""
-    from forgetlab.core.outputs import is_forgetlab_output, process_alive
-
     folder = Path(folder)
     pool_file = _pool_file(pool)
     added: list[str] = []
@@ -120,9 +120,6 @@ def finish_interrupted_saves(pool, folder: str | Path) -> list[str]:
 def _drop_stale_lock(target: Path) -> None:
     """Remove the writer lock a killed save left beside `target` (forgetlab.core.outputs: it is forgetlab's, and no
     process holds it); a lock someone holds, or a user's file of that name, stays."""
-    from forgetlab.core.errors import ForgetlabError
-    from forgetlab.core.outputs import exclusive_lock
-
     lock = target.parent / f".{target.name}.lock"
     if lock.is_file() and not lock.is_symlink():
         with contextlib.suppress(ForgetlabError, OSError):

@@ -36,7 +36,9 @@ class Registry(Generic[T]):
         self.module_of = module_of or (lambda name: name.replace("-", "_").split(".")[0])
         self._entries: dict[str, T] = {}
         self._discovered = False
+        self._discovering = False
         self._lock = threading.RLock()
+        self._discovery = threading.RLock()     # held while the packages' modules are imported (not by `add`)
 
     # ---------------------------------------------------------------------------------------------- declaring
 
@@ -60,14 +62,22 @@ class Registry(Generic[T]):
     # ---------------------------------------------------------------------------------------------- finding
 
     def discover(self) -> None:
-        """Import every module of the packages (once), so that every entry is declared."""
-        with self._lock:
-            if self._discovered:
+        """Import every module of the packages (once), so that every entry is declared. Another thread asking
+        meanwhile waits for the whole discovery (it would see some entries only); a module imported by the
+        discovery that looks an entry up in this thread gets what is declared so far."""
+        if self._discovered:
+            return
+        with self._discovery:
+            if self._discovered or self._discovering:
                 return
-            self._discovered = True
-        for package in self.packages:
-            for module in _modules(package):
-                importlib.import_module(module)
+            self._discovering = True
+            try:
+                for package in self.packages:
+                    for module in _modules(package):
+                        importlib.import_module(module)
+                self._discovered = True
+            finally:
+                self._discovering = False
 
     def _import_named(self, name: str) -> None:
         stem = self.module_of(name)
@@ -94,6 +104,10 @@ class Registry(Generic[T]):
         if entry is None:
             raise ParameterError(f"Unknown {self.what} {name!r}; choose one of {', '.join(self.names())}.")
         return entry
+
+    def __getitem__(self, name: str) -> T:
+        """`registry[name]`: the same as `get(name)` (a ParameterError naming every registered entry if unknown)."""
+        return self.get(name)
 
     def names(self) -> list[str]:
         """Every registered name, sorted (after discovery)."""

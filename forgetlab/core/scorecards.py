@@ -20,6 +20,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
+import torch
+
 from forgetlab.core.evaluate import Scorecard, check_limits, evaluate
 from forgetlab.core.progress import Progress, report
 
@@ -72,8 +74,6 @@ def pool_scorecard(pool, name: str, budget: Budget = DEFAULT_BUDGET, *, device: 
     pool's probe data (eval split, `forgetlab.core.evaluate.evaluate` with its default batch and block size) the
     first time, then returned from the pool's cache for the same (name, budget, device, dtype, benchmarks).
     A copy is returned, so a caller may rename it."""
-    import torch
-
     dtype = dtype or torch.float32
     key = _key(name, budget, device, dtype, benchmarks)
     cache = _cache(pool)
@@ -94,8 +94,6 @@ def cached_scorecards(pool, names: Iterable[str], budget: Budget = DEFAULT_BUDGE
                       dtype=None, benchmarks=None) -> list[Scorecard]:
     """The cards of `names` (in that order) already computed at `budget`; models not yet evaluated are left out.
     Never evaluates anything."""
-    import torch
-
     cache = _cache(pool)
     out = []
     for name in names:
@@ -107,8 +105,6 @@ def cached_scorecards(pool, names: Iterable[str], budget: Budget = DEFAULT_BUDGE
 
 def remember(pool, cards: Iterable[Scorecard], budget: Budget, *, device: Optional[str] = None, dtype=None) -> None:
     """Store cards computed elsewhere at `budget` (each under its `model` name) unless the pool has one already."""
-    import torch
-
     cache = _cache(pool)
     with _LOCK:
         for card in cards:

@@ -15,6 +15,7 @@ from typing import Iterable, Optional, Sequence
 import torch
 
 from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.data import IGNORE, encode_pairs
 from forgetlab.core.errors import IncompatibleModelsError, ParameterError, ProbeDataError
 
 
@@ -53,8 +54,6 @@ def encode_samples(tokenizer, pairs: Sequence, max_length: int = 128, template: 
     Right padding under causal attention leaves every real token's hidden states exactly as without padding,
     so no attention mask is needed and padded positions are simply left out of every norm.
     """
-    from forgetlab.core.data import IGNORE, encode_pairs
-
     examples = encode_pairs(tokenizer, list(pairs), max_length=max_length, template=template)
     n = max(len(e.input_ids) for e in examples)
     ids = torch.full((len(examples), n), pad_id, dtype=torch.long)

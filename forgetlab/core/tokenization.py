@@ -14,8 +14,8 @@ and a model scored with the other's ids reads a different text. Two tokenizers a
 Added and special tokens are left out on purpose: fine-tunes rename reserved tokens (`<|reserved_5|>` →
 `<|im_start|>`) or add a pad token, which changes nothing for text without them.
 
-A tokenizer is read from its `tokenizer.json` with the `tokenizers` library (no transformers import: the merge
-engine avoids it); one without (vocab.json/merges.txt, sentencepiece, a GGUF file) through transformers. A model
+A tokenizer is read from its `tokenizer.json` with the `tokenizers` library (no transformers tokenizer is built);
+one without (vocab.json/merges.txt, sentencepiece, a GGUF file) through transformers. A model
 stored without tokenizer files is taken to use the base's (nothing to compare).
 """
 from __future__ import annotations
@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from forgetlab.core.errors import IncompatibleModelsError, ParameterError
+from tokenizers import Tokenizer
+
+from forgetlab.core.checkpoints import load_tokenizer
+from forgetlab.core.errors import IncompatibleModelsError
 
 SAMPLE = ("The quick brown fox jumps over the lazy dog. In 1998, 3.14159 × 42 = 131.95!\n"
           "def f(x):\n    return {'a': x ** 2}  # code\t\ttabs   spaces\n"
@@ -52,8 +55,6 @@ def _merge_text(m: Any) -> str:
 
 
 def _from_json(text: str, source: str) -> TokenizerSignature:
-    from tokenizers import Tokenizer
-
     data = json.loads(text)
     model = data.get("model") or {}
     added = {a.get("content") for a in data.get("added_tokens") or [] if isinstance(a, dict)}
@@ -77,8 +78,6 @@ def _json_signature(file: str, mtime_ns: int, size: int) -> TokenizerSignature:
 
 @functools.lru_cache(maxsize=8)
 def _loaded_signature(ref: str, stamp: tuple) -> TokenizerSignature:
-    from forgetlab.core.checkpoints import load_tokenizer    # here: forgetlab.core.checkpoints imports this module
-
     tok = load_tokenizer(ref)
     backend = getattr(tok, "backend_tokenizer", None)
     if backend is not None:
@@ -151,30 +150,3 @@ def check_same_tokenizer(base, other, other_name: str) -> None:
         "fine-tuned from this base with its tokenizer; to merge it anyway, give the recipe a tokenizer "
         "(mergekit's `tokenizer_source: union`, `base` or the model's path), which aligns the embedding rows token "
         "by token; to score it, score it with its own tokenizer in a pool of its own base.")
-
-
-def strip_tokens_beyond(tok, size: int, what: str = "the tokenizer"):
-    """`tok` (a transformers fast tokenizer) without the tokens whose id is ≥ `size`, the model's embedding rows (a
-    token there makes the model index past its embeddings): added tokens are dropped, and vocabulary tokens of a BPE
-    with the merges that use them (mergekit's get_stripped_tokenizer). Returns `tok`, changed in place.
-    ParameterError for other models (a Unigram or WordPiece vocabulary cannot lose tokens in the middle)."""
-    import tokenizers
-
-    beyond = {t for t, i in tok.get_vocab().items() if i >= size}
-    if not beyond:
-        return tok
-    d = json.loads(tok._tokenizer.to_str())
-    d["added_tokens"] = [e for e in d.get("added_tokens") or [] if e["id"] < size]
-    vocab = d["model"].get("vocab")
-    in_model = beyond & set(vocab) if isinstance(vocab, dict) else {v[0] for v in vocab or []} & beyond
-    if in_model:
-        if d["model"]["type"] != "BPE":
-            raise ParameterError(f"{what} has tokens beyond its {size} embedding rows in its {d['model']['type']} "
-                                 "vocabulary; like mergekit, forgetlab strips such tokens only from BPE tokenizers. "
-                                 "Remove those tokens from the tokenizer, or resize the embeddings.")
-        for t in in_model:
-            vocab.pop(t, None)
-        d["model"]["merges"] = [m for m in d["model"].get("merges") or []
-                                if not in_model & set(m.split(" ") if isinstance(m, str) else m)]
-    tok._tokenizer = tokenizers.Tokenizer.from_str(json.dumps(d))
-    return tok

@@ -18,8 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
+import transformers
 
+import forgetlab
 from forgetlab.core.errors import WorkspaceError
+from forgetlab.core.memory import recorded_peak
+from forgetlab.core.outputs import atomic_output_dir, check_name, missing_dirs, removed_if_failed
 
 
 _SESSION_HOME: contextvars.ContextVar[Path | None] = contextvars.ContextVar("forgetlab_home", default=None)
@@ -78,11 +83,6 @@ def ensure_writable(folder: Path) -> Path:
 
 def versions() -> dict[str, str]:
     """Versions of forgetlab and the packages that decide its numbers (for recipes)."""
-    import torch
-    import transformers
-
-    import forgetlab
-
     return {
         "forgetlab": forgetlab.__version__,
         "torch": torch.__version__,
@@ -128,8 +128,6 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
     `results` must be JSON-serialisable or have `.to_dict()`; `frame` (or `results.to_frame()` when it
     exists) is saved as CSV too.
     """
-    from forgetlab.core.outputs import check_name, missing_dirs, removed_if_failed
-
     rid = check_name(run_id, "run id") if run_id else (time.strftime("%Y%m%d-%H%M%S-") + f"{kind}-"
                                                        + uuid.uuid4().hex[:6])
     with removed_if_failed(missing_dirs(runs_dir(home_path))):
@@ -142,10 +140,7 @@ def save_run(kind: str, recipe: dict[str, Any], results: Any, *, frame: pd.DataF
 
 
 def _write_run(final: Path, kind: str, recipe: dict[str, Any], results: Any, frame: pd.DataFrame | None) -> None:
-    from forgetlab.core.outputs import atomic_output_dir
-
     with atomic_output_dir(final, kind="run") as tmp:  # a full disk is a message and leaves nothing
-        from forgetlab.core.memory import recorded_peak
 
         full_recipe = {"kind": kind, "created": time.time(), "versions": versions(), **recipe}
         peak = recorded_peak()                      # measured by the CLI's or the app's `recording` block

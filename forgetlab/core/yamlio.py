@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import yaml
+from ruamel.yaml import YAML
 
-from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.errors import ForgetlabError, WorkspaceError
 
 MAX_NODES = 100_000
 
@@ -131,8 +132,6 @@ def load_file(path: str | Path, what: str = "YAML file") -> Any:
 
 
 def _round_trip():
-    from ruamel.yaml import YAML
-
     rt = YAML(typ="rt")
     rt.preserve_quotes = True
     rt.width = 4096
@@ -156,8 +155,6 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Replace the file at `path` with `text` through a temporary file in the same folder (keeps its permission
     bits). A symbolic link is followed: the file it points to is replaced and the link stays a link, so every
     other user of a shared file sees the change. WorkspaceError when that folder cannot be written."""
-    from forgetlab.core.errors import WorkspaceError
-
     p = Path(os.path.realpath(path)) if Path(path).is_symlink() else Path(path)
     mode = p.stat().st_mode & 0o777 if p.exists() else 0o644
     try:

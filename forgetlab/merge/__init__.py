@@ -4,19 +4,17 @@ app, and the working copy analyses build their weights with.
 
     from forgetlab.merge import METHODS, merge_state_dicts, run
 """
-from forgetlab.merge import methods as _methods  # noqa: F401  (registers the built-in methods)
+from forgetlab.merge import engine
 from forgetlab.merge.api import merge_state_dicts
+from forgetlab.merge.recipe_io import load_recipe
 from forgetlab.merge.registry import (METHODS, MethodSpec, ParamSpec, PrepareContext, TensorJob, fast_kernel,
-                                      get_method, load_plugins, method, register, validate_params)
+                                      get_method, method, register, validate_params)
 
 __all__ = ["METHODS", "MethodSpec", "ParamSpec", "PrepareContext", "TensorJob", "fast_kernel", "get_method",
-           "load_plugins", "merge_state_dicts", "method", "register", "run", "validate_params"]
+           "merge_state_dicts", "method", "register", "run", "validate_params"]
 
 
 def run(recipe, out_dir, progress=None, overwrite=False, device="cpu", **kwargs):
     """Merge checkpoints on disk by a recipe (a Recipe, a dict, YAML text or a recipe file, parsed once here) into
     an HF folder (see forgetlab.merge.engine.run)."""
-    from forgetlab.merge.engine import run as _run
-    from forgetlab.merge.recipes import load_recipe
-
-    return _run(load_recipe(recipe), out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)
+    return engine.run(load_recipe(recipe), out_dir, progress=progress, overwrite=overwrite, device=device, **kwargs)

@@ -8,14 +8,18 @@ time, so peak memory is a few tensors times the number of models.
 """
 from __future__ import annotations
 
+import json
+import mmap
 import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from forgetlab.core.checkpoints import TensorInfo
 from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, ParameterError
-from forgetlab.core.pool import check_same_architecture
+from forgetlab.core.pool import check_same_architecture, config_value
 from forgetlab.core.progress import Progress, report
 from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import MethodSpec, TensorJob
@@ -65,8 +69,6 @@ class _PreadReader:
     """
 
     def __init__(self, files):
-        import json
-        import struct
         self.index: dict[str, tuple[str, torch.dtype, tuple[int, ...], int, int]] = {}
         for f in files:
             with open(f, "rb") as fh:
@@ -103,7 +105,6 @@ class _PreadReader:
             while got < nbytes:
                 n = os.preadv(fd, [view[got:]], offset + got)
                 if n <= 0:
-                    from forgetlab.core.errors import CheckpointError
                     raise CheckpointError(f"{file} ended inside tensor {name}: the file is truncated; re-save it.")
                 got += n
         finally:
@@ -179,8 +180,6 @@ def tied_head(source) -> str | None:
 
 def _unties_head(ckpt, head: str) -> bool:
     """Whether a checkpoint's config unties its output head and its file stores one."""
-    from forgetlab.core.pool import config_value
-
     return config_value(ckpt, "tie_word_embeddings") is False and head in ckpt.names()
 
 
@@ -286,7 +285,6 @@ def _new_buffer(nbytes: int) -> torch.Tensor:
     has it): a read into fresh memory otherwise takes a page fault per 4 KiB, which costs more than the
     copy from the page cache itself (measured: 108 MB read into fresh torch.empty 0.09 s, into populated
     pages 0.065 s, into pages used before 0.015 s)."""
-    import mmap
     flags = getattr(mmap, "MAP_POPULATE", 0)
     if flags and nbytes >= (1 << 20):
         try:
@@ -376,7 +374,6 @@ class TensorReader:
                 busy, base_t, fts = self._load(entries, i, busy)
                 yield e, base_t, fts
             return
-        from concurrent.futures import ThreadPoolExecutor
         threads = torch.get_num_threads()
         with ThreadPoolExecutor(1, initializer=torch.set_num_threads, initargs=(threads,)) as pool:
             nxt = pool.submit(self._load, entries, 0, None)

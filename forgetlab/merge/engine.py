@@ -12,21 +12,29 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Mapping
 
+import pandas as pd
 import torch
 import yaml
 
 from forgetlab.core import checkpoints as ck
+from forgetlab.core.checkpoints import load_tokenizer
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import check_output_dir
+from forgetlab.core.pool import ModelPool, warn_dtype_mismatch
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors,
                                   resident_budget, resident_bytes)
 from forgetlab.merge import settings
+from forgetlab.merge import vocab as vb
+from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
+from forgetlab.merge.slicing import output_layers, sliced_stream
+from forgetlab.merge.vocab import AlignedSource
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
 # on the 2-core machine (task arithmetic 14.5 s vs 17.7 s, TIES 147 s vs 390 s on a 134M-parameter Llama,
@@ -57,7 +65,6 @@ class MergeResult:
                 "global_pass": self.global_pass, "notes": list(self.notes)}
 
     def to_frame(self):
-        import pandas as pd
         return pd.DataFrame([{k: v for k, v in self.to_dict().items() if k != "params"}])
 
 
@@ -79,8 +86,6 @@ class Sources:
 
 def open_sources(recipe: Recipe) -> Sources:
     """Open the recipe's base and models lazily (warning about fine-tunes stored in a lower precision)."""
-    from forgetlab.core.pool import warn_dtype_mismatch
-
     base_ck = ck.open_checkpoint(recipe.base)
     base = CheckpointSource(base_ck, str(recipe.base))
     models = [CheckpointSource(ck.open_checkpoint(m.model, base=base_ck), m.model) for m in recipe.models]
@@ -107,7 +112,7 @@ def run(recipe: Recipe, out_dir: str | Path, progress: Progress = None, overwrit
         device: str = "cpu", pool=None, prepared: Mapping[str, Any] | None = None,
         max_shard_bytes: int = ck.DEFAULT_SHARD_BYTES, threads: int | None = DEFAULT_THREADS,
         sources: Sources | None = None) -> MergeResult:
-    """Merge the checkpoints of a parsed `recipe` (`forgetlab.merge.recipes.load_recipe`; `forgetlab.merge.run`
+    """Merge the checkpoints of a parsed `recipe` (`forgetlab.merge.recipe_io.load_recipe`; `forgetlab.merge.run`
     takes a file or dict too) into an HF folder at `out_dir` (see the module docstring). `sources`: the
     recipe's checkpoints already opened (`open_sources`), so that a caller that needed them first (to know the
     inputs an output must not hold) does not open them again.
@@ -130,7 +135,7 @@ def run(recipe: Recipe, out_dir: str | Path, progress: Progress = None, overwrit
 def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard_bytes, sources) -> MergeResult:
     t0 = time.perf_counter()
     if not isinstance(recipe, Recipe):
-        raise ParameterError("internal: the merge engine takes a parsed Recipe (forgetlab.merge.recipes.load_recipe); "
+        raise ParameterError("internal: the merge engine takes a parsed Recipe (forgetlab.merge.recipe_io.load_recipe); "
                              "forgetlab.merge.run also takes a file or a dict.")
     spec = get_method(recipe.method)
     params = recipe.validated_params()
@@ -162,7 +167,6 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
         else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
-            from forgetlab.core.pool import ModelPool
             pool = ModelPool.from_yaml(recipe.pool)
         if pool is None:
             raise ParameterError(f"{spec.name} computes its coefficients from a model pool with probe data: "
@@ -234,7 +238,6 @@ def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> tuple[Any, Any
     if tok["source"] not in TOKENIZER_SOURCES and tok["source"] not in refs:
         raise ParameterError(f"tokenizer source {tok['source']!r} is not among the recipe's models "
                              f"({', '.join(refs)}); write base, union, or one of those paths as written under models.")
-    from forgetlab.merge import vocab as vb
     lora = [r for r, c in refs.items() if getattr(c, "kind", "hf") == "lora"]
     differ = False if lora else _vocabularies_differ(refs)
     if not differ and not tok.get("tokens") and not tok.get("pad_to_multiple_of"):
@@ -249,7 +252,6 @@ def check_tokenizer_source(recipe: Recipe, base_ck, model_cks) -> tuple[Any, Any
 
 
 def _vocabularies_differ(refs: Mapping[str, Any]) -> bool:
-    from forgetlab.core.checkpoints import load_tokenizer
     seen = None
     for ref, c in refs.items():
         try:
@@ -267,11 +269,11 @@ def _vocabularies_differ(refs: Mapping[str, Any]) -> bool:
 def mergekit_inputs(recipe: Recipe) -> tuple[str | None, list[str]]:
     """mergekit's base_model of a recipe (None where mergekit has none: linear and karcher unless the base is
     listed after the first model, nuslerp and multislerp with use_base false) and its inputs in order."""
-    from forgetlab.merge.mergekit_params import BASE_IGNORED, BASE_OPTIONAL
     names = [m.model for m in recipe.models] + [s.model for sl in recipe.slices or [] for s in sl.sources]
-    if recipe.method in BASE_IGNORED:
+    policy = base_policy(recipe.method)
+    if policy == "ignored":
         mk_base = recipe.base if recipe.base in names[1:] else None
-    elif recipe.method in BASE_OPTIONAL and not recipe.params.get("use_base", True):
+    elif policy == "optional" and not recipe.params.get("use_base", True):
         mk_base = None
     else:
         mk_base = recipe.base
@@ -284,7 +286,6 @@ def mergekit_inputs(recipe: Recipe) -> tuple[str | None, list[str]]:
 def align_sources(recipe: Recipe, sources: Sources, plan) -> Sources:
     """The recipe's sources with their token rows read on the plan's vocabulary (a base that is no input reads
     the first input's rows: it only donates the config)."""
-    from forgetlab.merge.vocab import AlignedSource
     group: list = []
     first = plan.inputs[0]
     base = AlignedSource(sources.base, recipe.base, plan, group,
@@ -296,8 +297,6 @@ def align_sources(recipe: Recipe, sources: Sources, plan) -> Sources:
 def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes, tokenizer_from,
                 t0, vocab=None) -> MergeResult:
     """A recipe with `slices` (forgetlab.merge.slicing): layers re-indexed, the output config's layer count set."""
-    from forgetlab.merge.slicing import output_layers, sliced_stream
-
     if spec.needs_global_pass(params) or spec.needs_pool:
         raise ParameterError(f"{spec.name} with these settings computes statistics over whole models, which slices "
                              "do not have; use scope: tensor or a per-tensor method.")
@@ -326,7 +325,6 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
 
 def _version() -> str:
     try:
-        from importlib.metadata import version
         return version("forgetlab")
     except Exception:
         return "dev"

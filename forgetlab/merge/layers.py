@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from forgetlab.core.anatomy import Anatomy
+
 FIRST = "first"
 LAST = "last"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
@@ -37,7 +39,6 @@ def layer_locator(config=None):
     anatomy = None
     if config is not None:
         try:
-            from forgetlab.core.anatomy import Anatomy
             anatomy = Anatomy.from_config(config)
         except Exception:  # unknown architecture: the name rule below still applies
             anatomy = None

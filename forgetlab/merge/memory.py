@@ -6,7 +6,8 @@ The engine (`forgetlab.merge.engine`) merges one tensor at a time, so its peak i
 - the tensors read: the base's and the N fine-tuned ones, E·s bytes each as stored (s: the stored element size)
   in the reader's slot, plus their float32 copies when s ≠ 4 (a float32 tensor is read in place);
 - the method's working tensors (task vectors, stacks, masks, the merged tensor…): (a + b·N) float32 tensors of
-  E entries, a and b the method's own, measured per method by `bench/merge_memory.py` (FAST, REFERENCE).
+  E entries, a and b the method's own, measured per method by `bench/merge_memory.py` and declared with it
+  (`MethodSpec.memory`: the CPU kernels' and the reference functions' (a, b)).
 
 A recipe whose `tokenizer:` rebuilds the vocabulary (forgetlab.merge.vocab) reads the token-row tensors on the
 output vocabulary: their sizes are the output's, and every input's aligned rows are held at once while they are
@@ -15,7 +16,7 @@ read ((1 + N) float32 tensors of the output's rows).
 A method with a global pass on a CUDA device with room keeps every input there for its later passes
 (`merge.core.resident_budget`: half the free memory at most); that part is added when it applies. A method that
 prepares coefficients from the pool (regmean, regmean_pp, fisher, slwm) runs forward passes first, on the CPU:
-its statistics and the models it loads (`prepare_parts`) form a phase of their own.
+its statistics and the models it loads (`prepare_parts`, declared with the method) form a phase of their own.
 
 `merge --eval` and the Merge page then score the base, the parents and the merge one after another in the job's
 dtype: the "eval" estimate (`forgetlab.core.eval_memory`) of the largest of them. A job's peak is the larger of its
@@ -25,46 +26,33 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, job_dtype,
-                                   register_estimator)
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.eval_memory import estimate_eval
+from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_name, host_shortfall, in_decoder_layer,
+                                   job_dtype, register_estimator)
+from forgetlab.merge.core import check_compatible, float_entries, resident_budget, resident_bytes
+from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import recipe_parents
+from forgetlab.merge.registry import METHODS, get_method
 from forgetlab.merge.vocab import is_vocab_tensor
 
 F32 = 4
 
-# Per method, its working memory beyond the tensors read, in float32 tensors of the largest tensor's size: a + b·N
-# for N fine-tuned models, as (a, b). Measured on the CPU at N = 2 and 3 (python bench/merge_memory.py; its
-# table is in docs/scaling.md) and rounded up by 0.1. FAST is what the CPU kernels hold (`MethodSpec.fast`, the
-# path a float32 merge on the CPU takes); REFERENCE is what the reference functions hold, the path on a GPU
-# (measured on the CPU with the kernels turned off: `bench/merge_memory.py --reference`; a method with no kernel
-# falls back to FAST). A method not listed (a plugin) gets DEFAULT_WORKING: the largest a and the largest b measured.
-FAST = {
-    "linear": (2.1, 0), "wise_ft": (3.1, 0), "hma": (3.1, 0), "task_arithmetic": (0.4, 0), "ties": (0.4, 0),
-    "dare_linear": (0.4, 0), "dare_ties": (0.4, 0), "breadcrumbs": (1.9, 0), "consensus": (0.4, 0),
-    "pcb": (2.2, 1.1), "fapm": (2.2, 0), "submodule_alpha": (2.1, 0), "slerp": (3.1, 0), "nuslerp": (3.1, 0),
-    "multislerp": (5.1, 0), "karcher": (6.1, 1.0), "model_stock": (5.1, 1.0), "nearswap": (5.1, 0),
-    "arcee_fusion": (5.4, 0), "ram": (0.6, 0), "ramplus_tl": (0.6, 0), "sce": (2.2, 0), "della": (0.4, 0),
-    "della_linear": (0.4, 0), "breadcrumbs_ties": (0.4, 0), "lines": (0.4, 0), "tsv": (0.7, 0), "iso_c": (0.6, 0),
-    "iso_cts": (0.9, 0), "cart": (2.1, 1.0), "localize_stitch": (5.4, 0), "knots": (0.1, 0), "passthrough": (0.1, 0),
-    # the pool methods' whole peak less the tensors read (their prepare phase included, so an upper bound)
-    "fisher": (7.1, 3.1), "regmean": (1.0, 3.3), "regmean_pp": (4.7, 1.9), "slwm": (4.9, 0.6),
-}
-REFERENCE = {
-    "linear": (2.1, 0), "wise_ft": (3.1, 0), "hma": (3.1, 0), "task_arithmetic": (0.4, 0), "ties": (6.6, 1.5),
-    "dare_linear": (1.4, 1.0), "dare_ties": (4.4, 2.3), "breadcrumbs": (3.1, 0.9), "consensus": (5.4, 0.3),
-    "pcb": (9.9, 1.1), "fapm": (5.8, 1.3), "submodule_alpha": (2.1, 0), "slerp": (3.1, 0), "nuslerp": (7.1, 0),
-    "multislerp": (2.0, 4.1), "karcher": (6.1, 1.0), "model_stock": (5.1, 1.0), "nearswap": (5.1, 0),
-    "arcee_fusion": (5.6, 0), "ram": (4.6, 0.3), "ramplus_tl": (3.9, 0.8), "sce": (1.4, 3.3), "della": (5.0, 2.1),
-    "della_linear": (1.1, 1.0), "breadcrumbs_ties": (3.2, 2.4), "lines": (0.4, 0), "tsv": (0.7, 0),
-    "iso_c": (0.6, 0), "iso_cts": (0.1, 0.4), "cart": (2.1, 1.0), "localize_stitch": (4.5, 0.4), "knots": (0.1, 0),
-    "passthrough": (0.2, 0),
-}
+# A method that declares no working memory (`MethodSpec.memory`: not measured) is assumed to hold the most any
+# measured method holds: the largest a and the largest b measured (pcb's reference a, multislerp's reference b).
 DEFAULT_WORKING = (9.9, 4.1)
 
 
 def working_units(method: str, n_models: int, *, reference: bool = False) -> float:
-    """The method's working memory (a + b·N, module table) in float32 tensors of the largest tensor's size."""
-    a, b = ((REFERENCE if reference else FAST).get(method) or FAST.get(method)) or DEFAULT_WORKING
-    return a + b * n_models
+    """The method's working memory in float32 tensors of the largest tensor's size: a + b·N as its declaration
+    gives it (`MethodSpec.memory`, `forgetlab.merge.registry.WorkingMemory`), on the reference path (a GPU's) or
+    the CPU kernels'; DEFAULT_WORKING for a method that declares none."""
+    spec = METHODS.find(method)
+    if spec is None or spec.memory is None:
+        a, b = DEFAULT_WORKING
+        return a + b * n_models
+    return spec.memory.units(n_models, reference=reference)
 
 
 def merge_parts(largest: int, stored_bytes: int, n_models: int, method: str, *, on_gpu: bool = False,
@@ -84,26 +72,23 @@ def merge_parts(largest: int, stored_bytes: int, n_models: int, method: str, *, 
 
 def prepare_parts(method: str, size: ModelSize, n_models: int, linear_inputs: int) -> dict[str, int]:
     """The parts of a pool method's prepare phase on the CPU (float32; the hooks hold one model at a time, see
-    docs/merging.md): the statistics, which the formula needs whole (a Fisher of the model's size per fine-tune;
-    a Gram of d_in² per linear layer and fine-tune, `linear_inputs` = Σ d_in²), and what the hook holds beside
-    them, in model sizes measured by `bench/prepare_memory.py` on a 42M Llama (fisher: the model, its gradients
-    and their running sum, 3.1; regmean 2.2, regmean_pp 2.3, slwm 2.3: the model or working copy, the layers read
-    from the checkpoints and the forward passes) and rounded up. The forward passes' share shrinks with the
-    model, so these are upper bounds for larger ones."""
+    docs/merging.md), as the method declares them (`WorkingMemory.prepare`): the statistics, which the formula needs
+    whole (e.g. a Fisher of the model's size per fine-tune, a Gram of d_in² per linear layer and fine-tune:
+    `linear_inputs` = Σ d_in²), and what the hook holds beside them, in model sizes measured by
+    `bench/prepare_memory.py`. The forward passes' share shrinks with the model, so these are upper bounds for
+    larger ones. A pool method that declares none is assumed to hold what the largest measured one does (a model,
+    its gradients and their running sum, and one model-sized statistic per fine-tune)."""
     model = size.bytes("float32")
-    if method == "fisher":
-        return {"model, gradients and their running sum": int(3.2 * model),
-                "Fishers (one per fine-tune)": n_models * model}
-    if method in ("regmean", "regmean_pp"):
-        return {"model and forward passes": int({"regmean": 2.3, "regmean_pp": 2.4}[method] * model),
-                "Gram matrices": n_models * linear_inputs * F32}
-    return {"working copy, layers read and forward passes": int(2.4 * model)}
+    spec = METHODS.find(method)
+    parts = spec.memory.prepare if spec is not None and spec.memory is not None else None
+    if parts is None:
+        return {"model and forward passes (not measured)": int(3.2 * model),
+                "statistics (one model size per fine-tune)": n_models * model}
+    return parts(model, n_models, linear_inputs)
 
 
 def gram_entries(ckpt) -> int:
     """Σ d_in² over the 2-D weights inside decoder layers (from the headers)."""
-    from forgetlab.core.memory import in_decoder_layer
-
     return sum(i.shape[-1] ** 2 for n, i in ckpt.infos().items() if len(i.shape) == 2 and in_decoder_layer(n))
 
 
@@ -114,11 +99,6 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
     """The peak of merging `recipe` on `device` (the larger of its phases, module docstring) and, with `evaluate`,
     of scoring the base, the parents and the merge in `dtype` on `pool`'s probe data. Reads headers only (and
     tokenizes the probe texts when evaluating)."""
-    from forgetlab.merge.core import float_entries, check_compatible, resident_budget, resident_bytes
-    from forgetlab.merge.engine import align_sources, check_tokenizer_source, open_sources
-    from forgetlab.merge.recipes import load_recipe
-    from forgetlab.merge.registry import get_method
-
     dev = str(device or "cpu")
     dt = job_dtype(dtype, dev)
     recipe = load_recipe(recipe)
@@ -154,11 +134,7 @@ def estimate_merge(recipe, *, pool=None, device: Optional[str] = None, dtype=Non
         fixes.append("fewer models, or a method that needs no forward passes")
     if evaluate:
         if pool is None:
-            from forgetlab.core.errors import ParameterError
             raise ParameterError("Estimating the merge's evaluation needs the pool that judges it (pool=…).")
-        from forgetlab.core.eval_memory import estimate_eval
-        from forgetlab.merge.workflow import recipe_parents
-
         ev = estimate_eval(pool, ["base", *recipe_parents(pool, recipe)], device=dev, dtype=dt,
                            batch_size=batch_size, max_general=max_general, max_task=max_task)
         phases["evaluating"] = ev.parts

@@ -7,11 +7,10 @@ from typing import Any, Mapping
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
-from forgetlab.merge.recipes import (Recipe)
-from forgetlab.merge.registry import MethodSpec, get_method
-
-from forgetlab.merge.mergekit_params import (BASE_IGNORED, NOT_MERGEKIT, MkParam, mergekit_model_key, mergekit_methods,
+from forgetlab.merge.recipes import Recipe
+from forgetlab.merge.mergekit_params import (NOT_MERGEKIT, base_policy, mergekit_model_key, mergekit_methods,
                                               mergekit_params)
+from forgetlab.merge.registry import MethodSpec, MkParam, get_method
 
 
 def _mk_values(spec: MethodSpec, table: Mapping[str, MkParam], params: Mapping[str, Any],
@@ -107,7 +106,7 @@ def to_mergekit(recipe: Recipe) -> dict:
         else:
             # linear, karcher: base_model is one more input, written when the base is listed after the first
             # model (mergekit's config donor is the first model without it); nuslerp, multislerp: it is use_base
-            if (recipe.base in names[1:] if recipe.method in BASE_IGNORED
+            if (recipe.base in names[1:] if base_policy(recipe.method) == "ignored"
                     else full.get("use_base", True)):
                 out["base_model"] = recipe.base
             out["models"] = [{"model": _mergekit_ref(recipe.base, m.model), "parameters": mp}

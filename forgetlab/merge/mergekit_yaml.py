@@ -1,12 +1,13 @@
-"""mergekit 0.1.5's YAML dialect: the import (`from_mergekit`), driven by the registry. The parameter tables are
-in forgetlab.merge.mergekit_params, the export (`to_mergekit`, re-exported here) in forgetlab.merge.mergekit_export.
+"""mergekit 0.1.5's YAML dialect: the import (`from_mergekit`), driven by the registry. Each method declares its
+mergekit name and parameters (`MethodSpec.mergekit`); the tables read from them are in
+forgetlab.merge.mergekit_params, the export (`to_mergekit`, re-exported here) in forgetlab.merge.mergekit_export.
 
-A mergekit method name is importable when a forgetlab method is registered under it with `mergekit=<name>`.
-Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
+A mergekit method name is importable when a forgetlab method is registered under it with
+`mergekit=MergekitSpec(<name>, …)`. Its parameters map by name: mergekit's `lambda` is forgetlab's `lam`, a per-model parameter is the ParamSpec
 with `per_model=True` and `model_key` = mergekit's key (e.g. `weight` → `weights`), every other parameter keeps
 mergekit's name. The six methods forgetlab had before mergekit's others keep their own names for the
-sparsity knob (`DIALECT`): `density` is `keep` for ties and breadcrumbs and `1 − drop` for dare_*, per model
-as in mergekit (one value when all models agree). A parameter mergekit reads and ignores (task_arithmetic's
+sparsity knob (the tables they declare, `mergekit_params.gta_params`): `density` is `keep` for ties and
+breadcrumbs and `1 − drop` for dare_*, per model as in mergekit (one value when all models agree). A parameter mergekit reads and ignores (task_arithmetic's
 density, sce's weight) is accepted and named in the recipe's `notes`. Values are read with mergekit's
 defaults (its `merge_methods/registry.py` and each method's signature), and written explicitly into the
 imported recipe, so the merge does not depend on forgetlab's defaults. Gradients and filters
@@ -20,12 +21,12 @@ from typing import Any, Mapping
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import settings
 from forgetlab.merge.recipes import (DTYPES, ModelEntry, Recipe, Slice, SliceSource, check_models_list,
-                                     check_slices, check_tokenizer, combine)
-from forgetlab.merge.mergekit_params import (BASE_IGNORED, BASE_OPTIONAL, MERGEKIT_KEYS, REQUIRED, MkParam,
-                                              mergekit_method_spec, mergekit_model_key, mergekit_methods,  # noqa: F401 - re-exported
+                                     check_slices, check_tokenizer, combine, read_layer_range)
+from forgetlab.merge.mergekit_params import (MERGEKIT_KEYS, base_policy, mergekit_method_spec, mergekit_model_key,
                                               mergekit_params)
+from forgetlab.merge.mergekit_params import mergekit_methods  # noqa: F401 - re-exported
 from forgetlab.merge.mergekit_export import to_mergekit  # noqa: F401 - the dialect's other direction
-from forgetlab.merge.registry import MethodSpec, get_method
+from forgetlab.merge.registry import REQUIRED, MethodSpec, MkParam, get_method
 
 
 def _check_keys(d: Mapping[str, Any]) -> None:
@@ -188,7 +189,7 @@ def from_mergekit(d: Mapping[str, Any]) -> Recipe:
     _check_keys(d)
     top = _check_params(method, table, _mapping(d.get("parameters"), None), None)
     base = None if d.get("base_model") is None else _mergekit_model(d["base_model"], "base_model")
-    if base is None and method not in BASE_IGNORED + BASE_OPTIONAL:
+    if base is None and base_policy(method) == "required":
         raise ParameterError(f"mergekit {method} needs a base_model (mergekit stops with 'Merge method requires a "
                              "base input'): add base_model: PATH, the model the others were fine-tuned from.")
     notes: list[str] = []
@@ -229,10 +230,10 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None, note
                                  "inputs. List each model once (give it the weight it should have).")
         seen.add(ref)
         mp = _check_params(method, table, mp, ref)
-        if base is not None and ref == base and method not in BASE_IGNORED:
+        if base is not None and ref == base and base_policy(method) != "ignored":
             continue  # the base among the models: its task vector is zero and mergekit skips its parameters
         refs.append((ref, mp))
-    if method in BASE_IGNORED and base is not None and base not in seen and method != "passthrough":
+    if base_policy(method) == "ignored" and base is not None and base not in seen and method != "passthrough":
         if "weight" in table and top.get("weight") is None:
             raise ParameterError(f"mergekit's {method} averages base_model ({base}) in with the models, so it needs "
                                  f"a weight for it, which this recipe does not give (mergekit stops with 'Missing "
@@ -255,7 +256,7 @@ def _import_models(d, spec: MethodSpec, table, top: dict, base: str | None, note
                              "fine-tuned models to merge into it.")
     _check_counts(spec, len(refs), base)
     params, per_model = _to_forgetlab(method, table, top, refs, "", notes)
-    if method in BASE_OPTIONAL:  # without base_model mergekit interpolates the models themselves
+    if base_policy(method) == "optional":  # without base_model mergekit interpolates the models themselves
         params["use_base"] = d.get("base_model") is not None
     models = [ModelEntry(ref, {mergekit_model_key(spec, k): v for k, v in mp.items()}) for (ref, _), mp in zip(refs, per_model)]
     return Recipe(method, str(base), models, params)
@@ -282,7 +283,7 @@ def _check_counts(spec: MethodSpec, n: int, base: str | None) -> None:
 
 def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, notes: list[str]) -> Recipe:
     method = spec.name
-    if method in BASE_OPTIONAL and base is None:
+    if base_policy(method) == "optional" and base is None:
         raise ParameterError(f"mergekit {method} with slices and no base_model is not supported: forgetlab merges "
                              "every slice into a base. Add base_model: PATH, or merge whole models (`models:`).")
     raw = d["slices"]
@@ -322,12 +323,13 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, note
             sources = [SliceSource(ref, _range(lr, i))]
             slices.append(Slice(sources, p))
             continue
-        non_base = [(r, mp) for r, mp, _ in srcs if not (base is not None and r == base and method not in BASE_IGNORED)]
+        into_base = base is not None and base_policy(method) != "ignored"   # the base is no input: its parameters go unread
+        non_base = [(r, mp) for r, mp, _ in srcs if not (into_base and r == base)]
         params, per_model = _to_forgetlab(method, table, merged_top, non_base, where, notes)
         pm = iter(per_model)
         sources = []
         for r, mp, lr in srcs:
-            own = {} if (base is not None and r == base and method not in BASE_IGNORED) else next(pm)
+            own = {} if (into_base and r == base) else next(pm)
             sources.append(SliceSource(r, _range(lr, i), {mergekit_model_key(spec, k): v for k, v in own.items()}))
         slices.append(Slice(sources, params))
     first = slices[0].sources[0].model
@@ -346,7 +348,6 @@ def _import_slices(d, spec: MethodSpec, table, top: dict, base: str | None, note
 
 
 def _range(value: Any, i: int) -> tuple[int, int]:
-    from forgetlab.merge.recipes import read_layer_range
     return read_layer_range(value, f"mergekit slice {i + 1}")
 
 

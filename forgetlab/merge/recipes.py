@@ -1,4 +1,4 @@
-"""Merge recipes: forgetlab's YAML ↔ `Recipe`, and import/export of mergekit YAML.
+"""Merge recipes: `Recipe` (what a merge computes, checked against the registry) and forgetlab's YAML dict of it.
 
 forgetlab recipe (parameter names of docs/methods.md; per-model values under each model, e.g. `weight`):
 
@@ -17,8 +17,9 @@ Values may vary by tensor: `{gradient: [0.2, 0.8]}` over the layers, or filter l
 several models (forgetlab.merge.slicing); `tokenizer: {source: base | union | MODEL}` names the output
 vocabulary.
 
-mergekit YAML (detected by its `merge_method` key) is read and written by forgetlab.merge.mergekit_yaml for every
-method registered under a mergekit name, with mergekit 0.1.5's semantics and defaults (docs/merging.md).
+mergekit YAML is read by forgetlab.merge.mergekit_yaml and written by forgetlab.merge.mergekit_export for every
+method registered under a mergekit name, with mergekit 0.1.5's semantics and defaults (docs/merging.md);
+forgetlab.merge.recipe_io reads a recipe from anything (a file, YAML text, a dict) in either dialect.
 """
 from __future__ import annotations
 
@@ -29,18 +30,10 @@ from typing import Any, Mapping
 import yaml
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.yamlio import YamlError, load_file, safe_load
 from forgetlab.merge import settings
 from forgetlab.merge.registry import get_method, validate_params
 
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-
-
-def __getattr__(name: str):
-    if name == "MERGEKIT_METHODS":  # the registered methods of a mergekit name (forgetlab.merge.mergekit_yaml)
-        from forgetlab.merge.mergekit_yaml import mergekit_methods
-        return mergekit_methods()
-    raise AttributeError(name)
 
 
 def check_seed(value: Any, where: str = "seed") -> int | None:
@@ -291,19 +284,6 @@ class Recipe:
             check_slices(recipe)
         return recipe
 
-    # -- mergekit
-    @classmethod
-    def from_mergekit(cls, d: Mapping[str, Any]) -> "Recipe":
-        """Import a mergekit YAML dict as the forgetlab recipe that computes the same merge (mergekit 0.1.5's
-        semantics and defaults; see forgetlab.merge.mergekit_yaml)."""
-        from forgetlab.merge.mergekit_yaml import from_mergekit
-        return from_mergekit(d)
-
-    def to_mergekit(self) -> dict:
-        """The equivalent mergekit YAML dict (refused for methods or settings mergekit does not have)."""
-        from forgetlab.merge.mergekit_yaml import to_mergekit
-        return to_mergekit(self)
-
 
 def _base_donor(spec, params: Mapping[str, Any], models: list[ModelEntry], slices: list[Slice] | None) -> str:
     """The `base` of a recipe that gives none: refused for a method that reads θ0 (`MethodSpec.needs_base`); else
@@ -411,90 +391,26 @@ def check_tokenizer(value: Any) -> dict[str, Any]:
     return out
 
 
-def is_mergekit(d: Mapping[str, Any]) -> bool:
-    """A YAML dict is a mergekit recipe when it has `merge_method` (ours has `method`)."""
-    return isinstance(d, Mapping) and "merge_method" in d
+def _ref_key(ref: Any) -> str:
+    """A model reference compared by what it points at: an existing path resolved, anything else as written."""
+    path = Path(str(ref)).expanduser()
+    return str(path.resolve()) if path.exists() else str(ref)
 
 
-def load_recipe(source: str | Path | Mapping[str, Any] | Recipe) -> Recipe:
-    """A Recipe from a Recipe, a dict, a YAML string or a recipe file; the format (ours or mergekit's) is detected
-    from the keys. A one-line string is a file path: a path that exists is read as a file whatever its name
-    (`recipe.yaml`, `recipe.txt`, `recipe`); a folder, a file that is not UTF-8 text, or a missing file is a
-    message naming it."""
-    if isinstance(source, Recipe):
-        return source
-    if isinstance(source, Mapping):
-        return _from_any(source)
-    text = str(source)
-    if isinstance(source, Path) or "\n" not in text:
-        path = Path(text).expanduser()
-        if path.is_dir():
-            inside = path / "recipe.yaml"
-            hint = (f"this folder holds {inside} (a merge writes its recipe there): give that file" if inside.is_file()
-                    else "give the recipe's YAML file, not a folder")
-            raise ParameterError(f"The recipe {path} is a folder; {hint}.")
-        if path.exists():
-            d = load_file(path, "recipe")
-            if not isinstance(d, Mapping):
-                raise ParameterError(f"The recipe {path} must be a YAML mapping (forgetlab's method/base/models/params "
-                                     f"or mergekit's merge_method/base_model/models); it holds "
-                                     f"{'nothing' if d is None else 'a ' + type(d).__name__}.")
-            return resolve_paths(_from_any(d), path.resolve().parent, f"the recipe {path}")
-        try:
-            d = safe_load(text, "The recipe")
-        except YamlError:
-            if text.lstrip().startswith("{"):  # a one-line YAML mapping with a mistake in it
-                raise
-            d = None
-        if not isinstance(d, Mapping):  # a file name, not YAML text
-            raise ParameterError(f"Recipe file {path} does not exist. Check the path (relative paths start in the "
-                                 f"current folder, {Path.cwd()}).")
-        return _from_any(d)
-    return _from_any(safe_load(text, "The recipe"))
-
-
-def _from_any(d: Any) -> Recipe:
-    """Our recipe dict or mergekit's (detected by `merge_method`)."""
-    return Recipe.from_mergekit(d) if is_mergekit(d) else Recipe.from_dict(d)
-
-
-def resolve_paths(recipe: Recipe, folder: Path, where: str) -> Recipe:
-    """Make the recipe's relative model paths relative to `folder` (the recipe file's folder, as a pool file's
-    paths are relative to the pool file); hub ids stay as they are; a path that exists nowhere is refused with
-    the folder it was resolved against. `base+adapter` references are resolved part by part."""
-    from forgetlab.core.checkpoints import looks_like_hub_id
-
-    def one(ref: str) -> str:
-        p = Path(ref).expanduser()
-        if p.is_absolute():
-            return str(p)
-        cand = folder / p
-        if cand.exists():
-            return str(cand)
-        if looks_like_hub_id(ref):
-            return ref
-        raise ParameterError(f"{ref!r} in {where} does not exist (relative paths are resolved against the "
-                             f"recipe's folder, {folder}). Fix the path or give an absolute one.")
-
-    def ref(value: str) -> str:
-        model, sep, adapter = str(value).rpartition("+")
-        if sep and model and adapter and not (folder / str(value)).exists():
-            return f"{one(model)}+{one(adapter)}"
-        return one(str(value))
-
-    recipe.base = ref(recipe.base)
-    for m in recipe.models:
-        m.model = ref(m.model)
-    for sl in recipe.slices or []:
-        for s in sl.sources:
-            s.model = ref(s.model)
-    if recipe.tokenizer and recipe.tokenizer["source"] not in TOKENIZER_SOURCES:
-        recipe.tokenizer["source"] = ref(recipe.tokenizer["source"])
-    if recipe.pool:
-        recipe.pool = one(str(recipe.pool))
-    return recipe
-
-
-def mergekit_yaml(recipe: Recipe) -> str:
-    """mergekit YAML text for a recipe (see Recipe.to_mergekit)."""
-    return yaml.safe_dump(recipe.to_mergekit(), sort_keys=False)
+def recipe_parents(pool, recipe: Recipe) -> list[str]:
+    """Pool names of the recipe's fine-tuned models (matched by the folder they point at), in recipe order;
+    the base among them (mergekit's linear merges may list it) is left out, as it is scored as "base".
+    ParameterError when the recipe merges into another base than the pool's or names a model the pool lacks
+    (its scorecards would not be comparable)."""
+    base = _ref_key(pool.base_ref)
+    if _ref_key(recipe.base) != base:
+        raise ParameterError(f"The recipe merges into {recipe.base}, but the pool's base is {pool.base_ref}; "
+                             "evaluate the merge with a pool of the same base.")
+    by_ref = {_ref_key(e.ref): n for n, e in pool.entries.items()}
+    models = [m for m in recipe.models if _ref_key(m.model) != base]
+    missing = [m.model for m in models if _ref_key(m.model) not in by_ref]
+    if missing:
+        raise ParameterError(f"The recipe merges {', '.join(map(str, missing))}, which the pool does not hold "
+                             f"(its models: {', '.join(pool.model_names)}); add them to the pool file to compare "
+                             "the merge with its parents.")
+    return [by_ref[_ref_key(m.model)] for m in models]

@@ -1,6 +1,6 @@
 """The registry of merge methods: one name per method, used by the recipe YAML, the CLI, the app and the docs.
 
-`METHODS` maps a name to its `MethodSpec`: parameters (`ParamSpec`: name, type, default, range or choices,
+`METHODS` (a `forgetlab.core.registry.Registry`) maps a name to its `MethodSpec`: parameters (`ParamSpec`: name, type, default, range or choices,
 help), a one-line description, and how it merges one tensor (`merge(job: TensorJob) -> Tensor`). The app
 builds its forms from it; `validate_params` checks user input against it.
 
@@ -22,8 +22,10 @@ Hooks for methods that need more than the tensors of one name:
 A method is one file in `forgetlab/merge/methods/` (its family): the reference tensor function registered
 with the `@method(...)` decorator, and where it pays a CPU kernel registered with `@fast_kernel(name)` — the
 same result, computed in place block by block on float32 CPU tensors (`MethodSpec.apply` picks it, see
-`forgetlab.merge.select.on_cpu_fast_path`). Other modules may also `register(MethodSpec(...))` directly (a name
-can be registered once). Formulas: docs/methods.md.
+`forgetlab.merge.select.on_cpu_fast_path`). The registry finds the methods itself: asking for a name imports its
+family's module (every module of forgetlab.merge.methods when no module has the method's name), so no module is
+imported only to register its methods. Other modules may also `register(MethodSpec(...))` directly (a name can be
+registered once). Formulas: docs/methods.md.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.registry import Registry
 from forgetlab.merge.select import on_cpu_fast_path
 
 
@@ -138,6 +141,82 @@ class PrepareContext:
     progress: Any = None
 
 
+REQUIRED = object()
+"""The default of a mergekit parameter that mergekit requires (no default in its method's signature)."""
+
+
+@dataclass(frozen=True)
+class MkParam:
+    """One mergekit parameter of a method: its forgetlab parameter (None: accepted, no effect), whether mergekit
+    takes it per model and whether forgetlab does, value converters and mergekit's default. `collapse`: per-model
+    values that agree are imported as one value (the sparsity knobs of the older methods, so that their recipes
+    read as before); `ignored`: mergekit reads the parameter and ignores it — why, for the notice an imported
+    recipe carries (`Recipe.notes`)."""
+
+    mk: str
+    fl: str | None
+    mk_per_model: bool
+    fl_per_model: bool
+    default: Any = REQUIRED
+    to_fl: Callable[[Any], Any] = lambda v: v
+    to_mk: Callable[[Any], Any] = lambda v: v
+    collapse: bool = False
+    ignored: str | None = None
+
+
+MERGEKIT_BASE = ("required", "ignored", "optional")
+
+
+@dataclass(frozen=True)
+class MergekitSpec:
+    """How mergekit 0.1.5 names and reads a method (forgetlab.merge.mergekit_params; docs/merging.md), declared
+    with the method.
+
+    `name`: mergekit's merge_method (a recipe of that name is imported as this method). `base`: mergekit's base
+    policy (its InputContract): "required"; "ignored" (base_model is one more input if given: it is averaged in);
+    "optional" (without base_model the models themselves are interpolated). `params`: mergekit's parameter table
+    by mergekit name, for the methods forgetlab had before mergekit's others (their own names for the sparsity
+    knob); None: made from the method's parameters (mergekit's `lambda` is `lam`, a per-model parameter is
+    given under its `model_key`, every other keeps its name), with `required` (the parameters mergekit requires),
+    `int8_mask` (mergekit reads int8_mask, which only sets the dtype of a sign mask: no effect on the result) and
+    `ignored` (parameters published configs give the method and mergekit ignores: accepted, with a notice)."""
+
+    name: str
+    base: str = "required"
+    params: Mapping[str, MkParam] | None = None
+    required: tuple[str, ...] = ()
+    int8_mask: bool = False
+    ignored: tuple[MkParam, ...] = ()
+
+    def __post_init__(self):
+        if self.base not in MERGEKIT_BASE:
+            raise ParameterError(f"internal: mergekit base policy {self.base!r} of {self.name} is not one of "
+                                 f"{', '.join(MERGEKIT_BASE)}.")
+
+
+@dataclass(frozen=True)
+class WorkingMemory:
+    """What a method holds while it merges one tensor, beyond the tensors it reads (`forgetlab.merge.memory`):
+    a + b·N float32 tensors of that tensor's size for N fine-tuned models, as (a, b), measured on the CPU at N = 2
+    and 3 by `bench/merge_memory.py` (its table is in docs/scaling.md) and rounded up by 0.1.
+
+    `fast`: what the CPU kernels hold (`MethodSpec.fast`, the path a float32 merge on the CPU takes; for a method
+    without kernels, its reference function). `reference`: what the reference functions hold, the path on a GPU
+    (measured on the CPU with the kernels turned off: `bench/merge_memory.py --reference`); None: as `fast`.
+    `prepare`: for a method that prepares coefficients from a pool, the parts of that phase on the CPU,
+    `prepare(model_bytes, n_models, linear_inputs) -> {part: bytes}` (the model's float32 bytes, the fine-tunes,
+    Σ d_in² over the decoder's linear layers), measured by `bench/prepare_memory.py`."""
+
+    fast: tuple[float, float]
+    reference: tuple[float, float] | None = None
+    prepare: Callable[[int, int, int], dict[str, int]] | None = None
+
+    def units(self, n_models: int, *, reference: bool = False) -> float:
+        """a + b·N for `n_models` fine-tuned models, on the reference path (a GPU's) or the CPU kernels'."""
+        a, b = (self.reference or self.fast) if reference else self.fast
+        return a + b * n_models
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered merge method: name, one-line description, parameters, its reference per-tensor function
@@ -154,7 +233,7 @@ class MethodSpec:
     prepare: Callable[[PrepareContext], Mapping[str, Any]] | None = None
     needs_pool: bool = False
     check: Callable[[dict, int], None] | None = None
-    mergekit: str | None = None
+    mergekit: MergekitSpec | None = None   # the mergekit method it computes and how mergekit names its parameters
     formula: str = ""
     needs_layers: bool = False  # the merge uses job.layer / job.num_layers (the engine then reads the config)
     extra: dict = field(default_factory=dict)
@@ -163,6 +242,9 @@ class MethodSpec:
     # whether θ0 is an input of the merge (True, or a function of the parameters, e.g. multislerp's use_base);
     # a method without one takes config and tokenizer from its first model when a recipe names no base
     base_input: bool | Callable[[dict], bool] = True
+    # its working memory (a + b·N tensors of the largest tensor's size) and any prepare phase's parts, as measured;
+    # None: not measured (forgetlab.merge.memory then assumes the largest measured)
+    memory: WorkingMemory | None = None
 
     def apply(self, job: TensorJob) -> torch.Tensor:
         """The merged tensor of one job: the CPU kernel when there is one and the job's tensors are float32 on
@@ -211,23 +293,22 @@ class MethodSpec:
         return {"name": self.name, "description": self.description, "formula": self.formula,
                 "params": [p.to_dict() for p in self.params], "min_models": self.min_models,
                 "max_models": self.max_models, "global_pass": self.global_pass,
-                "needs_pool": self.needs_pool, "mergekit": self.mergekit}
+                "needs_pool": self.needs_pool, "mergekit": self.mergekit.name if self.mergekit else None}
 
 
-METHODS: dict[str, MethodSpec] = {}
+METHODS: Registry[MethodSpec] = Registry("merge method", "forgetlab.merge.methods")
+"""Every merge method by name. Each is declared in its family's module of forgetlab.merge.methods (`@method`,
+`@fast_kernel`), which the registry imports on the first lookup of a name it does not hold."""
 
 
 def register(spec: MethodSpec) -> MethodSpec:
     """Add a method to METHODS under `spec.name` (a name can be registered only once)."""
-    if spec.name in METHODS:
-        raise ParameterError(f"A merge method named {spec.name!r} is registered already.")
-    METHODS[spec.name] = spec
-    return spec
+    return METHODS.add(spec.name, spec)
 
 
 def method(name: str, description: str, params: Sequence[ParamSpec] = (), **options) -> Callable:
     """Decorator: register the decorated function (TensorJob → merged tensor) as the reference of merge method
-    `name`; `options` are MethodSpec's other fields (formula, mergekit, check, collector, …)."""
+    `name`; `options` are MethodSpec's other fields (formula, mergekit, memory, check, collector, …)."""
     def decorate(fn: Callable[[TensorJob], torch.Tensor]) -> Callable[[TensorJob], torch.Tensor]:
         register(MethodSpec(name, description, tuple(params), fn, **options))
         return fn
@@ -238,33 +319,15 @@ def fast_kernel(name: str) -> Callable:
     """Decorator: register the decorated function as the CPU kernel of the already registered method `name`.
     It returns the same tensor as the reference (tests compare them), or None where it does not apply."""
     def decorate(fn: Callable[[TensorJob], torch.Tensor | None]) -> Callable[[TensorJob], torch.Tensor | None]:
-        METHODS[name] = replace(METHODS[name], fast=fn)
+        METHODS.replace(name, replace(METHODS.get(name), fast=fn))
         return fn
     return decorate
 
 
-# Modules that register more methods when imported. They are imported on demand (`load_plugins`), so that
-# a plain merge does not pay for their imports (slwm pulls in pandas and the evaluation stack).
-PLUGINS = ("forgetlab.merge.methods.slwm",)
-
-
-def load_plugins() -> None:
-    """Import the PLUGINS modules (each registers its methods)."""
-    import importlib
-    for mod in PLUGINS:
-        importlib.import_module(mod)
-
-
 def get_method(name: str) -> MethodSpec:
-    """The MethodSpec called `name` (loading the plugin modules if needed), or a ParameterError listing the
-    registered methods."""
-    spec = METHODS.get(name)
-    if spec is None:
-        load_plugins()
-        spec = METHODS.get(name)
-    if spec is None:
-        raise ParameterError(f"Unknown merge method {name!r}; choose one of {', '.join(sorted(METHODS))}.")
-    return spec
+    """The MethodSpec called `name` (its module imported on first use), or a ParameterError listing the registered
+    methods."""
+    return METHODS.get(name)
 
 
 def _number(spec_name: str, p: ParamSpec, value: Any, integer: bool) -> float | int:

@@ -347,7 +347,6 @@ class RadixSelect:
         values in the chosen bin with a comparison and numpy.compress (~1 ns per value, the bool-indexed
         torch gather took ~10). Bins ≥ 0x8000 (sign bit set: −0.0 of a non-negative input) fold onto
         bins − 0x8000, as the mask of `_bits` does."""
-        import numpy as np
         u16 = values.detach().contiguous().reshape(-1).numpy().view(np.uint16)
         high, low = u16[1::2], u16[0::2]
         if self.stage == 0:
@@ -361,7 +360,6 @@ class RadixSelect:
                 self._flush()
 
     def _flush(self) -> None:
-        import numpy as np
         if not self._pending:
             return
         parts, self._pending, self._pending_n = self._pending, [], 0

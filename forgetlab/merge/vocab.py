@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from transformers import AutoTokenizer
 
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.tokenization import strip_tokens_beyond
+from forgetlab.core.tokenizer_edits import strip_tokens_beyond
+from forgetlab.merge.core import Entry
 
 # tensors whose rows are tokens (vocabulary axis 0), by the end of their names, as mergekit's architectures list them
 VOCAB_TENSORS = ("embed_tokens.weight", "lm_head.weight", "wte.weight", "embed_out.weight",
@@ -51,7 +53,6 @@ def _tokenizer_dir(ckpt) -> str:
 
 
 def _load(ckpt):
-    from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(_tokenizer_dir(ckpt), use_fast=True)
 
 
@@ -64,7 +65,6 @@ def _stripped(ckpt):
 def _union(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):
     """mergekit's build_union_tokenizer: the base's tokenizer, then every model's plain tokens it lacks, then their
     added tokens (first settings win)."""
-    from transformers import AutoTokenizer
     out_vocab: dict[str, int] = {}
     added: dict[str, Any] = {}
     for ref, tok in toks.items():
@@ -290,7 +290,6 @@ class AlignedSource:
         return getattr(self.inner, name)
 
     def entries(self):
-        from forgetlab.merge.core import Entry
         ent = self.inner.entries()
         for n, e in list(ent.items()):
             if is_vocab_tensor(n):

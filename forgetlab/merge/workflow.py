@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -18,16 +18,19 @@ import pandas as pd
 import yaml
 
 from forgetlab.core import workspace
-from forgetlab.core.checkpoints import open_checkpoint
+from forgetlab.core.benchmarks import checked_manager
+from forgetlab.core.checkpoints import load_model, open_checkpoint
 from forgetlab.core.errors import ForgetlabError, ParameterError, WorkspaceError
 from forgetlab.core.evaluate import Scorecard, evaluate, scorecards_frame
+from forgetlab.core.memory import job_dtype, recorded_peak
+from forgetlab.core.outputs import atomic_output_dir, check_output_dir, record_file
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.tokenization import check_same_tokenizer
 from forgetlab.core.yamlio import load_file
-from forgetlab.merge.engine import MergeResult, run
-from forgetlab.merge.memory import estimate_merge  # noqa: F401  (registers the "merge" estimate with its job)
-from forgetlab.merge.recipes import ModelEntry, Recipe, load_recipe
+from forgetlab.merge.engine import MergeResult, open_sources, run
+from forgetlab.merge.recipe_io import load_recipe
+from forgetlab.merge.recipes import ModelEntry, Recipe, recipe_parents
 from forgetlab.merge.registry import get_method
 
 SCORECARDS = "scorecards.json"
@@ -115,10 +118,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     pool's `probes.benchmarks`) adds its lm-eval metrics to every scorecard (`benchmark_manager`: its lm-eval
     TaskManager, if already made). The merge's card is named `name` (default: the folder's name). A merge whose
     tokenizer gives the base's tokens other ids is refused (`forgetlab.core.tokenization.check_same_tokenizer`)."""
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.core.memory import job_dtype, recorded_peak
-    from forgetlab.core.outputs import record_file
-
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")
     merged_dir = Path(merged_dir)
@@ -127,7 +126,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     names = ["base", *parents]
     cards: list[Scorecard] = []
     steps = len(names) + 1
-    from forgetlab.core.benchmarks import checked_manager
 
     manager = benchmark_manager or checked_manager(benchmarks)
     bench = dict(benchmarks=benchmarks if manager is not None else None, benchmark_manager=manager)
@@ -153,31 +151,6 @@ def evaluate_merge(pool, merged_dir: str | Path, parents: Sequence[str], *, devi
     return cards
 
 
-def _ref_key(ref: Any) -> str:
-    """A model reference compared by what it points at: an existing path resolved, anything else as written."""
-    path = Path(str(ref)).expanduser()
-    return str(path.resolve()) if path.exists() else str(ref)
-
-
-def recipe_parents(pool, recipe: Recipe) -> list[str]:
-    """Pool names of the recipe's fine-tuned models (matched by the folder they point at), in recipe order;
-    the base among them (mergekit's linear merges may list it) is left out, as it is scored as "base".
-    ParameterError when the recipe merges into another base than the pool's or names a model the pool lacks
-    (its scorecards would not be comparable)."""
-    base = _ref_key(pool.base_ref)
-    if _ref_key(recipe.base) != base:
-        raise ParameterError(f"The recipe merges into {recipe.base}, but the pool's base is {pool.base_ref}; "
-                             "evaluate the merge with a pool of the same base.")
-    by_ref = {_ref_key(e.ref): n for n, e in pool.entries.items()}
-    models = [m for m in recipe.models if _ref_key(m.model) != base]
-    missing = [m.model for m in models if _ref_key(m.model) not in by_ref]
-    if missing:
-        raise ParameterError(f"The recipe merges {', '.join(map(str, missing))}, which the pool does not hold "
-                             f"(its models: {', '.join(pool.model_names)}); add them to the pool file to compare "
-                             "the merge with its parents.")
-    return [by_ref[_ref_key(m.model)] for m in models]
-
-
 def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *, overwrite: bool = False,
                        device: str = "cpu", dtype=None, max_general: int | None = 32, max_task: int | None = 50,
                        benchmarks=None, benchmark_manager=None,
@@ -190,13 +163,6 @@ def merge_and_evaluate(recipe: Recipe | str | Path, out_dir: str | Path, pool, *
     made; the base's and parents' scorecards come from the pool's cache (`evaluate_merge`). Returns the
     MergeResult (its out_dir the final folder) and the cards. The CLI (`merge --eval`) and the Merge page both
     take this path."""
-    from dataclasses import replace
-
-    from forgetlab.core.benchmarks import checked_manager
-    from forgetlab.core.outputs import atomic_output_dir, check_output_dir
-    from forgetlab.merge.engine import open_sources
-    from forgetlab.merge.recipes import load_recipe
-
     recipe = load_recipe(recipe)
     if pool.probes is None:
         raise ParameterError("The pool has no probe data, so the merge cannot be evaluated; add probes to pool.yaml.")

@@ -11,10 +11,13 @@
 from __future__ import annotations
 
 import copy
+import tempfile
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 import torch
 
+from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
+from forgetlab.core.devicemap import ParamAccess, Placement
 from forgetlab.core.errors import IncompatibleModelsError, ParameterError
 from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import TensorJob, get_method, validate_params
@@ -87,8 +90,6 @@ def stored_params(ckpt, model, device=None) -> Optional[LazyTensors]:
     lazily from the checkpoint `ckpt`, when those reads are exactly what loading `ckpt` in float32 gives: a
     safetensors folder that stores every parameter under the model's name and shape (a tied alias through the
     name stored). None otherwise (an adapter, a GGUF or .bin file, renamed tensors): then load the model."""
-    from forgetlab.core.checkpoints import SafetensorsCheckpoint
-
     if type(ckpt) is not SafetensorsCheckpoint:
         return None
     infos = ckpt.infos()
@@ -111,8 +112,6 @@ class WorkingCopy:
     `names` lists each stored parameter once (tied weights once), `params` every name (tied ones twice)."""
 
     def __init__(self, model, base: Mapping[str, torch.Tensor], *, offload_dir=None):
-        from forgetlab.core.devicemap import ParamAccess
-
         self.model = model
         self.base = base
         self.access = ParamAccess(model)
@@ -136,11 +135,6 @@ class WorkingCopy:
         `forgetlab.core.devicemap.Placement` (an offload folder of the copy's own is made when it names none);
         `dtype` (default float32) is the copy's precision: merged tensors are computed in float32 and rounded
         once when written."""
-        import tempfile
-
-        from forgetlab.core.checkpoints import load_model
-        from forgetlab.core.devicemap import Placement
-
         if model == "base":
             raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
                                  f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")

@@ -73,7 +73,8 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
 def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
     """The memory line of the comparison: the largest of its merges' estimates (they run one after another)."""
     from forgetlab.core.errors import ForgetlabError
-    from forgetlab.core.memory import estimate
+    from forgetlab.core.memory import with_free
+    from forgetlab.merge.memory import estimate_merge
     from forgetlab.ui.memory import show_estimate
 
     if not models or not methods:
@@ -81,7 +82,7 @@ def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
     kw = dict(pool=pool, device=device, dtype=dtype, evaluate=True, max_general=budget.max_general,
               max_task=budget.max_task)
     try:
-        largest = max((estimate("merge", recipe=pool_recipe(pool, m, models, {}), **kw) for m in methods),
+        largest = max((with_free(estimate_merge(pool_recipe(pool, m, models, {}), **kw)) for m in methods),
                       key=lambda est: est.total)
     except ForgetlabError:
         return True           # pressing the button says what is wrong

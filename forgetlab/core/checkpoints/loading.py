@@ -6,12 +6,15 @@ import threading
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
 
 from forgetlab.core.checkpoints.lora import LoraCheckpoint
 from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import Checkpoint, GGUFCheckpoint
-from forgetlab.core.errors import CheckpointError, IncompatibleModelsError
-from forgetlab.core.tokenization import strip_tokens_beyond
+from forgetlab.core.devicemap import Placement
+from forgetlab.core.errors import CheckpointError, IncompatibleModelsError, ParameterError
+from forgetlab.core.tokenizer_edits import strip_tokens_beyond
 
 # transformers' from_pretrained is not thread-safe: two loads at once in one process (the app's background jobs)
 # lose the tie of lm_head to the embeddings — it reports lm_head.weight missing and re-initialises it (18 of 18
@@ -27,8 +30,6 @@ def default_device() -> str:
 def check_device(device: str | None) -> str:
     """`device` if torch can use it on this machine ("cpu", "cuda", "cuda:N", "mps"), the default device for
     None; a ParameterError naming the choices otherwise."""
-    from forgetlab.core.errors import ParameterError
-
     if device is None or str(device).strip() == "":
         return default_device()
     name = str(device).strip()
@@ -68,11 +69,6 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
     `device` may be a `forgetlab.core.devicemap.Placement` (an accelerate device map with `max_memory`, for a model
     larger than one device; HF folders only): the layers are then spread over GPUs, CPU and disk.
     """
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    from forgetlab.core.devicemap import Placement
-
     hf_logging.disable_progress_bar()  # forgetlab reports progress through its own callbacks
     placement = device if isinstance(device, Placement) else None
     device = check_device(None if placement else device)
@@ -130,8 +126,6 @@ def config_mismatch(ckpt: Checkpoint) -> str | None:
     """'<tensor>: <stored shape> stored, <shape the config gives> expected' for the first tensor whose stored
     shape disagrees with the model its config describes (built on the meta device: no memory, no weights);
     None when every shape agrees or the config cannot be built."""
-    from transformers import AutoModelForCausalLM
-
     try:
         with torch.device("meta"):
             skeleton = AutoModelForCausalLM.from_config(ckpt.config, trust_remote_code=False)
@@ -188,8 +182,6 @@ def _gguf_special_tokens(tok, ckpt):
 
 def load_tokenizer(ref: str | Path | Checkpoint):
     """The tokenizer stored with a model (a LoRA adapter falls back to its base's)."""
-    from transformers import AutoTokenizer
-
     ckpt = open_checkpoint(ref)
     if isinstance(ckpt, LoraCheckpoint) and Checkpoint.tokenizer_dir.fget(ckpt) is None:
         return load_tokenizer(ckpt.base)       # the adapter has none: its base's (a GGUF base's included)

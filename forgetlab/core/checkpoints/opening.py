@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from pathlib import Path
+
+from huggingface_hub import snapshot_download
 
 from forgetlab.core.checkpoints.lora import LoraCheckpoint, read_adapter_config
 from forgetlab.core.checkpoints.readers import (BIN_INDEX, SAFETENSORS_INDEX, BinCheckpoint, Checkpoint, GGUFCheckpoint,
@@ -21,10 +24,6 @@ def looks_like_hub_id(ref: str) -> bool:
 
 def _resolve_hub(ref: str) -> Path:
     """Download (or find in the local cache) a hub model's weights, config and tokenizer."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - transformers depends on it
-        raise OfflineError("huggingface_hub is not installed: pass a local folder instead.") from None
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try:
         folder = snapshot_download(
@@ -98,8 +97,6 @@ def transformers_weights(path: Path) -> tuple[str, list[Path]] | None:
 def _warn_unread(path: Path, files: list[Path]) -> None:
     """Warn (ExtraWeightFilesWarning) about weight files in `path` that are not `files`: forgetlab reads what
     transformers loads, so a stale model.safetensors beside shards, or a backup copy, is not merged or compared."""
-    import warnings
-
     read = {f.resolve() for f in files}
     index = path / SAFETENSORS_INDEX
     others = sorted(p.name for p in [*path.glob("*.safetensors"), *path.glob("*.bin")]

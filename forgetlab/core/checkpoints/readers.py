@@ -6,12 +6,15 @@ from __future__ import annotations
 import functools
 import json
 import math
+import struct
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
+from safetensors import safe_open
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from forgetlab.core.errors import CheckpointError
 from forgetlab.core.memory import is_out_of_memory, out_of_memory_text
@@ -97,8 +100,6 @@ class Checkpoint:
     @cached_property
     def config(self):
         """The transformers config of the model (never with trust_remote_code)."""
-        from transformers import AutoConfig
-
         try:
             return AutoConfig.from_pretrained(str(self.config_dir), trust_remote_code=False)
         except (OSError, ValueError, KeyError) as exc:
@@ -158,8 +159,6 @@ class Checkpoint:
 
 
 def _safe_open(file: Path):
-    from safetensors import safe_open
-
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as exc:  # safetensors raises its own SafetensorError and OSError; torch a RuntimeError
@@ -221,8 +220,6 @@ class SafetensorsCheckpoint(Checkpoint):
     def nonfinite_tensors(self, progress: Progress = None) -> list[str]:
         """Names of tensors holding NaN or Inf, read with plain reads into one reused buffer: a memory map
         would keep every page it touched resident (the whole model), this holds one tensor at a time."""
-        import struct
-
         bad: list[str] = []
         buf = torch.empty(0, dtype=torch.uint8)
         entries = []
@@ -303,8 +300,6 @@ def _dequantised(file: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]
     """A GGUF file's tensors dequantised to float32 by transformers, once per process for the last file opened
     (dequantising SmolLM2-135M takes ~20 s): every checkpoint, pool, merge and model load of it shares them.
     A tied head is left out (it is the embedding matrix), as an HF folder of the same model stores it."""
-    from transformers import AutoModelForCausalLM
-
     path = Path(file)
     try:
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
@@ -326,8 +321,6 @@ class GGUFCheckpoint(Checkpoint):
 
     @cached_property
     def config(self):
-        from transformers import AutoConfig
-
         try:
             return AutoConfig.from_pretrained(str(self.gguf_file.parent), gguf_file=self.gguf_file.name)
         except Exception as exc:
@@ -342,8 +335,6 @@ class GGUFCheckpoint(Checkpoint):
     def _skeleton_infos(self) -> dict[str, TensorInfo]:
         """Names and shapes from the config alone (a model built on the meta device): listing a GGUF's tensors
         needs no dequantisation (reading one does, once, for all)."""
-        from transformers import AutoModelForCausalLM
-
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(self.config, trust_remote_code=False)
         tied = getattr(self.config, "tie_word_embeddings", False)

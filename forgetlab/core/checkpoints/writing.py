@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 import torch
+from transformers.utils import logging as hf_logging
 
+from forgetlab.core.checkpoints.loading import load_tokenizer
 from forgetlab.core.checkpoints.opening import open_checkpoint
 from forgetlab.core.checkpoints.readers import (GGUFCheckpoint, SAFETENSORS_NAMES, DEFAULT_SHARD_BYTES, SAFETENSORS_INDEX,
                                                 TOKENIZER_FILES, Checkpoint, TensorInfo)
@@ -91,8 +93,6 @@ def _write_tokenizer(source: Checkpoint, folder: Path) -> None:
         return
     root = getattr(source, "base", source)
     if isinstance(source, GGUFCheckpoint) or isinstance(root, GGUFCheckpoint):
-        from forgetlab.core.checkpoints.loading import load_tokenizer
-
         load_tokenizer(source).save_pretrained(str(folder))
 
 
@@ -158,8 +158,6 @@ def save_model(model, tokenizer, out_dir: str | Path, overwrite: bool = False,
     """Save a transformers model (+ tokenizer) as an HF safetensors folder, atomically (forgetlab.core.outputs:
     `overwrite` replaces only a folder forgetlab wrote that holds none of `inputs`; `then(folder)` runs as the
     folder lands, and its failure takes the folder back: `atomic_output_dir`)."""
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()
     with atomic_output_dir(out_dir, overwrite, inputs=inputs, kind=kind, then=then) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)

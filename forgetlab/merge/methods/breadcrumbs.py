@@ -13,7 +13,8 @@ import torch
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import (UNIT, add_scaled, l1_norm, l1_scale, lam_param, normalize_param,
                                             normalized_lam, rescale_param, weights_param)
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.mergekit_params import gta_params
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, score_block, as_array, block_ranges, kth_largest, topk_mask
 
 
@@ -110,8 +111,11 @@ def _check_breadcrumbs(params: dict, n: int) -> None:
          ParamSpec("gamma", "float", 0.01, "Fraction of largest-magnitude entries removed per tensor; one number, "
                    "or one per model.", UNIT, per_model=True, model_key="gamma"),
          lam_param(), weights_param(), normalize_param(False), rescale_param(False)),
-        check=_check_breadcrumbs, mergekit="breadcrumbs",
-        formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ) (/ Σ wt with normalize)")
+        check=_check_breadcrumbs,
+        mergekit=MergekitSpec("breadcrumbs",
+                              params=gta_params(normalize=False, rescale=False, density="keep", gamma=True)),
+        formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ) (/ Σ wt with normalize)",
+        memory=WorkingMemory(fast=(1.9, 0), reference=(3.1, 0.9)))
 def _breadcrumbs(job: TensorJob) -> torch.Tensor:
     p = job.params
     parts = []

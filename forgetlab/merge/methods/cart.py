@@ -10,7 +10,7 @@ import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT
 from forgetlab.merge.methods.spectral import is_matrix, low_rank, rank_count
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 def cart(thetas: Sequence[torch.Tensor], lam: float, rank: float) -> torch.Tensor:
@@ -27,7 +27,8 @@ def cart(thetas: Sequence[torch.Tensor], lam: float, rank: float) -> torch.Tenso
         (ParamSpec("lam", "float", 1.0, "Scaling λ of the centred low-rank task vectors.", LAM_RANGE),
          ParamSpec("rank", "float", 0.08, "Fraction of min(m, n) kept per centred task vector (paper: ≈ 8%).",
                    UNIT)),
-        formula="θ = θ̄ + λ·Σt lowrank_k(θt − θ̄) on 2-D weights; θ̄ elsewhere", in_place=False)
+        formula="θ = θ̄ + λ·Σt lowrank_k(θt − θ̄) on 2-D weights; θ̄ elsewhere", in_place=False,
+        memory=WorkingMemory((2.1, 1.0)))
 def _cart(job: TensorJob) -> torch.Tensor:
     if is_matrix(job):
         return cart(job.finetuned, job.params["lam"], job.params["rank"])

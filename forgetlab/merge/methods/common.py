@@ -2,6 +2,8 @@
 `weights`, `seed`, `scope`) and adding scaled parts of task vectors to the base in place."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from forgetlab.core.errors import ParameterError
@@ -77,8 +79,6 @@ def check_weight_sum(weights, method: str, switch: str) -> float:
     """Σ wt of weights a method divides by (with `switch` on), refused only where that division is undefined: a
     sum that is exactly 0 (in float32, as mergekit sums them, or in float64) or not finite. The scale of the
     weights does not matter (1e-13 each is an average like any other). Returns the float64 sum."""
-    import math
-
     w = [float(x) for x in weights]
     total = math.fsum(w)
     single = float(torch.tensor(w, dtype=torch.float32).sum())

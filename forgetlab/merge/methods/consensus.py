@@ -11,7 +11,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import UNIT
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, block_ranges
 
 
@@ -82,7 +82,7 @@ def _check_consensus(params: dict, n: int) -> None:
          ParamSpec("k", "int", 2, "Minimum number of task masks that must select an entry.", (1, 1000)),
          ParamSpec("alpha", "float", 1.0, "Scaling α of the masked sum of task vectors.", UNIT)),
         check=_check_consensus,
-        formula="θ = θ0 + α·(Σt τt) ⊙ [Σt mt ≥ k]")
+        formula="θ = θ0 + α·(Σt τt) ⊙ [Σt mt ≥ k]", memory=WorkingMemory(fast=(0.4, 0), reference=(5.4, 0.3)))
 def _consensus(job: TensorJob) -> torch.Tensor:
     p = job.params
     return job.base + consensus_merge(job.take_taus(), p["lam"], p["k"], p["alpha"])

@@ -19,7 +19,8 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import (UNIT, add_scaled, l1_scale, lam_param, normalize_param, normalized_lam,
                                             seed_param, weights_param)
 from forgetlab.merge.methods.ties import ties_combine, ties_combine_into_
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.mergekit_params import gta_params
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, block_ranges
 
 RESCALES = ("l1", "inverse", "none")
@@ -110,7 +111,9 @@ def _params() -> tuple[ParamSpec, ...]:
 
 @method("dare_linear", "DARE: randomly drop task-vector entries, rescale, then task arithmetic.",
         (*_params(), normalize_param(False)),
-        mergekit="dare_linear", formula="θ = θ0 + λ·Σ wt·dare(τt, p) (/ Σ wt with normalize)")
+        mergekit=MergekitSpec("dare_linear", params=gta_params(normalize=False, rescale=True, density="drop")),
+        formula="θ = θ0 + λ·Σ wt·dare(τt, p) (/ Σ wt with normalize)",
+        memory=WorkingMemory(fast=(0.4, 0), reference=(1.4, 1.0)))
 def _dare_linear(job: TensorJob) -> torch.Tensor:
     p = job.params
     return add_scaled(job, _dare_parts(job), normalized_lam(p["lam"], p["weights"], p["normalize"]))
@@ -124,8 +127,9 @@ def _dare_linear_fast(job: TensorJob) -> torch.Tensor:
 
 @method("dare_ties", "DARE then TIES sign election; the sum of the agreeing entries (their mean with normalize).",
         (*_params(), normalize_param(False)),
-        mergekit="dare_ties",
-        formula="θ = θ0 + λ·Σ wt·dare(τt, p)·[agree] (/ Σ wt·[agree] with normalize)")
+        mergekit=MergekitSpec("dare_ties", params=gta_params(normalize=False, rescale=True, density="drop")),
+        formula="θ = θ0 + λ·Σ wt·dare(τt, p)·[agree] (/ Σ wt·[agree] with normalize)",
+        memory=WorkingMemory(fast=(0.4, 0), reference=(4.4, 2.3)))
 def _dare_ties(job: TensorJob) -> torch.Tensor:
     p = job.params
     return job.base + p["lam"] * ties_combine(_dare_parts(job), p["weights"], p["normalize"])

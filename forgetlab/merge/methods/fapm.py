@@ -22,7 +22,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import UNIT, add_scaled, lam_param, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import block_ranges, keep_top_, topk_mask
 
 
@@ -136,7 +136,7 @@ def _ratios(job: TensorJob) -> list[float]:
          ParamSpec("score", "str", "fapm", "\"fapm\": |τ| − mean|W0|·|τ|/|W0|; ablations \"magnitude\" "
                    "(|τ|) and \"relative\" (−|τ|/|W0|).", choices=SCORES),
          lam_param(), weights_param()),
-        formula="θ = θ0 + λ·Σ wt·mask_t ⊙ τt")
+        formula="θ = θ0 + λ·Σ wt·mask_t ⊙ τt", memory=WorkingMemory(fast=(2.2, 0), reference=(5.8, 1.3)))
 def _fapm(job: TensorJob) -> torch.Tensor:
     p = job.params
     ratios = _ratios(job)

@@ -17,9 +17,9 @@ from typing import Sequence
 import torch
 
 from forgetlab.core.errors import CheckpointError
-from forgetlab.core.progress import report
+from forgetlab.core.progress import report, scaled
 from forgetlab.merge.methods.regmean import probe_inputs
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 def fisher_average(thetas: Sequence[torch.Tensor], fishers: Sequence[torch.Tensor], eps: float) -> torch.Tensor:
@@ -106,8 +106,6 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
     One fine-tuned model at a time is loaded (`ModelPool.borrow`: unloaded after unless the caller held it) and
     its gradients are taken on it directly when the pool did not hold it before (on a copy when it did); each
     model's Fisher is written into the (T, …) stacks as soon as it is known."""
-    from forgetlab.core.progress import scaled
-
     names, encs, _ = probe_inputs(ctx, int(ctx.params["samples"]), method="fisher")
     T = len(names)
     out: dict[str, torch.Tensor] = {}
@@ -125,6 +123,14 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
     return out
 
 
+def fisher_prepare_memory(model: int, n_models: int, linear_inputs: int) -> dict[str, int]:
+    """fisher's prepare phase on the CPU, in bytes (`WorkingMemory.prepare`; `model`: the model's float32 bytes):
+    the model, its gradients and their running sum (3.1 model sizes measured by bench/prepare_memory.py on a 42M
+    Llama, rounded up), and one Fisher of the model's size per fine-tune, which the formula needs whole."""
+    return {"model, gradients and their running sum": int(3.2 * model),
+            "Fishers (one per fine-tune)": n_models * model}
+
+
 @method("fisher", "Fisher merging: average the models weighted entry by entry by their diagonal Fisher on their tasks.",
         (ParamSpec("eps", "float", 1e-6, "Added to every Fisher entry (fusion-bench's minimal_fisher_weight); 0: "
                    "the pure Fisher-weighted mean, the plain mean where no Fisher covers an entry.", (0.0, 1e6)),
@@ -132,7 +138,7 @@ def fisher_prepare(ctx) -> dict[str, torch.Tensor]:
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),
         prepare=fisher_prepare, needs_pool=True, in_place=False,
-        formula="θ = Σt (Ft + eps)⊙θt / Σt (Ft + eps)")
+        formula="θ = Σt (Ft + eps)⊙θt / Σt (Ft + eps)", memory=WorkingMemory((7.1, 3.1), prepare=fisher_prepare_memory))
 def _fisher(job: TensorJob) -> torch.Tensor:
     if job.prepared is None:
         return torch.stack(job.finetuned).mean(dim=0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from forgetlab.merge.methods.common import seed_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import kth_largest
 
 QUANTILE_SAMPLE_SIZE = 1_000_000
@@ -74,17 +74,18 @@ def arcee_fusion(base: torch.Tensor, finetuned: torch.Tensor, generator: torch.G
 @method("nearswap", "NearSwap: take the fine-tuned value where it moved less than t from the base.",
         (ParamSpec("t", "float", 1e-4, "Distance below which an entry takes the fine-tuned value (mergekit's t; "
                    "it has no default there).", (0.0, 1e3)),),
-        max_models=1, mergekit="nearswap", in_place=False,
+        max_models=1, mergekit=MergekitSpec("nearswap", required=("t",)), in_place=False,
         extra={"models_hint": ONE_MODEL.format(name="nearswap")},
-        formula="θ = g·θ1 + (1 − g)·θ0, g = clamp(t/|θ1 − θ0|, 0, 1)")
+        formula="θ = g·θ1 + (1 − g)·θ0, g = clamp(t/|θ1 − θ0|, 0, 1)", memory=WorkingMemory((5.1, 0)))
 def _nearswap(job: TensorJob) -> torch.Tensor:
     return nearswap(job.base, job.finetuned[0], job.params["t"])
 
 
 @method("arcee_fusion", "Arcee Fusion: keep the fine-tuned changes whose importance is an outlier.",
-        (seed_param(),), max_models=1, mergekit="arcee_fusion", in_place=False,
+        (seed_param(),), max_models=1, mergekit=MergekitSpec("arcee_fusion"), in_place=False,
         extra={"models_hint": ONE_MODEL.format(name="arcee_fusion")},
-        formula="θ = θ0 + (θ1 − θ0)·[s ≥ median(s) + 1.5·IQR(s)], s = |θ1 − θ0|·KL(softmax θ1 ‖ softmax θ0)")
+        formula="θ = θ0 + (θ1 − θ0)·[s ≥ median(s) + 1.5·IQR(s)], s = |θ1 − θ0|·KL(softmax θ1 ‖ softmax θ0)",
+        memory=WorkingMemory(fast=(5.4, 0), reference=(5.6, 0)))
 def _arcee_fusion(job: TensorJob) -> torch.Tensor:
     return arcee_fusion(job.base, job.finetuned[0], job.generator(0))
 

@@ -36,7 +36,7 @@ from forgetlab.merge.methods.common import (
     weights_param,
 )
 from forgetlab.merge.methods.ties import sum_rows, ties_combine_into_
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges
 
 
@@ -232,15 +232,17 @@ def _merge(job: TensorJob, parts: Callable[[TensorJob], list[torch.Tensor]], con
 
 @method("della", "DELLA: random magnitude-ranked pruning (MAGPRUNE) of each task vector, then TIES's sign "
         "election.",
-        _della_params(True), check=_check_della, mergekit="della",
-        formula="θ = θ0 + λ·Σt wt·magprune(τt)·[agree] / Σt wt·[agree]")
+        _della_params(True), check=_check_della, mergekit=MergekitSpec("della", required=("weight",), int8_mask=True),
+        formula="θ = θ0 + λ·Σt wt·magprune(τt)·[agree] / Σt wt·[agree]",
+        memory=WorkingMemory(fast=(0.4, 0), reference=(5.0, 2.1)))
 def _della(job: TensorJob) -> torch.Tensor:
     return _merge(job, _della_parts, consensus=True)
 
 
 @method("della_linear", "DELLA without sign election: MAGPRUNE each task vector, then add them.",
-        _della_params(False), check=_check_della, mergekit="della_linear",
-        formula="θ = θ0 + λ·Σt wt·magprune(τt)")
+        _della_params(False), check=_check_della,
+        mergekit=MergekitSpec("della_linear", required=("weight",), int8_mask=True),
+        formula="θ = θ0 + λ·Σt wt·magprune(τt)", memory=WorkingMemory(fast=(0.4, 0), reference=(1.1, 1.0)))
 def _della_linear(job: TensorJob) -> torch.Tensor:
     return _merge(job, _della_parts, consensus=False)
 
@@ -257,8 +259,8 @@ def _breadcrumbs_parts(job: TensorJob) -> list[torch.Tensor]:
          ParamSpec("gamma", "float", 0.01, "Fraction of largest-|τ| entries removed (one number, or one per "
                    "model).", UNIT, per_model=True, model_key="gamma"),
          lam_param(), _normalize_param(False), _rescale_param(False), _int8_param()),
-        mergekit="breadcrumbs_ties",
-        formula="θ = θ0 + λ·Σt wt·breadcrumbs(τt)·[agree]")
+        mergekit=MergekitSpec("breadcrumbs_ties", required=("weight",), int8_mask=True),
+        formula="θ = θ0 + λ·Σt wt·breadcrumbs(τt)·[agree]", memory=WorkingMemory(fast=(0.4, 0), reference=(3.2, 2.4)))
 def _breadcrumbs_ties(job: TensorJob) -> torch.Tensor:
     return _merge(job, _breadcrumbs_parts, consensus=True)
 

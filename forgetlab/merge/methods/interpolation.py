@@ -10,7 +10,7 @@ import torch
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.layers import FIRST, LAST
 from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import MergekitSpec, MkParam, ParamSpec, TensorJob, WorkingMemory, method
 
 
 def linear(tensors: Sequence[torch.Tensor], weights: Sequence[float] | None = None,
@@ -97,16 +97,23 @@ def _check_linear(params: dict, n: int) -> None:
         check_weight_sum(params["weights"], "linear", "normalize")
 
 
+# mergekit's linear: base_model, if given, is one more input (averaged in); forgetlab's older names (a weight per model)
+LINEAR_MERGEKIT = MergekitSpec("linear", base="ignored", params={
+    "weight": MkParam("weight", "weights", True, True, 1.0),
+    "normalize": MkParam("normalize", "normalize", False, False, True)})
+
+
 @method("linear", "Model soup: weighted average of the fine-tuned models.",
         (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
-        check=_check_linear, mergekit="linear", formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False)
+        check=_check_linear, mergekit=LINEAR_MERGEKIT, formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False,
+        memory=WorkingMemory((2.1, 0)))
 def _linear(job: TensorJob) -> torch.Tensor:
     return linear(job.finetuned, job.params["weights"], job.params["normalize"])
 
 
 @method("wise_ft", "WiSE-FT: interpolate the base and one fine-tuned model.",
         (ParamSpec("alpha", "float", 0.5, "α = 0 gives the base, α = 1 the fine-tuned model.", UNIT),),
-        max_models=1, formula="θ = (1 − α)·θ0 + α·θ1", in_place=False)
+        max_models=1, formula="θ = (1 − α)·θ0 + α·θ1", in_place=False, memory=WorkingMemory((3.1, 0)))
 def _wise_ft(job: TensorJob) -> torch.Tensor:
     return wise_ft(job.base, job.finetuned[0], job.params["alpha"])
 
@@ -115,7 +122,8 @@ def _wise_ft(job: TensorJob) -> torch.Tensor:
         (ParamSpec("alphas", "floats", [0.1, 0.2, 0.3], "One α per block of decoder layers, input to "
                    "output (B = number of values); embeddings use the first, final norm/lm_head the last.",
                    UNIT),),
-        max_models=1, needs_layers=True, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b", in_place=False)
+        max_models=1, needs_layers=True, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b", in_place=False,
+        memory=WorkingMemory((3.1, 0)))
 def _hma(job: TensorJob) -> torch.Tensor:
     alpha = hma_alpha_for(job.layer, job.num_layers, job.params["alphas"])
     return hma(job.base, job.finetuned[0], alpha)

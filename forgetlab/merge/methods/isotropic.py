@@ -21,7 +21,7 @@ import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT
 from forgetlab.merge.methods.spectral import is_matrix, kept_rank, polar
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 def iso_c(taus: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -82,7 +82,7 @@ def _other(job: TensorJob, alpha: float) -> torch.Tensor:
 
 @method("iso_c", "Iso-C: flatten the spectrum of the summed task vectors (isotropic merging in the common subspace).",
         (ParamSpec("alpha", "float", 1.0, "Scaling α (θ = θ0 + α·σ̄·U·Vᵀ); fusion-bench's default 1.", LAM_RANGE),),
-        formula="θ = θ0 + α·σ̄·U·Vᵀ with Σt τt = U·S·Vᵀ")
+        formula="θ = θ0 + α·σ̄·U·Vᵀ with Σt τt = U·S·Vᵀ", memory=WorkingMemory((0.6, 0)))
 def _iso_c(job: TensorJob) -> torch.Tensor:
     alpha = float(job.params["alpha"])
     if is_matrix(job):
@@ -95,7 +95,8 @@ def _iso_c(job: TensorJob) -> torch.Tensor:
                    LAM_RANGE),
          ParamSpec("common", "float", 0.8, "Share of the rank given to the common subspace of Σt τt "
                    "(fusion-bench's default 0.8).", UNIT)),
-        formula="θ = θ0 + α·σ̄·U⊥·V⊥ᵀ over the common + task-specific directions")
+        formula="θ = θ0 + α·σ̄·U⊥·V⊥ᵀ over the common + task-specific directions",
+        memory=WorkingMemory(fast=(0.9, 0), reference=(0.1, 0.4)))
 def _iso_cts(job: TensorJob) -> torch.Tensor:
     alpha = float(job.params["alpha"])
     if is_matrix(job):

@@ -15,7 +15,7 @@ from forgetlab.merge.methods.common import UNIT, lam_param, seed_param
 from forgetlab.merge.methods.dare import dare
 from forgetlab.merge.methods.spectral import kept_rank
 from forgetlab.merge.methods.ties import ties_combine, trim
-from forgetlab.merge.registry import ParamSpec, TensorJob, method, tensor_generator
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method, tensor_generator
 
 KNOTS_MERGES = ("ties", "dare_ties", "task_arithmetic")
 
@@ -51,7 +51,7 @@ def knots_merge(deltas: Sequence[torch.Tensor], how: str, params: dict, name: st
          ParamSpec("keep", "float", 0.2, "ties: fraction of each task's coefficients kept (top |v|).", UNIT),
          ParamSpec("drop", "float", 0.9, "dare_ties: probability of dropping each coefficient.", UNIT),
          lam_param(), seed_param()),
-        formula="θ = θ0 + λ·U·S·merge(Vtᵀ), [ΔW1 … ΔWT] = U·S·[V1ᵀ … VTᵀ]")
+        formula="θ = θ0 + λ·U·S·merge(Vtᵀ), [ΔW1 … ΔWT] = U·S·[V1ᵀ … VTᵀ]", memory=WorkingMemory((0.1, 0)))
 def _knots(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)
     if not all(job.is_adapter(i) for i in range(n)):

@@ -9,7 +9,7 @@ import torch
 
 from forgetlab.merge.layers import FIRST, LAST
 from forgetlab.merge.methods.common import LAM_RANGE, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 def lines_scale(layer, num_layers: int, alpha: float, beta: float) -> float:
@@ -33,7 +33,7 @@ def lines_scale(layer, num_layers: int, alpha: float, beta: float) -> float:
                    "(0, 1]).", LAM_RANGE),
          weights_param()),
         needs_layers=True, formula="θ = θ0 + (α + β·(ℓ − 1)/(L − 1))·Σt wt·τt",
-        extra={"search_scalars": ("alpha", "beta")})
+        extra={"search_scalars": ("alpha", "beta")}, memory=WorkingMemory((0.4, 0)))
 def _lines(job: TensorJob) -> torch.Tensor:
     lam = lines_scale(job.layer, job.num_layers, job.params["alpha"], job.params["beta"])
     out = job.base

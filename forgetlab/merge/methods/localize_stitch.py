@@ -12,7 +12,7 @@ import torch
 
 from forgetlab.merge.methods.common import UNIT, scope_param
 from forgetlab.merge.methods.ties import TiesGlobalCollector, magnitude_mask
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 from forgetlab.merge.select import threshold_mask
 
 
@@ -32,7 +32,8 @@ def stitch(base: torch.Tensor, taus: Sequence[torch.Tensor], masks: Sequence[tor
          scope_param("global")),
         collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
-        formula="θ = θ0 + Σt mt⊙τt / max(1, Σt mt), mt = top-keep |τt|")
+        formula="θ = θ0 + Σt mt⊙τt / max(1, Σt mt), mt = top-keep |τt|",
+        memory=WorkingMemory(fast=(5.4, 0), reference=(4.5, 0.4)))
 def _localize_stitch(job: TensorJob) -> torch.Tensor:
     taus = job.take_taus()
     if job.params["scope"] == "global":

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, method
 
 
 def model_stock(base: torch.Tensor, finetuned: list[torch.Tensor], filter_wise: bool = False) -> torch.Tensor:
@@ -36,9 +36,9 @@ def model_stock(base: torch.Tensor, finetuned: list[torch.Tensor], filter_wise: 
 @method("model_stock", "Model Stock: move from the base towards the models' average by a ratio set by the "
         "angle between their task vectors.",
         (ParamSpec("filter_wise", "bool", False, "One ratio per row (output filter) instead of one per tensor."),),
-        min_models=2, mergekit="model_stock", in_place=False,
+        min_models=2, mergekit=MergekitSpec("model_stock"), in_place=False,
         extra={"models_hint": "Model Stock needs the base and at least two fine-tuned models (it measures the "
                               "angle between their task vectors)."},
-        formula="θ = t·θ̄ + (1 − t)·θ0, t = N·cos θ / (1 + (N − 1)·cos θ)")
+        formula="θ = t·θ̄ + (1 − t)·θ0, t = N·cos θ / (1 + (N − 1)·cos θ)", memory=WorkingMemory((5.1, 1.0)))
 def _model_stock(job: TensorJob) -> torch.Tensor:
     return model_stock(job.base, job.finetuned, job.params["filter_wise"])

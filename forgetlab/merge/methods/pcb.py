@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT, scope_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, RadixSelect, as_array, block_ranges, keep_count, kth_largest, on_cpu_fast_path
 
 
@@ -330,7 +330,7 @@ class PCBGlobalCollector:
          scope_param("global")),
         collector=lambda n, total, p: PCBGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
-        formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i")
+        formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i", memory=WorkingMemory(fast=(2.2, 1.1), reference=(9.9, 1.1)))
 def _pcb(job: TensorJob) -> torch.Tensor:
     p = job.params
     stats = job.stats if p["scope"] == "global" else None

@@ -24,11 +24,15 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from forgetlab.core.checkpoints import load_model
 from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.core.progress import report
+from forgetlab.core.submodules import encode_samples, select_pairs
 from forgetlab.merge.methods.common import UNIT
+from forgetlab.merge.methods.slwm import pool_names_for
 from forgetlab.merge.methods.spectral import is_embedding
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
+from forgetlab.merge.working_copy import stored_params
 
 DEFAULT_SAMPLES = 64
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)$")
@@ -123,9 +127,6 @@ class _Stop(Exception):
 def probe_inputs(ctx, samples: int, max_length: int = 128, method: str = "regmean"):
     """(pool model names, [Samples per task], tokenizer) for a prepare hook: each fine-tuned model's task's probe
     split (the task named like the model unless `tasks` says otherwise), `samples` pairs each."""
-    from forgetlab.core.submodules import encode_samples, select_pairs
-    from forgetlab.merge.methods.slwm import pool_names_for
-
     pool = ctx.pool
     names = pool_names_for(pool, ctx.model_names, method)
     tasks = [t.strip() for t in str(ctx.params.get("tasks") or "").split(",") if t.strip()] or names
@@ -203,9 +204,6 @@ def _regmean_pp_grams(ctx, names: list[str], encs: list, out: dict[str, list], s
     """RegMean++'s layer-by-layer pass (module docstring): fills `out` (module path → the T Grams) and returns
     module path → stored (out, in). Fine-tuned parameters are read from the checkpoints layer by layer; a model
     whose checkpoint cannot be read so is borrowed whole from the pool into `stack` (an ExitStack)."""
-    from forgetlab.core.checkpoints import load_model
-    from forgetlab.merge.working_copy import stored_params
-
     p, T, pool = ctx.params, len(names), ctx.pool
     merged = load_model(pool.checkpoint("base"), device="cpu", dtype=torch.float32).eval()   # our own copy
     lin_all = _linears(merged)
@@ -272,9 +270,21 @@ def _params(alpha: float) -> tuple:
                       "named like the model)."))
 
 
+def _prepare_memory(models: float) -> Any:
+    """The prepare phase on the CPU in bytes (`WorkingMemory.prepare`): the model and the forward passes, `models`
+    model sizes (float32; measured by bench/prepare_memory.py on a 42M Llama — regmean 2.2, regmean_pp 2.3 — and
+    rounded up), and the Grams, which the formula needs whole: d_in² float32 entries per linear layer and
+    fine-tune (`linear_inputs` = Σ d_in²)."""
+    def parts(model: int, n_models: int, linear_inputs: int) -> dict[str, int]:
+        return {"model and forward passes": int(models * model), "Gram matrices": n_models * linear_inputs * 4}
+    return parts
+
+
 method("regmean", "RegMean: per linear layer, the weights that best reproduce every model's outputs on its task's inputs.",
        _params(0.6), prepare=lambda ctx: regmean_grams(ctx, False), needs_pool=True, in_place=False,
-       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt per linear layer; mean of the θt elsewhere")(_regmean)
+       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt per linear layer; mean of the θt elsewhere",
+       memory=WorkingMemory((1.0, 3.3), prepare=_prepare_memory(2.3)))(_regmean)
 method("regmean_pp", "RegMean++: RegMean with each layer's inputs taken from the merged model's earlier layers.",
        _params(0.95), prepare=lambda ctx: regmean_grams(ctx, True), needs_pool=True, in_place=False,
-       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt, Xt through the merged layers < ℓ; mean elsewhere")(_regmean)
+       formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt, Xt through the merged layers < ℓ; mean elsewhere",
+       memory=WorkingMemory((4.7, 1.9), prepare=_prepare_memory(2.4)))(_regmean)

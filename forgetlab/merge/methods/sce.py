@@ -14,7 +14,7 @@ import torch
 
 from forgetlab.merge.methods.common import UNIT
 from forgetlab.merge.methods.ties import sum_rows
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import MergekitSpec, MkParam, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, as_array, block_ranges, kth_largest, topk_mask
 
 
@@ -156,14 +156,21 @@ def sce_into_(base: torch.Tensor, taus: list[torch.Tensor], select_topk: float =
     return base
 
 
+# published configs give sce a per-model weight, which mergekit's sce does not read: accepted, with a notice
+SCE_MERGEKIT = MergekitSpec("sce", int8_mask=True, ignored=(
+    MkParam("weight", None, True, False, 1.0, ignored="SCE weighs each model by the mean square of its selected "
+                                                       "task vector"),))
+
+
 @method("sce", "SCE: select high-variance entries, weight models by their task vectors' energy, erase "
         "minority signs.",
         (ParamSpec("select_topk", "float", 1.0, "Fraction of the entries (by variance across models) kept; 1 "
                    "keeps all.", UNIT),
          ParamSpec("int8_mask", "bool", False, "mergekit's memory option for its masks; the numbers are the "
                    "same either way (accepted so that mergekit recipes carry over).")),
-        mergekit="sce",
-        formula="θ = θ0 + Σt wt·τ̂t·[agree] / Σt wt·[agree], wt ∝ mean(τ̂t²)")
+        mergekit=SCE_MERGEKIT,
+        formula="θ = θ0 + Σt wt·τ̂t·[agree] / Σt wt·[agree], wt ∝ mean(τ̂t²)",
+        memory=WorkingMemory(fast=(2.2, 0), reference=(1.4, 3.3)))
 def _sce(job: TensorJob) -> torch.Tensor:
     return sce(job.base, job.take_taus(), job.params["select_topk"])
 

@@ -19,20 +19,23 @@ from __future__ import annotations
 import contextlib
 from collections import ChainMap
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
 from forgetlab.core.submodules import (CAPTURES, capture_inputs,
                                           check_head_decomposition, check_same_structure, encode_samples, param_dict,
                                           run_submodule, select_pairs)
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import IncompatibleModelsError, ParameterError
-from forgetlab.core.progress import Progress, report
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
-from forgetlab.merge.working_copy import WorkingCopy
+from forgetlab.core.progress import Progress, report, scaled
+from forgetlab.merge.api import merge_state_dicts
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
+from forgetlab.merge.working_copy import WorkingCopy, stored_params
 
 SLWM_LEVELS = ("layer", "attn_mlp", "head_mlp")
 DEFAULT_LEVEL = "attn_mlp"
@@ -230,8 +233,6 @@ def _weight_inputs(pool_or_models, tasks, models, device, stack):
         for m, ft in zip(models, fts):
             check_same_structure(base, ft, m)
         return WorkingCopy.of(base), [param_dict(ft) for ft in fts], tok, pairs, tasks, models, template, False
-    from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
-    from forgetlab.merge.working_copy import stored_params
 
     pool = pool_or_models
     tasks, models = _pool_tasks(pool, tasks, models)
@@ -389,8 +390,6 @@ class PreparedCoefficients(dict):
 def pool_names_for(pool, refs: Sequence[str], method: str = "slwm") -> list[str]:
     """The pool names of a recipe's models `refs` (a name, or a path the pool's checkpoint points at), for a pool
     method (`method`, named in the ParameterError for a model the pool does not hold: its probe data is needed)."""
-    from pathlib import Path
-
     out = []
     for ref in refs:
         if ref in pool.model_names:
@@ -425,6 +424,11 @@ def prepare_slwm(ctx) -> PreparedCoefficients:
     return out
 
 
+def slwm_prepare_memory(model: int, n_models: int, linear_inputs: int) -> dict[str, int]:
+    """slwm's prepare phase on the CPU, in bytes (`WorkingMemory.prepare`; `model`: the model's float32 bytes): the
+    working copy, the layers read from the checkpoints and the forward passes (2.3 model sizes measured by
+    bench/prepare_memory.py on a 42M Llama, rounded up; the forward passes' share shrinks with the model)."""
+    return {"working copy, layers read and forward passes": int(2.4 * model)}
 
 
 @method("slwm", "Submodule-linearity merging: per-submodule task weights solved in closed form on probe data.",
@@ -438,7 +442,8 @@ def prepare_slwm(ctx) -> PreparedCoefficients:
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),
         min_models=1, prepare=prepare_slwm, needs_pool=True,
-        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere")
+        formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere",
+        memory=WorkingMemory((4.9, 0.6), prepare=slwm_prepare_memory))
 def _slwm(job: TensorJob) -> torch.Tensor:
     """θ = θ0 + Σj coef[j]·τj with the prepared coefficient map (task arithmetic λ = 1/T where none)."""
     T = len(job.finetuned)
@@ -457,9 +462,6 @@ def slwm_merge(pool_or_models, tasks: Optional[Sequence[str]] = None, level: str
                models: Optional[Sequence[str]] = None, capture: str = "finetuned",
                progress: Progress = None) -> tuple[dict[str, torch.Tensor], pd.DataFrame]:
     """Submodule-linearity merge in memory: returns (merged state dict, weights table submodule × task)."""
-    from forgetlab.core.progress import scaled
-    from forgetlab.merge.api import merge_state_dicts
-
     weights = slwm_weights(pool_or_models, tasks, models=models, level=level, samples=samples, ridge=ridge,
                            capture=capture, progress=scaled(progress, 0.0, 0.8))
     base, fts, *_ = _resolve(pool_or_models, weights.tasks, weights.models, None)

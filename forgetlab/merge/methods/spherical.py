@@ -23,7 +23,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import UNIT, check_weight_sum, weights_param
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 
 
 def slerp(t: float, v0: torch.Tensor, v1: torch.Tensor, dot_threshold: float = 0.9995,
@@ -167,10 +167,11 @@ def _use_base_param() -> ParamSpec:
 
 @method("slerp", "SLERP: spherical interpolation between the base and one fine-tuned model.",
         (_t_param("t = 0 gives the base, t = 1 the fine-tuned model (mergekit's t; it has no default there)."),),
-        max_models=1, mergekit="slerp", in_place=False,
+        max_models=1, mergekit=MergekitSpec("slerp", required=("t",)), in_place=False,
         extra={"models_hint": "SLERP interpolates the base and ONE fine-tuned model; for several models use "
                               "multislerp or karcher, for two nuslerp."},
-        formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)")
+        formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)",
+        memory=WorkingMemory((3.1, 0)))
 def _slerp(job: TensorJob) -> torch.Tensor:
     return slerp(job.params["t"], job.base, job.finetuned[0])
 
@@ -182,9 +183,11 @@ def _slerp(job: TensorJob) -> torch.Tensor:
          ParamSpec("nuslerp_row_wise", "bool", False, "With nuslerp_flatten false: one angle per column vector "
                    "(mergekit's dim 0) instead of per row; ignored when flattening, as in mergekit."),
          _use_base_param()),
-        min_models=2, max_models=2, mergekit="nuslerp", in_place=False, base_input=lambda p: p["use_base"],
+        min_models=2, max_models=2,
+        mergekit=MergekitSpec("nuslerp", base="optional", required=("weight",)),
+        in_place=False, base_input=lambda p: p["use_base"],
         extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
-        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)")
+        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)", memory=WorkingMemory(fast=(3.1, 0), reference=(7.1, 0)))
 def _nuslerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     t = nuslerp_t(p["weights"])
@@ -203,8 +206,10 @@ def _check_multislerp(params: dict, n: int) -> None:
 @method("multislerp", "Multi-SLERP: barycentric spherical interpolation of several task vectors.",
         (weights_param(), ParamSpec("normalize_weights", "bool", True, "Divide the weights by their sum."),
          ParamSpec("eps", "float", 1e-8, "Small constant added to norms.", (0.0, 1.0)), _use_base_param()),
-        check=_check_multislerp, mergekit="multislerp", in_place=False, base_input=lambda p: p["use_base"],
-        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|")
+        check=_check_multislerp,
+        mergekit=MergekitSpec("multislerp", base="optional", required=("weight",)),
+        in_place=False, base_input=lambda p: p["use_base"],
+        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|", memory=WorkingMemory(fast=(5.1, 0), reference=(2.0, 4.1)))
 def _multislerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     if len(job.finetuned) == 1:
@@ -217,8 +222,8 @@ def _multislerp(job: TensorJob) -> torch.Tensor:
         "by their mean norm.",
         (ParamSpec("max_iter", "int", 10, "Most gradient steps per tensor.", (1, 1000)),
          ParamSpec("tol", "float", 1e-5, "Stop when the tangent step is shorter than this.", (0.0, 1.0))),
-        mergekit="karcher", in_place=False, base_input=False,
-        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩")
+        mergekit=MergekitSpec("karcher", base="ignored"), in_place=False, base_input=False,
+        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩", memory=WorkingMemory((6.1, 1.0)))
 def _karcher(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)
     out = karcher_mean(job.finetuned, [1.0 / n] * n, job.params["max_iter"], job.params["tol"])

@@ -20,7 +20,7 @@ import torch
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.interpolation import wise_ft
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 _KEY_RE = re.compile(r"^(?:\d+|\d+\.(?:attn|mlp|norm)|embed|norm|lm_head)$")
@@ -102,7 +102,8 @@ def _check(params: dict, n_models: int) -> None:
                    "<layer>.attn, <layer>.mlp, <layer>.norm, embed, norm or lm_head (e.g. \"3.mlp=1, 2=0.5\")."),
          ParamSpec("default", "float", 0.0, "α of every submodule not listed (0: keep the base's weights).",
                    (0.0, 1.0))),
-        max_models=1, needs_layers=True, check=_check, formula="θk = θ0,k + αk·τk per submodule k", in_place=False)
+        max_models=1, needs_layers=True, check=_check, formula="θk = θ0,k + αk·τk per submodule k", in_place=False,
+        memory=WorkingMemory((2.1, 0)))
 def _submodule_alpha(job: TensorJob) -> torch.Tensor:
     """θk = θ0,k + αk·τk for one tensor: WiSE-FT (`wise_ft`) at the α of the tensor's submodule."""
     alphas = parse_alphas(job.params["alphas"])

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from forgetlab.merge.methods.common import add_scaled, lam_param, normalize_param, normalized_lam, weights_param
-from forgetlab.merge.registry import TensorJob, method
+from forgetlab.merge.mergekit_params import gta_params
+from forgetlab.merge.registry import MergekitSpec, TensorJob, WorkingMemory, method
 
 
 @method("task_arithmetic", "Task arithmetic: add the weighted sum of task vectors to the base.",
         (lam_param(), weights_param(), normalize_param(False)),
-        mergekit="task_arithmetic",
-        formula="θ = θ0 + λ·Σ wt·τt (/ Σ wt with normalize)")
+        mergekit=MergekitSpec("task_arithmetic", params=gta_params(normalize=False, rescale=False, density=None)),
+        formula="θ = θ0 + λ·Σ wt·τt (/ Σ wt with normalize)", memory=WorkingMemory((0.4, 0)))
 def _task_arithmetic(job: TensorJob) -> torch.Tensor:
     p = job.params
     return add_scaled(job, job.take_taus(), normalized_lam(p["lam"], p["weights"], p["normalize"]))

@@ -16,7 +16,8 @@ import torch
 
 from forgetlab.merge.methods.common import (UNIT, l1_norm, l1_scale, lam_param, normalize_param, rescale_param,
                                             scope_param, weights_param)
-from forgetlab.merge.registry import ParamSpec, TensorJob, fast_kernel, method
+from forgetlab.merge.mergekit_params import gta_params
+from forgetlab.merge.registry import MergekitSpec, ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, RadixSelect, block_ranges, keep_count, threshold_mask, top_cut_, topk_mask
 
 
@@ -211,10 +212,11 @@ def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
         (ParamSpec("keep", "float", 0.2, "Fraction of each task vector's entries kept (top |τ|); one number, or "
                    "one per model (mergekit's per-model density).", UNIT, per_model=True, model_key="keep"),
          lam_param(), scope_param("tensor"), weights_param(), normalize_param(True), rescale_param(False)),
-        mergekit="ties", collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
+        mergekit=MergekitSpec("ties", params=gta_params(normalize=True, rescale=False, density="keep")),
+        collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
         formula="θ = θ0 + λ·disjoint_mean(sign_elect(trim(τt, keep))) (a sum of the agreeing entries without "
-                "normalize)")
+                "normalize)", memory=WorkingMemory(fast=(0.4, 0), reference=(6.6, 1.5)))
 def _ties(job: TensorJob) -> torch.Tensor:
     p = job.params
     merged = ties_combine(_ties_trimmed(job), p["weights"], p["normalize"])  # torch.kthvalue, no copies to the CPU

@@ -13,7 +13,7 @@ import torch
 
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT
 from forgetlab.merge.methods.spectral import is_matrix, kept_rank, polar, rank_count, refuse_adapters
-from forgetlab.merge.registry import ParamSpec, TensorJob, method
+from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
 
 def resolved_keep(keep: float, n_tasks: int) -> float:
@@ -45,7 +45,8 @@ def _check(params: dict, n: int) -> None:
         (ParamSpec("alpha", "float", 1.0, "Scaling α of the merged task vector (θ = θ0 + α·merged).", LAM_RANGE),
          ParamSpec("keep", "float", 0.0, "Fraction of each τt's rank kept per 2-D weight: k = max(1, "
                    "⌊keep·min(m, n)⌋); 0 means 1/T (the paper's choice).", UNIT)),
-        check=_check, formula="θ = θ0 + α·U⊥·diag(S)·V⊥ᵀ of the concatenated top-k SVDs of τt")
+        check=_check, formula="θ = θ0 + α·U⊥·diag(S)·V⊥ᵀ of the concatenated top-k SVDs of τt",
+        memory=WorkingMemory((0.7, 0)))
 def _tsv(job: TensorJob) -> torch.Tensor:
     refuse_adapters(job, "tsv")
     alpha = float(job.params["alpha"])
