@@ -34,11 +34,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.linearity_memory import estimate_linearity
+from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore
 from forgetlab.core.anatomy import LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError, ProbeDataError
+from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report
 from forgetlab.core.settings import count_field, device_field, dtype_field, setting
 from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias, attention_from_projections,
@@ -242,7 +243,6 @@ def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, W
         if dtype is not None:
             work.model.to(dtype)
         return inp, work, param_dict(inp.finetuned)
-    from forgetlab.core.memory import job_dtype
 
     pool = pool_or_models
     name = pool.model_for_task(task, model)

@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
+from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.evaluate import Scorecard, perplexity_change
 
@@ -43,8 +44,6 @@ def own_tasks(pool, models: Sequence[str], cards: Sequence[Scorecard] = ()) -> d
     """Each model's own task: the pool task named in the model's name (the longest one it contains, as
     `forgetlab.analysis.sweeps.default_task`), else — when `cards` hold the base and the model — the task on which
     the model gained most exact match over the base (answer loss breaking ties); None when neither says."""
-    from forgetlab.analysis.sweeps import default_task
-
     by_name = {c.model: c for c in cards}
     base = by_name.get("base")
     out: dict[str, Optional[str]] = {}

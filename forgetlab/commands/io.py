@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Callable
 
 import pandas as pd
+from tqdm import tqdm
 
 from forgetlab.core.outputs import write_text_file
 from forgetlab.core.threads import tick
@@ -73,8 +74,6 @@ def tqdm_progress(desc: str, *, stream=None, interval: float = PIPE_INTERVAL,
                 stream.flush()
 
         return update_plain, close_plain
-
-    from tqdm import tqdm
 
     bar = tqdm(total=1000, desc=desc, unit="‰", leave=False, file=stream,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")

@@ -27,9 +27,9 @@ re-laying out plotly, which slowed the job itself (bench/app_latency.py --jobs m
 """
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
-import contextvars
 import threading
 import time
 import traceback
@@ -38,7 +38,9 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from forgetlab.core.threads import governed_threads, tick as tick_threads
+from forgetlab.core.memory import recording
+from forgetlab.core.threads import governed_threads
+from forgetlab.core.threads import tick as tick_threads
 from forgetlab.ui.errors import render_error
 
 RUNNING, DONE, FAILED, CANCELLED = "running", "done", "failed", "cancelled"
@@ -155,8 +157,6 @@ class JobRegistry:
 
     @staticmethod
     def _run(job: Job, fn: Callable) -> None:
-        from forgetlab.core.memory import recording
-
         try:
             # a run the job saves records its measured peak; torch threads follow the machine's load
             with recording() as meter, governed_threads(meter.device):

@@ -13,12 +13,18 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks
+from forgetlab.core.errors import ForgetlabError
+from forgetlab.core.memory import with_free
 from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS
+from forgetlab.merge.memory import estimate_merge
 from forgetlab.merge.workflow import (COMPARE_METHODS, METHOD_NAMES, default_merge_models, merge_and_evaluate,
                                       pool_recipe, workspace_merge_dir)
+from forgetlab.plots import color_for
+from forgetlab.plots.merge import retention_figure, scorecard_figure
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.jobs import job_key, run_once
+from forgetlab.ui.memory import show_estimate
 from forgetlab.ui.settings import workspace_home
 from forgetlab.ui.tables import show_table
 
@@ -35,8 +41,6 @@ def judge_figure(pool, cards, merged: Sequence[str], measure: str, *, labels: Op
                  colors: Optional[Mapping[str, str]] = None):
     """The figure that judges merges: own-task retention and forgetting (`plots.merge.retention_figure`) for
     exact match or answer loss; for an lm-eval measure (no own task to speak of) the scorecards' bars."""
-    from forgetlab.plots.merge import retention_figure, scorecard_figure
-
     if measure not in MEASURES:
         return scorecard_figure(cards, measure, merged=merged, title=title)
     return retention_figure(_retention(pool, cards, merged, measure, parents), labels, title=title, colors=colors)
@@ -72,11 +76,6 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
 
 def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
     """The memory line of the comparison: the largest of its merges' estimates (they run one after another)."""
-    from forgetlab.core.errors import ForgetlabError
-    from forgetlab.core.memory import with_free
-    from forgetlab.merge.memory import estimate_merge
-    from forgetlab.ui.memory import show_estimate
-
     if not models or not methods:
         return True
     kw = dict(pool=pool, device=device, dtype=dtype, evaluate=True, max_general=budget.max_general,
@@ -148,8 +147,6 @@ def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
     merged = [d["name"] for d in done]
     labels = {d["name"]: METHOD_NAMES.get(d["method"], d["method"]) for d in done}
     with show_errors():
-        from forgetlab.plots import color_for
-
         colors = {d["name"]: color_for(d["method"]) for d in done}      # a method's colour, whatever the folder
         st.plotly_chart(judge_figure(pool, cards, merged, measure, labels=labels, colors=colors),
                         key="merge_default_chart")

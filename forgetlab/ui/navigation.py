@@ -18,6 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+import streamlit as st
+
+try:
+    from streamlit.runtime.pages_manager import PagesManager
+except ImportError:          # a Streamlit without the old pages/ mode: require_app has nothing to do
+    PagesManager = None
+
 MENU_KEY = "app_menu"      # the menu's container key: its element has the CSS class "st-key-app_menu"
 # The browser tab's icon, shipped with forgetlab and served by the app itself. A ":material/...:" page icon
 # made the browser fetch that symbol from Google's font host (Streamlit 1.67 draws a Material favicon from
@@ -67,8 +74,6 @@ def existing_pages(pages_dir: str | Path) -> list[PageSpec]:
 
 def build_pages(pages_dir: str | Path) -> list:
     """One `st.Page` per existing page (the first is the default, served at "/"; the others at "/<stem>")."""
-    import streamlit as st
-
     root = Path(pages_dir)
     return [st.Page(str(root / f"{p.stem}.py"), title=p.title, icon=p.icon, url_path=p.stem, default=(i == 0))
             for i, p in enumerate(existing_pages(root))]
@@ -78,13 +83,7 @@ def require_app() -> None:
     """Call first thing in every page file: when Streamlit ran the page alone (its pre-`st.navigation` way of
     serving `pages/`, used until the first `st.navigation` call of the process), switch that off and rerun, so
     the session goes through app.py (menu, sidebar, layout) and lands on the same page. Otherwise a no-op."""
-    import streamlit as st
-
-    try:
-        from streamlit.runtime.pages_manager import PagesManager
-    except ImportError:       # a Streamlit without the old pages/ mode: nothing to do
-        return
-    if getattr(PagesManager, "uses_pages_directory", False):
+    if PagesManager is not None and getattr(PagesManager, "uses_pages_directory", False):
         PagesManager.uses_pages_directory = False      # what st.navigation itself does on its first call
         st.rerun()
 
@@ -94,8 +93,6 @@ def render_menu(pages: Sequence) -> None:
 
     The current page is drawn highlighted by Streamlit. Nothing is drawn for a single page.
     """
-    import streamlit as st
-
     if len(pages) < 2:
         return
     with st.container(key=MENU_KEY):
@@ -107,8 +104,6 @@ def render_menu(pages: Sequence) -> None:
 def page_header(title: str, caption: str | None = None) -> None:
     """What every page starts with: `require_app` (a page opened by its URL on a fresh server goes through app.py),
     then the page's title and the caption that says what it answers."""
-    import streamlit as st
-
     require_app()
     st.title(title)
     if caption:

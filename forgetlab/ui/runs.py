@@ -23,7 +23,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from forgetlab.analysis.base import analysis_for_kind
+from forgetlab.core.benchmarks import BenchmarkTable
+from forgetlab.core.evaluate import Scorecard
 from forgetlab.plots import color_for
+from forgetlab.plots.models import benchmark_bars, scorecards_figure
 
 SWEEP_COLUMNS = ("alpha", "ratio", "keep", "density", "drop", "lam", "gamma", "step", "steps", "epoch", "x",
                  "point", "budget")
@@ -57,20 +60,12 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 # -- the areas' own charts, imported lazily so that the Runs page works whatever areas are installed
 
 
-
-
 def _scorecards(run, measure="exact_match"):
-    from forgetlab.core.evaluate import Scorecard
-    from forgetlab.plots.models import scorecards_figure
-
     cards = [Scorecard.from_dict(c) for c in run.results["cards"]]
     return [scorecards_figure(cards, measure or "exact_match")]
 
 
 def _benchmarks(run):
-    from forgetlab.core.benchmarks import BenchmarkTable
-    from forgetlab.plots.models import benchmark_bars
-
     return [benchmark_bars(BenchmarkTable.from_dict(run.results))]
 
 
