@@ -1,4 +1,4 @@
-"""Every analysis has the same verbs (forgetlab.analysis.protocol): check(settings, pool) refuses bad settings
+"""Every analysis has the same verbs (forgetlab.analysis.base.Analysis): check(settings, pool) refuses bad settings
 with the analysis' own message before any model is loaded, run(pool, settings, progress, executor) gives the
 result the analysis' function gives, save → load gives the same table back, list finds what was saved."""
 from __future__ import annotations
@@ -6,37 +6,50 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from forgetlab.analysis.protocol import ANALYSES, MODULES, get, settings_from
+from forgetlab.analysis.base import ANALYSES
+from forgetlab.core.settings import settings_from
+
+get = ANALYSES.get
+ANALYSIS_NAMES = ("linearity", "features", "attribution", "search", "taskvec", "textdiff", "finetune",
+                  "pcb-search", "slwm-weights")
 from forgetlab.core.errors import ForgetlabError, ParameterError
 
 
 def _no_model_loads(monkeypatch):
-    """Make any model load fail loudly: a check must not load one."""
+    """Make any model load fail loudly: a check must not load one. The loader is replaced wherever a module of
+    forgetlab holds it (modules import it by name at their top), and so is the pool's cached load."""
+    import sys
+
     import forgetlab.core.checkpoints.loading as loading
+    from forgetlab.core.pool import ModelPool
 
     def refuse(*a, **k):
         raise AssertionError("check() loaded a model")
 
-    monkeypatch.setattr(loading, "load_model", refuse)
+    original = loading.load_model
+    for name, module in list(sys.modules.items()):
+        if name.startswith("forgetlab") and getattr(module, "load_model", None) is original:
+            monkeypatch.setattr(module, "load_model", refuse)
+    monkeypatch.setattr(ModelPool, "load", refuse)
 
 
-def test_every_analysis_is_registered_with_five_verbs():
-    from forgetlab.analysis.base import ANALYSES as MOVED
-
-    for kind in MODULES:
+def test_every_analysis_is_registered_with_its_verbs():
+    for kind in ANALYSIS_NAMES:
         a = get(kind)
-        assert a.kind == kind and (ANALYSES.get(kind) or MOVED.get(kind)) is a
-        for verb in ("check", "run", "save", "load", "list"):
+        assert a.kind == kind and a.name == kind
+        for verb in ("check", "estimate", "run", "save", "load", "list", "figures"):
             assert callable(getattr(a, verb)), (kind, verb)
-    with pytest.raises(ParameterError, match="Unknown analysis 'nope'; choose one of linearity, features"):
+    with pytest.raises(ParameterError, match="Unknown analysis 'nope'; choose one of attribution, features"):
         get("nope")
     for kind in ("alpha", "pruning", "density", "hma", "lines", "rank", "iso"):     # a sweep per kind (issue 42)
         a = get(f"sweep-{kind}")
-        assert a.kind == f"sweep-{kind}" and MOVED.get(f"sweep-{kind}") is a and a.command == ("sweep", kind)
+        assert a.kind == f"sweep-{kind}" and a.command == ("sweep", kind)
         for verb in ("check", "run", "save", "load", "list"):
             assert callable(getattr(a, verb)), (kind, verb)
     with pytest.raises(ParameterError, match="Unknown analysis 'sweep-wobble'"):
-        MOVED.get("sweep-wobble")
+        get("sweep-wobble")
+    assert set(ANALYSIS_NAMES) | {f"sweep-{k}" for k in ("alpha", "pruning", "density", "hma", "lines", "rank",
+                                                         "iso")} == set(ANALYSES.names())
 
 
 def test_settings_are_typed_and_unknown_names_are_refused():

@@ -221,9 +221,9 @@ def test_save_load_and_list_round_trip(pool, home):
     # (the table inside results.json) still reads back
     assert json.loads((path / "results.json").read_text())["tokens"] == T.TABLE_FILE
     pd.testing.assert_frame_equal(T.TextDiffResult.from_dict(r.to_dict()).tokens, r.tokens)
-    from forgetlab.analysis.protocol import get
+    from forgetlab.analysis.base import ANALYSES
 
-    a = get("textdiff")
+    a = ANALYSES.get("textdiff")
     res = a.run(pool, a.settings(model="ft0", lines=LINES, lens=False))
     assert res.summary()["tokens"] == T.textdiff(pool, "ft0", lines=LINES, lens=False).summary()["tokens"]
 
