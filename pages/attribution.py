@@ -10,24 +10,21 @@ from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.attribution import MAP_LABELS as MAP_TITLES, heatmap_figure, tradeoff_figure
 from forgetlab.ui.errors import show_errors
-from forgetlab.ui.pool import require_finetuned, require_pool
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.glossary import explain
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
 MENU = ("Attribution", ":material/grid_on:", 40)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Attribution",
-            "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — what "
-            "that part alone buys and costs against the base. *Leave one out*: the fine-tune without that part — "
-            "what removing it gives back and loses against the fine-tune. Red: general loss up (forgetting).")
+pool = start_page(MENU, "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — "
+                        "what that part alone buys and costs against the base. *Leave one out*: the fine-tune without "
+                        "that part — what removing it gives back and loses against the fine-tune. Red: general loss "
+                        "up (forgetting).", needs="finetuned", purpose="map")
 
-pool = require_pool()
-require_finetuned(pool, "map")
 
 RECIPE_KEY = "attribution_recipe"      # read by the Merge page: a submodule_alpha recipe to open
 MAP_LABELS = {"only_this": "only this part (vs base)", "leave_one_out": "leave this part out (vs fine-tune)"}

@@ -7,23 +7,19 @@ from forgetlab.analysis.features import ANALYSIS, FEATURE_LEVELS, FeaturesSettin
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.features import distance_bars, tsne_scatter
 from forgetlab.ui.errors import show_errors
-from forgetlab.ui.pool import require_pool, require_tasks
 from forgetlab.ui.settings import device_settings
 from forgetlab.ui.glossary import explain
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
 MENU = ("Features", ":material/scatter_plot:", 60)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Features",
-            "One point per probe sample: a submodule's output, averaged over the answer tokens (or the last "
-            "token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, the symbol "
-            "the model.")
+pool = start_page(MENU, "One point per probe sample: a submodule's output, averaged over the answer tokens (or the "
+                        "last token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, "
+                        "the symbol the model.", needs="tasks", purpose="a feature map")
 
-pool = require_pool()
-require_tasks(pool, "a feature map")
 
 anatomy = None
 with show_errors():

@@ -15,22 +15,19 @@ from forgetlab.ui.executor import session_executor
 from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
-from forgetlab.ui.pool import clear_pool_cache, require_pool, require_tasks
+from forgetlab.ui.pool import clear_pool_cache
 from forgetlab.ui.settings import budget_caption, device_settings
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
 MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Fine-tune",
-            "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the distance "
-            "D(θ, θ0) from the starting weights, every few steps. Compare the training-time fixes on the same "
-            "data, steps and seed.")
+pool = start_page(MENU, "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the "
+                        "distance D(θ, θ0) from the starting weights, every few steps. Compare the training-time "
+                        "fixes on the same data, steps and seed.", needs="tasks", purpose="fine-tuning")
 
-pool = require_pool()
-require_tasks(pool, "fine-tuning")
 
 MODEL_KEY, MODEL_OF_KEY = "finetune_model", "finetune_model_of"
 # the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)

@@ -17,9 +17,8 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.measure import sweep_measures
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
-from forgetlab.ui.pool import require_finetuned, require_pool
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import alpha_point_link
@@ -27,13 +26,11 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Forgetting", ":material/trending_down:", 30)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Forgetting",
-            "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the base "
-            "and the fine-tune. Speciality should stay up while the general-text loss stays down — the Pareto "
-            "front marks the settings that no other setting beats on both.")
+pool = start_page(MENU, "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the "
+                        "base and the fine-tune. Speciality should stay up while the general-text loss stays down — "
+                        "the Pareto front marks the settings that no other setting beats on both.",
+                        needs="finetuned", purpose="sweep")
 
-pool = require_pool()
-require_finetuned(pool, "sweep")
 
 ANALYSIS = {kind: ANALYSES.get(f"sweep-{kind}") for kind in KINDS}
 DEFAULT_MODEL = "math"      # the README's examples sweep the demo zoo's math model

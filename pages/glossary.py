@@ -4,13 +4,12 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.ui.glossary import glossary_rows
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 
 MENU = ("Glossary", ":material/menu_book:", 100)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Glossary",
-            "The words the pages use, one line each — the same text as their ⓘ tooltips. The formulas, with their "
-            "sources, are in docs/methods.md under the anchor given.")
+start_page(MENU, "The words the pages use, one line each — the same text as their ⓘ tooltips. The formulas, with "
+                 "their sources, are in docs/methods.md under the anchor given.", needs=None)
 
 query = st.text_input("find a term", "", key="glossary_query", placeholder="e.g. Pareto, MoFO, τ")
 rows = glossary_rows(query)

@@ -10,23 +10,21 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.linearity import curves_figure, level_bars, nls_heatmap
 from forgetlab.ui.errors import show_errors
-from forgetlab.ui.pool import require_pool
 from forgetlab.ui.settings import device_settings
 from forgetlab.ui.choices import index_of
 from forgetlab.ui.glossary import explain
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
 MENU = ("Linearity", ":material/show_chart:", 20)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Linearity",
-            "Each submodule is re-run on inputs captured once from the fine-tuned model while only its own "
-            "parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned output, "
-            "relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = 0.")
+pool = start_page(MENU, "Each submodule is re-run on inputs captured once from the fine-tuned model while only its "
+                        "own parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned "
+                        "output, relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = "
+                        "0.", needs="pool")
 
-pool = require_pool()
 if not pool.model_names or not pool.task_names:
     st.info("The pool needs a fine-tuned model and probe data for a task: add them to the pool file.")
     st.stop()

@@ -7,15 +7,16 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis.lambda_search import search_then_merge
+from forgetlab.analysis.lambda_search_memory import estimate_pcb_search
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import METHODS
+from forgetlab.merge.memory import estimate_merge
 from forgetlab.merge.recipe_io import mergekit_yaml
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
                                       pool_recipe, saved_merges, workspace_merge_dir)
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
 from forgetlab.ui.jobs import job_key, run_once
-from forgetlab.ui.pool import require_finetuned, require_pool
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
 from forgetlab.ui.merge_compare import judge_figure, render_compare
 from forgetlab.ui.glossary import explain_group
@@ -23,20 +24,18 @@ from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.merge_search import MERGE_BEST_KEY, render_search
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import open_text_view
 from forgetlab.ui.choices import index_of
 
 MENU = ("Merge", ":material/merge:", 70)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Merge",
-            "Merge fine-tuned models into one; each merged model is written into the workspace and scored at once "
-            "beside the base and its parents: how much of each parent's gain on its own task it keeps "
-            "(speciality), and what it costs in general-text loss (generality).")
+pool = start_page(MENU, "Merge fine-tuned models into one; each merged model is written into the workspace and scored "
+                        "at once beside the base and its parents: how much of each parent's gain on its own task it "
+                        "keeps (speciality), and what it costs in general-text loss (generality).",
+                        needs="finetuned", purpose="merge")
 
-pool = require_pool()
-require_finetuned(pool, "merge")
 
 REPORT_KEY = "merge_report"
 
@@ -81,10 +80,10 @@ with left:
         planned = pool_recipe(pool, method, models, params)
     except ParameterError:
         planned = None          # pressing the button says what is wrong
-    fits = planned is None or memory_check("merge", recipe=planned, pool=pool, device=device, dtype=run_dtype,
+    fits = planned is None or memory_check(estimate_merge, recipe=planned, pool=pool, device=device, dtype=run_dtype,
                                            evaluate=True, max_general=max_general, max_task=max_task)
     if search and planned is not None:
-        fits = memory_check("pcb_search", pool=pool, recipe=planned, device=device, dtype=run_dtype,
+        fits = memory_check(estimate_pcb_search, pool=pool, recipe=planned, device=device, dtype=run_dtype,
                             max_task=int(max_task)) and fits
     go = st.button("Merge and evaluate", type="primary", key="merge_run", disabled=not fits)
     go = st.session_state.pop(MERGE_BEST_KEY, False) or go

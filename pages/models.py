@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis import taskvec
-from forgetlab.core import eval_memory  # noqa: F401  (registers the "eval" memory estimate)
+from forgetlab.core.eval_memory import estimate_eval
 from forgetlab.core.evaluate import scorecards_frame
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
@@ -20,8 +20,7 @@ from forgetlab.ui.glossary import explain
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
 from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards
 from forgetlab.ui.memory import memory_check
-from forgetlab.ui.navigation import page_header
-from forgetlab.ui.pool import require_pool
+from forgetlab.ui.page import start_page
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_build import render_pretraining
@@ -30,11 +29,9 @@ from forgetlab.zoo.watch import stored_snapshots
 
 MENU = ("Models", ":material/hub:", 10)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Models",
-            "What is in the pool, how good is each model at its task and at general text, "
-            "and where in the network did fine-tuning move the weights?")
+pool = start_page(MENU, "What is in the pool, how good is each model at its task and at general text, and where in "
+                        "the network did fine-tuning move the weights?", needs="pool")
 
-pool = require_pool()
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
 snapshots = stored_snapshots(pool)      # a pico zoo's record of its base learning (nothing for a user's own pool)
 if snapshots:
@@ -80,7 +77,7 @@ names = ["base", *pool.model_names]
 measure = speciality_measure("models", pool)
 c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
 chosen = c1.multiselect("models to evaluate", names, default=names, key="models_chosen")
-fits = memory_check("eval", pool=pool, models=list(chosen), device=device, dtype=dtype,
+fits = memory_check(estimate_eval, pool=pool, models=list(chosen), device=device, dtype=dtype,
                     max_general=budget.max_general, max_task=budget.max_task) if chosen else True
 clicked = c2.button("Evaluate", type="primary", key="models_eval", disabled=not fits)
 budget_caption(budget, note="; each model is evaluated once per budget and shows these numbers on every page")

@@ -4,18 +4,15 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.analysis.taskvec import ANALYSIS, TaskvecSettings
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
-from forgetlab.ui.pool import require_finetuned, require_pool
 from forgetlab.ui.widgets import field_widget
 
 MENU = ("Task vectors", ":material/insights:", 15)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Task vectors",
-            "Each fine-tuned model's task vector τ = θt − θ0: how far fine-tuning moved each layer and module "
-            "relative to the base (‖τ‖ / ‖θ0‖), and how alike the models' moves are (cosine similarity).")
-pool = require_pool()
-require_finetuned(pool, "task vectors")
+pool = start_page(MENU, "Each fine-tuned model's task vector τ = θt − θ0: how far fine-tuning moved each layer and "
+                        "module relative to the base (‖τ‖ / ‖θ0‖), and how alike the models' moves are (cosine "
+                        "similarity).", needs="finetuned", purpose="task vectors")
 
 panel = AnalysisPanel(ANALYSIS, page="taskvec", button="Measure the task vectors")
 left, right = st.columns([1, 3])

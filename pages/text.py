@@ -8,9 +8,8 @@ from forgetlab.core.memory import dtype_name
 from forgetlab.merge.workflow import saved_merges
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
 from forgetlab.ui.errors import show_errors
-from forgetlab.ui.pool import require_pool
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
-from forgetlab.ui.navigation import page_header
+from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import OPEN_RUN_KEY, REQUEST_KEY
@@ -18,12 +17,11 @@ from forgetlab.ui.widgets import field_info, field_widget
 
 MENU = ("Text", ":material/text_fields:", 50)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-page_header("Text",
-            "Where does the forgetting show? Every token of the held-out text (or your own) is scored under the "
-            "model and under its reference: rise = logp(reference) − logp(model), the nats the model lost on that "
-            "token, and KL over the whole vocabulary. Red: forgotten. Hover a token for both models' top guesses.")
+pool = start_page(MENU, "Where does the forgetting show? Every token of the held-out text (or your own) is scored "
+                        "under the model and under its reference: rise = logp(reference) − logp(model), the nats the "
+                        "model lost on that token, and KL over the whole vocabulary. Red: forgotten. Hover a token "
+                        "for both models' top guesses.", needs="pool")
 
-pool = require_pool()
 panel = AnalysisPanel(ANALYSIS, page="text", button="Score the text", label=lambda s: f"Text diff of {s.model}")
 MEASURE_LABELS = {"rise": "rise (nats lost)", "kl": "KL(reference ‖ model)"}
 

@@ -272,10 +272,12 @@ class MemoryEstimate:
                 "free": self.free, "fixes": list(self.fixes), "total": self.total, "fits": self.fits}
 
 
-ESTIMATORS: Registry[Callable[..., MemoryEstimate]] = Registry("memory estimate", "forgetlab.analysis")
-"""Every job's estimator by job name ("linearity", "finetune", …), declared beside the job; a job not declared
-yet is looked for in the modules of forgetlab.analysis (the analysis named like the job first, which imports
-its estimator), so `estimate("finetune", …)` needs no import "to register" it."""
+ESTIMATORS: Registry[Callable[..., MemoryEstimate]] = Registry(
+    "memory estimate", ("forgetlab.core", "forgetlab.merge", "forgetlab.train", "forgetlab.analysis"))
+"""Every job's estimator by job name ("linearity", "finetune", "eval", "merge", …), declared with
+`register_estimator` beside the job. Like the CLI's commands, they are found by looking through the job packages'
+modules on the first lookup of a name not declared yet, so `estimate("eval", …)` needs no import "to register" it.
+Pages and commands that hold the job's own estimator call it directly (`with_free(estimate_eval(…))`)."""
 
 
 def register_estimator(job: str) -> Callable[[Callable[..., MemoryEstimate]], Callable[..., MemoryEstimate]]:

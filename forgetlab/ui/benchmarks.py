@@ -114,7 +114,7 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> Non
     c2.write("")
 
     with c2:
-        fits = memory_check("benchmarks", pool=pool, models=models, device=device, dtype=dtype)
+        fits = memory_check(estimate_benchmarks, pool=pool, models=models, device=device, dtype=dtype)
     clicked = c2.button(f"Run benchmarks on all {len(models)} models", key="models_bench_run", disabled=not fits,
                         help="Runs in the background; the result is saved to Runs.")
 

@@ -1,25 +1,26 @@
 """The memory line under a page's main button: "needs ≈ X GiB, Y GiB free", and a refusal that names the fix.
 
-A page calls `memory_check(job, **the job's keyword arguments)` just above its main button and disables the
-button when it returns False; the estimate comes from the job's estimator (`forgetlab.core.memory.estimate`).
+A page calls `memory_check(estimator, **the job's keyword arguments)` just above its main button (the estimator is
+the job's own function, e.g. `forgetlab.core.eval_memory.estimate_eval`) and disables the button when it returns
+False. An analysis page gets the same from its panel (forgetlab.ui.panel).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import streamlit as st
 
 from forgetlab.core.errors import ForgetlabError
-from forgetlab.core.memory import MemoryEstimate, estimate, gib
+from forgetlab.core.memory import MemoryEstimate, gib, with_free
 
 
-def memory_check(job: str, **kwargs: Any) -> bool:
+def memory_check(estimator: Callable[..., MemoryEstimate], **kwargs: Any) -> bool:
     """Show the job's estimated peak and the device's free memory as a caption; when it will not fit, show an
     error naming what to change (sidebar Dtype, LoRA, checkpointing, batch …) and return False. An estimate
     that cannot be made (e.g. the pool is missing a model) shows nothing and returns True: the job's own
     checks then say what is wrong."""
     try:
-        est: MemoryEstimate = estimate(job, **kwargs)
+        est = with_free(estimator(**kwargs))
     except ForgetlabError:
         return True
     return show_estimate(est)
