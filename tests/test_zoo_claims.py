@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from forgetlab.core.errors import ParameterError
+from forgetlab.core.errors import ParameterError, ProbeDataError
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
 
 TASKS = ("math", "code", "translate")
@@ -149,9 +149,9 @@ def test_claims_on_a_pool_that_is_not_a_zoo(pool):
     assert stored_claims(pool) is None
     with pytest.raises(ParameterError, match="models="):
         zoo_claims(pool, **SMALL)
-    with pytest.raises(ParameterError, match="no model 'nope'"):
+    with pytest.raises(ParameterError, match="no fine-tuned model 'nope'"):
         zoo_claims(pool, models={"nope": pool.task_names[0]}, **SMALL)
-    with pytest.raises(ParameterError, match="no task 'nope'"):
+    with pytest.raises(ProbeDataError, match="no task 'nope'"):
         zoo_claims(pool, models={"ft0": "nope"}, **SMALL)
     with pytest.raises(ParameterError, match="measure"):
         zoo_claims(pool, models={"ft0": pool.task_names[0]}, measure="bleu")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -38,7 +37,7 @@ from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.linearity_memory import estimate_linearity
 from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore
 from forgetlab.core.anatomy import LEVELS, Anatomy
-from forgetlab.core.errors import ParameterError, ProbeDataError
+from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report
 from forgetlab.core.settings import count_field, device_field, dtype_field, setting
@@ -408,12 +407,8 @@ def check_settings(settings: LinearitySettings, pool=None) -> None:
     and the model exist."""
     check_alphas(settings.alphas)
     if pool is not None:
-        if settings.task not in pool.task_names:
-            raise ProbeDataError(f"The pool has no task {settings.task!r}; its tasks are: "
-                                 f"{', '.join(pool.task_names) or 'none'}.")
-        if settings.model is not None and settings.model not in pool.model_names:
-            raise ParameterError(f"The pool has no fine-tuned model {settings.model!r}; its models are: "
-                                 f"{', '.join(pool.model_names) or 'none'}.")
+        pool.check_tasks([settings.task])
+        pool.check_models([settings.model] if settings.model is not None else [])
 
 
 def compute(pool, settings: LinearitySettings, progress: Progress = None, executor=None) -> NonlinearityResult:

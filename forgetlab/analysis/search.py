@@ -223,8 +223,7 @@ def _checked(recipe, pool, *, budget: int, objective: str, measure: str, task: O
     if pool.probes is None or not pool.probes.tasks or not pool.probes.general:
         raise ProbeDataError("The merge search evaluates on the pool's probe split: the pool needs task probe files "
                              "and held-out general text (pool.yaml probes).")
-    if task is not None and task not in pool.task_names:
-        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names)}.")
+    pool.check_tasks([task] if task is not None else [])
     names = search_scalars(recipe.method, param, scalars)
     pspec = None if (names and param is None) else _per_model_param(recipe.method, param)
     if pspec is None and not hma_blocks and not names:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from forgetlab.analysis.base import ANALYSES, Analysis
-from forgetlab.core.errors import ParameterError, ProbeDataError
+from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress
 from forgetlab.core.settings import count_field, device_field, setting
 from forgetlab.merge.memory import estimate_slwm_weights
@@ -36,14 +36,8 @@ def check_settings(settings: SlwmWeightsSettings, pool=None) -> None:
     """What the declarations cannot say: with the pool, the models and tasks named exist, one task per model."""
     if pool is None:
         return
-    unknown = [m for m in settings.models or () if m not in pool.model_names]
-    if unknown:
-        raise ParameterError(f"The pool has no fine-tuned model {', '.join(map(repr, unknown))}; its models are: "
-                             f"{', '.join(pool.model_names) or 'none'}.")
-    missing = [t for t in settings.tasks or () if t not in pool.task_names]
-    if missing:
-        raise ProbeDataError(f"The pool has no task {', '.join(map(repr, missing))}; its tasks are: "
-                             f"{', '.join(pool.task_names) or 'none'}.")
+    pool.check_models(settings.models or ())
+    pool.check_tasks(settings.tasks or ())
     if settings.models and settings.tasks and len(settings.models) != len(settings.tasks):
         raise ParameterError(f"{len(settings.models)} models but {len(settings.tasks)} tasks; give one task per "
                              "model.")

@@ -56,7 +56,7 @@ from forgetlab.analysis.sweep_analysis import SweepSettings, sweep_analysis
 from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
 from forgetlab.core.taskvectors import distance
 from forgetlab.core.benchmarks import checked_manager, task_manager
-from forgetlab.core.errors import ForgetlabError, ParameterError, ProbeDataError, WorkspaceError, check_fraction
+from forgetlab.core.errors import ParameterError, ProbeDataError, WorkspaceError, check_fraction
 from forgetlab.core.evaluate import Scorecard, evaluate
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.core.settings import seed_field, setting
@@ -158,10 +158,7 @@ def check_swept_model(pool, model: str) -> None:
     if model == "base":
         raise ParameterError("Sweeps need a fine-tuned model; 'base' has no task vector. Pick one of: "
                              f"{', '.join(pool.model_names) or 'none (add one to the pool)'}.")
-    if model not in pool.model_names:
-        known = ", ".join(pool.model_names) or "none"
-        raise ForgetlabError(f"The pool has no fine-tuned model {model!r}; its fine-tuned models are: {known}. "
-                             "Add it to the pool file or pick another.")
+    pool.check_models([model])
 
 
 def default_task(pool, model: str) -> Optional[str]:
@@ -192,8 +189,7 @@ def run_specs(pool, model: str, kind: str, specs: Sequence[SweepSpec], *, task: 
     if not pool.probes.general:
         raise ProbeDataError("Forgetting curves need held-out general text to measure generality; add "
                              "`probes: general:` to the pool file.")
-    if task is not None and task not in pool.task_names:
-        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
+    pool.check_tasks([task] if task is not None else [])
     if task is None:
         task = default_task(pool, model)
     eval_tasks = list(tasks) if tasks is not None else list(pool.task_names)

@@ -69,10 +69,7 @@ def check(settings: TaskvecSettings, pool=None) -> None:
     """With the pool: every chosen model is one of its fine-tuned models, and it has some."""
     if pool is None:
         return
-    missing = [m for m in settings.models or () if m not in pool.model_names]
-    if missing:
-        raise ParameterError(f"The pool has no fine-tuned model {missing[0]!r}; its models are: "
-                             f"{', '.join(pool.model_names) or 'none'}.")
+    pool.check_models(settings.models or ())
     if not pool.model_names:
         raise ParameterError("The pool has no fine-tuned models, so there are no task vectors to measure: add one "
                              "to the pool file.")

@@ -30,7 +30,7 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 import yaml
@@ -241,6 +241,24 @@ class ModelPool:
     @property
     def task_names(self) -> list[str]:
         return list(self.probes.tasks)
+
+    def check_tasks(self, names: Iterable[str], where: str = "") -> None:
+        """Refuse task names the pool's probe data does not have, listing the ones it has (`where` says what
+        asked, e.g. " (for model 'math')")."""
+        missing = [t for t in names if t not in self.task_names]
+        if missing:
+            raise ProbeDataError(f"The pool has no task {', '.join(map(repr, missing))}{where}; its tasks are: "
+                                 f"{', '.join(self.task_names) or 'none'}.")
+
+    def check_models(self, names: Iterable[str], *, base: bool = False) -> None:
+        """Refuse model names that are not fine-tuned models of the pool (or the base, with `base`), listing the
+        ones it has and saying how to add one."""
+        known = [BASE, *self.model_names] if base else list(self.model_names)
+        missing = [m for m in names if m not in known]
+        if missing:
+            what = "model" if base else "fine-tuned model"
+            raise ParameterError(f"The pool has no {what} {', '.join(map(repr, missing))}; its {what}s are: "
+                                 f"{', '.join(known) or 'none'}. Add it to the pool file or pick another.")
 
     def model_for_task(self, task: str | None, model: str | None = None) -> str:
         """The fine-tuned model an analysis of `task` looks at: `model` when given, else the one named like the

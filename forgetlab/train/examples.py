@@ -6,13 +6,12 @@ from __future__ import annotations
 from typing import Optional
 
 from forgetlab.core.data import encode_pairs
-from forgetlab.core.errors import ProbeDataError, TrainingError
+from forgetlab.core.errors import TrainingError
 
 
 def training_examples(pool, task: str, *, max_length: int = 256, max_train: Optional[int] = None):
     """The task's `train` pairs encoded for fine-tuning (loss on answer tokens and EOS only)."""
-    if task not in pool.task_names:
-        raise ProbeDataError(f"The pool has no task {task!r}; its tasks are: {', '.join(pool.task_names) or 'none'}.")
+    pool.check_tasks([task])
     pairs = list(pool.probes.task(task).train or [])
     if max_train is not None:
         pairs = pairs[: int(max_train)]

@@ -174,11 +174,8 @@ def model_tasks(pool, models: Optional[Mapping[str, str]] = None) -> dict[str, s
             if t in tasks:
                 out[name] = t
     for name, task in out.items():
-        if name not in pool.model_names:
-            raise ParameterError(f"The pool has no model {name!r}; its models are: {', '.join(pool.model_names)}.")
-        if task not in pool.task_names:
-            raise ParameterError(f"The pool has no task {task!r} (for model {name!r}); its tasks are: "
-                                 f"{', '.join(pool.task_names)}.")
+        pool.check_models([name])
+        pool.check_tasks([task], where=f" (for model {name!r})")
     if not out:
         raise ParameterError("No model of the pool is named after one of its tasks (`<task>` or `lora-<task>`); "
                              "pass models={model: task}.")
