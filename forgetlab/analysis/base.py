@@ -95,7 +95,9 @@ class Analysis:
     pool_arg: how the CLI takes the pool: "positional" (POOL) or "option" (`--pool`, after a positional
     setting such as a recipe); pool_help: what the CLI's help says the pool is for;
     group_help: the help of the first CLI word when several analyses share it (`forgetlab sweep`);
-    status(result) -> int: the CLI's exit status for a finished result (default 0)."""
+    status(result) -> int: the CLI's exit status for a finished result (default 0);
+    takeaway(result) -> [str]: one or two plain sentences built from the result — its largest effect, with the
+    number and its unit — that the app shows above the charts and the CLI prints after the table."""
 
     name: str
     title: str
@@ -124,6 +126,7 @@ class Analysis:
     pool_help: str = ""
     group_help: str = ""
     status: Optional[Callable[[Any], int]] = None
+    takeaway_fn: Optional[Callable[[Any], Iterable[str]]] = None
 
     # -------------------------------------------------------------------------------------------- settings
 
@@ -221,6 +224,11 @@ class Analysis:
     def exit_status(self, result: Any) -> int:
         """The CLI's exit status for a finished result (e.g. 1 when some points failed)."""
         return int(self.status(result)) if self.status is not None else 0
+
+    def takeaway(self, result: Any) -> list[str]:
+        """What the result means in one or two sentences with their numbers and units ([] where the analysis
+        has no takeaway yet)."""
+        return [] if self.takeaway_fn is None else [line for line in self.takeaway_fn(result) if line]
 
     def lines(self, result: Any, settings: Any = None) -> list:
         """What the CLI prints for a result (run with `settings`): text lines and tables, in order."""

@@ -212,6 +212,8 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
             emit(item)
         else:
             emit_frame(item)
+    for line in analysis.takeaway(result):
+        emit(line)
     if args.out is not None and not _own_out(analysis):
         emit_frame(analysis.frame(result), args.out)
     for out, path in output_paths(analysis, args):

@@ -29,6 +29,7 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
 from forgetlab.ui.jobs import job_key, run_once
 from forgetlab.ui.memory import show_estimate
+from forgetlab.ui.page import show_takeaway
 from forgetlab.ui.settings import workspace_home
 from forgetlab.ui.tables import show_table
 
@@ -94,7 +95,8 @@ class AnalysisPanel:
     def results(self, pool, settings: Any, *, start: bool, show: Optional[Callable[[Any], None]] = None,
                 show_partial: Optional[Callable[[Any], None]] = None, empty: str = "",
                 **saved_filters: Any) -> Any:
-        """Run (when `start`) or find the job of these settings, then draw its result with `show` (default: the
+        """Run (when `start`) or find the job of these settings, then draw its takeaway (the analysis' sentences
+        with their numbers, `forgetlab.ui.page.show_takeaway`) and its result with `show` (default: the
         analysis' figures and table): the result of these settings, else this session's last one (said so),
         else a saved run picked from the workspace's runs/ (`saved_filters` narrow the list, e.g. model=…).
         Returns the result drawn, or None."""
@@ -116,6 +118,7 @@ class AnalysisPanel:
         if result is None:
             st.info(empty or f"Choose the settings and press **{self.button}**.")
             return None
+        show_takeaway(self.analysis.takeaway(result), key=f"{self.page}_takeaway")
         (show or self.show_default)(result)
         return result
 
