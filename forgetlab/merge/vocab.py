@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoTokenizer
+import transformers
 
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.tokenizer_edits import strip_tokens_beyond
@@ -53,7 +53,7 @@ def _tokenizer_dir(ckpt) -> str:
 
 
 def _load(ckpt):
-    return AutoTokenizer.from_pretrained(_tokenizer_dir(ckpt), use_fast=True)
+    return transformers.AutoTokenizer.from_pretrained(_tokenizer_dir(ckpt), use_fast=True)
 
 
 def _stripped(ckpt):
@@ -80,7 +80,7 @@ def _union(base_tok, toks: dict[str, Any], sizes: dict[str, int | None]):
                 added.setdefault(info.content, info)
     with tempfile.TemporaryDirectory() as d:
         base_tok.save_pretrained(d, legacy_format=False)
-        res = AutoTokenizer.from_pretrained(d, use_fast=True)
+        res = transformers.AutoTokenizer.from_pretrained(d, use_fast=True)
     base_vocab = base_tok.get_vocab()
     for t in out_vocab:
         if t not in added and t not in base_vocab:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+import transformers
 
 from forgetlab.core.data import TaskPair
 from forgetlab.core.errors import ParameterError
@@ -54,8 +54,8 @@ def make_tokenizer(spec: ZooSpec, general: Sequence[str], tasks: dict[str, Seque
 
 
 def llama_config(shape: ModelShape, tokenizer):
-    """A LlamaConfig of `shape` with tied embeddings, sized to the tokenizer and using its special ids."""
-    return LlamaConfig(
+    """A transformers.LlamaConfig of `shape` with tied embeddings, sized to the tokenizer and using its special ids."""
+    return transformers.LlamaConfig(
         vocab_size=max(shape.vocab_size, len(tokenizer)),
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
@@ -73,8 +73,8 @@ def llama_config(shape: ModelShape, tokenizer):
 
 
 def init_model(shape: ModelShape, tokenizer, seed: int):
-    """A freshly initialised LlamaForCausalLM (weights drawn with `torch.manual_seed(seed)`), float32."""
+    """A freshly initialised transformers.LlamaForCausalLM (weights drawn with `torch.manual_seed(seed)`), float32."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
-        model = LlamaForCausalLM(llama_config(shape, tokenizer))
+        model = transformers.LlamaForCausalLM(llama_config(shape, tokenizer))
     return model.float()

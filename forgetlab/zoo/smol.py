@@ -11,7 +11,7 @@ import importlib.util
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+import transformers
 
 from forgetlab.core.errors import CheckpointError, MissingDependencyError
 from forgetlab.zoo.presets import LoraSpec
@@ -41,7 +41,7 @@ def find_smol_gguf() -> Path:
 
 
 def load_smol(gguf: Path):
-    """Dequantise the GGUF into a float32 `LlamaForCausalLM` without quantisation config, plus its tokenizer.
+    """Dequantise the GGUF into a float32 `transformers.LlamaForCausalLM` without quantisation config, plus its tokenizer.
 
     The tokenizer keeps the chat template stored in the GGUF; a missing pad token is set to EOS.
     """
@@ -52,16 +52,16 @@ def load_smol(gguf: Path):
 
     folder, name = str(gguf.parent), gguf.name
     try:
-        config = AutoConfig.from_pretrained(folder, gguf_file=name)
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        config = transformers.AutoConfig.from_pretrained(folder, gguf_file=name)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        quantised = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot read the SmolLM2 GGUF file {gguf}: {exc}") from None
     if getattr(config, "quantization_config", None) is not None:
         del config.quantization_config
     config.architectures = ["LlamaForCausalLM"]
     config.dtype = "float32"
-    plain = LlamaForCausalLM(config)
+    plain = transformers.LlamaForCausalLM(config)
     missing, unexpected = plain.load_state_dict(quantised.state_dict(), strict=False)
     del quantised
     missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings

@@ -9,14 +9,14 @@ from __future__ import annotations
 from typing import Iterable
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+import transformers
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)
 
 
 def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2):
-    """Train a byte-level BPE of `vocab_size` tokens on `texts`; return a `PreTrainedTokenizerFast`.
+    """Train a byte-level BPE of `vocab_size` tokens on `texts`; return a `transformers.PreTrainedTokenizerFast`.
 
     The result has bos/eos/pad set, prepends BOS when `add_special_tokens=True`, and saves/loads with
     `save_pretrained` / `AutoTokenizer.from_pretrained`. Training is deterministic for the same texts.
@@ -40,7 +40,7 @@ def train_bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency:
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, bos_id)],
     )
-    return PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=None,
         model_max_length=1024, clean_up_tokenization_spaces=False,
     )

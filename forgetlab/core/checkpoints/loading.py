@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import transformers
 from transformers.utils import logging as hf_logging
 
 from forgetlab.core.checkpoints.lora import LoraCheckpoint
@@ -80,7 +80,7 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
     try:
         if placement is not None:
             with _FROM_PRETRAINED:
-                model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                model, info = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
                                                                    output_loading_info=True, **placement.kwargs())
             _check_loading_info(ckpt, info)
             return model.eval()
@@ -88,7 +88,7 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
             # dequantised once per process (_dequantised); a plain model built from the config, so it can be
             # saved and fine-tuned like any other
             with _FROM_PRETRAINED:
-                model = AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
+                model = transformers.AutoModelForCausalLM.from_config(ckpt.config, dtype=torch.float32, trust_remote_code=False)
             model.load_state_dict(ckpt._tensors, strict=False)
             model.tie_weights()
             model = model.to(dtype)
@@ -108,7 +108,7 @@ def load_model(ref: str | Path | Checkpoint, device=None, dtype=torch.float32):
                     f"The config.json of {ckpt.ref} disagrees with its weights ({found}): loading it would "
                     "re-initialise those weights. Fix the config (or the weights) so their shapes match.")
             with _FROM_PRETRAINED:
-                model, info = AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
+                model, info = transformers.AutoModelForCausalLM.from_pretrained(str(ckpt.path), dtype=dtype, trust_remote_code=False,
                                                                    output_loading_info=True)
             _check_loading_info(ckpt, info)
     except (OSError, ValueError) as exc:
@@ -128,7 +128,7 @@ def config_mismatch(ckpt: Checkpoint) -> str | None:
     None when every shape agrees or the config cannot be built."""
     try:
         with torch.device("meta"):
-            skeleton = AutoModelForCausalLM.from_config(ckpt.config, trust_remote_code=False)
+            skeleton = transformers.AutoModelForCausalLM.from_config(ckpt.config, trust_remote_code=False)
         want = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
         infos = ckpt.infos()
     except Exception:  # an unknown architecture or an unreadable config: nothing to compare against
@@ -186,12 +186,12 @@ def load_tokenizer(ref: str | Path | Checkpoint):
     if isinstance(ckpt, LoraCheckpoint) and Checkpoint.tokenizer_dir.fget(ckpt) is None:
         return load_tokenizer(ckpt.base)       # the adapter has none: its base's (a GGUF base's included)
     if isinstance(ckpt, GGUFCheckpoint):
-        tok = AutoTokenizer.from_pretrained(str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name)
+        tok = transformers.AutoTokenizer.from_pretrained(str(ckpt.gguf_file.parent), gguf_file=ckpt.gguf_file.name)
         return _gguf_special_tokens(tok, ckpt)
     folder = ckpt.tokenizer_dir
     if folder is None:
         raise CheckpointError(f"{ckpt.ref} has no tokenizer files (tokenizer.json/tokenizer_config.json).")
-    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

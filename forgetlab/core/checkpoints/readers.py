@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM
+import transformers
 
 from forgetlab.core.errors import CheckpointError
 from forgetlab.core.memory import is_out_of_memory, out_of_memory_text
@@ -101,7 +101,7 @@ class Checkpoint:
     def config(self):
         """The transformers config of the model (never with trust_remote_code)."""
         try:
-            return AutoConfig.from_pretrained(str(self.config_dir), trust_remote_code=False)
+            return transformers.AutoConfig.from_pretrained(str(self.config_dir), trust_remote_code=False)
         except (OSError, ValueError, KeyError) as exc:
             raise CheckpointError(
                 f"Cannot read the model config of {self.ref}: {exc}. "
@@ -302,7 +302,7 @@ def _dequantised(file: str, mtime_ns: int, size: int) -> dict[str, torch.Tensor]
     A tied head is left out (it is the embedding matrix), as an HF folder of the same model stores it."""
     path = Path(file)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                      trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"Cannot read the GGUF file {path}: {exc}") from None
@@ -322,7 +322,7 @@ class GGUFCheckpoint(Checkpoint):
     @cached_property
     def config(self):
         try:
-            return AutoConfig.from_pretrained(str(self.gguf_file.parent), gguf_file=self.gguf_file.name)
+            return transformers.AutoConfig.from_pretrained(str(self.gguf_file.parent), gguf_file=self.gguf_file.name)
         except Exception as exc:
             raise CheckpointError(f"Cannot read the GGUF file {self.gguf_file}: {exc}") from None
 
@@ -336,7 +336,7 @@ class GGUFCheckpoint(Checkpoint):
         """Names and shapes from the config alone (a model built on the meta device): listing a GGUF's tensors
         needs no dequantisation (reading one does, once, for all)."""
         with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(self.config, trust_remote_code=False)
+            model = transformers.AutoModelForCausalLM.from_config(self.config, trust_remote_code=False)
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k: TensorInfo(k, tuple(v.shape), torch.float32) for k, v in model.state_dict().items()
                 if not (tied and k == "lm_head.weight")}
