@@ -375,3 +375,32 @@ class Anatomy:
 
     def __repr__(self) -> str:
         return f"Anatomy({self.describe()})"
+
+
+OUTSIDE_WORDS = {"embed": "the embeddings", "norm": "the final norm", "lm_head": "the output head",
+                 "other": "the weights outside the layers", "model": "the whole model"}
+MODULE_WORDS = {"attn": "attention", "mlp": "MLP", "norm": "norms"}
+
+
+def _missing(value) -> bool:
+    """None, NaN or pandas' NA (a table's empty layer or head)."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)
+    except TypeError:          # pandas.NA: its comparisons are NA too
+        return True
+
+
+def part_words(layer: Optional[int], module: Optional[str], head: Optional[int] = None) -> str:
+    """A submodule in plain words, for the sentences that say what a result means: "layer 0's MLP", "layer 2's
+    attention head 3", "layer 1" (a whole decoder layer), "the embeddings", "the output head". `layer` None (or
+    negative: the tensors outside the layers) names the part by `module` alone."""
+    if _missing(layer) or int(layer) < 0:
+        return OUTSIDE_WORDS.get(str(module), str(module))
+    layer = int(layer)
+    if not _missing(head):
+        return f"layer {layer}'s attention head {int(head)}"
+    if module in (None, "layer"):
+        return f"layer {layer}"
+    return f"layer {layer}'s {MODULE_WORDS.get(module, module)}"
