@@ -10,6 +10,7 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.pool import get_pool
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
+from forgetlab.ui.page import start_page
 from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table
 from forgetlab.ui.tables import show_table
 
@@ -125,10 +126,9 @@ def show_merges(merges) -> None:
             show_table(cards_frame(saved.cards, merged=[name]), key="runs_merge_table")
         else:
             st.caption("This merge was not evaluated (no scorecards.json); the Merge page evaluates its merges.")
-st.title("Runs")
-st.caption("What has been computed so far? Every analysis, sweep, merge and fine-tune saved under the workspace: "
-           "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML here; "
-           "PNG with the camera icon above each chart) and merge recipes.")
+start_page(MENU, "What has been computed so far? Every analysis, sweep, merge and fine-tune saved in the workspace: "
+                 "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML "
+                 "here; PNG with the camera icon above each chart) and merge recipes.", needs=None)
 
 measure = speciality_measure("runs", get_pool(show=False))
 runs, merges = [], []
