@@ -122,9 +122,12 @@ def test_sweep_names_its_best_tradeoff_with_its_numbers():
 def test_sweep_in_answer_loss_tie_and_empty():
     r = sweep([(0.0, 0.0, 3.0, 4.0), (0.5, 0.0, 2.0, 4.1), (1.0, 0.0, 1.5, 4.6)], measure="answer_loss")
     lines = sweep_takeaway(r)
-    assert "answer loss 2.000 nats" in lines[0]
+    assert lines[0].startswith("Best trade-off: wise-ft at α 0.5 scores answer loss 2.000 nats on math for +0.100")
+    r.measure = "exact_match"         # exact match 0 at every point: the sentence says so and speaks answer loss
+    assert sweep_takeaway(r)[0].startswith("Best trade-off in answer loss (exact match does not move along this "
+                                           "sweep): wise-ft at α 0.5 scores answer loss 2.000 nats")
     flat = sweep([(0.0, 0.5, 2.0, 4.0), (1.0, 0.5, 2.0, 4.0)])
-    assert sweep_takeaway(flat)[0].startswith("Best trade-off: wise-ft at α 0, the point that forgets least")
+    assert "wise-ft at α 0, the point that forgets least, scores answer loss 2.000 nats" in sweep_takeaway(flat)[0]
     assert sweep_takeaway(sweep([])) == []
 
 
@@ -153,11 +156,14 @@ def test_attribution_names_the_part_that_buys_most_and_the_part_that_costs_most(
 def test_attribution_falls_back_to_answer_loss_and_survives_ties_and_empty():
     lines = attribution_takeaway(attribution([arow("0.mlp", 0, "mlp", 0.01, 0.0, -0.8),
                                               arow("0.attn", 0, "attn", 0.01, 0.0, -0.2)]))
-    assert "layer 0's MLP lowers its answer loss most: -0.800 nats" in lines[0]
+    assert "the largest drop of its answer loss comes from layer 0's MLP: -0.800 nats" in lines[0]
     assert "+0.010 nats" in lines[1]
     assert attribution_takeaway(attribution([])) == []
     none_costs = attribution_takeaway(attribution([arow("embed", None, "embed", -0.002, 0.1, -0.1)]))
-    assert none_costs[0].startswith("The embeddings alone buys +0.10") and "-0.002 nats" in none_costs[1]
+    assert none_costs[0].startswith("The embeddings alone buy +0.10") and "-0.002 nats" in none_costs[1]
+    norms = attribution_takeaway(attribution([arow("1.norm", 1, "norm", 0.003, 0.1, -0.1)]))
+    assert norms[1] == "Layer 1's norms alone cost the most general-text loss, +0.003 nats (perplexity +0.3 %), and buy " \
+                       "+0.10 exact match."
 
 
 # ---------------------------------------------------------------------------------------------- textdiff
@@ -299,10 +305,10 @@ def test_finetune_gives_each_runs_forgetting_against_its_gain():
                               {"measure": "exact_match"})
     lines = finetune_takeaway(comp)
     assert "adamw +0.080 nats for +0.90 exact match; sfa-p0.25 +0.010 nats for +0.40 exact match" in lines[0]
-    assert lines[1].startswith("sfa-p0.25 forgets least (+0.010 nats") and "adamw gains most (+0.90 exact match)" \
-        in lines[1]
+    assert lines[1].startswith("sfa-p0.25 forgets least, +0.010 nats") and lines[1].endswith(
+        "adamw gains most, +0.90 exact match.")
     comp.recipe["measure"] = "answer_loss"
-    assert "adamw gains most (-2.000 nats of answer loss)" in finetune_takeaway(comp)[1]
+    assert "adamw gains most, -2.000 nats of answer loss" in finetune_takeaway(comp)[1]
 
 
 def test_finetune_single_run_and_empty():
@@ -319,7 +325,7 @@ def test_scorecards_takeaway_names_the_model_that_forgets_most():
              card("code", 4.02, math=(0.0, 3.1), code=(0.6, 1.0))]
     lines = scorecards_takeaway(cards)
     assert lines[0].startswith("math forgets most: its general loss is +0.120 nats (perplexity +12.7 %) above")
-    assert "code forgets least (+0.020 nats" in lines[0]
+    assert "code forgets least, +0.020 nats" in lines[0]
     assert lines[1] == "The largest skill gain is math's on math: exact match 0.00 → 0.90."
     flat = [card("base", 4.0, math=(0.0, 3.0)), card("math", 3.9, math=(0.0, 2.5))]
     lines = scorecards_takeaway(flat)
@@ -338,9 +344,10 @@ def test_merge_takeaway_gives_the_share_of_the_gains_kept_and_the_cost():
         "The merge keeps 60 % of its parents' own-task gains on average (math 80 %, code 40 %), in exact match, and "
         "costs +0.050 nats (perplexity +5.1 %) of general loss against the base."]
     both = merge_retention(cards, ["ties", "linear"], {"math": "math", "code": "code"})
-    lines = merge_takeaway(both, {"ties": "TIES", "linear": "Weight average"})
+    lines = merge_takeaway(both, {"ties": "TIES", "linear": "weight average"})
     assert lines[0].startswith("TIES keeps the most: 60 %") and lines[1].startswith("Weight average keeps the "
                                                                                     "least: 20 %, for +0.010 nats")
+    assert merge_takeaway(one)[0].startswith("ties keeps 60 %")          # a folder name is not capitalised
     nothing = merge_retention([card("base", 4.0, math=(0.5, 1.0)), card("math", 4.1, math=(0.5, 1.0)),
                                card("m", 4.2, math=(0.5, 1.0))], ["m"], {"math": "math"})
     assert "+0.200 nats" in merge_takeaway(nothing)[0] and "undefined" in merge_takeaway(nothing)[0]

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Optional
 import pandas as pd
 
 from forgetlab.analysis.measures import change_text
-from forgetlab.core.anatomy import part_words
+from forgetlab.core.anatomy import part_words, plural_part, sentence_start
 from forgetlab.core.evaluate import Scorecard, forgetting_text
 
 KIND = "attribution"
@@ -114,10 +114,6 @@ def _name(row: AttributionRow) -> str:
     return part_words(row.layer, row.module, row.head)
 
 
-def _first_up(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
 def takeaway(result: AttributionResult) -> list[str]:
     """The map in two sentences, from its only-this map (each part of the task vector alone on the base, at α = 1
     or the line's largest α): the part that buys most speciality — exact match, or where no part alone raises it,
@@ -132,24 +128,26 @@ def takeaway(result: AttributionResult) -> list[str]:
     if max(r.d_speciality for r in rows) > 0:
         column = "d_speciality"
         buyer = max(rows, key=lambda r: r.d_speciality)
-        first = (f"{_first_up(_name(buyer))} alone{scaled} buys {change_text('exact_match', buyer.d_speciality)} "
-                 f"on {result.task}.")
+        first = (f"{sentence_start(_name(buyer), 'buys', 'buy', ' alone' + scaled)} "
+                 f"{change_text('exact_match', buyer.d_speciality)} on {result.task}.")
     else:
         column = "d_answer_loss"
         buyer = min(rows, key=lambda r: r.d_answer_loss)
         first = (f"No part alone{scaled} raises exact match on {result.task}; " +
-                 (f"{_name(buyer)} lowers its answer loss most: {buyer.d_answer_loss:+.3f} nats."
+                 (f"the largest drop of its answer loss comes from {_name(buyer)}: {buyer.d_answer_loss:+.3f} nats."
                   if buyer.d_answer_loss < 0 else "none lowers its answer loss either."))
     payer = max(rows, key=lambda r: r.d_general_loss)
     bought = getattr(payer, column)
+    many = plural_part(_name(payer))
     if column == "d_speciality":
-        buys = f"buys {change_text('exact_match', bought)}" if bought else "buys nothing in exact match"
+        buys = ("buy " if many else "buys ") + (change_text("exact_match", bought) if bought
+                                                else "nothing in exact match")
     else:
-        buys = f"changes the answer loss by {bought:+.3f} nats"
+        buys = f"{'change' if many else 'changes'} the answer loss by {bought:+.3f} nats"
     if payer.d_general_loss > 0:
-        second = (f"{_first_up(_name(payer))} alone costs the most general-text loss, "
+        second = (f"{sentence_start(_name(payer), 'costs', 'cost', ' alone')} the most general-text loss, "
                   f"{forgetting_text(payer.d_general_loss)}, and {buys}.")
     else:
-        second = (f"No part alone raises the general-text loss; the largest change is {_name(payer)}'s, "
+        second = (f"No part alone raises the general-text loss; the largest change comes from {_name(payer)}: "
                   f"{forgetting_text(payer.d_general_loss)}.")
     return [first, second]

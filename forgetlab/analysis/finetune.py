@@ -244,8 +244,8 @@ def takeaway(result: FinetuneComparison) -> list[str]:
     least = min(runs, key=lambda r: r.forgetting)
     most = max(runs, key=lambda r: sign * gains[r.label])
     return [f"Forgetting (general loss, nats) against the gain on {result.task}, per run: {each}.",
-            f"{least.label} forgets least ({forgetting_text(least.forgetting)}); {most.label} gains most "
-            f"({change_text(measure, gains[most.label])})."]
+            f"{least.label} forgets least, {forgetting_text(least.forgetting)}; {most.label} gains most, "
+            f"{change_text(measure, gains[most.label])}."]
 
 
 ANALYSIS = ANALYSES.add("finetune", Analysis(

@@ -135,8 +135,9 @@ def takeaway(result: MergeRetention, labels: Optional[Mapping[str, str]] = None)
     the share of its parents' own-task gains it keeps (%, their mean, then per task) and its forgetting (general
     loss − the base's, nats); with several, the one that keeps most and the one that keeps least. `labels` names
     the merges (e.g. their methods)."""
-    def name(m: str) -> str:
-        return (labels or {}).get(m, m)
+    def name(m: str) -> str:            # a display name starts the sentence capitalised; a folder name stays as is
+        label = (labels or {}).get(m)
+        return label[:1].upper() + label[1:] if label else m
 
     def kept(m: str) -> str:
         rows = [r for r in result.rows if r.merge == m and math.isfinite(r.retention)]

@@ -189,8 +189,12 @@ def point_words(result: SweepResult, point: SweepPoint) -> str:
 def takeaway(result: SweepResult) -> list[str]:
     """The sweep in two sentences: its best trade-off — the Pareto point that keeps most speciality for least
     forgetting (`best_tradeoff`, docs/methods.md#best-tradeoff) — with its speciality and its general loss above
-    the point that forgets least (nats), then the point with the most speciality and what it costs."""
+    the point that forgets least (nats), then the point with the most speciality and what it costs. Where exact
+    match is the same at every point (a small model that never answers exactly), in answer loss, said so."""
     measure, general, points = result.measure, result.general_measure, result.points
+    head = "Best trade-off"
+    if measure == "exact_match" and len({p.speciality(result.task, measure) for p in points}) == 1:
+        measure, head = "answer_loss", "Best trade-off in answer loss (exact match does not move along this sweep)"
     sign = 1.0 if higher_is_better(measure) else -1.0
     gsign = -1.0 if higher_is_better(general) else 1.0
     spec = [sign * p.speciality(result.task, measure) for p in points]
@@ -212,10 +216,10 @@ def takeaway(result: SweepResult) -> list[str]:
         return value_text(general, points[i].generality(general))
 
     if best == least and general == "general_loss":
-        lines = [f"Best trade-off: {point_words(result, points[best])}, the point that forgets least, scores "
-                 f"{kept(best)} {where}."]
+        lines = [f"{head}: {point_words(result, points[best])}, the point that forgets least, scores {kept(best)} "
+                 f"{where}."]
     else:
-        lines = [f"Best trade-off: {point_words(result, points[best])} scores {kept(best)} {where} for {cost(best)}"
+        lines = [f"{head}: {point_words(result, points[best])} scores {kept(best)} {where} for {cost(best)}"
                  + (f", counted from {point_words(result, points[least])}, the point that forgets least."
                     if general == "general_loss" else ".")]
     if top != best:

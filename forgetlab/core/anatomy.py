@@ -404,3 +404,16 @@ def part_words(layer: Optional[int], module: Optional[str], head: Optional[int] 
     if module in (None, "layer"):
         return f"layer {layer}"
     return f"layer {layer}'s {MODULE_WORDS.get(module, module)}"
+
+
+def plural_part(words: str) -> bool:
+    """Whether a `part_words` name is plural ("the embeddings", "the weights outside the layers", "layer 0's
+    norms"), so that a sentence's verb agrees with it."""
+    return words.startswith(("the embeddings", "the weights")) or words.endswith("norms")
+
+
+def sentence_start(words: str, singular: str, plural: str, between: str = "") -> str:
+    """`words` (a `part_words` name) capitalised as a sentence's subject, then `between`, then the verb that agrees
+    with it: ("layer 0's MLP", "buys", "buy", " alone") → "Layer 0's MLP alone buys"; "the embeddings" → "The
+    embeddings alone buy"."""
+    return f"{words[:1].upper()}{words[1:]}{between} {plural if plural_part(words) else singular}"

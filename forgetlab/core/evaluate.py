@@ -128,7 +128,7 @@ def scorecards_takeaway(cards: Sequence[Scorecard]) -> list[str]:
         return []
     most, least = max(lost, key=lost.get), min(lost, key=lost.get)
     first = f"{most} forgets most: its general loss is {forgetting_text(lost[most])} above the base's"
-    first += f"; {least} forgets least ({forgetting_text(lost[least])})." if least != most else "."
+    first += f"; {least} forgets least, {forgetting_text(lost[least])}." if least != most else "."
     pairs = [(c, t) for c in others for t in c.tasks if t in base.tasks]
     if not pairs:
         return [first]
