@@ -10,8 +10,9 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.pool import get_pool
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
-from forgetlab.ui.page import start_page
-from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table
+from forgetlab.ui.page import show_takeaway, start_page
+from forgetlab.ui.runs import (compare_figures, compare_frame, figure_html, run_figures, run_label, run_takeaway,
+                               runs_table)
 from forgetlab.ui.tables import show_table
 
 MENU = ("Runs", ":material/history:", 90)    # its entry in the app's menu (forgetlab.ui.navigation)
@@ -57,6 +58,7 @@ def show_run(run) -> None:
         open_saved_text_view(run.path)
     with st.expander("Recipe", expanded=False):
         st.json(run.recipe)
+    show_takeaway(run_takeaway(run), key="runs_takeaway")
     with show_errors():
         frame = run.frame()
         figs = _figures(str(run.path), _mtime(run.path), measure, run)

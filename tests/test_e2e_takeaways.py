@@ -1,6 +1,6 @@
 """End to end, in a real browser (issue 43, item 2): every page opens with its question in plain words (the
-formulas folded under "How this is computed"), and every page's main button, pressed with its defaults, ends
-with a takeaway box whose number is the result's.
+formulas folded under "How this is computed"), every page's main button, pressed with its defaults, ends with a
+takeaway box whose number is the result's, and the Runs page reopens the newest run with its takeaway.
 
 One `streamlit run app.py` on the tiny pico zoo serves every page. After each action the test reads what the
 action saved — the run under the workspace's runs/ (results.csv / results.json), or the merges' scorecards —,
@@ -199,6 +199,13 @@ def test_every_page_asks_in_plain_words_and_its_default_action_ends_with_its_tak
             assert question and not [f for f in FORMULA if f in question], f"{spec.title} opens with {question!r}"
             if spec.stem not in ("runs", "glossary"):         # the two pages without a formula
                 assert page.get_by_text("How this is computed", exact=True).count() == 1, spec.title
+            if spec.stem == "runs":                 # the newest run opens with the sentence its action ended with
+                newest = max((home / "runs").iterdir(), key=lambda p: p.name)
+                kind = json.loads((newest / "recipe.json").read_text())["kind"]
+                expect = next(e for _, _, k, e in ACTIONS.values() if k == kind)
+                wait_for(page, lambda: count(page, ".st-key-runs_takeaway") > 0, 60, "the reopened run's takeaway")
+                text = page.locator(".st-key-runs_takeaway").first.inner_text()
+                assert not [s for s in expect(newest) if s not in text], f"Runs: {text!r}"
             if spec.title not in ACTIONS:
                 continue
             button, key, kind, expect = ACTIONS[spec.title]

@@ -388,3 +388,20 @@ def test_the_cli_prints_the_takeaway_after_the_table(tiny_llama, tmp_path):
     lost = {m: c["general_loss"] - saved["base"]["general_loss"] for m, c in saved.items() if m != "base"}
     most = max(lost, key=lost.get)
     assert f"{most} forgets most: its general loss is {lost[most]:+.3f} nats" in r.stdout, r.stdout[-800:]
+
+
+def test_the_runs_page_reopens_a_run_with_its_takeaway(tmp_path):
+    """A saved run says on the Runs page what it said when it was made: its analysis' takeaway, or the
+    scorecards' for a set of scorecards."""
+    from forgetlab.core.workspace import list_runs, save_run
+    from forgetlab.ui.runs import run_takeaway
+
+    result = TaskvecResult([norms("math", 0.0123, 0.001), norms("code", 0.0201, 0.002)])
+    ANALYSES.get("taskvec").save(result, home_path=tmp_path)
+    cards = [card("base", 4.0, math=(0.0, 3.0)), card("math", 4.2, math=(0.5, 1.0))]
+    save_run("scorecards", {}, {"cards": [c.to_dict() for c in cards]}, home_path=tmp_path)
+    runs = {r.kind: r for r in list_runs(tmp_path)}
+    assert run_takeaway(runs["taskvec"]) == taskvec_takeaway(result)
+    assert run_takeaway(runs["scorecards"]) == scorecards_takeaway(cards)
+    save_run("benchmarks", {}, {"nothing": 1}, home_path=tmp_path)
+    assert run_takeaway({r.kind: r for r in list_runs(tmp_path)}["benchmarks"]) == []
