@@ -20,10 +20,15 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Attribution", ":material/grid_on:", 40)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Cut the task vector τ = θ1 − θ0 into submodules. *Only this*: the base plus one part of τ — "
-                        "what that part alone buys and costs against the base. *Leave one out*: the fine-tune without "
-                        "that part — what removing it gives back and loses against the fine-tune. Red: general loss "
-                        "up (forgetting).", needs="finetuned", purpose="map")
+pool = start_page(MENU, "Which layers and modules of the fine-tune carry the new skill, and which carry the "
+                        "forgetting? Each part of the fine-tune's change is tried alone on the base, and taken out "
+                        "of the fine-tune.",
+                        how="The task vector τ = θ1 − θ0 is cut into submodules τk. *Only this*: θ0 + τk — what "
+                            "that part alone buys and costs against the base. *Leave one out*: θ0 + τ − τk — what "
+                            "removing it gives back and loses against the fine-tune. d = the edited model's score − "
+                            "the reference's; red: general loss up (forgetting). Additivity compares Σk d with the "
+                            "whole change. Formula: docs/methods.md#attribution.",
+                        needs="finetuned", purpose="map")
 
 
 RECIPE_KEY = "attribution_recipe"      # read by the Merge page: a submodule_alpha recipe to open

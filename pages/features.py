@@ -16,9 +16,14 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Features", ":material/scatter_plot:", 60)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "One point per probe sample: a submodule's output, averaged over the answer tokens (or the "
-                        "last token), reduced with PCA to 50 dimensions and mapped with t-SNE. Colour is the task, "
-                        "the symbol the model.", needs="tasks", purpose="a feature map")
+pool = start_page(MENU, "Do the tasks look different inside the model, and does fine-tuning or merging pull them "
+                        "apart or together? One point per probe sample: colour is the task, the symbol the model.",
+                        how="A submodule's output on each probe sample, averaged over the answer tokens (or the "
+                            "last token), reduced with PCA to at most 50 dimensions and mapped to the plane with "
+                            "t-SNE. The distance between two tasks is the Euclidean distance between their centres "
+                            "in PCA space (t-SNE distances are only a visual guide). Formula: "
+                            "docs/methods.md#tsne-features.",
+                        needs="tasks", purpose="a feature map")
 
 
 anatomy = None

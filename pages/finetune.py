@@ -24,9 +24,15 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Fine-tune on a task and watch what it costs: held-out general loss, speciality and the "
-                        "distance D(θ, θ0) from the starting weights, every few steps. Compare the training-time "
-                        "fixes on the same data, steps and seed.", needs="tasks", purpose="fine-tuning")
+pool = start_page(MENU, "What if the model had been fine-tuned differently? Fine-tune on a task and watch, every "
+                        "few steps, what it gains on the task and what it costs on general text; compare the ways "
+                        "of fine-tuning that are meant to forget less on the same data, steps and seed.",
+                        how="Generality: held-out general loss (nats, lower is better). Speciality: exact match or "
+                            "answer loss on the task's eval pairs. D(θ, θ0): the distance of the weights from the "
+                            "start. MoFO updates only the parameters with the largest momentum; SFA averages θ ← (1 "
+                            "− β)·θ + β·θ0 every ⌈p·T⌉ steps; L1- and L2-to-init add λ‖θ − θ0‖ to the loss. "
+                            "Formulas: docs/methods.md#mofo, #sfa, #l2-to-init, #distance.",
+                        needs="tasks", purpose="fine-tuning")
 
 
 MODEL_KEY, MODEL_OF_KEY = "finetune_model", "finetune_model_of"

@@ -26,9 +26,16 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Forgetting", ":material/trending_down:", 30)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Pick a fine-tuned model and a post-hoc fix; each point of the sweep is a model between the "
-                        "base and the fine-tune. Speciality should stay up while the general-text loss stays down — "
-                        "the Pareto front marks the settings that no other setting beats on both.",
+pool = start_page(MENU, "How much of the new skill can you keep while giving back what fine-tuning made the model "
+                        "forget? Each point of a sweep is a model between the base and the fine-tune: the best "
+                        "settings keep the skill high and the general-text loss low.",
+                        how="A sweep builds models from the base θ0 and the task vector τ = θ1 − θ0 at each "
+                            "setting: WiSE-FT θ(α) = (1 − α)·θ0 + α·θ1, FAPM pruning θ0 + mask ⊙ τ, DARE / TIES "
+                            "density, HMA (one α per block of layers), LiNeS, TSV rank, Iso-C. Generality: held-out "
+                            "general loss (nats, lower is better); speciality: exact match or answer loss on the "
+                            "task. The Pareto front marks the settings that no other setting beats on both "
+                            "(docs/methods.md#pareto-front); the best trade-off is its point with the largest "
+                            "rescaled speciality minus rescaled general loss (docs/methods.md#best-tradeoff).",
                         needs="finetuned", purpose="sweep")
 
 

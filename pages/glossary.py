@@ -8,8 +8,9 @@ from forgetlab.ui.page import start_page
 
 MENU = ("Glossary", ":material/menu_book:", 100)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-start_page(MENU, "The words the pages use, one line each — the same text as their ⓘ tooltips. The formulas, with "
-                 "their sources, are in docs/methods.md under the anchor given.", needs=None)
+start_page(MENU, "What does each word on the pages mean? One line each — the same text as the pages' ⓘ tooltips; "
+                 "the formulas, with their sources, are in docs/methods.md under the anchor each entry gives.",
+                 needs=None)
 
 query = st.text_input("find a term", "", key="glossary_query", placeholder="e.g. Pareto, MoFO, τ")
 rows = glossary_rows(query)

@@ -20,10 +20,15 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Linearity", ":material/show_chart:", 20)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Each submodule is re-run on inputs captured once from the fine-tuned model while only its "
-                        "own parameters move from θ0 to θ0 + τ. d(α) is its output's distance to the fine-tuned "
-                        "output, relative to the base's; a perfectly linear submodule follows 1 − α and scores NLS = "
-                        "0.", needs="pool")
+pool = start_page(MENU, "When a fine-tune's change is scaled up from none of it to all of it, does each part of the "
+                        "model respond in a straight line? Parts that do can be interpolated and merged "
+                        "predictably; parts that don't are where merges surprise.",
+                        how="Each submodule is re-run on inputs captured once from the fine-tuned model while only "
+                            "its own parameters move from θ0 to θ0 + α·τ (τ = θ1 − θ0). d(α) is its output's "
+                            "distance to the fine-tuned output, relative to the base's; a perfectly linear "
+                            "submodule follows 1 − α. Non-linearity score NLS = Σα |d(α) − (1 − α)|: 0 is linear. "
+                            "Formulas: docs/methods.md#distance-curve, #nls.",
+                        needs="pool")
 
 if not pool.model_names or not pool.task_names:
     st.info("The pool needs a fine-tuned model and probe data for a task: add them to the pool file.")

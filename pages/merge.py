@@ -18,7 +18,7 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
 from forgetlab.ui.jobs import job_key, run_once
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget, workspace_home
-from forgetlab.ui.merge_compare import judge_figure, render_compare
+from forgetlab.ui.merge_compare import judge_figure, judge_takeaway, render_compare
 from forgetlab.ui.glossary import explain_group
 from forgetlab.ui.measure import SweepMeasures, speciality_measure
 from forgetlab.ui.merge_form import param_widget, preset_form
@@ -31,9 +31,13 @@ from forgetlab.ui.choices import index_of
 
 MENU = ("Merge", ":material/merge:", 70)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Merge fine-tuned models into one; each merged model is written into the workspace and scored "
-                        "at once beside the base and its parents: how much of each parent's gain on its own task it "
-                        "keeps (speciality), and what it costs in general-text loss (generality).",
+pool = start_page(MENU, "Can one merged model keep every fine-tune's skill, and what does it cost on general text? "
+                        "Each merge is saved in the workspace and scored beside the base and its parents.",
+                        how="Retention on a parent's own task t: (s(merge, t) − s(base, t)) / (s(parent, t) − "
+                            "s(base, t)); 100 % = as good as the parent, 0 % = no better than the base "
+                            "(docs/methods.md#retention). Forgetting: general loss − the base's, in nats "
+                            "(docs/methods.md#forgetting). Each method's formula is under its name in "
+                            "docs/methods.md.",
                         needs="finetuned", purpose="merge")
 
 
@@ -130,6 +134,8 @@ with right:
             st.info(note)
         frame = cards_frame(report["cards"], merged=[report["name"]])
         with show_errors():
+            judge_takeaway(pool, report["cards"], [report["name"]], measure, key="merge_one_takeaway",
+                           labels={report["name"]: "The merge"})
             st.plotly_chart(judge_figure(pool, report["cards"], [report["name"]], measure), key="merge_chart")
         show_table(frame, key="merge_table")
         found = report.get("search")

@@ -8,7 +8,7 @@ import streamlit as st
 
 from forgetlab.analysis import taskvec
 from forgetlab.core.eval_memory import estimate_eval
-from forgetlab.core.evaluate import scorecards_frame
+from forgetlab.core.evaluate import scorecards_frame, scorecards_takeaway
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
 from forgetlab.core.scorecards import cached_scorecards, pool_scorecard
@@ -20,7 +20,7 @@ from forgetlab.ui.glossary import explain
 from forgetlab.ui.jobs import REGISTRY, job_key, run_once
 from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure, stored_scorecards
 from forgetlab.ui.memory import memory_check
-from forgetlab.ui.page import start_page
+from forgetlab.ui.page import show_takeaway, start_page
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.zoo_build import render_pretraining
@@ -29,8 +29,14 @@ from forgetlab.zoo.watch import stored_snapshots
 
 MENU = ("Models", ":material/hub:", 10)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "What is in the pool, how good is each model at its task and at general text, and where in "
-                        "the network did fine-tuning move the weights?", needs="pool")
+pool = start_page(MENU, "What is in the pool, how good is each model at its task and at general text, and where did "
+                        "fine-tuning change the weights?",
+                        how="General loss: mean next-token loss on held-out general text, in nats (lower is "
+                            "better). Exact match: the share of a task's eval answers produced exactly; answer "
+                            "loss: the mean loss on the answer tokens (nats). Forgetting: general loss − the "
+                            "base's. Task vector τ = θt − θ0: per layer and module ‖τ‖ / ‖θ0‖, and cos(τi, τj) "
+                            "between models. Formulas: docs/methods.md#generality, #speciality, #taskvec-stats.",
+                        needs="pool")
 
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
 snapshots = stored_snapshots(pool)      # a pico zoo's record of its base learning (nothing for a user's own pool)
@@ -117,6 +123,7 @@ run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_nam
          slot="models", on_done=keep)
 cards = cached_scorecards(pool, names, budget, device=device, dtype=dtype)
 if cards:
+    show_takeaway(scorecards_takeaway(cards), key="models_takeaway")
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
     show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
 elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):

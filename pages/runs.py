@@ -10,7 +10,9 @@ from forgetlab.ui.errors import show_errors
 from forgetlab.ui.pool import get_pool
 from forgetlab.ui.measure import speciality_measure
 from forgetlab.ui.navigation import require_app
-from forgetlab.ui.runs import compare_figures, compare_frame, figure_html, run_figures, run_label, runs_table
+from forgetlab.ui.page import show_takeaway, start_page
+from forgetlab.ui.runs import (compare_figures, compare_frame, figure_html, run_figures, run_label, run_takeaway,
+                               runs_table)
 from forgetlab.ui.tables import show_table
 
 MENU = ("Runs", ":material/history:", 90)    # its entry in the app's menu (forgetlab.ui.navigation)
@@ -56,6 +58,7 @@ def show_run(run) -> None:
         open_saved_text_view(run.path)
     with st.expander("Recipe", expanded=False):
         st.json(run.recipe)
+    show_takeaway(run_takeaway(run), key="runs_takeaway")
     with show_errors():
         frame = run.frame()
         figs = _figures(str(run.path), _mtime(run.path), measure, run)
@@ -125,10 +128,9 @@ def show_merges(merges) -> None:
             show_table(cards_frame(saved.cards, merged=[name]), key="runs_merge_table")
         else:
             st.caption("This merge was not evaluated (no scorecards.json); the Merge page evaluates its merges.")
-st.title("Runs")
-st.caption("What has been computed so far? Every analysis, sweep, merge and fine-tune saved under the workspace: "
-           "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML here; "
-           "PNG with the camera icon above each chart) and merge recipes.")
+start_page(MENU, "What has been computed so far? Every analysis, sweep, merge and fine-tune saved in the workspace: "
+                 "reopen its charts, compare runs of one kind on one chart, download results (CSV), figures (HTML "
+                 "here; PNG with the camera icon above each chart) and merge recipes.", needs=None)
 
 measure = speciality_measure("runs", get_pool(show=False))
 runs, merges = [], []

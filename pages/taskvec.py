@@ -10,9 +10,12 @@ from forgetlab.ui.widgets import field_widget
 
 MENU = ("Task vectors", ":material/insights:", 15)    # its entry in the app's menu (forgetlab.ui.navigation)
 
-pool = start_page(MENU, "Each fine-tuned model's task vector τ = θt − θ0: how far fine-tuning moved each layer and "
-                        "module relative to the base (‖τ‖ / ‖θ0‖), and how alike the models' moves are (cosine "
-                        "similarity).", needs="finetuned", purpose="task vectors")
+pool = start_page(MENU, "Where in the network did fine-tuning change each model most, and did different fine-tunes "
+                        "change the weights in similar directions?",
+                        how="Task vector τ = θt − θ0. Per layer and module: ‖τ‖ / ‖θ0‖, the size of the change "
+                            "relative to the base's weights. Between models: cos(τi, τj) = ⟨τi, τj⟩ / (‖τi‖·‖τj‖); "
+                            "1 = the same direction, 0 = unrelated. Formula: docs/methods.md#taskvec-stats.",
+                        needs="finetuned", purpose="task vectors")
 
 panel = AnalysisPanel(ANALYSIS, page="taskvec", button="Measure the task vectors")
 left, right = st.columns([1, 3])

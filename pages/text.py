@@ -18,9 +18,13 @@ from forgetlab.ui.widgets import field_info, field_widget
 MENU = ("Text", ":material/text_fields:", 50)    # its entry in the app's menu (forgetlab.ui.navigation)
 
 pool = start_page(MENU, "Where does the forgetting show? Every token of the held-out text (or your own) is scored "
-                        "under the model and under its reference: rise = logp(reference) − logp(model), the nats the "
-                        "model lost on that token, and KL over the whole vocabulary. Red: forgotten. Hover a token "
-                        "for both models' top guesses.", needs="pool")
+                        "under the model and under its reference: red tokens are the ones the model got worse at "
+                        "predicting. Hover a token for both models' top guesses.",
+                        how="rise = log p_reference(token) − log p_model(token): the nats the model lost on that "
+                            "token (positive: forgotten). KL(p_reference ‖ p_model) compares the whole next-token "
+                            "distributions. On the held-out split the mean rise is the scorecards' general-loss "
+                            "rise. Details: docs/textdiff.md.",
+                        needs="pool")
 
 panel = AnalysisPanel(ANALYSIS, page="text", button="Score the text", label=lambda s: f"Text diff of {s.model}")
 MEASURE_LABELS = {"rise": "rise (nats lost)", "kl": "KL(reference ‖ model)"}

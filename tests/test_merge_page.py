@@ -282,7 +282,7 @@ def test_merge_page_default_merges_the_full_fine_tunes_three_ways_and_judges_own
     assert at.multiselect(key="merge_default_models").value == ["math", "copy"]
     assert at.multiselect(key="merge_default_methods").value == ["linear", "ties", "task_arithmetic"]
     assert at.multiselect(key="merge_models").value == ["math", "copy"]               # the form's default too
-    assert not at.expander                                                           # nothing to open first
+    assert [e.label for e in at.expander] == ["How this is computed"]               # nothing else to open first
     at.button(key="merge_default_run").click().run()
     finish_cleanly(at, "merge")
     merges = sorted((tmp_path / "home" / "merges").iterdir())

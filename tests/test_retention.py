@@ -127,3 +127,7 @@ def test_the_cli_says_what_a_merge_kept(tiny_llama, tmp_path, capsys):
     assert (f"mean {100 * mean:.0f} %" if mean == mean else "mean nan %") in line
     assert "nats (perplexity" in line
     assert saved.budget == (2, 3)
+    # and it ends with the Merge page's takeaway: what the merge kept and what it cost, in nats
+    cards = {c.model: c for c in saved.cards}
+    said = [li for li in text.splitlines() if li.startswith("avg keeps") or li.startswith("avg costs")]
+    assert said and f"{cards['avg'].general_loss - cards['base'].general_loss:+.3f} nats" in said[0], text[-600:]

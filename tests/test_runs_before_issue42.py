@@ -1,6 +1,6 @@
 """Runs saved before issue 42's redesign (by the code of commit 6ee1be2, on the tiny pico zoo: tests/data/
 runs_before_issue42/) still reopen: each through its analysis (`analysis_for_kind(kind).load`), with its charts on
-the Runs page, and a table."""
+the Runs page, a table and its takeaway."""
 from __future__ import annotations
 
 import shutil
@@ -26,3 +26,5 @@ def test_a_run_saved_before_the_redesign_reopens(name, tmp_path):
     drawn = analysis.figures(result)                      # its own charts, not the Runs page's fallback
     assert drawn and all(len(f.data) for f in drawn)
     assert len(run_figures(run)) == len(drawn)
+    said = analysis.takeaway(result)                      # and what it means, with a number (issue 43)
+    assert said and any(c.isdigit() for c in said[0]), said

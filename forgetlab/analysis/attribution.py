@@ -39,7 +39,7 @@ import torch
 
 from forgetlab.analysis.attribution_inputs import check_level, resolve_attribution
 from forgetlab.analysis.attribution_memory import estimate_attribution
-from forgetlab.analysis.attribution_results import KIND, AttributionResult, AttributionRow, card_scores
+from forgetlab.analysis.attribution_results import KIND, AttributionResult, AttributionRow, card_scores, takeaway
 from forgetlab.analysis.base import ANALYSES, Analysis, pool_source
 from forgetlab.analysis.linearity_results import NonlinearityResult
 from forgetlab.analysis.sweeps import check_swept_model
@@ -460,4 +460,4 @@ ANALYSIS = ANALYSES.add(KIND, Analysis(
                 "against the fine-tune) of general loss, exact match and answer loss, with the additivity of the "
                 "parts. One working copy of the model is rewritten in place.",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, measured=True, recipe=recipe,
-    report=cli_report))
+    report=cli_report, takeaway_fn=takeaway))

@@ -8,7 +8,9 @@ from typing import Any, Mapping, Optional
 
 import pandas as pd
 
-from forgetlab.core.evaluate import Scorecard
+from forgetlab.analysis.measures import change_text
+from forgetlab.core.anatomy import part_words, plural_part, sentence_start
+from forgetlab.core.evaluate import Scorecard, forgetting_text
 
 KIND = "attribution"
 MAPS = ("only_this", "leave_one_out")
@@ -106,3 +108,46 @@ class AttributionResult:
                    seconds=float(d.get("seconds", 0.0)), evaluations=int(d.get("evaluations", 0)),
                    tensors_written=int(d.get("tensors_written", 0)), notes=list(d.get("notes", [])),
                    recipe=dict(d.get("recipe", {})))
+
+
+def _name(row: AttributionRow) -> str:
+    return part_words(row.layer, row.module, row.head)
+
+
+def takeaway(result: AttributionResult) -> list[str]:
+    """The map in two sentences, from its only-this map (each part of the task vector alone on the base, at α = 1
+    or the line's largest α): the part that buys most speciality — exact match, or where no part alone raises it,
+    the answer loss it lowers most (nats) — and the part that costs most general-text loss (nats), with what
+    it buys. Parts whose task vector is zero are left out."""
+    rows = [r for r in result.rows if r.map == "only_this" and not r.zero_tau]
+    if not rows:
+        return []
+    alpha = max(r.alpha for r in rows)
+    rows = [r for r in rows if r.alpha == alpha]
+    scaled = "" if alpha == 1.0 else f" (scaled to {alpha:g})"
+    if max(r.d_speciality for r in rows) > 0:
+        column = "d_speciality"
+        buyer = max(rows, key=lambda r: r.d_speciality)
+        first = (f"{sentence_start(_name(buyer), 'buys', 'buy', ' alone' + scaled)} "
+                 f"{change_text('exact_match', buyer.d_speciality)} on {result.task}.")
+    else:
+        column = "d_answer_loss"
+        buyer = min(rows, key=lambda r: r.d_answer_loss)
+        first = (f"No part alone{scaled} raises exact match on {result.task}; " +
+                 (f"the largest drop of its answer loss comes from {_name(buyer)}: {buyer.d_answer_loss:+.3f} nats."
+                  if buyer.d_answer_loss < 0 else "none lowers its answer loss either."))
+    payer = max(rows, key=lambda r: r.d_general_loss)
+    bought = getattr(payer, column)
+    many = plural_part(_name(payer))
+    if column == "d_speciality":
+        buys = ("buy " if many else "buys ") + (change_text("exact_match", bought) if bought
+                                                else "nothing in exact match")
+    else:
+        buys = f"{'change' if many else 'changes'} the answer loss by {bought:+.3f} nats"
+    if payer.d_general_loss > 0:
+        second = (f"{sentence_start(_name(payer), 'costs', 'cost', ' alone')} the most general-text loss, "
+                  f"{forgetting_text(payer.d_general_loss)}, and {buys}.")
+    else:
+        second = (f"No part alone raises the general-text loss; the largest change comes from {_name(payer)}: "
+                  f"{forgetting_text(payer.d_general_loss)}.")
+    return [first, second]

@@ -24,7 +24,7 @@ import torch
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.features_memory import estimate_features
-from forgetlab.analysis.features_results import FeatureSet, TsneResult
+from forgetlab.analysis.features_results import FeatureSet, TsneResult, takeaway
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.memory import dtype_name, job_dtype
@@ -389,5 +389,5 @@ ANALYSIS = ANALYSES.add("features", Analysis(
                 "or last token), reduce with PCA to 50 dimensions, map with t-SNE, and report the distances "
                 "between task clusters.",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe, report=cli_report,
-    saved_table=TsneResult.cluster_summary,
+    saved_table=TsneResult.cluster_summary, takeaway_fn=takeaway,
     outputs=(Output("--distances", "CSV file for the task-cluster distances", lambda r: r.distances),)))

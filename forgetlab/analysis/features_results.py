@@ -9,6 +9,8 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from forgetlab.core.anatomy import part_words
+
 
 @dataclass
 class FeatureSet:
@@ -66,3 +68,34 @@ class TsneResult:
         """The result of `to_dict`."""
         return cls(pd.DataFrame(d["coords"]), pd.DataFrame(d["distances"]), d["backend"], d["perplexity"],
                    d["pca_dims"], d["seed"], d.get("meta", {}))
+
+
+def submodule_words(result: TsneResult) -> str:
+    """The submodule a map read, in words ("layer 3", "layer 3's MLP", "the last hidden state")."""
+    level = result.meta.get("level")
+    if level in (None, "model"):
+        return "the last hidden state"
+    return part_words(result.meta.get("layer"), level, result.meta.get("head"))
+
+
+def takeaway(result: TsneResult) -> list[str]:
+    """The map in two sentences: the model whose task clusters sit furthest apart — the mean distance between task
+    centres in PCA space (`cluster_summary`, in the features' own units; t-SNE distances are only indicative) —
+    beside the model where they sit closest, then that model's most and least separated pair of tasks. Nothing
+    with fewer than two tasks."""
+    summary = result.cluster_summary().dropna(subset=["mean_distance_pca"])
+    if summary.empty:
+        return []
+    far = summary.loc[summary["mean_distance_pca"].idxmax()]
+    near = summary.loc[summary["mean_distance_pca"].idxmin()]
+    first = (f"Read at {submodule_words(result)}, the tasks sit furthest apart in the {far['model']} model: "
+             f"{far['mean_distance_pca']:.3g} on average between task centres (distance in the "
+             f"{result.pca_dims}-dimension PCA space)")
+    first += (f", and closest in the {near['model']} model ({near['mean_distance_pca']:.3g})." if len(summary) > 1
+              and near["model"] != far["model"] else ".")
+    pairs = result.distances[result.distances["model"] == far["model"]].dropna(subset=["distance_pca"])
+    if len(pairs) < 2:
+        return [first]
+    a, b = pairs.loc[pairs["distance_pca"].idxmax()], pairs.loc[pairs["distance_pca"].idxmin()]
+    return [first, f"There, {a['task_a']} and {a['task_b']} are the most separated pair ({a['distance_pca']:.3g}), "
+                   f"{b['task_a']} and {b['task_b']} the least ({b['distance_pca']:.3g})."]

@@ -17,9 +17,11 @@ from typing import Optional
 import pandas as pd
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
-from forgetlab.analysis.measures import (check_general_measure, check_measure, general_measure_field, limit_field,
-                                         lm_eval_include_field, measure_benchmarks, measure_field)
+from forgetlab.analysis.measures import (change_text, check_general_measure, check_measure, general_measure_field,
+                                         higher_is_better, limit_field, lm_eval_include_field, measure_benchmarks,
+                                         measure_field)
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import forgetting_text
 from forgetlab.core.progress import Progress
 from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
 from forgetlab.plots.finetune import final_scatter, loss_figure, runs_of, trajectories_figure
@@ -223,6 +225,29 @@ def cli_report(result: FinetuneComparison) -> list:
     return lines
 
 
+def takeaway(result: FinetuneComparison) -> list[str]:
+    """The fine-tune(s) in one or two sentences: each run's forgetting (final general loss − the start's, nats)
+    against its speciality gain on the task (final − start, in the run's measure); with several runs, the one
+    that forgets least and the one that gains most. Runs without a start or final scorecard are left out."""
+    measure = result.recipe.get("measure") or "exact_match"
+    runs = [r for r in result.runs if r.final is not None and r.start_card is not None]
+    gains = {r.label: r.value(measure) - r.value(measure, r.start_card) for r in runs}
+    runs = [r for r in runs if r.forgetting == r.forgetting and gains[r.label] == gains[r.label]]
+    if not runs:
+        return []
+    if len(runs) == 1:
+        r = runs[0]
+        return [f"{r.label} forgot {forgetting_text(r.forgetting)} of general loss and gained "
+                f"{change_text(measure, gains[r.label])} on {result.task}."]
+    each = "; ".join(f"{r.label} {r.forgetting:+.3f} nats for {change_text(measure, gains[r.label])}" for r in runs)
+    sign = 1.0 if higher_is_better(measure) else -1.0
+    least = min(runs, key=lambda r: r.forgetting)
+    most = max(runs, key=lambda r: sign * gains[r.label])
+    return [f"Forgetting (general loss, nats) against the gain on {result.task}, per run: {each}.",
+            f"{least.label} forgets least, {forgetting_text(least.forgetting)}; {most.label} gains most, "
+            f"{change_text(measure, gains[most.label])}."]
+
+
 ANALYSIS = ANALYSES.add("finetune", Analysis(
     "finetune", "fine-tune", FinetuneSettings, compute, FinetuneComparison,
     help="fine-tune on a task (AdamW, MoFO, SFA, L1/L2) and record forgetting",
@@ -230,6 +255,6 @@ ANALYSIS = ANALYSES.add("finetune", Analysis(
                 "every few steps; optionally compare AdamW, MoFO, SFA and L2 on the same data, or save the result "
                 "as a new pool model.",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, compare_fn=compare_figures, measured=True,
-    recipe=recipe, report=cli_report, points=True,
+    recipe=recipe, report=cli_report, points=True, takeaway_fn=takeaway,
     outputs=(Output("--out", "also write the trajectories to this CSV or JSON file",
                     FinetuneComparison.trajectories),)))

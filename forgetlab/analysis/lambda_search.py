@@ -24,7 +24,7 @@ from forgetlab.analysis.lambda_search_memory import estimate_pcb_search
 from forgetlab.analysis.search import SEED_MAX, tuned_recipe
 from forgetlab.core.checkpoints import load_model, open_checkpoint
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
-from forgetlab.core.evaluate import Scorecard, task_score
+from forgetlab.core.evaluate import Scorecard, forgetting_text, task_score
 from forgetlab.core.memory import job_dtype
 from forgetlab.core.outputs import check_output_dir
 from forgetlab.core.progress import Progress, report, scaled
@@ -442,13 +442,30 @@ def cli_report(result: LambdaSearchResult) -> list:
     return lines
 
 
+def takeaway(result: LambdaSearchResult) -> list[str]:
+    """The search in one or two sentences: how far the per-task λ found lowered the mean answer loss on the probe
+    split (nats) and the λ themselves; with a merge, what the merged model costs in general loss (nats)."""
+    if not result.history:
+        return []
+    models = [str(m.get("model")) if isinstance(m, Mapping) else str(m) for m in (result.recipe.get("models") or [])]
+    names = models if len(models) == len(result.lambdas) else [f"model {i + 1}" for i in range(len(result.lambdas))]
+    lines = [f"The search lowered the mean answer loss on the probe split from {result.initial_loss:.4f} to "
+             f"{result.loss:.4f} nats ({result.loss - result.initial_loss:+.4f}) with the weights "
+             + ", ".join(f"{n} {v:.3f}" for n, v in zip(names, result.lambdas)) + "."]
+    cards = result.cards
+    if len(cards) >= 2 and cards[0].model == "base":
+        lines.append(f"The merge made with them costs {forgetting_text(cards[-1].forgetting(cards[0]))} of general "
+                     "loss against the base.")
+    return lines
+
+
 ANALYSIS = ANALYSES.add("pcb-search", Analysis(
     "pcb-search", "PCB λ search", PcbSearchSettings, compute, LambdaSearchResult,
     help="Search PCB's per-task λ with CMA-ES on the pool's probe data (and merge the λ found: --merge).",
     description="CMA-ES over PCB's per-task λ, minimising the mean answer loss on the pool's tasks' probe split; "
                 "prints the λ found, writes the recipe with them (--out) and, with --merge OUT_DIR, merges it and "
                 "scores it beside the base and its parents, as the Merge page's 'search a λ per task first' does.",
-    checks=check_settings, estimate_fn=estimate, recipe=recipe, report=cli_report,
+    checks=check_settings, estimate_fn=estimate, recipe=recipe, report=cli_report, takeaway_fn=takeaway,
     outputs=(Output("--out", "Write the recipe with the λ found (per model) to this YAML file.",
                     text=found_recipe_yaml),),
     points=True, pool_arg="option", pool_help="pool.yaml whose tasks' probe split gives the validation loss."))

@@ -35,7 +35,7 @@ import torch
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.linearity_memory import estimate_linearity
-from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore
+from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore, takeaway
 from forgetlab.core.anatomy import LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import job_dtype
@@ -445,5 +445,5 @@ ANALYSIS = ANALYSES.add("linearity", Analysis(
     description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a fine-tuned model "
                 "and of each submodule, re-run on inputs captured once (docs/methods.md#submodule-levels).",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe,
-    table=NonlinearityResult.flat_frame, report=cli_report,
+    table=NonlinearityResult.flat_frame, report=cli_report, takeaway_fn=takeaway,
     outputs=(Output("--curves", "CSV file for the long d(α) table", NonlinearityResult.curves_frame),)))

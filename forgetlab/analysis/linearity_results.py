@@ -9,6 +9,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from forgetlab.core.anatomy import part_words
 from forgetlab.core.errors import ParameterError
 
 
@@ -151,3 +152,33 @@ class NonlinearityResult:
                                          np.asarray(s["nls"], dtype=float), np.asarray(s["residual"], dtype=float)))
         return cls(data["task"], data["model"], tuple(data["alphas"]), int(data["samples"]), data["capture"],
                    tuple(data["levels"]), scores)
+
+
+NLS_MEANING = ("A score of 0 means that scaling a part's change between the base and the fine-tune moves its output "
+               "in a straight line from the base's to the fine-tune's; the larger the score, the less interpolating "
+               "or merging that part behaves as its weights suggest.")
+
+
+def score_words(score: SubmoduleScore) -> str:
+    """A scored submodule in plain words ("layer 1's MLP", "layer 0's attention head 2", "the whole model")."""
+    return part_words(score.layer, score.level, score.head)
+
+
+def takeaway(result: NonlinearityResult) -> list[str]:
+    """The scores in two sentences: the least and the most linear scored part (mean non-linearity score over the
+    samples, unitless) beside the whole model's, then what the score means. Parts whose task vector is zero (NaN
+    score) are left out; with the model level alone, its score."""
+    scored = [s for s in result.scores if np.isfinite(s.nls_mean)]
+    whole = next((s for s in scored if s.level == "model"), None)
+    parts = [s for s in scored if s.level != "model"]
+    if not parts:
+        if whole is None:
+            return []
+        return [f"The whole model scores a non-linearity score (NLS) of {whole.nls_mean:.3f}.", NLS_MEANING]
+    least = max(parts, key=lambda s: s.nls_mean)
+    most = min(parts, key=lambda s: s.nls_mean)
+    name = score_words(least)
+    first = (f"{name[:1].upper()}{name[1:]} is the least linear part (non-linearity score, NLS, "
+             f"{least.nls_mean:.3f}) and {score_words(most)} the most linear "
+             f"({most.nls_mean:.3f})" + (f"; the whole model scores {whole.nls_mean:.3f}." if whole else "."))
+    return [first, NLS_MEANING]

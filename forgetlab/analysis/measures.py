@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 
 from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, check_metrics
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.evaluate import forgetting_text
 from forgetlab.core.settings import count_field, setting
 
 
@@ -80,6 +81,34 @@ def measure_label(measure: str) -> str:
     return "general loss" if measure == "general_loss" else measure
 
 
+def digits_of(measure: str) -> int:
+    """The decimals a sentence gives a value of `measure`: 2 for exact match (a share of answers), 3 for a loss
+    in nats or a benchmark metric."""
+    return 2 if measure == "exact_match" else 3
+
+
+def unit_of(measure: str) -> str:
+    """The unit of `measure`'s values: "nats" for the losses (answer loss, general loss), "" for exact match and
+    the benchmark metrics (shares, accuracies)."""
+    return "nats" if measure in ("answer_loss", "general_loss") else ""
+
+
+def value_text(measure: str, value: float) -> str:
+    """A value in words, with its unit: "exact match 0.62", "answer loss 2.310 nats", "zoo_math/acc 0.450"."""
+    unit = unit_of(measure)
+    return f"{measure_label(measure)} {value:.{digits_of(measure)}f}" + (f" {unit}" if unit else "")
+
+
+def change_text(measure: str, delta: float) -> str:
+    """A change of `measure` in words, signed, with its unit: "+0.50 exact match", "-0.830 nats of answer loss",
+    "+0.031 nats (perplexity +3.2 %)" for the general loss (`forgetting_text`), "+0.050 zoo_math/acc"."""
+    if measure == "general_loss":
+        return forgetting_text(delta)
+    unit = unit_of(measure)
+    number = f"{delta:+.{digits_of(measure)}f}"
+    return f"{number} {unit} of {measure_label(measure)}" if unit else f"{number} {measure_label(measure)}"
+
+
 def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> list[bool]:
     """Non-dominated flags: point i is on the front unless some j has speciality_j ≥ speciality_i and
     general_loss_j ≤ general_loss_i with at least one strict. Points with a NaN value are never on it;
@@ -99,6 +128,26 @@ def pareto_mask(speciality: Sequence[float], general_loss: Sequence[float]) -> l
         )
         flags.append(not dominated)
     return flags
+
+
+def best_tradeoff(speciality: Sequence[float], general_loss: Sequence[float]) -> Optional[int]:
+    """The point that keeps most speciality for least forgetting (docs/methods.md#best-tradeoff): on the Pareto
+    front (`pareto_mask`, speciality larger-is-better, general loss smaller-is-better), the one with the largest
+    s' − g', where s' and g' are speciality and general loss rescaled to [0, 1] over the points with both values
+    (0 where all points share a value); the first such point on a tie; None when no point has both values."""
+    flags = pareto_mask(speciality, general_loss)
+    finite = [i for i, on in enumerate(flags) if on]
+    if not finite:
+        return None
+    s = [float(v) for v in speciality]
+    g = [float(v) for v in general_loss]
+    ok = [i for i in range(len(s)) if not (math.isnan(s[i]) or math.isnan(g[i]))]
+
+    def scaled(values: list[float], i: int) -> float:
+        lo, hi = min(values[j] for j in ok), max(values[j] for j in ok)
+        return (values[i] - lo) / (hi - lo) if hi > lo else 0.0
+
+    return max(finite, key=lambda i: (scaled(s, i) - scaled(g, i), -i))
 
 
 def pareto_front(points: Sequence[Any], task: Optional[str] = None, measure: str = "exact_match",

@@ -19,7 +19,7 @@ import pandas as pd
 
 from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.errors import ParameterError
-from forgetlab.core.evaluate import Scorecard, perplexity_change
+from forgetlab.core.evaluate import Scorecard, forgetting_text, perplexity_change
 
 MEASURES = ("exact_match", "answer_loss")
 
@@ -128,3 +128,36 @@ def merge_retention(cards: Sequence[Scorecard], merged: Sequence[str], tasks: Ma
                 retention=gain_share(base, by_name[p], by_name[m], t, measure) if known else float("nan"),
                 parent_forgetting=result.forgetting[p], merge_forgetting=result.forgetting[m]))
     return result
+
+
+def takeaway(result: MergeRetention, labels: Optional[Mapping[str, str]] = None) -> list[str]:
+    """What the merges kept, in one or two sentences (the Merge page and `forgetlab merge --eval`): with one merge,
+    the share of its parents' own-task gains it keeps (%, their mean, then per task) and its forgetting (general
+    loss − the base's, nats); with several, the one that keeps most and the one that keeps least. `labels` names
+    the merges (e.g. their methods)."""
+    def name(m: str) -> str:            # a display name starts the sentence capitalised; a folder name stays as is
+        label = (labels or {}).get(m)
+        return label[:1].upper() + label[1:] if label else m
+
+    def kept(m: str) -> str:
+        rows = [r for r in result.rows if r.merge == m and math.isfinite(r.retention)]
+        each = ", ".join(f"{r.task} {100 * r.retention:.0f} %" for r in rows)
+        return f"{100 * result.mean_retention(m):.0f} % of its parents' own-task gains on average ({each})"
+
+    def cost(m: str) -> str:
+        return f"{forgetting_text(result.forgetting[m])} of general loss"
+
+    scored = [m for m in result.merges if math.isfinite(result.mean_retention(m))]
+    unit = "exact match" if result.measure == "exact_match" else "answer loss"
+    if not scored:
+        return [f"{name(m)} costs {cost(m)} against the base; no parent gained {unit} on its own task, so what it "
+                "kept is undefined." for m in result.merges[:2]]
+    if len(result.merges) == 1:
+        m = result.merges[0]
+        return [f"{name(m)} keeps {kept(m)}, in {unit}, and costs {cost(m)} against the base."]
+    best = max(scored, key=result.mean_retention)
+    worst = min(scored, key=result.mean_retention)
+    lines = [f"{name(best)} keeps the most: {kept(best)}, in {unit}, for {cost(best)}."]
+    if worst != best:
+        lines.append(f"{name(worst)} keeps the least: {100 * result.mean_retention(worst):.0f} %, for {cost(worst)}.")
+    return lines

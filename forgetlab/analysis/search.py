@@ -35,7 +35,7 @@ import yaml
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.measures import higher_is_better, measure_benchmarks, pareto_mask
 from forgetlab.analysis.search_memory import estimate_search, resident_dtype
-from forgetlab.analysis.search_results import SearchPoint, SearchResult
+from forgetlab.analysis.search_results import SearchPoint, SearchResult, takeaway
 from forgetlab.core.benchmarks import checked_manager, pick, require_task, task_manager
 from forgetlab.core.checkpoints import load_model, open_checkpoint
 from forgetlab.core.errors import MissingDependencyError, ParameterError, ProbeDataError
@@ -535,7 +535,7 @@ ANALYSIS = ANALYSES.add("search", Analysis(
     description="Evaluate merges of a recipe's models on the pool's probe split, searching the method's per-model "
                 "weights with CMA-ES; prints every point, the Pareto front and the best recipe, and saves the run.",
     checks=check_settings, estimate_fn=estimate, figures_fn=lambda result: [search_figure(result)], recipe=recipe,
-    report=cli_report, status=lambda result: 0 if result.best_point is not None else 1,
+    report=cli_report, status=lambda result: 0 if result.best_point is not None else 1, takeaway_fn=takeaway,
     outputs=(Output("--save-recipe", "write the best recipe to this YAML file", text=best_recipe_yaml,
                     metavar="FILE.yaml"),),
     points=True, pool_arg="option", pool_help="pool.yaml whose probe split (tasks + general text) judges merges"))

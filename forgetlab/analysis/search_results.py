@@ -9,6 +9,9 @@ from typing import Any, Mapping, Optional
 
 import pandas as pd
 
+from forgetlab.analysis.measures import value_text
+from forgetlab.core.evaluate import forgetting_text
+
 
 @dataclass
 class SearchPoint:
@@ -97,3 +100,22 @@ class SearchResult:
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         kw["points"] = [SearchPoint.from_dict(p) for p in d.get("points", [])]
         return cls(**kw)
+
+
+def takeaway(result: SearchResult) -> list[str]:
+    """The search in two sentences: the best merge found, its speciality beside the base's and its forgetting
+    (general loss − the base's, nats), then whether it kept within the forgetting bound (objective
+    `constrained`) or how it was chosen."""
+    best = result.best_point
+    if best is None:
+        return []
+    base = value_text(result.measure, result.base_speciality)
+    first = (f"The best merge found (point {best.index} of {len(result.points)}) scores "
+             f"{value_text(result.measure, best.speciality)} (the base: {base}) for {forgetting_text(best.forgetting)}"
+             " of general loss.")
+    if result.objective != "constrained":
+        return [first, f"It is the point with the best speciality less {result.forgetting_weight:g} × its forgetting."]
+    if best.forgetting <= result.max_forgetting:
+        return [first, f"It keeps within the forgetting bound of {result.max_forgetting:g} nats."]
+    return [first, f"No point kept within the forgetting bound of {result.max_forgetting:g} nats: this one forgets "
+                   "least."]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from forgetlab.analysis.base import ANALYSES, Analysis
+from forgetlab.core.anatomy import part_words
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress
 from forgetlab.core.settings import count_field, device_field, setting
@@ -61,9 +62,30 @@ def recipe(result: SlwmWeights) -> dict:
     return {k: v for k, v in result.to_dict().items() if k != "submodules"}
 
 
+def takeaway(result: SlwmWeights) -> list[str]:
+    """The weights in one or two sentences: the largest weight (which task, which submodule; unitless, the factor
+    on that task's change of that submodule in the merge) and each task's mean weight over the submodules; then
+    how many submodules no task changed (they fall back to equal weights, 1/T)."""
+    cells = [(float(w), t, s) for s in result.submodules for t, w in zip(result.tasks, s.weights)]
+    cells = [c for c in cells if c[0] == c[0]]
+    if not cells:
+        return []
+    w, task, sub = max(cells, key=lambda c: c[0])
+    means = ", ".join(f"{t} {sum(float(s.weights[i]) for s in result.submodules) / len(result.submodules):.3f}"
+                      for i, t in enumerate(result.tasks))
+    where = part_words(sub.layer, sub.kind, sub.head if sub.kind == "head" else None)
+    lines = [f"The largest weight is {task}'s in {where}: {w:.3f}; averaged over the {len(result.submodules)} "
+             f"submodules the weights are {means}."]
+    fallbacks = sum(bool(s.fallback) for s in result.submodules)
+    if fallbacks:
+        lines.append(f"{fallbacks} of {len(result.submodules)} submodules were changed by no task and take equal "
+                     f"weights ({1 / len(result.tasks):.3f} each).")
+    return lines
+
+
 ANALYSIS = ANALYSES.add("slwm-weights", Analysis(
     "slwm-weights", "slwm weights", SlwmWeightsSettings, compute, SlwmWeights,
     help="the per-submodule task weights of submodule-linearity merging",
     description="Solve G a = b per submodule on the pool's probe data and print the weights (submodule × task). "
                 "Merge with `forgetlab merge` and method slwm.",
-    checks=check_settings, estimate_fn=estimate, recipe=recipe))
+    checks=check_settings, estimate_fn=estimate, recipe=recipe, takeaway_fn=takeaway))

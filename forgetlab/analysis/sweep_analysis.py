@@ -15,11 +15,13 @@ from functools import partial
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from forgetlab.analysis.base import ANALYSES, Analysis
-from forgetlab.analysis.measures import (MEASURES, check_general_measure, check_measure, general_measure_field,
-                                         is_benchmark, limit_field, lm_eval_include_field, measure_benchmarks,
-                                         measure_field, measure_label)
+from forgetlab.analysis.measures import (MEASURES, best_tradeoff, check_general_measure, check_measure,
+                                         general_measure_field, higher_is_better, is_benchmark, limit_field,
+                                         lm_eval_include_field, measure_benchmarks, measure_field, measure_label,
+                                         value_text)
 from forgetlab.analysis.sweep_memory import estimate_sweep
-from forgetlab.analysis.sweep_results import SweepResult
+from forgetlab.analysis.sweep_results import SweepPoint, SweepResult
+from forgetlab.core.evaluate import forgetting_text
 from forgetlab.core.devicemap import DEVICE_MAP_HELP, MAX_MEMORY_HELP, PLACEMENTS, placement_for
 from forgetlab.core.memory import MemoryEstimate, job_dtype
 from forgetlab.core.progress import Progress, publish
@@ -174,6 +176,60 @@ def status(result: SweepResult) -> int:
     return 1 if result.failed else 0
 
 
+X_WORDS = {"alpha": "α", "ratio": "pruning ratio", "density": "density", "mean_alpha": "mean α", "beta": "β",
+           "keep": "kept share of the rank"}
+"""A swept setting (`SweepResult.x_name`) as the sentences name it."""
+
+
+def point_words(result: SweepResult, point: SweepPoint) -> str:
+    """A point of a sweep in words: its series and setting ("wise-ft at α 0.5")."""
+    return f"{point.series} at {X_WORDS.get(result.x_name, result.x_name)} {point.x:g}"
+
+
+def takeaway(result: SweepResult) -> list[str]:
+    """The sweep in two sentences: its best trade-off — the Pareto point that keeps most speciality for least
+    forgetting (`best_tradeoff`, docs/methods.md#best-tradeoff) — with its speciality and its general loss above
+    the point that forgets least (nats), then the point with the most speciality and what it costs. Where exact
+    match is the same at every point (a small model that never answers exactly), in answer loss, said so."""
+    measure, general, points = result.measure, result.general_measure, result.points
+    head = "Best trade-off"
+    if measure == "exact_match" and len({p.speciality(result.task, measure) for p in points}) == 1:
+        measure, head = "answer_loss", "Best trade-off in answer loss (exact match does not move along this sweep)"
+    sign = 1.0 if higher_is_better(measure) else -1.0
+    gsign = -1.0 if higher_is_better(general) else 1.0
+    spec = [sign * p.speciality(result.task, measure) for p in points]
+    loss = [gsign * p.generality(general) for p in points]
+    best = best_tradeoff(spec, loss)
+    if best is None:
+        return []
+    ok = [i for i in range(len(points)) if spec[i] == spec[i] and loss[i] == loss[i]]
+    least = min(ok, key=lambda i: (loss[i], i))
+    top = max(ok, key=lambda i: (spec[i], -loss[i], -i))
+    where = f"on {result.task}" if result.task else "over the tasks"
+
+    def kept(i: int) -> str:
+        return value_text(measure, points[i].speciality(result.task, measure))
+
+    def cost(i: int) -> str:
+        if general == "general_loss":
+            return f"{forgetting_text(loss[i] - loss[least])} of general loss"
+        return value_text(general, points[i].generality(general))
+
+    if best == least and general == "general_loss":
+        lines = [f"{head}: {point_words(result, points[best])}, the point that forgets least, scores {kept(best)} "
+                 f"{where}."]
+    else:
+        lines = [f"{head}: {point_words(result, points[best])} scores {kept(best)} {where} for {cost(best)}"
+                 + (f", counted from {point_words(result, points[least])}, the point that forgets least."
+                    if general == "general_loss" else ".")]
+    if top != best:
+        lines.append(f"The most skilled point, {point_words(result, points[top])}, reaches {kept(top)} for "
+                     f"{cost(top)}.")
+    else:
+        lines.append("It is also the most skilled point: no other setting of the sweep does better on the task.")
+    return lines
+
+
 def _in(result: SweepResult, measure: Optional[str]) -> SweepResult:
     if measure in MEASURES:
         result.measure = measure
@@ -201,4 +257,4 @@ def sweep_analysis(kind: str, settings: type, curves: Mapping[str, Curve], *, ti
         f"sweep-{kind}", title, settings, partial(run_sweep, curves, kind), SweepResult, help=help,
         description=f"{description} {ABOUT}", command=("sweep", kind), checks=partial(check_sweep, curves, kind),
         estimate_fn=partial(estimate, kind), figures_fn=figures, compare_fn=compare, recipe=recipe, report=report,
-        measured=True, points=True, group_help=GROUP_HELP, status=status))
+        measured=True, points=True, group_help=GROUP_HELP, status=status, takeaway_fn=takeaway))

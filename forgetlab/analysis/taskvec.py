@@ -12,6 +12,7 @@ from typing import Mapping, Optional
 import pandas as pd
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
+from forgetlab.core.anatomy import part_words
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress, scaled
 from forgetlab.core.settings import setting
@@ -93,6 +94,31 @@ def figures(result: TaskvecResult) -> list:
     return figs + ([cosine_heatmap(result.cosine)] if result.cosine is not None else [])
 
 
+def takeaway(result: TaskvecResult) -> list[str]:
+    """The task vectors in two sentences: where fine-tuning moved the weights most — the (model, layer, module)
+    with the largest relative norm ‖τ‖/‖θ0‖, in % — then, with the cosines of two models or more, the most and
+    the least alike pair of task vectors (cosine similarity, 1 = the same direction, 0 = unrelated)."""
+    table = result.by_level().dropna(subset=["relative"])
+    if table.empty:
+        return []
+    top = table.loc[table["relative"].idxmax()]
+    part = part_words(int(top["layer"]), str(top["module"]))
+    lines = [f"Fine-tuning changed {top['model']} most in {part}: by {100 * float(top['relative']):.3g} % of the "
+             "weights' size there (the norm of the change over the base's)."]
+    cos = result.cosine
+    pairs = [(cos.values[i][j], cos.models[i], cos.models[j]) for i in range(len(cos.models))
+             for j in range(i + 1, len(cos.models)) if cos.values[i][j] == cos.values[i][j]] if cos else []
+    if len(pairs) == 1:
+        c, a, b = pairs[0]
+        lines.append(f"The changes of {a} and {b} have a cosine similarity of {c:.3f} (1 = the same direction, "
+                     "0 = unrelated).")
+    elif pairs:
+        (c1, a1, b1), (c2, a2, b2) = max(pairs), min(pairs)
+        lines.append(f"The most alike changes are {a1}'s and {b1}'s (cosine similarity {c1:.3f}), the least alike "
+                     f"{a2}'s and {b2}'s ({c2:.3f}; 1 = the same direction, 0 = unrelated).")
+    return lines
+
+
 def report(result: TaskvecResult) -> list:
     """The CLI's lines: the norms per level, then the cosine matrix."""
     lines: list = [result.by_level()]
@@ -107,6 +133,7 @@ ANALYSIS = ANALYSES.add("taskvec", Analysis(
     description="Stream every fine-tuned model's task vector τ = θt − θ0 and report its norms per layer and "
                 "module, and the cosine matrix.",
     checks=check, figures_fn=figures, table=TaskvecResult.by_level, report=report,
+    takeaway_fn=takeaway,
     recipe=lambda r: {"models": [n.model for n in r.norms], "cosines": r.cosine is not None},
     outputs=(Output("--out", "CSV file for the per-level norms (the cosines go to <out>.cosine.csv)",
                     table=TaskvecResult.by_level, beside=((".cosine.csv", TaskvecResult.cosine_table),)),)))

@@ -33,7 +33,7 @@ from forgetlab.analysis.textdiff_inputs import (heldout_sequences, load_scored_m
                                                 resolve_model, text_sequences)
 from forgetlab.analysis.textdiff_memory import estimate_textdiff
 from forgetlab.analysis.textdiff_results import (CLASSES, COLUMNS, KIND, TABLE_FILE, TextDiffResult,  # noqa: F401
-                                                 from_saved, saved_results)
+                                                 from_saved, saved_results, takeaway)
 from forgetlab.analysis.textdiff_scoring import (VOCAB_CHUNK, LogitReader, score_sequences, shown,  # noqa: F401
                                                  token_class, token_scores, token_table)
 from forgetlab.core.errors import ParameterError, ProbeDataError, check_fraction
@@ -233,4 +233,4 @@ ANALYSIS = ANALYSES.add(KIND, Analysis(
                 "contexts with the largest rise and KL. With the held-out split (the default) the blocks are the "
                 "scorecard's, so the mean rise is the scorecard's general-loss rise.",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe, report=cli_report,
-    report_settings=True, to_saved=saved_results, from_saved=from_saved))
+    report_settings=True, to_saved=saved_results, from_saved=from_saved, takeaway_fn=takeaway))

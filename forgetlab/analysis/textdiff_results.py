@@ -177,3 +177,33 @@ def from_saved(run: SavedRun) -> TextDiffResult:
     if not table.is_file():
         raise ValueError(f"its token table {TABLE_FILE} is missing")
     return TextDiffResult.from_dict(d, read_token_table(table))
+
+
+def source_words(result: TextDiffResult) -> str:
+    """The text a diff scored, in words: "the held-out text" or its file / typed lines."""
+    return "the held-out text" if result.source == "heldout" else result.source
+
+
+def takeaway(result: TextDiffResult) -> list[str]:
+    """The diff in two sentences: the mean rise per token (nats: the model's loss minus the reference's), then
+    the token class with the largest mean rise (nats per token, with its share of the total rise where the total
+    is a loss) and the token string that lost most in all (`top_tokens`: seen at least twice)."""
+    s = result.summary()
+    if not s["tokens"]:
+        return []
+    against = "the base" if result.against == "base" else result.against
+    first = (f"Against {against}, {result.model}'s loss on the {s['tokens']:,} tokens of "
+             f"{source_words(result)} rises by {s['mean_rise']:+.4f} nats per token on average.")
+    classes = result.by_class()
+    classes = classes[classes["tokens"] > 0]
+    top = classes.loc[classes["mean_rise"].idxmax()]
+    share = float(top["share_of_rise"])
+    second = (f"{str(top['token_class']).capitalize()} tokens rise most: {float(top['mean_rise']):+.3f} nats each "
+              "on average" + (f" ({100 * share:.0f} % of the total rise)" if s["mean_rise"] > 0 and share == share
+                              else ""))
+    tokens = result.top_tokens("rise", 1)
+    if len(tokens) and float(tokens["total_rise"].iloc[0]) > 0:
+        t = tokens.iloc[0]
+        second += (f"; the token {str(t['token'])!r} loses most in all, {float(t['total_rise']):+.3f} nats over "
+                   f"{int(t['count'])} occurrences")
+    return [first, second + "."]

@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import yaml
 
-from forgetlab.analysis.retention import merge_retention, own_tasks
+from forgetlab.analysis.retention import merge_retention, own_tasks, takeaway
 from forgetlab.commands import args as shared
 from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.commands.models import benchmark_spec
@@ -100,6 +100,8 @@ def _merge(args) -> int:
             emit(f"own-task gain kept (exact match, docs/methods.md#retention): mean "
                  f"{100 * kept.mean_retention(merged):.0f} %; forgetting {forgetting_text(kept.forgetting[merged])}")
             emit_frame(kept.to_frame().drop(columns=["merge"]))
+            for line in takeaway(kept):
+                emit(line)
         for card in cards:
             if card.benchmarks:
                 emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")

@@ -15,7 +15,8 @@ from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, checked_manage
 from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
 from forgetlab.core.errors import IncompatibleModelsError
 from forgetlab.core.eval_memory import estimate_eval
-from forgetlab.core.evaluate import GENERAL_LOSS_HELP, GENERAL_LOSS_MODES, evaluate, scorecards_frame
+from forgetlab.core.evaluate import (GENERAL_LOSS_HELP, GENERAL_LOSS_MODES, evaluate, scorecards_frame,
+                                     scorecards_takeaway)
 from forgetlab.core.memory import job_dtype, with_free
 from forgetlab.core.outputs import write_text_file
 from forgetlab.core.pool import BASE, ModelPool
@@ -126,6 +127,8 @@ def cmd_eval(args) -> int:
     if bench is not None and not args.out:
         for card in cards:
             emit(f"{card.model} benchmarks: {json.dumps(card.benchmarks)}")
+    for line in scorecards_takeaway(cards):
+        emit(line)
     return 0
 
 

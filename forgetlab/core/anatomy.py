@@ -375,3 +375,45 @@ class Anatomy:
 
     def __repr__(self) -> str:
         return f"Anatomy({self.describe()})"
+
+
+OUTSIDE_WORDS = {"embed": "the embeddings", "norm": "the final norm", "lm_head": "the output head",
+                 "other": "the weights outside the layers", "model": "the whole model"}
+MODULE_WORDS = {"attn": "attention", "mlp": "MLP", "norm": "norms"}
+
+
+def _missing(value) -> bool:
+    """None, NaN or pandas' NA (a table's empty layer or head)."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)
+    except TypeError:          # pandas.NA: its comparisons are NA too
+        return True
+
+
+def part_words(layer: Optional[int], module: Optional[str], head: Optional[int] = None) -> str:
+    """A submodule in plain words, for the sentences that say what a result means: "layer 0's MLP", "layer 2's
+    attention head 3", "layer 1" (a whole decoder layer), "the embeddings", "the output head". `layer` None (or
+    negative: the tensors outside the layers) names the part by `module` alone."""
+    if _missing(layer) or int(layer) < 0:
+        return OUTSIDE_WORDS.get(str(module), str(module))
+    layer = int(layer)
+    if not _missing(head):
+        return f"layer {layer}'s attention head {int(head)}"
+    if module in (None, "layer"):
+        return f"layer {layer}"
+    return f"layer {layer}'s {MODULE_WORDS.get(module, module)}"
+
+
+def plural_part(words: str) -> bool:
+    """Whether a `part_words` name is plural ("the embeddings", "the weights outside the layers", "layer 0's
+    norms"), so that a sentence's verb agrees with it."""
+    return words.startswith(("the embeddings", "the weights")) or words.endswith("norms")
+
+
+def sentence_start(words: str, singular: str, plural: str, between: str = "") -> str:
+    """`words` (a `part_words` name) capitalised as a sentence's subject, then `between`, then the verb that agrees
+    with it: ("layer 0's MLP", "buys", "buy", " alone") → "Layer 0's MLP alone buys"; "the embeddings" → "The
+    embeddings alone buy"."""
+    return f"{words[:1].upper()}{words[1:]}{between} {plural if plural_part(words) else singular}"

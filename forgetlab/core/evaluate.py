@@ -115,6 +115,33 @@ def scorecards_frame(cards: Sequence[Scorecard]) -> pd.DataFrame:
     return pd.concat([c.to_frame() for c in cards], ignore_index=True) if cards else pd.DataFrame()
 
 
+def scorecards_takeaway(cards: Sequence[Scorecard]) -> list[str]:
+    """What a set of scorecards says, in two sentences (the Models page's Evaluate and `forgetlab eval`): which
+    model forgets most — its general loss above the base's, nats (`forgetting_text`) — and which least; then the
+    largest skill gain over the base on any task, in exact match, or where no model gains exact match, in answer
+    loss (nats). Nothing without the base's card and another."""
+    base = next((c for c in cards if c.model == "base"), None)
+    others = [c for c in cards if c is not base and c.model != "base"]
+    lost = {c.model: c.forgetting(base) for c in others} if base is not None else {}
+    lost = {m: v for m, v in lost.items() if v == v}
+    if not lost:
+        return []
+    most, least = max(lost, key=lost.get), min(lost, key=lost.get)
+    first = f"{most} forgets most: its general loss is {forgetting_text(lost[most])} above the base's"
+    first += f"; {least} forgets least, {forgetting_text(lost[least])}." if least != most else "."
+    pairs = [(c, t) for c in others for t in c.tasks if t in base.tasks]
+    if not pairs:
+        return [first]
+    em = max(pairs, key=lambda p: p[0].tasks[p[1]].exact_match - base.tasks[p[1]].exact_match)
+    c, t = em
+    if c.tasks[t].exact_match > base.tasks[t].exact_match:
+        return [first, f"The largest skill gain is {c.model}'s on {t}: exact match {base.tasks[t].exact_match:.2f} "
+                       f"→ {c.tasks[t].exact_match:.2f}."]
+    c, t = min(pairs, key=lambda p: p[0].tasks[p[1]].answer_loss - base.tasks[p[1]].answer_loss)
+    return [first, f"No model gains exact match over the base; the largest drop of answer loss is {c.model}'s on "
+                   f"{t}: {base.tasks[t].answer_loss:.3f} → {c.tasks[t].answer_loss:.3f} nats."]
+
+
 def _device_of(model) -> torch.device:
     # a model dispatched by accelerate may hold offloaded parameters on "meta": its hooks move the inputs
     return next((p.device for p in model.parameters() if p.device.type != "meta"), torch.device("cpu"))

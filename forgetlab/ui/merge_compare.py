@@ -12,7 +12,7 @@ from typing import Mapping, Optional, Sequence
 import pandas as pd
 import streamlit as st
 
-from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks
+from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks, takeaway
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import with_free
 from forgetlab.core.progress import scaled
@@ -25,6 +25,7 @@ from forgetlab.plots.merge import retention_figure, scorecard_figure
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.jobs import job_key, run_once
 from forgetlab.ui.memory import show_estimate
+from forgetlab.ui.page import show_takeaway
 from forgetlab.ui.settings import workspace_home
 from forgetlab.ui.tables import show_table
 
@@ -44,6 +45,14 @@ def judge_figure(pool, cards, merged: Sequence[str], measure: str, *, labels: Op
     if measure not in MEASURES:
         return scorecard_figure(cards, measure, merged=merged, title=title)
     return retention_figure(_retention(pool, cards, merged, measure, parents), labels, title=title, colors=colors)
+
+
+def judge_takeaway(pool, cards, merged: Sequence[str], measure: str, *, key: str,
+                   labels: Optional[Mapping[str, str]] = None) -> None:
+    """The merges' takeaway (`forgetlab.analysis.retention.takeaway`: the share of the parents' own-task gains
+    kept and the forgetting) in the page's takeaway box `key`; nothing for an lm-eval measure."""
+    if measure in MEASURES:
+        show_takeaway(takeaway(_retention(pool, cards, merged, measure, None), labels), key=key)
 
 
 def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
@@ -147,6 +156,7 @@ def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
     merged = [d["name"] for d in done]
     labels = {d["name"]: METHOD_NAMES.get(d["method"], d["method"]) for d in done}
     with show_errors():
+        judge_takeaway(pool, cards, merged, measure, labels=labels, key="merge_takeaway")
         colors = {d["name"]: color_for(d["method"]) for d in done}      # a method's colour, whatever the folder
         st.plotly_chart(judge_figure(pool, cards, merged, measure, labels=labels, colors=colors),
                         key="merge_default_chart")

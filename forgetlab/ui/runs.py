@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 
 from forgetlab.analysis.base import analysis_for_kind
 from forgetlab.core.benchmarks import BenchmarkTable
-from forgetlab.core.evaluate import Scorecard
+from forgetlab.core.evaluate import Scorecard, scorecards_takeaway
 from forgetlab.plots import color_for
 from forgetlab.plots.models import benchmark_bars, scorecards_figure
 
@@ -162,6 +162,21 @@ def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
                           showlegend="run" in frame.columns, margin={"t": 50, "b": 40, "l": 50, "r": 10})
         figs.append(fig)
     return figs
+
+
+def run_takeaway(run) -> list[str]:
+    """What a saved run means, in the sentences its action ended with: its analysis' takeaway, or for a set of
+    scorecards (the Models page's Evaluate) `scorecards_takeaway`; [] for another kind or a run that cannot be
+    read (its charts and table say the rest)."""
+    analysis = analysis_for_kind(run.kind)
+    try:
+        if analysis is not None:
+            return analysis.takeaway(analysis.load(run.path))
+        if run.kind == "scorecards":
+            return scorecards_takeaway([Scorecard.from_dict(c) for c in run.results["cards"]])
+    except Exception:  # noqa: BLE001 - an old or foreign run: no sentence rather than an error box
+        return []
+    return []
 
 
 def run_figures(run, measure: str | None = None) -> list[go.Figure]:
