@@ -313,3 +313,19 @@ def test_sweep_and_linearity_words(tiny_llama, tmp_path, monkeypatch):
     source = (ROOT / "pages" / "linearity.py").read_text(encoding="utf-8")
     assert "D ≈" not in source and 'explain("distance")' in source
 
+
+def test_the_text_and_features_pages_explain_their_words_from_the_glossary(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("features", tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    assert TERMS["pooling"].meaning in _help(at.radio, "features_pooling")
+    # the Text page's result view (drawn after a run): its radios' tooltips are explain() calls
+    import ast
+
+    calls = {}
+    for node in ast.walk(ast.parse((ROOT / "pages" / "text.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "radio" and node.args \
+                and isinstance(node.args[0], ast.Constant):
+            calls[node.args[0].value] = next((ast.unparse(k.value) for k in node.keywords if k.arg == "help"), "")
+    assert calls["shade by"] == "explain('rise', 'kl')" and calls["per class"] == "explain('token_class')"
