@@ -155,7 +155,7 @@ def spec_words(spec: dict, where: str) -> Iterator[Shown]:
         if isinstance(value, dict) and (key == "title" or "title" in value):
             text = title(value) if key == "title" else title(value.get("title"))
             if text:
-                yield Shown(str(text), f"{where}: {key} title")
+                yield Shown(str(text), f"{where}: {key}" + (" title" if key != "title" else ""))
         if key == "coloraxis" and isinstance(value, dict):
             text = title((value.get("colorbar") or {}).get("title"))
             if text:

@@ -45,7 +45,7 @@ run runs point points line lines grid curve curves map maps text type step
 optional empty what where which whose how when whole part
 measured measure measures created error stopped seconds time
 before after along beside between across up down per rate rates n my
-average evaluate evaluated examples fit address term none mode trains reopen read known form format answered
+average compared final evaluate evaluated examples fit address term none mode trains reopen read known form format answered
 shade symbol colour dashed separated
 """.split())
 # why each kind of word above is plain: function words; counting and comparing words (mean, total, share, sum,

@@ -57,6 +57,8 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "pareto": _t("Pareto front", "The settings that no other setting beats on both speciality and generality "
                      "at once; every other point is worse on at least one without being better on the other.",
                      "pareto-front", "on the Pareto front"),
+        "tradeoff": _t("trade-off", "What a model or setting gains in speciality against what it costs in generality; "
+                       "the Pareto front holds the best trade-offs.", "pareto-front", "tradeoff"),
         "benchmark": _t("benchmark accuracy", "A score from lm-evaluation-harness (lm-eval): the share of a "
                         "benchmark's questions answered right (acc; acc_norm corrects for answer length). Limit: "
                         "examples per task.", "", "benchmark", "benchmarks", "lm-eval", "lm-evaluation-harness",
