@@ -49,7 +49,8 @@ with left:
     if level == "head":
         head = field_widget(FeaturesSettings, "head", key="features_head", options=list(range(anatomy.num_heads)))
     pooling = field_widget(FeaturesSettings, "pooling", key="features_pooling", radio=True,
-                           format_func={"answer": "mean over answer tokens", "last": "last token"}.get)
+                           format_func={"answer": "mean over answer tokens", "last": "last token"}.get,
+                           help=explain("pooling"))
     n_min = min((len(pool.probes.tasks[t].probe) for t in tasks), default=1) or 1
     samples = field_widget(FeaturesSettings, "samples", key="features_samples", high=n_min, default=min(30, n_min),
                            label="samples per task")

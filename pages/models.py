@@ -143,7 +143,7 @@ if pool.model_names:
         with left, show_errors():
             name = st.selectbox("fine-tuned model", pool.model_names, key="models_tv_model")
             value = st.radio("value", ["relative", "norm"], horizontal=True, key="models_tv_value",
-                             help="relative = ‖τ‖/‖θ0‖ per layer and module; norm = ‖τ‖")
+                             help=explain("norm"))
             norms = next(n for n in anatomy.norms if n.model == name)
             st.plotly_chart(norms_heatmap(norms.by_level(), value), key="models_norms_fig")
         with right, show_errors():

@@ -8,6 +8,7 @@ from forgetlab.core.memory import dtype_name
 from forgetlab.merge.workflow import saved_merges
 from forgetlab.plots.textdiff import class_bars, legend_html, lens_figure, position_figure, shade_scale, token_html
 from forgetlab.ui.errors import show_errors
+from forgetlab.ui.glossary import explain
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
@@ -95,7 +96,7 @@ def show(r) -> None:
     for note in r.notes:
         st.warning(note)
     measure = st.radio("shade by", list(MEASURE_LABELS), format_func=MEASURE_LABELS.get, key="text_measure",
-                       horizontal=True)
+                       horizontal=True, help=explain("rise", "kl"))
     totals = r.scored().groupby("doc")[measure].sum()
     order = list(totals.sort_values(ascending=False).index) or [0]
     doc = st.selectbox("sequence (largest total first)", order, key=f"text_doc_{measure}",
@@ -118,7 +119,7 @@ def show_more(r) -> None:
                    key="text_contexts")
     with c2:
         bar = st.radio("per class", ["mean_rise", "total_rise", "share_of_rise", "mean_kl"], key="text_class_measure",
-                       horizontal=True, format_func=lambda m: m.replace("_", " "))
+                       horizontal=True, format_func=lambda m: m.replace("_", " "), help=explain("token_class"))
         st.plotly_chart(class_bars(r, bar), key="text_classes")
     c3, c4 = st.columns(2)
     c3.plotly_chart(lens_figure(r), key="text_lens")

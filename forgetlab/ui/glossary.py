@@ -1,102 +1,212 @@
-"""The app's words, explained once: one line per term, used by the tooltips and captions of every page and by
-the Glossary page (pages/glossary.py). The formulas themselves live in docs/methods.md (the `anchor` of each
-term); this module holds only the plain-language line a stranger needs to read a chart.
+"""The app's words, explained once: one line per term, used by the ⓘ tooltips and captions of every page
+(`explain`) and by the Glossary page (pages/glossary.py, `glossary_rows`).
 
-Pure data and string helpers: it imports neither streamlit nor torch, so a page or a test can use it freely.
+Where each entry comes from — one home each:
+- the words no registry declares: hand-written in forgetlab/ui/glossary_terms.py (`SECTIONS`);
+- every merge method: its own declaration in the METHODS registry (`method_title`, `method_summary`,
+  `method_paper`: the name the app shows, its one-line description, its paper; its docs/methods.md anchor is its
+  registry name);
+- every merge parameter the Merge page shows that no hand-written entry covers: its declared help;
+- every analysis, every sweep kind included: its declaration in ANALYSES (title and one-line help).
+
+The formulas live in docs/methods.md. The app runs offline and serves no repository files, so a formula link
+opens the Glossary page itself with `?formula=<anchor>`, which renders that section of docs/methods.md
+(`doc_section`); the same anchor works on GitHub as docs/methods.md#<anchor>.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from forgetlab.analysis.base import ANALYSES
+from forgetlab.merge import METHODS
+from forgetlab.ui.glossary_terms import ANALYSIS_ANCHORS, GROUPS, SECTIONS, Term
+
+__all__ = ["GROUPS", "TERMS", "Term", "all_terms", "doc_anchors", "doc_section", "doc_source", "explain",
+           "explain_group", "find", "formula_link", "glossary_rows", "method_paper", "method_summary",
+           "method_title", "phrases", "term"]
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
+METHOD_SECTION, PARAMETER_SECTION, ANALYSIS_SECTION = "Merge methods", "Merge parameters", "Analyses and sweeps"
+# the Glossary page's order of sections: the hand-written ones, with the generated ones after "Fine-tuning"
+ORDER = [*list(SECTIONS)[:5], METHOD_SECTION, PARAMETER_SECTION, *list(SECTIONS)[5:], ANALYSIS_SECTION]
+
+# key → Term, the hand-written entries (each with its section)
+TERMS: dict[str, Term] = {key: Term(t.name, t.meaning, t.anchor, t.aliases, section)
+                          for section, terms in SECTIONS.items() for key, t in terms.items()}
 
 
-@dataclass(frozen=True)
-class Term:
-    """One glossary entry: how the app writes it, what it means in one line, where its formula is."""
+# ------------------------------------------------------------------------------ docs/methods.md
 
-    name: str
-    meaning: str
-    anchor: str = ""          # docs/methods.md#<anchor>; empty for words that have no formula
+@lru_cache(maxsize=1)
+def _docs() -> str:
+    return DOCS.read_text(encoding="utf-8") if DOCS.is_file() else ""
 
 
-# key → Term. The keys are what code passes to `explain`; `name` is how the app writes the term.
-TERMS: dict[str, Term] = {
-    "tau": Term("τ (task vector)", "What fine-tuning changed: the fine-tuned weights minus the base's, "
-                "τ = θ1 − θ0. Merges and sweeps add scaled, pruned or combined task vectors back to the base.",
-                "notation"),
-    "distance": Term("D(θ, θ0)", "How far a model moved from its base: the size of each weight tensor's change "
-                     "relative to that tensor (‖θ − θ0‖ / ‖θ0‖), averaged over tensors. 0.01 = weights moved "
-                     "1 % on average.", "distance"),
-    "speciality": Term("speciality", "How well a model does the task it was fine-tuned for: exact match (share "
-                       "of answers right, ↑) or answer loss (↓) on the task's held-out pairs.", "speciality"),
-    "generality": Term("generality", "How well a model still models ordinary text: its loss on held-out "
-                       "Wikipedia-like text it never trained on (general loss, ↓).", "generality"),
-    "general_loss": Term("general loss", "Mean next-token cross-entropy, in nats, on held-out general text "
-                         "(↓ better); perplexity is its exponential.", "held-out-loss"),
-    "forgetting": Term("forgetting", "How much worse a model got at general text than its base: general loss "
-                       "minus the base's (positive = it forgot).", "forgetting"),
-    "exact_match": Term("exact match", "Share of task pairs whose whole answer (and the stop token) the model "
-                        "predicts token for token (↑ better).", "exact-match"),
-    "answer_loss": Term("answer loss", "Mean cross-entropy of the correct answer's tokens (↓ better); moves "
-                        "smoothly where exact match jumps in steps.", "answer-loss"),
-    "pareto": Term("Pareto front", "The settings that no other setting beats on both speciality and "
-                   "generality at once; every other point is worse on at least one without being better on "
-                   "the other.", "pareto-front"),
-    "wise_ft": Term("WiSE-FT", "Interpolate between base and fine-tune: θ0 + α·τ. α = 0 is the base, α = 1 the "
-                    "fine-tune; in between trades speciality for generality.", "wise_ft"),
-    "alpha": Term("α", "How much of the task vector is added back: 0 = the base, 1 = the whole fine-tune.",
-                  "wise_ft"),
-    "hma": Term("HMA", "Heterogeneous model averaging: WiSE-FT with its own α for each block of layers "
-                "(early, middle, late).", "hma"),
-    "fapm": Term("FAPM", "Forgetting-aware pruning: zero the task vector's entries that change the base the most "
-                 "relative to its size, keep the rest.", "fapm"),
-    "task_arithmetic": Term("task arithmetic", "Add the task vectors of several fine-tunes to the base, scaled "
-                            "by λ: θ0 + λ·Σ τt.", "task_arithmetic"),
-    "ties": Term("TIES", "Merge task vectors after keeping only each one's largest entries and, per weight, the "
-                 "sign most of them agree on.", "ties"),
-    "dare": Term("DARE", "Drop a random share of each task vector's entries and rescale the rest, then add them "
-                 "up.", "dare"),
-    "pcb": Term("PCB", "Parameter competition balancing: weight each task vector's entries by how much they "
-                "matter to their own task and to the others, keep the top ones.", "pcb"),
-    "nls": Term("NLS", "Non-linearity score: how far a submodule's output strays from a straight line as its "
-                "weights move from base to fine-tune (0 = perfectly linear).", "nls"),
-    "d_alpha": Term("d(α)", "Distance of a submodule's output at α from its fine-tuned output, relative to the "
-                    "base's; a linear submodule follows 1 − α.", "distance-curve"),
-    "residual": Term("Property 1 residual", "How far a submodule's output at α is from the straight line "
-                     "between its base and fine-tuned outputs, relative to their distance (0 = on the line).",
-                     "property-1"),
-    "submodule": Term("submodule", "A part of the network scored on its own: a decoder layer, its attention, "
-                      "its MLP or one attention head.", "submodule-levels"),
-    "adamw": Term("AdamW", "The standard optimizer: every weight moves at every step."),
-    "mofo": Term("MoFO", "Momentum-filtered optimizer: at each step only the share `fraction` of each tensor's "
-                 "entries with the largest momentum move, so the model stays closer to its start.", "mofo"),
-    "sfa": Term("SFA", "Soup to go: during fine-tuning, every share p of the steps, average the weights with "
-                "the starting weights (β = weight of the start).", "sfa"),
-    "l2": Term("L2-to-init", "Fine-tune with a penalty (λ/2)·‖θ − θ0‖² that pulls every weight back towards "
-               "its starting value, harder the further it moved.", "l2-to-init"),
-    "l1": Term("L1-to-init", "Fine-tune with a penalty λ·‖θ − θ0‖₁: the same pull λ on every moved weight, "
-               "however far it moved.", "l1-to-init"),
-    "tsne": Term("t-SNE", "A 2-D map that keeps points that are close in the features close on the page; "
-                 "distances between far clusters are only indicative.", "tsne-features"),
-    "lora": Term("LoRA adapter", "A fine-tune stored as a small low-rank update of the base's weights "
-                 "(ΔW = scale·B·A) instead of a full copy.", "lora-task-vectors"),
-}
+def doc_anchors() -> set[str]:
+    """Every anchor (`<a id="…">`) of docs/methods.md (empty when the docs are not installed)."""
+    return set(re.findall(r'<a id="([^"]+)"', _docs()))
 
-# what a page's control covers, in the order the tooltip lists the terms
-GROUPS: dict[str, tuple[str, ...]] = {
-    "sweeps": ("wise_ft", "fapm", "dare", "ties", "hma"),
-    "tradeoff": ("speciality", "generality", "pareto"),
-    "finetune": ("adamw", "mofo", "sfa", "l2", "l1", "distance"),
-    "merge": ("task_arithmetic", "ties", "dare", "pcb", "wise_ft", "hma", "fapm"),
-    "linearity": ("nls", "d_alpha", "residual", "distance"),
-}
+
+def doc_section(anchor: str) -> Optional[str]:
+    """The markdown of docs/methods.md's section at `anchor`: its heading and text up to the next heading or
+    anchor, with in-page links (`(#x)`) turned into Glossary links; None for an unknown anchor."""
+    lines = _docs().splitlines()
+    start = next((i for i, line in enumerate(lines) if f'<a id="{anchor}"' in line), None)
+    if start is None:
+        return None
+    body: list[str] = []
+    for line in lines[start + 1:]:
+        if body and (line.startswith("#") or line.startswith("<a id=")):
+            break
+        body.append(line)
+    text = "\n".join(re.sub(r"<a id=\"[^\"]+\"></a>", "", line) for line in body).strip()
+    return re.sub(r"\]\(#([^)]+)\)", lambda m: f"]({formula_link(m.group(1))})", text)
+
+
+def doc_source(anchor: str, _depth: int = 0) -> str:
+    """The paper (or other source) the docs/methods.md section at `anchor` cites: "Deep et al., *DELLA-Merging:
+    …* (arXiv 2406.11617)"; "" when it cites none. "as X" is followed to anchor x's section."""
+    section = doc_section(anchor) or ""
+    found = re.search(r"Sources?: (.*?)(?=\n\s*\n|\n- |\Z)", section, re.S)
+    if not found:
+        return ""
+    text = " ".join(found.group(1).split())
+    title = re.search(r"\*[^*]+\*", text)
+    if title:
+        paren = re.match(r"\s*\([^()]*\)", text[title.end():])
+        return text[:title.end()] + (paren.group(0) if paren else "")
+    end = re.search(r"\)|[.;](?=\s|$)", text)
+    text = text[:end.end() if end and end.group(0) == ")" else end.start()] if end else text
+    other = re.fullmatch(r"as `?([^`]+)`?", text)         # "as DARE", "as `iso_c`": that anchor's source
+    target = other.group(1).lower() if other else ""
+    return doc_source(target, _depth + 1) if target in doc_anchors() and _depth < 2 else text
+
+
+def formula_link(anchor: str) -> str:
+    """The app's link to the formula at `anchor`: the Glossary page showing that section of docs/methods.md."""
+    return f"glossary?formula={anchor}"
+
+
+# ------------------------------------------------------------------------------ entries from the registries
+#
+# A method's name and paper: what its declaration says — `MethodSpec.title` / `.paper` (`display_name`), which
+# issue 43 adds to the registry beside this glossary — else the words its description starts with ("DELLA: …")
+# and the Source line of its docs/methods.md section. Once every method declares both, the fallbacks never apply.
+
+def method_title(spec) -> str:
+    """The name the app shows for merge method `spec` (a MethodSpec): its declared display name, else its
+    description's words before the first ": " ("Iso-C" of "Iso-C: flatten the spectrum …"), else its registry
+    name."""
+    declared = getattr(spec, "title", "")
+    if declared:
+        return declared
+    head, sep, _ = spec.description.partition(": ")
+    return head if sep and len(head) <= 40 else spec.name
+
+
+def method_summary(spec) -> str:
+    """What merge method `spec` does, in one line: its description without the name it starts with."""
+    head, sep, rest = spec.description.partition(": ")
+    return rest[:1].upper() + rest[1:] if sep and len(head) <= 40 else spec.description
+
+
+def method_paper(spec) -> str:
+    """The paper of merge method `spec`: its declared one, else the one its docs/methods.md section cites."""
+    return getattr(spec, "paper", "") or doc_source(spec.name)
+
+
+def _method_terms() -> dict[str, Term]:
+    anchors = doc_anchors()
+    out = {}
+    for name in METHODS.names():
+        spec = METHODS[name]
+        head = spec.description.partition(": ")[0]
+        aliases = tuple(dict.fromkeys(a for a in (name, head if len(head) <= 40 else "") if a))
+        out[name] = Term(method_title(spec), method_summary(spec), name if name in anchors else "", aliases,
+                         METHOD_SECTION, method_paper(spec))
+    return out
+
+
+def _parameter_terms(known: set[str]) -> dict[str, Term]:
+    """An entry per merge parameter name that no other entry names: its first declaration's help, the methods that
+    take it, and its choices as aliases (scope: tensor, global)."""
+    users: dict[str, list] = {}
+    for name in METHODS.names():
+        for p in METHODS[name].params:
+            users.setdefault(p.name, []).append((METHODS[name], p))
+    out = {}
+    for pname, pairs in sorted(users.items()):
+        if _norm(pname) in known:
+            continue
+        spec, p = pairs[0]
+        methods = ", ".join(method_title(s) for s, _ in pairs)
+        choices = tuple(c for _, q in pairs for c in (q.choices or ()))
+        out[f"param:{pname}"] = Term(pname, f"{p.help} (a parameter of {methods})", spec.name, choices,
+                                     PARAMETER_SECTION)
+    return out
+
+
+def _analysis_terms() -> dict[str, Term]:
+    anchors = doc_anchors()
+    out = {}
+    for name in ANALYSES.names():
+        a = ANALYSES.get(name)
+        anchor = ANALYSIS_ANCHORS.get(name, "sweeps" if name.startswith("sweep-") else name)
+        out[f"analysis:{name}"] = Term(a.title, a.help[:1].upper() + a.help[1:], anchor if anchor in anchors else "",
+                                       (name,), ANALYSIS_SECTION)
+    return out
+
+
+@lru_cache(maxsize=1)
+def all_terms() -> dict[str, Term]:
+    """Every entry by key: the hand-written ones (TERMS; the fine-tune methods with their paper), then the merge
+    methods (by registry name), the merge parameters no other entry names ("param:<name>") and the analyses
+    ("analysis:<name>")."""
+    hand = {k: replace(t, source=doc_source(t.anchor)) if t.section == "Fine-tuning" and t.anchor else t
+            for k, t in TERMS.items()}          # a fine-tune method with the paper its section cites
+    out = {**hand, **_method_terms()}
+    known = {_norm(w) for t in out.values() for w in (t.name, *t.aliases)}
+    return {**out, **_parameter_terms(known), **_analysis_terms()}
+
+
+# ------------------------------------------------------------------------------ finding and explaining
+
+def _norm(text: str) -> str:
+    """A name as the glossary compares names: lower case, "_" read as a space, spaces collapsed."""
+    return " ".join(str(text).replace("_", " ").lower().split())
+
+
+@lru_cache(maxsize=1)
+def phrases() -> dict[str, str]:
+    """Every name and alias of every entry, normalised (lower case, "_" as a space), → the entry's key; a phrase
+    two entries share goes to the first."""
+    out: dict[str, str] = {}
+    for key, t in all_terms().items():
+        for word in (t.name, *t.aliases):
+            out.setdefault(_norm(word), key)
+    return out
+
+
+def find(phrase: str) -> Optional[Term]:
+    """The entry whose name or alias is `phrase` (case-insensitive, "_" as a space), or None."""
+    key = phrases().get(_norm(phrase))
+    return all_terms()[key] if key is not None else None
 
 
 def term(key: str) -> Term:
-    """The glossary entry of `key` (a KeyError names the known keys: a typo in a page must fail its test)."""
-    try:
-        return TERMS[key]
-    except KeyError:
-        raise KeyError(f"no glossary term {key!r}; known: {', '.join(sorted(TERMS))}") from None
+    """The glossary entry of `key` — a key of `all_terms`, else a name or alias ("dare" → DARE) — or a KeyError
+    that names the hand-written keys (a typo in a page must fail its test)."""
+    terms = all_terms()
+    if key in terms:
+        return terms[key]
+    found = find(key)
+    if found is None:
+        raise KeyError(f"no glossary term {key!r}; known: {', '.join(sorted(TERMS))} and every merge method")
+    return found
 
 
 def explain(*keys: str) -> str:
@@ -110,10 +220,21 @@ def explain_group(group: str) -> str:
 
 
 def glossary_rows(query: str = "") -> list[dict[str, str]]:
-    """The glossary as rows {term, meaning, formula}, sorted by term (case-insensitive), keeping those whose
-    term or meaning contains `query` (case-insensitive; empty keeps all)."""
-    q = query.strip().lower()
-    rows = [{"term": t.name, "meaning": t.meaning,
-             "formula": f"docs/methods.md#{t.anchor}" if t.anchor else ""}
-            for t in TERMS.values() if not q or q in t.name.lower() or q in t.meaning.lower()]
-    return sorted(rows, key=lambda r: r["term"].lower().lstrip("τ(").strip())
+    """The glossary as rows {key, term, aliases (a list), meaning, section, formula, link, source}, keeping those
+    whose name, aliases, meaning or source contains `query` (case-insensitive; "_" and a space alike; empty keeps
+    all): first the entries it names (name or alias equal to it), then those whose name or alias contains it, then
+    the others; within each, in the page's order of sections (ORDER) and by term (case-insensitive)."""
+    q = _norm(query)
+    rows = []
+    for key, t in all_terms().items():
+        aliases = [a for a in t.aliases if _norm(a) != _norm(t.name)]
+        names = [_norm(w) for w in (t.name, *aliases)]
+        rank = 0 if q in names else 1 if any(q in n for n in names) else 2
+        if q and rank == 2 and not any(q in _norm(text) for text in (t.meaning, t.source)):
+            continue
+        rows.append({"key": key, "term": t.name, "aliases": aliases, "meaning": t.meaning, "section": t.section,
+                     "formula": f"docs/methods.md#{t.anchor}" if t.anchor else "",
+                     "link": formula_link(t.anchor) if t.anchor else "", "source": t.source,
+                     "rank": rank if q else 0})
+    rows.sort(key=lambda r: (r["rank"], ORDER.index(r["section"]), r["term"].lower().lstrip("τθ‖(Δ ")))
+    return [{k: v for k, v in r.items() if k != "rank"} for r in rows]
