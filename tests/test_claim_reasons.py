@@ -52,6 +52,11 @@ def test_claims_are_grouped_and_merges_use_display_names_and_their_own_papers():
     assert frame.loc["merge:iso_c", "claim"].startswith("an Iso-C merge of the fine-tunes")
     assert frame.loc["merge:ties", "claim"].startswith("a TIES merge")
     assert "iso_c" not in frame.loc["merge:iso_c", "claim"]
+    assert frame.loc["merge:della", "claim"].startswith("a DELLA merge")
+    from forgetlab.zoo.claim_reasons import merge_claim_text
+
+    assert merge_claim_text("pcb").startswith("a PCB merge") and merge_claim_text("tsv").startswith("a TSV merge")
+    assert merge_claim_text("slwm").startswith("a submodule-linearity merge of")
     papers = {k: frame.loc[k, "source"] for k in ("merge:iso_c", "merge:ties", "merge:della")}
     assert papers == {"merge:iso_c": METHODS["iso_c"].paper, "merge:ties": METHODS["ties"].paper,
                       "merge:della": METHODS["della"].paper}

@@ -195,6 +195,10 @@ def test_zoo_show_prints_the_claims(pico_zoo, zoo_home, capsys):
     assert "What this zoo shows" in out
     for c in pico_zoo.claims().claims:
         assert c.key in out
+    frame = pico_zoo.claims().to_frame()           # every ✗ and – says why, in the page's words
+    assert out.count("why not: ") == int((frame["holds"] != "✓").sum())
+    for text in frame["why not"]:
+        assert text in out
 
 
 def test_models_page_view_draws_the_claims_only_for_a_zoo(pico_zoo, tiny_llama):

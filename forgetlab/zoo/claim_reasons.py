@@ -11,6 +11,7 @@ claims stored by an older build read the same way).
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 from forgetlab.merge.registry import METHODS, method_title
@@ -38,8 +39,9 @@ def claim_group(key: str) -> str:
 
 
 def merge_claim_text(method: str) -> str:
-    """The claim of a merge, with the method's display name: "a TIES merge of the fine-tunes keeps …"."""
-    name = method_title(method)
+    """The claim of a merge, with the method's display name: "a TIES merge of the fine-tunes keeps …" ("a PCB
+    merge", not "a PCB-merging merge")."""
+    name = re.sub(r"[- ](merging|merge)$", "", method_title(method), flags=re.IGNORECASE)   # "PCB-merging" → "PCB"
     article = "an" if name[:1].lower() in "aeio" else "a"
     return (f"{article} {name} merge of the fine-tunes keeps their own-task gains better than their "
             f"{method_title(REFERENCE_MERGE)}")
