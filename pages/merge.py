@@ -12,8 +12,9 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.merge import METHODS
 from forgetlab.merge.memory import estimate_merge
 from forgetlab.merge.recipe_io import mergekit_yaml
+from forgetlab.merge.registry import method_title
 from forgetlab.merge.workflow import (cards_frame, check_merge_name, default_merge_models, merge_and_evaluate,
-                                      pool_recipe, saved_merges, workspace_merge_dir)
+                                      merge_folder_name, pool_recipe, saved_merges, workspace_merge_dir)
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
 from forgetlab.ui.jobs import job_key, run_once
@@ -62,8 +63,9 @@ left, right = st.columns([1, 2])
 with left:
     models = st.multiselect("fine-tuned models", pool.model_names, default=default_merge_models(pool),
                             key="merge_models")
-    method = st.selectbox("method", list(METHODS), index=index_of(METHODS, "ties"),
-                          key="merge_method", help=explain_group("merge"))
+    method = st.selectbox("method", list(METHODS), index=index_of(METHODS, "ties"), key="merge_method",
+                          format_func=lambda m: f"{method_title(m)} ({m})" if method_title(m) != m else m,
+                          help=explain_group("merge"))
     spec = METHODS[method]
     st.caption(f"{spec.description}  \n{spec.formula}" if spec.formula else spec.description)
     params: dict = {}
@@ -78,7 +80,7 @@ with left:
         budget = st.number_input("λ search budget (evaluations)", 2, 500, 12, key="merge_pcb_budget",
                                  disabled=not search)
     dtype = st.selectbox("output dtype", ["(as the base)", "float32", "bfloat16", "float16"], key="merge_dtype")
-    default_name = f"{method}-{'-'.join(models)[:40]}-{time.strftime('%m%d-%H%M%S')}"
+    default_name = merge_folder_name(method, models, time.strftime('%m%d-%H%M%S'))
     name = st.text_input("merge name (folder under merges/)", default_name, key=f"merge_name_{method}")
     try:
         planned = pool_recipe(pool, method, models, params)

@@ -11,7 +11,7 @@ from forgetlab.core.eval_memory import estimate_eval
 from forgetlab.core.evaluate import scorecards_frame, scorecards_takeaway
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.progress import scaled
-from forgetlab.core.scorecards import cached_scorecards, pool_scorecard
+from forgetlab.core.scorecards import cached_scorecards, pool_scorecard, scorecard_times, up_to_date_text
 from forgetlab.core.workspace import save_run
 from forgetlab.plots.models import cosine_heatmap, norms_heatmap, scorecard_bars
 from forgetlab.ui.benchmarks import render_benchmarks
@@ -38,13 +38,9 @@ pool = start_page(MENU, "What is in the pool, how good is each model at its task
                             "between models. Formulas: docs/methods.md#generality, #speciality, #taskvec-stats.",
                         needs="pool")
 
-render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
-snapshots = stored_snapshots(pool)      # a pico zoo's record of its base learning (nothing for a user's own pool)
-if snapshots:
-    with st.expander("How the base model learned: its pre-training, step by step"):
-        render_pretraining(snapshots, version=-1, live=False)
 for warning in pool.warnings:
     st.warning(warning)
+
 
 @st.cache_resource
 def _anatomy() -> dict:
@@ -71,10 +67,6 @@ def _members(_pool, pool_key: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-show_table(_members(pool, pool.key), width="stretch", key="models_members")
-st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general text: "
-           f"{len(pool.probes.general)} documents · architecture: {pool.config.model_type}")
-
 st.subheader("Scorecards", help=explain("general_loss", "exact_match", "answer_loss"))
 budget = eval_budget()
 device, dtype = device_settings()
@@ -82,7 +74,8 @@ remember_stored_scorecards(pool, budget, device)   # the zoo build's cards, when
 names = ["base", *pool.model_names]
 measure = speciality_measure("models", pool)
 c1, c2 = st.columns([5, 1], vertical_alignment="bottom")
-chosen = c1.multiselect("models to evaluate", names, default=names, key="models_chosen")
+chosen = c1.multiselect("models", names, default=names, key="models_chosen",
+                        help="The models to evaluate, and the ones the chart and the table below show.")
 fits = memory_check(estimate_eval, pool=pool, models=list(chosen), device=device, dtype=dtype,
                     max_general=budget.max_general, max_task=budget.max_task) if chosen else True
 clicked = c2.button("Evaluate", type="primary", key="models_eval", disabled=not fits)
@@ -118,17 +111,33 @@ auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device, dt
 auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None and fits
         and len(cached_scorecards(pool, names, budget, device=device, dtype=dtype)) < len(names))
 run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool", on_done=keep)
+computed = scorecard_times(pool, chosen, budget, device=device, dtype=dtype)
+up_to_date = clicked and bool(chosen) and len(computed) == len(chosen)     # nothing to compute: say so, run nothing
+if up_to_date:
+    st.info(up_to_date_text(computed.values()))
 run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_name(dtype)),
-         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen), label="Evaluating",
-         slot="models", on_done=keep)
-cards = cached_scorecards(pool, names, budget, device=device, dtype=dtype)
-if cards:
+         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen) and not up_to_date,
+         label="Evaluating", slot="models", on_done=keep)
+cards = cached_scorecards(pool, chosen, budget, device=device, dtype=dtype)     # the models chosen above, only
+if not chosen:
+    st.info("Choose at least one model above: the chart and the table show the models chosen there.")
+elif cards:
     show_takeaway(scorecards_takeaway(cards), key="models_takeaway")
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
     show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
 elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
     st.info("No scorecards yet at this budget: press **Evaluate**.")
 
+# the scorecards first; then what the zoo shows (folded), the pool's members, its base's learning, benchmarks
+render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)
+st.subheader("The pool")
+show_table(_members(pool, pool.key), width="stretch", key="models_members")
+st.caption(f"Tasks: {', '.join(pool.task_names) or 'none'} · held-out general text: "
+           f"{len(pool.probes.general)} documents · architecture: {pool.config.model_type}")
+snapshots = stored_snapshots(pool)      # a pico zoo's record of its base learning (nothing for a user's own pool)
+if snapshots:
+    with st.expander("How the base model learned: its pre-training, step by step"):
+        render_pretraining(snapshots, version=-1, live=False)
 render_benchmarks(pool, device, dtype)   # lm-eval table of the latest saved run; a button runs the pool's benchmarks
 
 if pool.model_names:

@@ -210,10 +210,10 @@ CLIPPED = """(root) => [...root.querySelectorAll('*')].filter(e => {
 
 
 def test_demo_script_models_merge_and_one_general_loss(demo_home, tmp_path):
-    """The rest of issue 29's demo walk: the Models page's claims table whole (no inner scroll, no cut column),
-    the Merge page's default ("Merge and compare": the full fine-tunes three ways) giving at least one merge that
-    keeps the parents' own-task skills better than the worst parent (mean answer loss over the parents' tasks, from
-    the merges' scorecards.json), and the base's general loss one number: the same in every merge's scorecards
+    """The rest of issue 29's demo walk: the Models page's claims table of merges, opened, whole (no inner scroll,
+    no cut column), the Merge page's default ("Merge and compare": the full fine-tunes three ways) giving at least
+    one merge that keeps the parents' own-task skills better than the worst parent (mean answer loss over the
+    parents' tasks, from the merges' scorecards.json), and the base's general loss one number: the same in every merge's scorecards
     and equal to forgetlab.core.scorecards at the app's default budget, as the Models page shows it."""
     import json
 
@@ -226,7 +226,9 @@ def test_demo_script_models_merge_and_one_general_loss(demo_home, tmp_path):
                           log=tmp_path / "streamlit.log") as url, chromium() as page:
         goto(page, url)
         page.get_by_text("What this zoo shows", exact=True).first.wait_for(timeout=60_000)
-        table = page.locator('[data-testid="stTable"]').first
+        merges = page.locator('[data-testid="stExpander"]', has_text="Merges:").first     # folded: open it
+        merges.locator("summary").click()
+        table = merges.locator('[data-testid="stTable"]').first
         table.wait_for(timeout=60_000)
         assert "measured" in table.inner_text() and table.evaluate(CLIPPED) == 0, "the claims table scrolls or is cut"
         wait_jobs(page, 300)                              # the Models page scores the zoo at the app's budget

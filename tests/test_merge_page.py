@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from tests.jobs_helper import finish_cleanly, finish_jobs, open_page, running_jobs, start_page
 
@@ -286,8 +287,13 @@ def test_merge_page_default_merges_the_full_fine_tunes_three_ways_and_judges_own
     at.button(key="merge_default_run").click().run()
     finish_cleanly(at, "merge")
     merges = sorted((tmp_path / "home" / "merges").iterdir())
-    assert [p.name.split("-")[0] for p in merges] == ["linear", "task_arithmetic", "ties"]
-    saved = {p.name.split("-")[0]: json.loads((p / "scorecards.json").read_text()) for p in merges}
+    # each folder is named as the page names its method ("weight average", not the registry's "linear"); the
+    # recipe inside keeps the registry name
+    assert [p.name.rsplit("-", 2)[0] for p in merges] == ["task-arithmetic-math-copy", "ties-math-copy",
+                                                          "weight-average-math-copy"]
+    methods = {p.name: yaml.safe_load((p / "recipe.yaml").read_text())["method"] for p in merges}
+    assert sorted(methods.values()) == ["linear", "task_arithmetic", "ties"]
+    saved = {methods[p.name]: json.loads((p / "scorecards.json").read_text()) for p in merges}
     assert {(s["max_general"], s["max_task"]) for s in saved.values()} == {(2, 3)}   # the app's one budget
     assert all(s["parents"] == ["math", "copy"] for s in saved.values())
     base_losses = {s["cards"][0]["general_loss"] for s in saved.values()}

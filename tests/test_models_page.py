@@ -9,6 +9,11 @@ from forgetlab.core.evaluate import Scorecard, TaskScore
 from tests.jobs_helper import finish_cleanly, finish_jobs, open_page
 
 
+def _scores(at):
+    """The scorecards table (the one with a general-loss column)."""
+    return next(d.value for d in at.dataframe if "general loss ↓" in d.value.columns)
+
+
 def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
     at = open_page("models", tiny_llama.pool_yaml, timeout=120)
@@ -29,7 +34,7 @@ def test_models_page_renders_and_evaluates(tiny_llama, tmp_path, monkeypatch):
     at.session_state["app_max_task"] = 4                                      # the app's budget (sidebar)
     at.button(key="models_eval").click().run()
     finish_cleanly(at, "models")
-    scores = at.dataframe[1].value
+    scores = _scores(at)
     assert list(scores["model"]) == ["base", "ft0"]
     assert {"general loss ↓", "math exact match ↑", "copy answer loss ↓"} <= set(scores.columns)   # friendly
     assert len(at.get("plotly_chart")) == 3
@@ -65,7 +70,7 @@ def test_a_zoo_is_scored_at_the_app_budget_and_the_measure_defaults_to_what_move
     finish_jobs(at, "models")
     assert not at.exception, at.exception
     assert len(at.get("plotly_chart")) == 3
-    table = at.dataframe[1].value
+    table = _scores(at)
     assert list(table["model"]) == ["base", "ft0", "ft1"]
     direct = pool_scorecard(ModelPool.from_yaml(flat), "base", Budget(2, 3))
     assert table["general loss ↓"].iloc[0] == direct.general_loss != 3.0       # computed, not the stored 3.0
@@ -99,28 +104,101 @@ def test_the_evaluate_button_is_visible_without_expanding_anything(tiny_llama, t
     finish_jobs(at, "models")
 
 
-def test_the_claims_table_is_shown_whole_and_says_its_budget(tiny_llama, tmp_path):
-    """All rows and the full "measured" text, in a static table (st.table: no inner scroll, no cut-off column);
-    its caption says whether it was measured at the app's budget."""
+def test_the_claims_are_grouped_folded_named_and_say_why_and_come_after_the_scorecards(tiny_llama, tmp_path):
+    """The claims come after the scorecards, in one folded expander per group (fine-tunes, fixes, merges) whose
+    label says how many of its claims hold; inside, a static table (st.table: all rows, the whole text, no inner
+    scroll) with merges named as the app names them, each with its own paper, and a reason beside each ✗; the
+    caption says whether the claims were measured at the app's budget."""
+    from forgetlab.merge import METHODS
+
     root = tmp_path / "zoo"
     shutil.copytree(tiny_llama.root, root)
     long = "math 47%, code 58%, translate 50% of the gain (mean 52%; weight average 95%); held-out loss 5.302 " * 2
-    claims = [{"key": f"k{i}", "claim": f"claim {i}", "source": "paper", "holds": i % 3 != 0, "numbers": f"{i}: {long}"}
-              for i in range(13)]
+    merges = ["ties", "iso_c", "della", "tsv", "lines"]
+    claims = [{"key": f"merge:{m}", "claim": f"a {m} merge of the fine-tunes keeps …", "numbers": f"{m}: {long}",
+               "source": "PCB-merging / submodule-linearity merging", "holds": i % 2 == 0,
+               "values": {"mean_share": 0.9 + 0.1 * (i % 2 == 0), "average_mean_share": 0.95}}
+              for i, m in enumerate(merges)]
+    claims += [{"key": "wise_ft", "claim": "WiSE-FT …", "source": "WiSE-FT", "holds": True, "numbers": "n",
+                "values": {}},
+               {"key": "finetune:math", "claim": "fine-tuning math …", "source": "catastrophic forgetting",
+                "holds": False, "numbers": "n", "values": {"task": "math", "exact_match": [0.0, 0.0], "gain": 0.0,
+                                                           "forgetting": 0.2, "general_loss": [4.0, 4.2]}}]
     (root / "manifest.json").write_text(json.dumps({"claims": {"claims": claims, "settings": {"max_general": 7,
                                                                                             "max_task": 9}}}))
     at = open_page("models", root / tiny_llama.pool_yaml.name, timeout=120)
     at.session_state["app_max_general"], at.session_state["app_max_task"] = 7, 9
     at.run()
     assert not at.exception, at.exception
-    table = at.table[0].value
-    assert len(table) == 13 and list(table.columns) == ["holds", "claim", "measured", "source"]
-    assert table["measured"].tolist() == [c["numbers"] for c in claims]
-    assert table["holds"].tolist().count("✗") == 5
+    headers = [h.value for h in at.subheader]
+    assert headers.index("Scorecards") < headers.index("What this zoo shows")        # the scorecards first
+    labels = [e.label for e in at.expander]
+    assert labels[:3] == ["Fine-tunes: 0 of 1 claim holds", "Fixes for forgetting: 1 of 1 claim holds",
+                          "Merges: 3 of 5 claims hold"]
+    assert not any(e.proto.expanded for e in at.expander[:3])                         # folded
+    tables = [t.value for t in at.table]
+    assert list(tables[1].columns) == ["holds", "claim", "measured", "source"]         # all hold: no reason column
+    merge_table = tables[2]
+    assert list(merge_table.columns) == ["holds", "claim", "why not", "measured", "source"]
+    assert merge_table["measured"].tolist() == [c["numbers"] for c in claims[:5]]     # the whole text
+    assert merge_table["claim"].tolist()[:2] == ["a TIES merge of the fine-tunes keeps their own-task gains better "
+                                                 "than their weight average",
+                                                 "an Iso-C merge of the fine-tunes keeps their own-task gains better "
+                                                 "than their weight average"]
+    assert merge_table["source"].tolist() == [METHODS[m].paper for m in merges]       # each its own paper
+    why = dict(zip(merge_table["holds"], merge_table["why not"]))
+    assert why["✓"] == "" and why["✗"].startswith("keeps 90% of the fine-tunes' gains on average, the weight "
+                                                  "average 95%")
+    assert tables[0]["why not"].iloc[0].startswith("no gain on math: exact match 0.00 → 0.00")
     assert any("Same evaluation budget as the rest of the app" in c.value for c in at.caption)
     at.session_state["app_max_general"] = 8
     at.run()
     assert any("Another evaluation budget than the app's" in c.value for c in at.caption)
+    finish_jobs(at, "models")
+
+
+def _cached_pool(tiny_llama, tmp_path):
+    """A zoo-like copy of the tiny pool whose three models are scored at the app budget 2/3 on its first visit."""
+    return _with_manifest(tiny_llama, tmp_path, {"base": 0.0, "ft0": 0.6, "ft1": 0.1})
+
+
+def test_the_model_selection_filters_the_chart_and_the_table(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("models", _cached_pool(tiny_llama, tmp_path), timeout=120)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3
+    at.run()
+    finish_jobs(at, "models")
+    assert list(_scores(at)["model"]) == ["base", "ft0", "ft1"]
+    at.multiselect(key="models_chosen").set_value(["base", "ft1"]).run()
+    assert not at.exception, at.exception
+    assert list(_scores(at)["model"]) == ["base", "ft1"]
+    fig = json.loads(at.get("plotly_chart")[0].proto.spec)
+    shown = {x for trace in fig["data"] for x in (trace.get("x") or [])} | {t.get("name") for t in fig["data"]}
+    assert "ft1" in shown and "ft0" not in shown
+    at.multiselect(key="models_chosen").set_value([]).run()
+    assert not any("general loss ↓" in d.value.columns for d in at.dataframe)
+    assert any("Choose at least one model" in i.value for i in at.info)
+
+
+def test_evaluate_says_so_when_every_scorecard_is_up_to_date(tiny_llama, tmp_path, monkeypatch):
+    from forgetlab.ui.jobs import REGISTRY
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("models", _cached_pool(tiny_llama, tmp_path), timeout=120)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3
+    at.run()
+    finish_jobs(at, "models")                               # the first visit scores the zoo at the app's budget
+    jobs = {j.key for j in REGISTRY.jobs()}
+    at.button(key="models_eval").click().run()
+    assert not at.exception, at.exception
+    said = [i.value for i in at.info if "up to date" in i.value]
+    assert len(said) == 1 and said[0].startswith("All 3 scorecards are up to date (computed ")
+    assert said[0].endswith("; nothing to recompute.")
+    assert {j.key for j in REGISTRY.jobs()} == jobs                                    # nothing started
+    assert not (tmp_path / "home" / "runs").exists()                                   # nothing saved again
+    at.multiselect(key="models_chosen").set_value(["ft0"]).run()
+    at.button(key="models_eval").click().run()
+    assert any(i.value.startswith("The scorecard is up to date") for i in at.info)
     finish_jobs(at, "models")
 
 
@@ -137,7 +215,7 @@ def test_models_page_evaluates_in_the_sidebar_dtype_and_refuses_what_will_not_fi
     finish_jobs(at, "models-anatomy")
     run = next((tmp_path / "home" / "runs").iterdir())
     assert json.loads((run / "recipe.json").read_text())["dtype"] == "bfloat16"
-    assert list(at.dataframe[1].value["model"]) == ["base"]            # the bf16 card is the one shown
+    assert list(_scores(at)["model"]) == ["base"]                      # the bf16 card is the one shown
     import forgetlab.core.memory as memory
 
     monkeypatch.setattr(memory, "free_bytes", lambda device="cpu": 1024)

@@ -86,6 +86,34 @@ def test_a_scorecard_is_computed_once_per_model_and_budget(pool, monkeypatch):
     assert cached_scorecards(pool, ["base", "ft1"], small) == []
 
 
+def test_the_cache_knows_when_each_card_was_computed_and_says_so(pool, monkeypatch):
+    """What the Models page's Evaluate says when nothing is left to compute: the cards' computation times."""
+    import time
+
+    from forgetlab.core import scorecards
+    from forgetlab.core.scorecards import scorecard_times, up_to_date_text
+
+    forget_scorecards(pool)
+    small = Budget(2, 3)
+    today = time.localtime()[:3]
+    stamps = [time.mktime((*today, 9, 20, 0, 0, 0, -1)), time.mktime((*today, 9, 24, 0, 0, 0, -1))]
+    clock = iter(stamps)
+    monkeypatch.setattr(scorecards.time, "time", lambda: next(clock))
+    pool_scorecard(pool, "base", small)
+    remember(pool, [Scorecard("ft1", 1.0, math.e, 3)], small)
+    times = scorecard_times(pool, ["base", "ft0", "ft1"], small)
+    assert list(times) == ["base", "ft1"]                                   # ft0 has no card: left out
+    assert scorecard_times(pool, ["base"], Budget(4, 3)) == {}              # another budget: none
+    monkeypatch.undo()
+    assert up_to_date_text(times.values()) == ("All 2 scorecards are up to date (computed 09:20–09:24); nothing to "
+                                               "recompute.")
+    assert up_to_date_text([times["base"]]) == "The scorecard is up to date (computed 09:20); nothing to recompute."
+    yesterday = stamps[0] - 86400                                            # another day: with its date
+    assert f"(computed {time.strftime('%Y-%m-%d', time.localtime(yesterday))} 09:20)" in up_to_date_text([yesterday])
+    forget_scorecards(pool)
+    assert scorecard_times(pool, ["base", "ft1"], small) == {}
+
+
 def test_the_base_general_loss_is_the_same_on_every_pages_code_path(tiny_llama, tmp_path, monkeypatch):
     """At one budget the base's held-out loss is one number, whichever page computes it: the Models page's
     scorecards, the Merge page's evaluation beside a merge, a Forgetting sweep's α = 0 point, an Attribution map's

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from forgetlab.core.errors import ParameterError, ProbeDataError
+from forgetlab.zoo.claim_reasons import GROUPS
 from forgetlab.zoo.claims import MERGE_METHODS, Claim, ZooClaims, stored_claims, zoo_claims
 
 TASKS = ("math", "code", "translate")
@@ -38,7 +39,8 @@ def test_the_build_stores_every_claim_in_the_manifest(pico_zoo):
                     *(f"merge:{m}" for m in MERGE_METHODS)]
     assert all(c.holds in (True, False, None) and c.numbers for c in claims.claims)
     frame = claims.to_frame()
-    assert list(frame.columns) == ["holds", "claim", "measured", "source", "key"]
+    assert list(frame.columns) == ["group", "holds", "claim", "why not", "measured", "source", "key"]
+    assert (frame["why not"] != "").tolist() == (frame["holds"] != "✓").tolist()    # every ✗ and – says why
     assert set(frame["holds"]) <= {"✓", "✗", "–"}
     assert claims.settings["max_task"] == 32 and claims.seconds > 0
     # stored as strict JSON (no NaN/Infinity) and round-tripped exactly
@@ -71,6 +73,21 @@ def test_finetune_claims_are_the_models_own_evaluation(zoo_pool, measured):
     assert [c.key for c in measured.claims if c.key.startswith("merge:")] == ["merge:ties"]
     shares = measured.get("merge:ties").values["shares"]
     assert set(shares) == {"math", "translate"}
+
+
+def test_the_claims_nls_is_the_linearity_analysis_number(zoo_pool, measured):
+    """One number for a model's NLS: the claim's equals what the Linearity page computes (the linearity analysis
+    with its default α grid and levels) on the same probe samples, and its text shows it as that page does."""
+    from forgetlab.analysis.linearity import ANALYSIS, LinearitySettings
+    from forgetlab.zoo.claim_reasons import nls_text
+
+    result = ANALYSIS.run(zoo_pool, LinearitySettings(task="math", model="math", samples=SMALL["nls_samples"]))
+    page = result.by_level().set_index("level")["nls_mean"]
+    claim = measured.get("linearity")
+    for level, value in claim.values["math"].items():
+        assert value == pytest.approx(page[level], rel=1e-6), level
+    assert f"math: model {nls_text(page['model'])} vs " in claim.numbers
+    assert f"{SMALL['nls_samples']} probe samples" in claim.numbers
 
 
 def test_distinct_tasks_claim_is_plain_torch_cosines_and_off_task_gains(zoo_pool, measured):
@@ -178,6 +195,10 @@ def test_zoo_show_prints_the_claims(pico_zoo, zoo_home, capsys):
     assert "What this zoo shows" in out
     for c in pico_zoo.claims().claims:
         assert c.key in out
+    frame = pico_zoo.claims().to_frame()           # every ✗ and – says why, in the page's words
+    assert out.count("why not: ") == int((frame["holds"] != "✓").sum())
+    for text in frame["why not"]:
+        assert text in out
 
 
 def test_models_page_view_draws_the_claims_only_for_a_zoo(pico_zoo, tiny_llama):
@@ -195,10 +216,15 @@ def test_models_page_view_draws_the_claims_only_for_a_zoo(pico_zoo, tiny_llama):
     at = AppTest.from_function(page, args=(str(pico_zoo.pool_yaml),)).run(timeout=60)
     assert not at.exception
     assert [s.value for s in at.subheader] == ["What this zoo shows"]
-    assert at.text[-1].value == "drawn=True" and len(at.table) == 1 and not at.dataframe   # whole: no inner scroll
-    shown = at.table[0].value
-    assert shown["claim"].tolist() == pico_zoo.claims().to_frame()["claim"].tolist()
-    assert shown["measured"].tolist() == pico_zoo.claims().to_frame()["measured"].tolist()
+    frame = pico_zoo.claims().to_frame()
+    groups = [g for g, _, _ in GROUPS if g in set(frame["group"])]
+    # one static table per group (whole: no inner scroll), each in a folded expander
+    assert at.text[-1].value == "drawn=True" and len(at.table) == len(groups) == 3 and not at.dataframe
+    assert len(at.expander) == 3 and not any(e.proto.expanded for e in at.expander)
+    for table, group in zip(at.table, groups):
+        rows = frame[frame["group"] == group]
+        assert table.value["claim"].tolist() == rows["claim"].tolist()
+        assert table.value["measured"].tolist() == rows["measured"].tolist()
 
     at = AppTest.from_function(page, args=(str(tiny_llama.pool_yaml),)).run(timeout=60)
     assert not at.exception and not at.subheader and at.text[-1].value == "drawn=False"

@@ -93,6 +93,8 @@ def _emit_claims(zoo) -> None:
     emit(f"What this zoo shows ({int((frame['holds'] == '✓').sum())} of {len(frame)} claims hold; "
          f"{claims.settings.get('measure')} on each model's own task, {claims.settings.get('max_task')} eval "
          f"pairs, {claims.settings.get('max_general')} held-out blocks; measured in {claims.seconds:.1f} s):")
-    for c in claims.claims:
-        emit(f"  {c.mark} {c.key}: {c.claim}")
-        emit(f"      {c.numbers}")
+    for _, row in frame.iterrows():          # the words the Models page shows (display names, reasons, papers)
+        emit(f"  {row['holds']} {row['key']}: {row['claim']}")
+        emit(f"      {row['measured']}")
+        if row["why not"]:
+            emit(f"      why not: {row['why not']}")

@@ -370,6 +370,18 @@ class BenchmarkTable:
                         out.append(f"{task}/{metric}")
         return out
 
+    def uniform_tasks(self) -> list[str]:
+        """The tasks that cannot tell the models apart: with two models or more, every metric of the task has one
+        value for every model (e.g. an accuracy of 0.85 for all)."""
+        if len(self.results) < 2:
+            return []
+        out = []
+        for task in self.tasks:
+            cards = [card.get(task) for card in self.results.values()]
+            if all(cards) and all(c == cards[0] for c in cards[1:]):
+                out.append(task)
+        return out
+
     def to_frame(self):
         """One row per model; a column `model`, then one column per `TASK/METRIC` (empty where missing)."""
         cols = self.measures()

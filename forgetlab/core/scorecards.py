@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -51,14 +52,15 @@ DEFAULT_BUDGET = Budget(32, 50)
 attribution map of 30 parts stays well under a minute."""
 
 _CACHES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_TIMES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()   # when each card was stored
 _LOCK = threading.Lock()
 
 
-def _cache(pool) -> dict:
+def _cache(pool, book: "weakref.WeakKeyDictionary[Any, dict]" = _CACHES) -> dict:
     with _LOCK:
-        cache = _CACHES.get(pool)
+        cache = book.get(pool)
         if cache is None:
-            cache = _CACHES[pool] = {}
+            cache = book[pool] = {}
         return cache
 
 
@@ -84,6 +86,8 @@ def pool_scorecard(pool, name: str, budget: Budget = DEFAULT_BUDGET, *, device: 
                         max_task=budget.max_task, benchmarks=benchmarks, benchmark_manager=benchmark_manager,
                         progress=progress)
         with _LOCK:
+            if key not in cache:
+                _cache_time(pool, key)
             card = cache.setdefault(key, card)
     else:
         report(progress, 1.0, f"{name}: scorecard at this budget already computed")
@@ -108,12 +112,56 @@ def remember(pool, cards: Iterable[Scorecard], budget: Budget, *, device: Option
     cache = _cache(pool)
     with _LOCK:
         for card in cards:
-            cache.setdefault(_key(card.model, budget, device, dtype or torch.float32, None), copy.deepcopy(card))
+            key = _key(card.model, budget, device, dtype or torch.float32, None)
+            if key not in cache:
+                _cache_time(pool, key)
+            cache.setdefault(key, copy.deepcopy(card))
+
+
+def _cache_time(pool, key: tuple) -> None:
+    """Record now as the time the card under `key` was stored (called with _LOCK held)."""
+    times = _TIMES.get(pool)
+    if times is None:
+        times = _TIMES[pool] = {}
+    times[key] = time.time()
+
+
+def scorecard_times(pool, names: Iterable[str], budget: Budget = DEFAULT_BUDGET, *, device: Optional[str] = None,
+                    dtype=None, benchmarks=None) -> dict[str, float]:
+    """When the cached cards of `names` at `budget` were computed (or stored by `remember`), as time.time()
+    seconds, by model name; models without a card are left out."""
+    times = _cache(pool, _TIMES)
+    out = {}
+    for name in names:
+        stamp = times.get(_key(name, budget, device, dtype or torch.float32, benchmarks))
+        if stamp is not None:
+            out[name] = stamp
+    return out
 
 
 def forget_scorecards(pool, name: Optional[str] = None) -> None:
     """Drop the pool's cached cards (one model's, or all of them)."""
-    cache = _cache(pool)
+    cache, times = _cache(pool), _cache(pool, _TIMES)
     with _LOCK:
         for key in [k for k in cache if name is None or k[0] == name]:
             del cache[key]
+            times.pop(key, None)
+
+
+def up_to_date_text(stamps: Iterable[float]) -> str:
+    """What Evaluate says when every chosen card is already computed: "All 7 scorecards are up to date (computed
+    09:20); nothing to recompute." — the computation times (time.time() seconds) as a clock time, or a span of
+    them (with the date when it is not today)."""
+    stamps = sorted(stamps)
+    if not stamps:
+        return "No scorecard is computed yet."
+
+    def clock(t: float) -> str:
+        today = time.strftime("%Y-%m-%d") == time.strftime("%Y-%m-%d", time.localtime(t))
+        return time.strftime("%H:%M" if today else "%Y-%m-%d %H:%M", time.localtime(t))
+
+    first, last = clock(stamps[0]), clock(stamps[-1])
+    when = first if first == last else f"{first}–{last}"
+    n = len(stamps)
+    cards = "The scorecard is" if n == 1 else f"All {n} scorecards are"
+    return f"{cards} up to date (computed {when}); nothing to recompute."

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -40,6 +41,8 @@ import torch
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.registry import Registry
 from forgetlab.merge.select import on_cpu_fast_path
+
+_GREEK = {"α": "alpha", "β": "beta", "γ": "gamma", "λ": "lambda", "τ": "tau"}   # spelt out in folder names
 
 
 def tensor_generator(seed: int, name: str, index: int, device: str | torch.device = "cpu") -> torch.Generator:
@@ -245,6 +248,23 @@ class MethodSpec:
     # its working memory (a + b·N tensors of the largest tensor's size) and any prepare phase's parts, as measured;
     # None: not measured (forgetlab.merge.memory then assumes the largest measured)
     memory: WorkingMemory | None = None
+    title: str = ""             # its name in the app's words ("weight average", "Iso-C"); "" = the registry name
+    paper: str = ""             # where the method comes from, in short ("Ilharco et al., … (ICLR 2023)"); "" = none
+
+    @property
+    def display_name(self) -> str:
+        """What the app calls the method: its declared title, else its registry name."""
+        return self.title or self.name
+
+    @property
+    def slug(self) -> str:
+        """The display name as a folder-name part: lower case, Greek letters spelt out, "++" as "pp" and "+" as
+        "plus", every other run of non-alphanumerics one "-" ("weight average" → "weight-average", "RegMean++" →
+        "regmeanpp", "Iso-C" → "iso-c")."""
+        text = self.display_name.lower().replace("++", "pp").replace("+", "plus")
+        for letter, word in _GREEK.items():
+            text = text.replace(letter, f" {word} ")
+        return re.sub(r"[^a-z0-9]+", "-", text).strip("-") or self.name
 
     def apply(self, job: TensorJob) -> torch.Tensor:
         """The merged tensor of one job: the CPU kernel when there is one and the job's tensors are float32 on
@@ -293,7 +313,8 @@ class MethodSpec:
         return {"name": self.name, "description": self.description, "formula": self.formula,
                 "params": [p.to_dict() for p in self.params], "min_models": self.min_models,
                 "max_models": self.max_models, "global_pass": self.global_pass,
-                "needs_pool": self.needs_pool, "mergekit": self.mergekit.name if self.mergekit else None}
+                "needs_pool": self.needs_pool, "mergekit": self.mergekit.name if self.mergekit else None,
+                "title": self.display_name, "paper": self.paper}
 
 
 METHODS: Registry[MethodSpec] = Registry("merge method", "forgetlab.merge.methods")
@@ -313,6 +334,13 @@ def method(name: str, description: str, params: Sequence[ParamSpec] = (), **opti
         register(MethodSpec(name, description, tuple(params), fn, **options))
         return fn
     return decorate
+
+
+def method_title(name: str) -> str:
+    """The display name of the registered method `name` (`MethodSpec.display_name`); `name` itself when no method
+    of that name is registered (a saved merge of a method that no longer exists still gets a label)."""
+    spec = METHODS.find(name)
+    return spec.display_name if spec is not None else name
 
 
 def fast_kernel(name: str) -> Callable:

@@ -31,7 +31,7 @@ from forgetlab.core.yamlio import load_file
 from forgetlab.merge.engine import MergeResult, open_sources, run
 from forgetlab.merge.recipe_io import load_recipe
 from forgetlab.merge.recipes import ModelEntry, Recipe, recipe_parents
-from forgetlab.merge.registry import get_method
+from forgetlab.merge.registry import get_method, method_title
 
 SCORECARDS = "scorecards.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -61,7 +61,14 @@ def pool_recipe(pool, method: str, models: Sequence[str], params: Mapping[str, A
 
 COMPARE_METHODS = ("linear", "ties", "task_arithmetic")
 """What the Merge page compares by default: the plain weight average beside TIES and task arithmetic."""
-METHOD_NAMES = {"linear": "weight average", "ties": "TIES", "task_arithmetic": "task arithmetic"}
+
+
+def merge_folder_name(method: str, models: Sequence[str], stamp: str = "") -> str:
+    """The folder name the app proposes for a merge: the method's display name as a slug (`MethodSpec.slug`:
+    "weight-average", the name the page shows, not the registry's "linear"), the merged models and a time
+    stamp, at most 100 characters (`check_merge_name`). The recipe inside keeps the registry name."""
+    head = f"{get_method(method).slug}-{'-'.join(models)}"[:80]
+    return f"{head}-{stamp}" if stamp else head
 
 
 def default_merge_models(pool) -> list[str]:
@@ -222,7 +229,9 @@ class SavedMerge:
 
     def to_row(self) -> dict:
         models = [Path(str(m.get("model") if isinstance(m, dict) else m)).name for m in self.recipe.get("models", [])]
-        return {"name": self.name, "method": self.recipe.get("method"), "models": ", ".join(models),
+        method = self.recipe.get("method")     # the page's name for it, whatever the folder says (old `linear-…`)
+        return {"name": self.name, "method": method_title(method) if isinstance(method, str) else method,
+                "models": ", ".join(models),
                 "created": time.strftime("%Y-%m-%d %H:%M", time.localtime(self.created)),
                 "evaluated": bool(self.cards), "evaluation budget": self.budget_text() if self.cards else "",
                 "notes": " ".join(self.notes)}

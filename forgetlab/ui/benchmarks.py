@@ -85,10 +85,27 @@ def benchmark_job(pool: "ModelPool", models: list[str], limit: int, device: str,
     return work
 
 
+ACCURACY_NOTE = ("**acc** is lm-eval's multiple-choice accuracy: the share of items where the model gives the right "
+                 "choice a higher log-likelihood than every wrong one (chance: one in the number of choices, 25 % on "
+                 "the zoo's four-choice tasks; **acc_norm** per character of the choice). It asks a model to "
+                 "*recognise* the answer, not to *write* it and stop, as the scorecards' exact match does: a base "
+                 "that learned the sums from its text but not the task's prompt format gets accuracy without a "
+                 "single exact match.")
+
+
 def show_benchmark_table(table: "BenchmarkTable", *, key: str = "models_bench_table") -> None:
-    """The table model × `task/metric` (the names a measure is written with), three decimals."""
+    """The table model × `task/metric` (the names a measure is written with), three decimals; a task on which
+    every model scores the same (`BenchmarkTable.uniform_tasks`) is left out, and a caption says so."""
     frame = table.to_frame()
-    st.dataframe(frame.style.format(precision=3, na_rep=""), hide_index=True, key=key, width="stretch")
+    flat = table.uniform_tasks()
+    if flat:
+        frame = frame[[c for c in frame.columns if c.partition("/")[0] not in flat]]
+        first = next(iter(table.results.values()))
+        st.caption("Left out: " + "; ".join(
+            f"**{t}** ({', '.join(f'{m} {v:.3f}' for m, v in first[t].items())} for all {len(table.results)} models)"
+            for t in flat) + " — a benchmark on which every model scores the same cannot tell them apart.")
+    if len(frame.columns) > 1:
+        st.dataframe(frame.style.format(precision=3, na_rep=""), hide_index=True, key=key, width="stretch")
 
 
 def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> None:
@@ -104,7 +121,7 @@ def render_benchmarks(pool: "ModelPool", device: str = "cpu", dtype=None) -> Non
     groups = [f"general: {', '.join(spec.general)}"] if spec.general else []
     groups += [f"{t}: {', '.join(names)}" for t, names in spec.tasks.items()]
     st.caption("lm-eval tasks named by the pool — " + " · ".join(groups) + ". Each metric can be chosen as the "
-               "speciality or generality measure (written TASK/METRIC).")
+               "speciality or generality measure (written TASK/METRIC). " + ACCURACY_NOTE)
     c1, c2 = st.columns([1, 2])
     limit = c1.number_input("examples per task (limit)", 1, 100_000, min(DEFAULT_LIMIT, spec.limit or DEFAULT_LIMIT),
                             key="models_bench_limit",

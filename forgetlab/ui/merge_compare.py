@@ -18,7 +18,8 @@ from forgetlab.core.memory import with_free
 from forgetlab.core.progress import scaled
 from forgetlab.merge import METHODS
 from forgetlab.merge.memory import estimate_merge
-from forgetlab.merge.workflow import (COMPARE_METHODS, METHOD_NAMES, default_merge_models, merge_and_evaluate,
+from forgetlab.merge.registry import method_title
+from forgetlab.merge.workflow import (COMPARE_METHODS, default_merge_models, merge_and_evaluate, merge_folder_name,
                                       pool_recipe, workspace_merge_dir)
 from forgetlab.plots import color_for
 from forgetlab.plots.merge import retention_figure, scorecard_figure
@@ -107,7 +108,7 @@ def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
                             key="merge_default_models",
                             help="Default: the pool's full fine-tunes (its LoRA adapters left out), one per task.")
     methods = c2.multiselect("methods", choices, default=[m for m in COMPARE_METHODS if m in METHODS],
-                             format_func=lambda m: METHOD_NAMES.get(m, m), key="merge_default_methods",
+                             format_func=method_title, key="merge_default_methods",
                              help="Each with its default parameters; compose your own merge below.")
     fits = _fits(pool, models, methods, device, dtype, budget)
     clicked = c3.button("Merge and compare", type="primary", key="merge_default_run",
@@ -119,10 +120,10 @@ def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
     if clicked:
         st.session_state["merge_default_stamp"] = time.strftime("%m%d-%H%M%S")
     stamp = st.session_state.get("merge_default_stamp", "")
-    names = {m: f"{m}-{'-'.join(models)}"[:80] + f"-{stamp}" for m in methods}
+    names = {m: merge_folder_name(m, models, stamp) for m in methods}     # "weight-average-…", as the page says
 
     def work(progress):
-        """Each method's merge into merges/<method>-<models>-<time>, scored (merge_and_evaluate); the base's and
+        """Each method's merge into merges/<display-name>-<models>-<time>, scored (merge_and_evaluate); the base's and
         parents' cards are computed once (the pool's scorecard cache)."""
         done = []
         for i, method in enumerate(methods):
@@ -154,7 +155,7 @@ def render_compare(pool, measure: str, budget, device: str, dtype=None) -> None:
         return
     cards = [*done[0]["cards"][:-1], *(d["cards"][-1] for d in done)]
     merged = [d["name"] for d in done]
-    labels = {d["name"]: METHOD_NAMES.get(d["method"], d["method"]) for d in done}
+    labels = {d["name"]: method_title(d["method"]) for d in done}
     with show_errors():
         judge_takeaway(pool, cards, merged, measure, labels=labels, key="merge_takeaway")
         colors = {d["name"]: color_for(d["method"]) for d in done}      # a method's colour, whatever the folder

@@ -13,7 +13,7 @@ from forgetlab.analysis.search import ANALYSIS, SEARCH_MEASURES, SearchSettings,
 from forgetlab.analysis.search_results import SearchResult
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import dtype_name
-from forgetlab.merge.workflow import pool_recipe, recipe_form
+from forgetlab.merge.workflow import merge_folder_name, pool_recipe, recipe_form
 from forgetlab.plots import forgetting_text
 from forgetlab.plots.merge import search_figure
 from forgetlab.ui.errors import show_errors
@@ -89,7 +89,8 @@ def use_best(form, merge: bool = False) -> None:
     name (a callback: it runs before the widgets are drawn)."""
     preset_form(*form)
     if merge:
-        st.session_state[f"merge_name_{form[0]}"] = f"{form[0]}-search-best-{time.strftime('%m%d-%H%M%S')}"
+        st.session_state[f"merge_name_{form[0]}"] = merge_folder_name(form[0], ["search-best"],
+                                                                      time.strftime('%m%d-%H%M%S'))
         st.session_state[MERGE_BEST_KEY] = True
 
 

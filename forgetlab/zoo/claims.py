@@ -19,12 +19,14 @@ held-out general loss; "gain" = improvement over the base; "forgetting" = genera
 - `fapm` (FAPM paper): FAPM at pruning ratio 0.9 keeps more speciality per unit of forgetting than WiSE-FT
   α = 0.5 — speciality gain / forgetting, a model with gain > 0 and no forgetting ranking above any ratio.
 - `linearity` (submodule-linearity paper): each submodule level (layer/attn/mlp/head) has a lower mean
-  non-linearity score (NLS) than the whole model.
-- `merge:<method>` (PCB and submodule-linearity papers): the merge of the full fine-tunes keeps a share of each
-  model's own-task gain over the base; it holds when the mean share beats that of the plain weight average of
-  the fine-tunes (`linear`, the "mean of the fine-tunes").
+  non-linearity score (NLS) than the whole model, measured as the Linearity page measures it at its defaults.
+- `merge:<method>` (each method's own paper, from its registry declaration): the merge of the full fine-tunes
+  keeps a share of each model's own-task gain over the base; it holds when the mean share beats that of the
+  plain weight average of the fine-tunes (`linear`, the "mean of the fine-tunes").
 
 A claim over several models holds when it holds for every one of them; its numbers say for how many it did.
+`ZooClaims.to_frame` words them for the page (`forgetlab.zoo.claim_reasons`: groups, display names, papers, and
+why a claim fails).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from forgetlab.analysis.linearity import nonlinearity_scores
+from forgetlab.analysis.linearity import LinearitySettings, nonlinearity_scores
 from forgetlab.analysis.retention import gain_share
 from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
 from forgetlab.core.taskvectors import cosine_matrix
@@ -47,6 +49,8 @@ from forgetlab.core.submodules import SUBMODULE_LEVELS
 from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.methods.slwm import slwm_weights
 from forgetlab.merge.registry import PrepareContext, get_method, validate_params
+from forgetlab.zoo.claim_reasons import (MAX_COSINE, MAX_OFF_TASK_SHARE, REFERENCE_MERGE, claim_group, claim_source,
+                                         claim_text, efficiency, merge_claim_text, nls_text, why_not)
 from forgetlab.zoo.manifest import manifest_beside
 
 MERGE_METHODS = ("task_arithmetic", "ties", "pcb", "slwm")
@@ -57,16 +61,9 @@ CLAIMABLE_MERGES = (*MERGE_METHODS, "multislerp", "model_stock", "della", "lines
 # parameters that differ from the registry's defaults, where the default does nothing (DELLA at density 1 drops
 # nothing): recorded in each row's values
 CLAIM_PARAMS: dict[str, dict[str, Any]] = {"della": {"density": 0.5}}
-REFERENCE_MERGE = "linear"
 MEASURES = ("exact_match", "answer_loss")
-CLAIM_SOURCES = {
-    "finetune": "catastrophic forgetting",
-    "distinct": "task arithmetic / TIES",
-    "wise_ft": "WiSE-FT",
-    "fapm": "FAPM",
-    "linearity": "submodule linearity",
-    "merge": "PCB-merging / submodule-linearity merging",
-}
+NLS_SAMPLES = LinearitySettings().samples
+"""The claims' NLS is the Linearity page's at its defaults: this many probe samples (and its α grid)."""
 
 
 @dataclass
@@ -96,10 +93,23 @@ class ZooClaims:
     seconds: float = 0.0
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per claim: ✓/✗ (`holds`), claim, measured numbers, source paper, key."""
-        rows = [{"holds": c.mark, "claim": c.claim, "measured": c.numbers, "source": c.source, "key": c.key}
-                for c in self.claims]
-        return pd.DataFrame(rows, columns=["holds", "claim", "measured", "source", "key"])
+        """One row per claim, in the words of the app (`forgetlab.zoo.claim_reasons`, so that claims stored by an
+        older build read the same): its group, ✓/✗/– (`holds`), the claim (a merge named as the app names its
+        method), why it does not hold (its numbers against the claim's threshold; "" where it holds), the
+        measured numbers, the paper it comes from, and its key."""
+        measure = self.settings.get("measure", "exact_match")
+        rows = [{"group": claim_group(c.key), "holds": c.mark, "claim": claim_text(c.key, c.claim),
+                 "why not": why_not(c, measure), "measured": c.numbers + self._note(c),
+                 "source": claim_source(c.key, c.source), "key": c.key} for c in self.claims]
+        return pd.DataFrame(rows, columns=["group", "holds", "claim", "why not", "measured", "source", "key"])
+
+    def _note(self, claim: Claim) -> str:
+        """What differs from the Linearity page for an NLS measured on other settings (claims of older builds)."""
+        samples = self.settings.get("nls_samples")
+        if claim.key != "linearity" or samples in (None, NLS_SAMPLES):
+            return ""
+        return (f" — measured on {samples} probe samples; the Linearity page's default, {NLS_SAMPLES}, gives other "
+                "NLS values")
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (round-trips through `from_dict`; non-finite numbers become None)."""
@@ -148,10 +158,6 @@ def _pct(x: float) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
 
-def _num(x: float, digits: int = 3) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}f}"
-
-
 def _all(flags: Sequence[Optional[bool]]) -> Optional[bool]:
     known = [f for f in flags if f is not None]
     return None if not known else all(known)
@@ -189,14 +195,15 @@ def _state_dict(model) -> dict:
 # ------------------------------------------------------------------------------------------------ claims
 
 def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str = "exact_match",
-               max_general: Optional[int] = 32, max_task: Optional[int] = 50, nls_samples: int = 12,
+               max_general: Optional[int] = 32, max_task: Optional[int] = 50, nls_samples: int = NLS_SAMPLES,
                slwm_samples: int = 12, merges: Sequence[str] = MERGE_METHODS, batch_size: int = 16,
                progress: Progress = None) -> ZooClaims:
     """Measure the papers' headline claims on `pool` (see the module docstring) and return a `ZooClaims`.
 
     `models` maps model → own task (default: models named `<task>` are full fine-tunes, `lora-<task>`
     adapters). Every evaluation uses the first `max_general` held-out blocks and `max_task` eval pairs per
-    task; linearity uses `nls_samples` probe pairs per model, slwm `slwm_samples` per task. Full fine-tunes
+    task; linearity uses `nls_samples` probe pairs per model (default: the Linearity page's, so that both show one
+    number for a model's NLS) on the Linearity analysis' α grid, slwm `slwm_samples` per task. Full fine-tunes
     (not adapters) are interpolated, pruned and merged.
     """
     if measure not in MEASURES:
@@ -233,7 +240,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         al0, al1 = base.tasks[task].answer_loss, cards[name].tasks[task].answer_loss
         claims.append(Claim(
             key=f"finetune:{name}", claim=f"fine-tuning {name} gains {task} and costs general ability",
-            source=CLAIM_SOURCES["finetune"], holds=holds,
+            source=claim_source("finetune"), holds=holds,
             numbers=(f"{task} EM {em0:.2f} → {em1:.2f}, answer loss {al0:.2f} → {al1:.2f}; held-out loss "
                      f"{base.general_loss:.3f} → {cards[name].general_loss:.3f} ({forgetting_text(cost)})"),
             values={"task": task, "exact_match": [em0, em1], "answer_loss": [al0, al1],
@@ -266,7 +273,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         wise_flags.append(wflag)
         wise_vals[name] = {"task": task, "recovered": recovered, "kept": kept, "general_loss": wc.general_loss,
                            "speciality": _spec(wc, task, measure), "distance": w.points[0].distance}
-        weff, feff = _efficiency(wgain, wforget), _efficiency(fgain, fforget)
+        weff, feff = efficiency(wgain, wforget), efficiency(fgain, fforget)
         fflag = None if gain <= 0 else feff > weff
         fapm_flags.append(fflag)
         fapm_vals[name] = {"task": task, "fapm_gain": fgain, "fapm_forgetting": fforget, "fapm_efficiency": feff,
@@ -275,13 +282,13 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     unit = "EM gain" if measure == "exact_match" else "answer-loss drop"
     claims.append(Claim(
         key="wise_ft", claim="WiSE-FT α = 0.5 recovers part of the general loss and keeps part of the speciality",
-        source=CLAIM_SOURCES["wise_ft"], holds=_all(wise_flags),
+        source=claim_source("wise_ft"), holds=_all(wise_flags),
         numbers="; ".join(f"{n}: recovers {_pct(v['recovered'])} of the forgetting, keeps {_pct(v['kept'])} of "
                           f"the {unit}" for n, v in wise_vals.items()) + f" ({_count(wise_flags)})",
         values=wise_vals))
     claims.append(Claim(
         key="fapm", claim="FAPM ratio 0.9 keeps more speciality per unit of forgetting than WiSE-FT α = 0.5",
-        source=CLAIM_SOURCES["fapm"], holds=_all(fapm_flags),
+        source=claim_source("fapm"), holds=_all(fapm_flags),
         numbers="; ".join(f"{n}: FAPM {_ratio_text(v['fapm_gain'], v['fapm_forgetting'])} vs WiSE-FT "
                           f"{_ratio_text(v['wise_gain'], v['wise_forgetting'])}" for n, v in fapm_vals.items())
         + f" ({unit} / nats of forgetting; {_count(fapm_flags)})",
@@ -292,7 +299,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     for i, (name, task) in enumerate(full.items()):
         lo = 0.55 + 0.2 * i / n_full
         res = nonlinearity_scores(pool, task, model=name, levels=("model", *SUBMODULE_LEVELS),
-                                  samples=nls_samples, progress=scaled(progress, lo, lo + 0.2 / n_full))
+                                  samples=nls_samples, alphas=LinearitySettings().alphas, progress=scaled(progress, lo, lo + 0.2 / n_full))
         by = {r["level"]: r["nls_mean"] for r in res.by_level().to_dict(orient="records")}
         subs = [by[lv] for lv in SUBMODULE_LEVELS if lv in by and math.isfinite(by[lv])]
         flag = None if not subs or not math.isfinite(by.get("model", float("nan"))) else all(
@@ -301,10 +308,10 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         lin_vals[name] = by
     claims.append(Claim(
         key="linearity", claim="submodules (layer/attn/mlp/head) score lower NLS than the whole model",
-        source=CLAIM_SOURCES["linearity"], holds=_all(lin_flags),
-        numbers="; ".join(f"{n}: model {_num(v.get('model'), 2)} vs " + "/".join(
-            _num(v.get(lv), 2) for lv in SUBMODULE_LEVELS) for n, v in lin_vals.items())
-        + f" (layer/attn/mlp/head; {_count(lin_flags)})",
+        source=claim_source("linearity"), holds=_all(lin_flags),
+        numbers="; ".join(f"{n}: model {nls_text(v.get('model'))} vs " + "/".join(
+            nls_text(v.get(lv)) for lv in SUBMODULE_LEVELS) for n, v in lin_vals.items())
+        + f" (layer/attn/mlp/head; {nls_samples} probe samples; {_count(lin_flags)})",
         values=lin_vals))
 
     # (e) merges of the full fine-tunes against their weight average
@@ -316,10 +323,6 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
     settings = {"measure": measure, "max_general": max_general, "max_task": max_task, "nls_samples": nls_samples,
                 "slwm_samples": slwm_samples, "merges": list(merges), "models": own, "batch_size": batch_size}
     return ZooClaims(claims=claims, settings=settings, seconds=seconds)
-
-
-MAX_COSINE = 0.3
-MAX_OFF_TASK_SHARE = 1 / 3
 
 
 def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], measure: str) -> Claim:
@@ -342,18 +345,11 @@ def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], mea
     return Claim(
         key="distinct", claim="the tasks are distinct: task vectors near-orthogonal (cos ≤ 0.3), an off-task "
                               "fine-tune gains at most a third of the own-task gain",
-        source=CLAIM_SOURCES["distinct"], holds=holds,
+        source=claim_source("distinct"), holds=holds,
         numbers=("cos " + ", ".join(f"{k} {v:.2f}" for k, v in pairs.items()) + "; off-task gain as a share of "
                  "the own-task gain: " + "; ".join(f"on {t}: " + ", ".join(f"{o} {_pct(v)}" for o, v in d.items())
                                                    for t, d in off.items())),
         values={"cosines": pairs, "off_task_share": off, "max_cosine": worst_cos, "max_off_task_share": worst_off})
-
-
-def _efficiency(gain: float, forgetting: float) -> float:
-    """Speciality gain per nat of forgetting; +inf for a gain without forgetting, −inf for no gain."""
-    if gain <= 0:
-        return -math.inf if forgetting > 0 else 0.0
-    return gain / forgetting if forgetting > 0 else math.inf
 
 
 def _ratio_text(gain: float, forgetting: float) -> str:
@@ -405,9 +401,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
         holds = None if not (math.isfinite(mean) and math.isfinite(ref_mean)) else mean > ref_mean
         card = scored[method]
         out.append(Claim(
-            key=f"merge:{method}", claim=f"a {method} merge of the fine-tunes keeps their own-task gains better than "
-                                         "their weight average",
-            source=CLAIM_SOURCES["merge"], holds=holds,
+            key=f"merge:{method}", claim=merge_claim_text(method), source=claim_source(f"merge:{method}"), holds=holds,
             numbers=(", ".join(f"{full[n]} {_pct(s[n])}" for n in names) + f" of the gain (mean {_pct(mean)}; "
                      f"weight average {_pct(ref_mean)}); held-out loss {card.general_loss:.3f} "
                      f"(base {base.general_loss:.3f}; {forgetting_text(card.forgetting(base))})"),

@@ -7,9 +7,16 @@ written as a task YAML plus a JSONL file under `data/lm_tasks/`:
 - `zoo_wiki_cloze` (generality): a held-out Wikipedia sentence without its last word; the choices are that
   word and three last words of other held-out sentences. Fine-tuning that damages general language shows as
   a drop in accuracy, as on LAMBADA-style cloze benchmarks.
-- `zoo_<task>` (speciality, one per synthetic task): an eval-split prompt; the choices are its answer and the
-  answers of three other eval prompts. The prompt and answer are joined exactly as forgetlab's exact match
-  joins them (no separator; `target_delimiter: ""`).
+- `zoo_<task>` (speciality, one per synthetic task): an eval-split prompt; the choices are its answer and three
+  wrong answers of the task: first the ones its prompt spells out (the code task's `max('hat', 'owl')` offers
+  `hat` beside `owl`, so copying a word of the prompt is no longer enough), then answers of other eval prompts.
+  The prompt and answer are joined exactly as forgetlab's exact match joins them (no separator;
+  `target_delimiter: ""`).
+
+Accuracy here (lm-eval's `acc`) is multiple-choice log-likelihood accuracy: the share of items where the model
+gives the right choice a higher log-likelihood than every wrong one (chance 1/4; `acc_norm` per character). It
+asks the model to recognise the answer, not to write it and stop, so it is not exact match: a base that learned
+the sums from its pretraining text, but not the task's prompt format, scores accuracy with no exact match.
 
 Distractors and the position of the right choice come from a fixed seed, so the files are deterministic.
 """
@@ -30,6 +37,7 @@ GENERAL_TASK = "zoo_wiki_cloze"
 N_CHOICES = 4
 MAX_ITEMS = 200
 _WORD = re.compile(r"^[A-Za-z][a-z]{2,}$")
+_TOKEN = re.compile(r"[A-Za-z0-9]+")      # the words (and numbers) a prompt writes
 
 
 def task_name(task: str) -> str:
@@ -59,16 +67,32 @@ def cloze_items(paragraphs: Sequence[str], n: int = MAX_ITEMS, seed: int = 0) ->
     return items
 
 
+def prompt_distractors(pair: TaskPair, answers: Sequence[str]) -> list[str]:
+    """The wrong answers that `pair`'s own prompt spells out: other answers of the task written in the prompt as
+    a word (`>>> max('hat', 'owl')` → `hat` when the answer is `owl`), in the order the prompt writes them."""
+    others = set(answers) - {pair.answer}
+    out: list[str] = []
+    for word in _TOKEN.findall(pair.prompt):
+        if word in others and word not in out:
+            out.append(word)
+    return out
+
+
 def choice_items(pairs: Sequence[TaskPair], n: int = MAX_ITEMS, seed: int = 0) -> list[dict]:
-    """Multiple-choice items from prompt/answer pairs: the right answer among answers of other prompts."""
+    """Multiple-choice items from prompt/answer pairs: the right answer among wrong answers of the same task —
+    first those the prompt itself spells out (`prompt_distractors`), then answers of other prompts drawn at
+    random. Without the first, a task whose answer is copied from its prompt (the code task's `max('hat',
+    'owl')` → `owl`) is solved by copying: every model picks the one choice written in the prompt, and the
+    benchmark gives every model the same accuracy."""
     answers = sorted({p.answer for p in pairs})
     rng = random.Random(seed)
     items = []
     for pair in list(pairs)[:n]:
-        pool = [a for a in answers if a != pair.answer]
-        if len(pool) < N_CHOICES - 1:
+        near = prompt_distractors(pair, answers)[:N_CHOICES - 1]
+        pool = [a for a in answers if a != pair.answer and a not in near]
+        if len(near) + len(pool) < N_CHOICES - 1:
             break
-        choices = [pair.answer, *rng.sample(pool, N_CHOICES - 1)]
+        choices = [pair.answer, *near, *rng.sample(pool, N_CHOICES - 1 - len(near))]
         rng.shuffle(choices)
         items.append({"context": pair.prompt, "choices": choices, "label": choices.index(pair.answer)})
     return items

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from forgetlab.analysis.linearity import LinearitySettings
 from forgetlab.core.errors import ParameterError
 
 SIZES = ("tiny", "default")
@@ -89,7 +90,7 @@ class ClaimsSpec:
 
     max_general: int = 32
     max_task: int = 50
-    nls_samples: int = 12
+    nls_samples: int = LinearitySettings().samples    # the Linearity page's default: one NLS for a model, both places
     slwm_samples: int = 12
     measure: str = "exact_match"
     merges: tuple[str, ...] = ("task_arithmetic", "ties", "pcb", "slwm")  # forgetlab.zoo.claims.CLAIMABLE_MERGES
@@ -199,7 +200,7 @@ _PICO_DEFAULT = ZooSpec(
     lora=LoraSpec(r=8, alpha=16, dropout=0.0, target_modules=_LORA_TARGETS,
                   train=TrainSpec(steps=150, batch_size=16, lr=1e-3, warmup=10, max_length=64)),
     evaluation=EvalSpec(max_general=160, max_task=100, block_size=128),
-    claims=ClaimsSpec(max_general=32, max_task=50, nls_samples=12, slwm_samples=12, measure="exact_match",
+    claims=ClaimsSpec(max_general=32, max_task=50, slwm_samples=12, measure="exact_match",
                       merges=("task_arithmetic", "ties", "pcb", "slwm", "multislerp", "model_stock", "della", "lines",
                               "tsv", "iso_c", "iso_cts", "cart", "localize_stitch", "regmean", "regmean_pp",
                               "fisher")),

@@ -115,7 +115,8 @@ def _check_breadcrumbs(params: dict, n: int) -> None:
         mergekit=MergekitSpec("breadcrumbs",
                               params=gta_params(normalize=False, rescale=False, density="keep", gamma=True)),
         formula="θ = θ0 + λ·Σ wt·breadcrumbs(τt, keep, γ) (/ Σ wt with normalize)",
-        memory=WorkingMemory(fast=(1.9, 0), reference=(3.1, 0.9)))
+        memory=WorkingMemory(fast=(1.9, 0), reference=(3.1, 0.9)),
+        title="Model Breadcrumbs", paper="Davari & Belilovsky, Model Breadcrumbs (ECCV 2024)")
 def _breadcrumbs(job: TensorJob) -> torch.Tensor:
     p = job.params
     parts = []

@@ -28,7 +28,8 @@ def cart(thetas: Sequence[torch.Tensor], lam: float, rank: float) -> torch.Tenso
          ParamSpec("rank", "float", 0.08, "Fraction of min(m, n) kept per centred task vector (paper: ≈ 8%).",
                    UNIT)),
         formula="θ = θ̄ + λ·Σt lowrank_k(θt − θ̄) on 2-D weights; θ̄ elsewhere", in_place=False,
-        memory=WorkingMemory((2.1, 1.0)))
+        memory=WorkingMemory((2.1, 1.0)),
+        title="CART", paper="Choi et al., Revisiting weight averaging for model merging (arXiv 2412.12153)")
 def _cart(job: TensorJob) -> torch.Tensor:
     if is_matrix(job):
         return cart(job.finetuned, job.params["lam"], job.params["rank"])

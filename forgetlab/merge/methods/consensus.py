@@ -82,7 +82,9 @@ def _check_consensus(params: dict, n: int) -> None:
          ParamSpec("k", "int", 2, "Minimum number of task masks that must select an entry.", (1, 1000)),
          ParamSpec("alpha", "float", 1.0, "Scaling α of the masked sum of task vectors.", UNIT)),
         check=_check_consensus,
-        formula="θ = θ0 + α·(Σt τt) ⊙ [Σt mt ≥ k]", memory=WorkingMemory(fast=(0.4, 0), reference=(5.4, 0.3)))
+        formula="θ = θ0 + α·(Σt τt) ⊙ [Σt mt ≥ k]", memory=WorkingMemory(fast=(0.4, 0), reference=(5.4, 0.3)),
+        title="Consensus (TALL masks)",
+        paper="Wang et al., Localizing task information for improved model merging and compression (ICML 2024)")
 def _consensus(job: TensorJob) -> torch.Tensor:
     p = job.params
     return job.base + consensus_merge(job.take_taus(), p["lam"], p["k"], p["alpha"])

@@ -113,7 +113,8 @@ def _params() -> tuple[ParamSpec, ...]:
         (*_params(), normalize_param(False)),
         mergekit=MergekitSpec("dare_linear", params=gta_params(normalize=False, rescale=True, density="drop")),
         formula="θ = θ0 + λ·Σ wt·dare(τt, p) (/ Σ wt with normalize)",
-        memory=WorkingMemory(fast=(0.4, 0), reference=(1.4, 1.0)))
+        memory=WorkingMemory(fast=(0.4, 0), reference=(1.4, 1.0)),
+        title="DARE", paper="Yu et al., Language models are Super Mario (ICML 2024)")
 def _dare_linear(job: TensorJob) -> torch.Tensor:
     p = job.params
     return add_scaled(job, _dare_parts(job), normalized_lam(p["lam"], p["weights"], p["normalize"]))
@@ -129,7 +130,8 @@ def _dare_linear_fast(job: TensorJob) -> torch.Tensor:
         (*_params(), normalize_param(False)),
         mergekit=MergekitSpec("dare_ties", params=gta_params(normalize=False, rescale=True, density="drop")),
         formula="θ = θ0 + λ·Σ wt·dare(τt, p)·[agree] (/ Σ wt·[agree] with normalize)",
-        memory=WorkingMemory(fast=(0.4, 0), reference=(4.4, 2.3)))
+        memory=WorkingMemory(fast=(0.4, 0), reference=(4.4, 2.3)),
+        title="DARE-TIES", paper="Yu et al., Language models are Super Mario (ICML 2024)")
 def _dare_ties(job: TensorJob) -> torch.Tensor:
     p = job.params
     return job.base + p["lam"] * ties_combine(_dare_parts(job), p["weights"], p["normalize"])

@@ -136,7 +136,8 @@ def _ratios(job: TensorJob) -> list[float]:
          ParamSpec("score", "str", "fapm", "\"fapm\": |τ| − mean|W0|·|τ|/|W0|; ablations \"magnitude\" "
                    "(|τ|) and \"relative\" (−|τ|/|W0|).", choices=SCORES),
          lam_param(), weights_param()),
-        formula="θ = θ0 + λ·Σ wt·mask_t ⊙ τt", memory=WorkingMemory(fast=(2.2, 0), reference=(5.8, 1.3)))
+        formula="θ = θ0 + λ·Σ wt·mask_t ⊙ τt", memory=WorkingMemory(fast=(2.2, 0), reference=(5.8, 1.3)),
+        title="FAPM", paper="the FAPM paper (forgetting-aware pruning metric)")
 def _fapm(job: TensorJob) -> torch.Tensor:
     p = job.params
     ratios = _ratios(job)

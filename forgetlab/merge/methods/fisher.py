@@ -138,7 +138,9 @@ def fisher_prepare_memory(model: int, n_models: int, linear_inputs: int) -> dict
          ParamSpec("tasks", "str", "", "Task of each model, comma-separated in model order (default: the task "
                    "named like the model).")),
         prepare=fisher_prepare, needs_pool=True, in_place=False,
-        formula="θ = Σt (Ft + eps)⊙θt / Σt (Ft + eps)", memory=WorkingMemory((7.1, 3.1), prepare=fisher_prepare_memory))
+        formula="θ = Σt (Ft + eps)⊙θt / Σt (Ft + eps)", memory=WorkingMemory((7.1, 3.1), prepare=fisher_prepare_memory),
+        title="Fisher merging",
+        paper="Matena & Raffel, Merging models with Fisher-weighted averaging (arXiv 2111.09832)")
 def _fisher(job: TensorJob) -> torch.Tensor:
     if job.prepared is None:
         return torch.stack(job.finetuned).mean(dim=0)

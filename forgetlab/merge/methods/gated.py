@@ -76,7 +76,8 @@ def arcee_fusion(base: torch.Tensor, finetuned: torch.Tensor, generator: torch.G
                    "it has no default there).", (0.0, 1e3)),),
         max_models=1, mergekit=MergekitSpec("nearswap", required=("t",)), in_place=False,
         extra={"models_hint": ONE_MODEL.format(name="nearswap")},
-        formula="θ = g·θ1 + (1 − g)·θ0, g = clamp(t/|θ1 − θ0|, 0, 1)", memory=WorkingMemory((5.1, 0)))
+        formula="θ = g·θ1 + (1 − g)·θ0, g = clamp(t/|θ1 − θ0|, 0, 1)", memory=WorkingMemory((5.1, 0)),
+        title="NearSwap", paper="the QuartetAnemoi-70B-t0.0001 model card")
 def _nearswap(job: TensorJob) -> torch.Tensor:
     return nearswap(job.base, job.finetuned[0], job.params["t"])
 
@@ -85,7 +86,8 @@ def _nearswap(job: TensorJob) -> torch.Tensor:
         (seed_param(),), max_models=1, mergekit=MergekitSpec("arcee_fusion"), in_place=False,
         extra={"models_hint": ONE_MODEL.format(name="arcee_fusion")},
         formula="θ = θ0 + (θ1 − θ0)·[s ≥ median(s) + 1.5·IQR(s)], s = |θ1 − θ0|·KL(softmax θ1 ‖ softmax θ0)",
-        memory=WorkingMemory(fast=(5.4, 0), reference=(5.6, 0)))
+        memory=WorkingMemory(fast=(5.4, 0), reference=(5.6, 0)),
+        title="Arcee Fusion", paper="mergekit's arcee_fusion method")
 def _arcee_fusion(job: TensorJob) -> torch.Tensor:
     return arcee_fusion(job.base, job.finetuned[0], job.generator(0))
 

@@ -234,7 +234,8 @@ def _merge(job: TensorJob, parts: Callable[[TensorJob], list[torch.Tensor]], con
         "election.",
         _della_params(True), check=_check_della, mergekit=MergekitSpec("della", required=("weight",), int8_mask=True),
         formula="θ = θ0 + λ·Σt wt·magprune(τt)·[agree] / Σt wt·[agree]",
-        memory=WorkingMemory(fast=(0.4, 0), reference=(5.0, 2.1)))
+        memory=WorkingMemory(fast=(0.4, 0), reference=(5.0, 2.1)),
+        title="DELLA", paper="Deep et al., DELLA-Merging (arXiv 2406.11617)")
 def _della(job: TensorJob) -> torch.Tensor:
     return _merge(job, _della_parts, consensus=True)
 
@@ -242,7 +243,8 @@ def _della(job: TensorJob) -> torch.Tensor:
 @method("della_linear", "DELLA without sign election: MAGPRUNE each task vector, then add them.",
         _della_params(False), check=_check_della,
         mergekit=MergekitSpec("della_linear", required=("weight",), int8_mask=True),
-        formula="θ = θ0 + λ·Σt wt·magprune(τt)", memory=WorkingMemory(fast=(0.4, 0), reference=(1.1, 1.0)))
+        formula="θ = θ0 + λ·Σt wt·magprune(τt)", memory=WorkingMemory(fast=(0.4, 0), reference=(1.1, 1.0)),
+        title="DELLA (linear)", paper="Deep et al., DELLA-Merging (arXiv 2406.11617)")
 def _della_linear(job: TensorJob) -> torch.Tensor:
     return _merge(job, _della_parts, consensus=False)
 
@@ -260,7 +262,8 @@ def _breadcrumbs_parts(job: TensorJob) -> list[torch.Tensor]:
                    "model).", UNIT, per_model=True, model_key="gamma"),
          lam_param(), _normalize_param(False), _rescale_param(False), _int8_param()),
         mergekit=MergekitSpec("breadcrumbs_ties", required=("weight",), int8_mask=True),
-        formula="θ = θ0 + λ·Σt wt·breadcrumbs(τt)·[agree]", memory=WorkingMemory(fast=(0.4, 0), reference=(3.2, 2.4)))
+        formula="θ = θ0 + λ·Σt wt·breadcrumbs(τt)·[agree]", memory=WorkingMemory(fast=(0.4, 0), reference=(3.2, 2.4)),
+        title="Breadcrumbs-TIES", paper="Davari & Belilovsky, Model Breadcrumbs (ECCV 2024), with TIES's sign election")
 def _breadcrumbs_ties(job: TensorJob) -> torch.Tensor:
     return _merge(job, _breadcrumbs_parts, consensus=True)
 

@@ -106,14 +106,16 @@ LINEAR_MERGEKIT = MergekitSpec("linear", base="ignored", params={
 @method("linear", "Model soup: weighted average of the fine-tuned models.",
         (weights_param(), ParamSpec("normalize", "bool", True, "Divide by the sum of the weights.")),
         check=_check_linear, mergekit=LINEAR_MERGEKIT, formula="θ = Σ wi·θi / Σ wi", in_place=False, base_input=False,
-        memory=WorkingMemory((2.1, 0)))
+        memory=WorkingMemory((2.1, 0)),
+        title="weight average", paper="Wortsman et al., Model soups (ICML 2022)")
 def _linear(job: TensorJob) -> torch.Tensor:
     return linear(job.finetuned, job.params["weights"], job.params["normalize"])
 
 
 @method("wise_ft", "WiSE-FT: interpolate the base and one fine-tuned model.",
         (ParamSpec("alpha", "float", 0.5, "α = 0 gives the base, α = 1 the fine-tuned model.", UNIT),),
-        max_models=1, formula="θ = (1 − α)·θ0 + α·θ1", in_place=False, memory=WorkingMemory((3.1, 0)))
+        max_models=1, formula="θ = (1 − α)·θ0 + α·θ1", in_place=False, memory=WorkingMemory((3.1, 0)),
+        title="WiSE-FT", paper="Wortsman et al., Robust fine-tuning of zero-shot models (CVPR 2022)")
 def _wise_ft(job: TensorJob) -> torch.Tensor:
     return wise_ft(job.base, job.finetuned[0], job.params["alpha"])
 
@@ -123,7 +125,8 @@ def _wise_ft(job: TensorJob) -> torch.Tensor:
                    "output (B = number of values); embeddings use the first, final norm/lm_head the last.",
                    UNIT),),
         max_models=1, needs_layers=True, formula="θ = (1 − αb)·θ0 + αb·θ1 for block b", in_place=False,
-        memory=WorkingMemory((3.1, 0)))
+        memory=WorkingMemory((3.1, 0)),
+        title="heterogeneous model averaging", paper="Lin et al., Mitigating the alignment tax of RLHF (EMNLP 2024)")
 def _hma(job: TensorJob) -> torch.Tensor:
     alpha = hma_alpha_for(job.layer, job.num_layers, job.params["alphas"])
     return hma(job.base, job.finetuned[0], alpha)

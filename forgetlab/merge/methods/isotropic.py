@@ -82,7 +82,8 @@ def _other(job: TensorJob, alpha: float) -> torch.Tensor:
 
 @method("iso_c", "Iso-C: flatten the spectrum of the summed task vectors (isotropic merging in the common subspace).",
         (ParamSpec("alpha", "float", 1.0, "Scaling α (θ = θ0 + α·σ̄·U·Vᵀ); fusion-bench's default 1.", LAM_RANGE),),
-        formula="θ = θ0 + α·σ̄·U·Vᵀ with Σt τt = U·S·Vᵀ", memory=WorkingMemory((0.6, 0)))
+        formula="θ = θ0 + α·σ̄·U·Vᵀ with Σt τt = U·S·Vᵀ", memory=WorkingMemory((0.6, 0)),
+        title="Iso-C", paper="Marczak et al., No task left behind (arXiv 2502.04959)")
 def _iso_c(job: TensorJob) -> torch.Tensor:
     alpha = float(job.params["alpha"])
     if is_matrix(job):
@@ -96,7 +97,8 @@ def _iso_c(job: TensorJob) -> torch.Tensor:
          ParamSpec("common", "float", 0.8, "Share of the rank given to the common subspace of Σt τt "
                    "(fusion-bench's default 0.8).", UNIT)),
         formula="θ = θ0 + α·σ̄·U⊥·V⊥ᵀ over the common + task-specific directions",
-        memory=WorkingMemory(fast=(0.9, 0), reference=(0.1, 0.4)))
+        memory=WorkingMemory(fast=(0.9, 0), reference=(0.1, 0.4)),
+        title="Iso-CTS", paper="Marczak et al., No task left behind (arXiv 2502.04959)")
 def _iso_cts(job: TensorJob) -> torch.Tensor:
     alpha = float(job.params["alpha"])
     if is_matrix(job):

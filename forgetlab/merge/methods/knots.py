@@ -51,7 +51,8 @@ def knots_merge(deltas: Sequence[torch.Tensor], how: str, params: dict, name: st
          ParamSpec("keep", "float", 0.2, "ties: fraction of each task's coefficients kept (top |v|).", UNIT),
          ParamSpec("drop", "float", 0.9, "dare_ties: probability of dropping each coefficient.", UNIT),
          lam_param(), seed_param()),
-        formula="θ = θ0 + λ·U·S·merge(Vtᵀ), [ΔW1 … ΔWT] = U·S·[V1ᵀ … VTᵀ]", memory=WorkingMemory((0.1, 0)))
+        formula="θ = θ0 + λ·U·S·merge(Vtᵀ), [ΔW1 … ΔWT] = U·S·[V1ᵀ … VTᵀ]", memory=WorkingMemory((0.1, 0)),
+        title="KnOTS", paper="Stoica et al., Model merging with SVD to tie the KnOTS (arXiv 2410.19735)")
 def _knots(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)
     if not all(job.is_adapter(i) for i in range(n)):

@@ -33,7 +33,8 @@ def lines_scale(layer, num_layers: int, alpha: float, beta: float) -> float:
                    "(0, 1]).", LAM_RANGE),
          weights_param()),
         needs_layers=True, formula="θ = θ0 + (α + β·(ℓ − 1)/(L − 1))·Σt wt·τt",
-        extra={"search_scalars": ("alpha", "beta")}, memory=WorkingMemory((0.4, 0)))
+        extra={"search_scalars": ("alpha", "beta")}, memory=WorkingMemory((0.4, 0)),
+        title="LiNeS", paper="Wang et al., LiNeS (arXiv 2410.17146)")
 def _lines(job: TensorJob) -> torch.Tensor:
     lam = lines_scale(job.layer, job.num_layers, job.params["alpha"], job.params["beta"])
     out = job.base

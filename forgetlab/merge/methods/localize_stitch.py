@@ -33,7 +33,8 @@ def stitch(base: torch.Tensor, taus: Sequence[torch.Tensor], masks: Sequence[tor
         collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
         formula="θ = θ0 + Σt mt⊙τt / max(1, Σt mt), mt = top-keep |τt|",
-        memory=WorkingMemory(fast=(5.4, 0), reference=(4.5, 0.4)))
+        memory=WorkingMemory(fast=(5.4, 0), reference=(4.5, 0.4)),
+        title="Localize-and-Stitch", paper="He et al., Localize-and-Stitch (arXiv 2408.13656)")
 def _localize_stitch(job: TensorJob) -> torch.Tensor:
     taus = job.take_taus()
     if job.params["scope"] == "global":

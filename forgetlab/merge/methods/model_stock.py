@@ -39,6 +39,7 @@ def model_stock(base: torch.Tensor, finetuned: list[torch.Tensor], filter_wise: 
         min_models=2, mergekit=MergekitSpec("model_stock"), in_place=False,
         extra={"models_hint": "Model Stock needs the base and at least two fine-tuned models (it measures the "
                               "angle between their task vectors)."},
-        formula="θ = t·θ̄ + (1 − t)·θ0, t = N·cos θ / (1 + (N − 1)·cos θ)", memory=WorkingMemory((5.1, 1.0)))
+        formula="θ = t·θ̄ + (1 − t)·θ0, t = N·cos θ / (1 + (N − 1)·cos θ)", memory=WorkingMemory((5.1, 1.0)),
+        title="Model Stock", paper="Jang et al., Model Stock (ECCV 2024)")
 def _model_stock(job: TensorJob) -> torch.Tensor:
     return model_stock(job.base, job.finetuned, job.params["filter_wise"])

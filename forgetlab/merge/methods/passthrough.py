@@ -18,7 +18,8 @@ PASSTHROUGH_MERGEKIT = MergekitSpec("passthrough", base="ignored",
         (ParamSpec("scale", "float", 1.0, "Factor applied to every copied tensor (mergekit's per-input scale; with "
                    "a filter it zeroes or damps some tensors, e.g. o_proj).", LAM_RANGE),),
         min_models=0, max_models=0, mergekit=PASSTHROUGH_MERGEKIT, formula="θ = scale·θ_source", in_place=False,
-        memory=WorkingMemory(fast=(0.1, 0), reference=(0.2, 0)))
+        memory=WorkingMemory(fast=(0.1, 0), reference=(0.2, 0)),
+        title="passthrough", paper="mergekit's passthrough method")
 def _passthrough(job: TensorJob) -> torch.Tensor:
     scale = float(job.params["scale"])
     return job.base if scale == 1.0 else job.base * scale

@@ -330,7 +330,8 @@ class PCBGlobalCollector:
          scope_param("global")),
         collector=lambda n, total, p: PCBGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
-        formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i", memory=WorkingMemory(fast=(2.2, 1.1), reference=(9.9, 1.1)))
+        formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i", memory=WorkingMemory(fast=(2.2, 1.1), reference=(9.9, 1.1)),
+        title="PCB-merging", paper="Parameter Competition Balancing for Model Merging (PCB-merging)")
 def _pcb(job: TensorJob) -> torch.Tensor:
     p = job.params
     stats = job.stats if p["scope"] == "global" else None

@@ -97,7 +97,8 @@ def ram_merge_into_(base: torch.Tensor, taus: list[torch.Tensor], epsilon: float
 @method("ram", "RAM: keep entries changed by one model, average entries changed by several.",
         (_eps_param(),), mergekit=MergekitSpec("ram"),
         formula="θ = θ0 + Σt τt·[|τt| > ε] / max(1, Σs [|τs| > ε])",
-        memory=WorkingMemory(fast=(0.6, 0), reference=(4.6, 0.3)))
+        memory=WorkingMemory(fast=(0.6, 0), reference=(4.6, 0.3)),
+        title="RAM", paper="Reinforced Agent Merging (arXiv 2601.13572)")
 def _ram(job: TensorJob) -> torch.Tensor:
     return ram_merge(job.base, job.take_taus(), job.params["epsilon"])
 
@@ -108,7 +109,8 @@ def _ram(job: TensorJob) -> torch.Tensor:
          ParamSpec("alpha", "float", 0.2, "Cap α on the overlap ratio ρt.", (0.0, 100.0)), _eps_param()),
         mergekit=MergekitSpec("ramplus_tl"),
         formula="θ = θ0 + Σt τt·[|τt| > ε]·(λt·[c = 1] + [c > 1]/c), λt = 1 + r·clamp(ρt, 0, α)",
-        memory=WorkingMemory(fast=(0.6, 0), reference=(3.9, 0.8)))
+        memory=WorkingMemory(fast=(0.6, 0), reference=(3.9, 0.8)),
+        title="RAM+", paper="Reinforced Agent Merging (arXiv 2601.13572)")
 def _ramplus_tl(job: TensorJob) -> torch.Tensor:
     p = job.params
     return ram_merge(job.base, job.take_taus(), p["epsilon"], p["r"], p["alpha"])

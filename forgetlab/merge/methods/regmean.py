@@ -283,8 +283,11 @@ def _prepare_memory(models: float) -> Any:
 method("regmean", "RegMean: per linear layer, the weights that best reproduce every model's outputs on its task's inputs.",
        _params(0.6), prepare=lambda ctx: regmean_grams(ctx, False), needs_pool=True, in_place=False,
        formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt per linear layer; mean of the θt elsewhere",
-       memory=WorkingMemory((1.0, 3.3), prepare=_prepare_memory(2.3)))(_regmean)
+       memory=WorkingMemory((1.0, 3.3), prepare=_prepare_memory(2.3)),
+       title="RegMean",
+       paper="Jin et al., Dataless knowledge fusion by merging weights of language models (arXiv 2212.09849)")(_regmean)
 method("regmean_pp", "RegMean++: RegMean with each layer's inputs taken from the merged model's earlier layers.",
        _params(0.95), prepare=lambda ctx: regmean_grams(ctx, True), needs_pool=True, in_place=False,
        formula="W* = (Σt G̃t)⁻¹·Σt G̃t·Wt, Xt through the merged layers < ℓ; mean elsewhere",
-       memory=WorkingMemory((4.7, 1.9), prepare=_prepare_memory(2.4)))(_regmean)
+       memory=WorkingMemory((4.7, 1.9), prepare=_prepare_memory(2.4)),
+       title="RegMean++", paper="RegMean++ (arXiv 2508.03121)")(_regmean)

@@ -170,7 +170,8 @@ SCE_MERGEKIT = MergekitSpec("sce", int8_mask=True, ignored=(
                    "same either way (accepted so that mergekit recipes carry over).")),
         mergekit=SCE_MERGEKIT,
         formula="θ = θ0 + Σt wt·τ̂t·[agree] / Σt wt·[agree], wt ∝ mean(τ̂t²)",
-        memory=WorkingMemory(fast=(2.2, 0), reference=(1.4, 3.3)))
+        memory=WorkingMemory(fast=(2.2, 0), reference=(1.4, 3.3)),
+        title="SCE", paper="Wan et al., FuseChat (arXiv 2408.07990)")
 def _sce(job: TensorJob) -> torch.Tensor:
     return sce(job.base, job.take_taus(), job.params["select_topk"])
 

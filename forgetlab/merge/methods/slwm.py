@@ -443,7 +443,9 @@ def slwm_prepare_memory(model: int, n_models: int, linear_inputs: int) -> dict[s
                    "named like the model).")),
         min_models=1, prepare=prepare_slwm, needs_pool=True,
         formula="θk = θ0,k + Σj aj·τj,k with G a = b per submodule k; λ = 1/T elsewhere",
-        memory=WorkingMemory((4.9, 0.6), prepare=slwm_prepare_memory))
+        memory=WorkingMemory((4.9, 0.6), prepare=slwm_prepare_memory),
+        title="submodule-linearity merging",
+        paper="Dai et al., Leveraging Submodule Linearity Enhances Task Arithmetic Performance in LLMs (ICLR 2025)")
 def _slwm(job: TensorJob) -> torch.Tensor:
     """θ = θ0 + Σj coef[j]·τj with the prepared coefficient map (task arithmetic λ = 1/T where none)."""
     T = len(job.finetuned)

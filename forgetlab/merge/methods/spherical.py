@@ -171,7 +171,8 @@ def _use_base_param() -> ParamSpec:
         extra={"models_hint": "SLERP interpolates the base and ONE fine-tuned model; for several models use "
                               "multislerp or karcher, for two nuslerp."},
         formula="θ = sin((1−t)Ω)/sin Ω·θ0 + sin(tΩ)/sin Ω·θ1, cos Ω = ⟨θ0, θ1⟩/(|θ0||θ1|)",
-        memory=WorkingMemory((3.1, 0)))
+        memory=WorkingMemory((3.1, 0)),
+        title="SLERP", paper="Shoemake, Animating rotation with quaternion curves (SIGGRAPH 1985)")
 def _slerp(job: TensorJob) -> torch.Tensor:
     return slerp(job.params["t"], job.base, job.finetuned[0])
 
@@ -187,7 +188,8 @@ def _slerp(job: TensorJob) -> torch.Tensor:
         mergekit=MergekitSpec("nuslerp", base="optional", required=("weight",)),
         in_place=False, base_input=lambda p: p["use_base"],
         extra={"models_hint": "NuSLERP interpolates exactly two fine-tuned models; for more use multislerp."},
-        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)", memory=WorkingMemory(fast=(3.1, 0), reference=(7.1, 0)))
+        formula="θ = θ0 + slerp(w2/(w1+w2), τ1, τ2)", memory=WorkingMemory(fast=(3.1, 0), reference=(7.1, 0)),
+        title="NuSLERP", paper="mergekit's nuslerp method")
 def _nuslerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     t = nuslerp_t(p["weights"])
@@ -209,7 +211,8 @@ def _check_multislerp(params: dict, n: int) -> None:
         check=_check_multislerp,
         mergekit=MergekitSpec("multislerp", base="optional", required=("weight",)),
         in_place=False, base_input=lambda p: p["use_base"],
-        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|", memory=WorkingMemory(fast=(5.1, 0), reference=(2.0, 4.1)))
+        formula="θ = θ0 + exp_m(Σ wt·log_m(ut))·Σ wt·|τt|", memory=WorkingMemory(fast=(5.1, 0), reference=(2.0, 4.1)),
+        title="Multi-SLERP", paper="Goddard, Multi-SLERP (blog post, 2025)")
 def _multislerp(job: TensorJob) -> torch.Tensor:
     p = job.params
     if len(job.finetuned) == 1:
@@ -223,7 +226,8 @@ def _multislerp(job: TensorJob) -> torch.Tensor:
         (ParamSpec("max_iter", "int", 10, "Most gradient steps per tensor.", (1, 1000)),
          ParamSpec("tol", "float", 1e-5, "Stop when the tangent step is shorter than this.", (0.0, 1.0))),
         mergekit=MergekitSpec("karcher", base="ignored"), in_place=False, base_input=False,
-        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩", memory=WorkingMemory((6.1, 1.0)))
+        formula="θ = (1/N·Σ|θt|)·argmin_m Σ arccos²⟨m, θt/|θt|⟩", memory=WorkingMemory((6.1, 1.0)),
+        title="Karcher mean", paper="mergekit's karcher method")
 def _karcher(job: TensorJob) -> torch.Tensor:
     n = len(job.finetuned)
     out = karcher_mean(job.finetuned, [1.0 / n] * n, job.params["max_iter"], job.params["tol"])

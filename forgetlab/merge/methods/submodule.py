@@ -103,7 +103,8 @@ def _check(params: dict, n_models: int) -> None:
          ParamSpec("default", "float", 0.0, "α of every submodule not listed (0: keep the base's weights).",
                    (0.0, 1.0))),
         max_models=1, needs_layers=True, check=_check, formula="θk = θ0,k + αk·τk per submodule k", in_place=False,
-        memory=WorkingMemory((2.1, 0)))
+        memory=WorkingMemory((2.1, 0)),
+        title="one α per submodule", paper="forgetlab's own")
 def _submodule_alpha(job: TensorJob) -> torch.Tensor:
     """θk = θ0,k + αk·τk for one tensor: WiSE-FT (`wise_ft`) at the α of the tensor's submodule."""
     alphas = parse_alphas(job.params["alphas"])

@@ -12,7 +12,8 @@ from forgetlab.merge.registry import MergekitSpec, TensorJob, WorkingMemory, met
 @method("task_arithmetic", "Task arithmetic: add the weighted sum of task vectors to the base.",
         (lam_param(), weights_param(), normalize_param(False)),
         mergekit=MergekitSpec("task_arithmetic", params=gta_params(normalize=False, rescale=False, density=None)),
-        formula="θ = θ0 + λ·Σ wt·τt (/ Σ wt with normalize)", memory=WorkingMemory((0.4, 0)))
+        formula="θ = θ0 + λ·Σ wt·τt (/ Σ wt with normalize)", memory=WorkingMemory((0.4, 0)),
+        title="task arithmetic", paper="Ilharco et al., Editing models with task arithmetic (ICLR 2023)")
 def _task_arithmetic(job: TensorJob) -> torch.Tensor:
     p = job.params
     return add_scaled(job, job.take_taus(), normalized_lam(p["lam"], p["weights"], p["normalize"]))

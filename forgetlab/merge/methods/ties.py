@@ -216,7 +216,8 @@ def _ties_trimmed(job: TensorJob) -> list[torch.Tensor]:
         collector=lambda n, total, p: TiesGlobalCollector(n, total, p["keep"]),
         global_when=lambda p: p.get("scope") == "global",
         formula="θ = θ0 + λ·disjoint_mean(sign_elect(trim(τt, keep))) (a sum of the agreeing entries without "
-                "normalize)", memory=WorkingMemory(fast=(0.4, 0), reference=(6.6, 1.5)))
+                "normalize)", memory=WorkingMemory(fast=(0.4, 0), reference=(6.6, 1.5)),
+        title="TIES", paper="Yadav et al., TIES-Merging (NeurIPS 2023)")
 def _ties(job: TensorJob) -> torch.Tensor:
     p = job.params
     merged = ties_combine(_ties_trimmed(job), p["weights"], p["normalize"])  # torch.kthvalue, no copies to the CPU

@@ -46,7 +46,8 @@ def _check(params: dict, n: int) -> None:
          ParamSpec("keep", "float", 0.0, "Fraction of each τt's rank kept per 2-D weight: k = max(1, "
                    "⌊keep·min(m, n)⌋); 0 means 1/T (the paper's choice).", UNIT)),
         check=_check, formula="θ = θ0 + α·U⊥·diag(S)·V⊥ᵀ of the concatenated top-k SVDs of τt",
-        memory=WorkingMemory((0.7, 0)))
+        memory=WorkingMemory((0.7, 0)),
+        title="TSV-Merge", paper="Gargiulo et al., Task singular vectors (arXiv 2412.00081)")
 def _tsv(job: TensorJob) -> torch.Tensor:
     refuse_adapters(job, "tsv")
     alpha = float(job.params["alpha"])
