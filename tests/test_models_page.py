@@ -72,7 +72,7 @@ def test_a_zoo_is_scored_at_the_app_budget_and_the_measure_defaults_to_what_move
     radio = at.radio(key="models_measure")
     assert radio.value == "answer_loss"                         # exact match is ~0 everywhere: answer loss
     fig = json.loads(at.get("plotly_chart")[0].proto.spec)
-    assert fig["layout"]["yaxis2"]["title"]["text"] == "answer loss ↓"
+    assert fig["layout"]["yaxis2"]["title"]["text"] == "answer loss (nats) ↓"
     assert fig["layout"]["yaxis"]["title"]["text"] == "Δ general loss vs base, nats ↓"     # a delta view, from 0
     assert fig["layout"]["yaxis"]["rangemode"] == "tozero"
     radio.set_value("exact_match").run()

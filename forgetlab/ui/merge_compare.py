@@ -6,13 +6,14 @@ ITS OWN task the merged model keeps (`forgetlab.analysis.retention`), and what i
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 import streamlit as st
 
-from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks
+from forgetlab.analysis.retention import MEASURES, gain_share, merge_retention, own_tasks
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import with_free
 from forgetlab.core.progress import scaled
@@ -50,12 +51,15 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
                 parents: Optional[Mapping[str, Sequence[str]]] = None) -> pd.DataFrame:
     """One row per parent and merge: the share of each parent's own-task gain kept (%), its mean, the mean
     speciality over the parents' own tasks (where a merge should beat every single parent) and the forgetting;
-    empty for an lm-eval measure."""
+    empty for an lm-eval measure. A parent's row holds the same shares for the parent itself (the formula's one
+    home, `gain_share`): 100 % of its own task's gain and what it has of the others' — the mark a merge must
+    beat — rather than empty cells (which the app's tables would show as "None")."""
     if measure not in MEASURES:
         return pd.DataFrame()
     result = _retention(pool, cards, merged, measure, parents)
     by_name = {c.model: c for c in cards}
     tasks = list(dict.fromkeys(r.task for r in result.rows if r.task))
+    owner = {r.task: r.parent for r in reversed(result.rows) if r.task}      # each task's parent (first row wins)
     kept = [f"{t}: gain kept %" for t in tasks]
     spec = f"mean {measure.replace('_', ' ')} on the parents' tasks"
     rows = []
@@ -67,6 +71,12 @@ def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Opt
                 if r.task and r.merge == m:
                     row[f"{r.task}: gain kept %"] = 100 * r.retention
             row["mean gain kept %"] = 100 * result.mean_retention(m)
+        else:
+            shares = [100 * gain_share(by_name["base"], by_name[owner[t]], by_name[m], t, measure)
+                      if all(t in by_name[n].tasks for n in ("base", owner[t], m)) else float("nan") for t in tasks]
+            row.update(zip(kept, shares))
+            finite = [v for v in shares if math.isfinite(v)]
+            row["mean gain kept %"] = sum(finite) / len(finite) if finite else float("nan")
         values = [getattr(by_name[m].tasks[t], measure) for t in tasks if t in by_name[m].tasks]
         row[spec] = sum(values) / len(values) if values else float("nan")
         row["forgetting"] = result.forgetting[m]
