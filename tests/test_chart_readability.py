@@ -106,11 +106,12 @@ def test_runs_compared_as_dots_named_by_their_settings_with_values_and_differenc
                           "general_loss": [4.68, 4.74, 4.69, 4.76]})
     fig = dot_figure(frame, "general_loss", frame["model"], title="scorecards: general loss (nats) ↓")
     assert [t.name for t in fig.data] == ["max general 32", "max general 64"]
-    assert list(fig.data[0].text) == ["4.68", "4.74"] and list(fig.data[1].text) == ["4.69 (+0.01)", "4.76 (+0.02)"]
+    assert list(fig.data[0].text) == ["4.68", "4.74"] and list(fig.data[1].text) == ["+0.01", "+0.02"]
+    assert fig.data[0].textposition != fig.data[1].textposition        # side by side, labels above and below
     lo, hi = fig.layout.yaxis.range
     assert lo > 4.5 and lo < 4.68 and hi > 4.76                     # the data with a margin, not from 0
     assert fig.layout.yaxis.title.text == "general loss (nats) ↓" and fig.layout.scattermode == "group"
-    assert "difference to max general 32" in fig.layout.title.subtitle.text
+    assert "difference to them (first: max general 32)" in fig.layout.title.subtitle.text
 
 
 def test_tell_apart_names_what_differs_and_falls_back_to_ids():
@@ -153,8 +154,38 @@ def test_merge_table_parent_rows_hold_their_own_shares_not_empty_cells():
     frame = judge_frame(Pool(), CARDS, ["avg", "ties"], "exact_match")
     assert not frame.isna().any().any()                             # nothing the app would show as "None"
     parents = frame[frame["role"] == "parent"].set_index("model")
-    assert parents.loc["math", "math: gain kept %"] == 100.0 and parents.loc["code", "code: gain kept %"] == 100.0
-    assert parents.loc["math", "code: gain kept %"] == 0.0           # math's model has none of code's gain
-    assert parents.loc["math", "mean gain kept %"] == 50.0          # the mark a merge must beat
+    assert parents.loc["math", "math kept %"] == 100.0 and parents.loc["code", "code kept %"] == 100.0
+    assert parents.loc["math", "code kept %"] == 0.0           # math's model has none of code's gain
+    assert parents.loc["math", "mean kept %"] == 50.0          # the mark a merge must beat
     merges = frame[frame["role"] == "merge"].set_index("model")
-    assert round(merges.loc["ties", "math: gain kept %"], 3) == round(100 * 0.92 / 0.9, 3)
+    assert round(merges.loc["ties", "math kept %"], 3) == round(100 * 0.92 / 0.9, 3)
+
+
+def test_untitled_charts_get_the_run_name_and_what_a_single_panel_shows():
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    from forgetlab.ui.runs import titled
+
+    one = go.Figure(go.Scatter(x=[1], y=[2])).update_layout(xaxis_title="training step", yaxis_title="loss (nats)")
+    two = make_subplots(rows=1, cols=2).update_yaxes(title_text="Δ general loss", row=1, col=1)
+    kept = go.Figure().update_layout(title="logit lens")
+    titled([one, two, kept], "fine-tune · base → math")
+    assert one.layout.title.text == "fine-tune · base → math: loss (nats) vs training step"
+    assert two.layout.title.text == "fine-tune · base → math"          # several panels: their axes say it
+    assert kept.layout.title.text == "logit lens"                      # a chart's own title stays
+
+
+def test_tables_drop_blank_columns_and_show_the_charts_measure_only():
+    from forgetlab.ui.tables import filled, measure_view, styled
+
+    frame = pd.DataFrame({"name": ["a", "b"], "notes": ["", None], "score": [float("nan"), 1.0],
+                          "math kept %": [97.22222, 33.3333]})
+    assert list(filled(frame).columns) == ["name", "score", "math kept %"]      # a column of blanks takes width
+    assert styled(frame).to_html().count("97.2<") == 1                           # a share in %: one decimal
+    cards = pd.concat([Scorecard(m, 4.7, 110.0, 10, {t: TaskScore(t, 0.5, 1.2, 4) for t in ("math", "code")}
+                                 ).to_frame() for m in ("base", "math")], ignore_index=True)
+    shown = measure_view(cards, "exact_match")
+    assert list(shown.columns) == ["model", "general_loss", "perplexity", "math/exact_match", "code/exact_match"]
+    assert "math/answer_loss" in measure_view(cards, "answer_loss").columns
+    assert measure_view(cards, "zoo_math/acc").equals(cards)                    # a benchmark: every column

@@ -63,6 +63,7 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
             marker=dict(color=colors[m], pattern=dict(shape="/", solidity=0.15)),
             text=[f"{y:.0f} %" if y is not None else "n/a" for y in ys], textposition=label_positions(ys, kept),
             insidetextanchor="middle", textangle=0, cliponaxis=False,
+            insidetextfont=dict(color="#222222", size=12),    # on the light hatching, not the bar's contrast colour
             hovertext=[f"{name(m)} on {r.task}: {100 * r.retention:.0f} % of {r.parent}'s gain<br>base "
                        f"{abs(r.base):.3f} → {r.parent} {abs(r.parent_score):.3f}, merge {abs(r.merged):.3f}"
                        if r.retention == r.retention else f"{r.parent}: no own-task gain to keep" for r in rows],

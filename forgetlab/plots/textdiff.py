@@ -137,7 +137,7 @@ def lens_figure(result) -> go.Figure:
     for side, name in (("loss_base", result.against), ("loss_model", result.model)):
         line, marker = styles[side]
         colour = color_for(name.split("@")[0])
-        label = f"{name} (on top of {result.against}: at most {gap:.3f} nats apart)" if same and side == "loss_model" \
+        label = f"{name} (on top of {result.against}: ≤ {gap:.3f} nats apart)" if same and side == "loss_model" \
             else name
         fig.add_trace(go.Scatter(x=frame["depth"], y=frame[side], mode="lines+markers", name=label,
                                  line={"color": colour, **line}, marker={"color": colour, **marker}))

@@ -38,6 +38,8 @@ SERIES_COLUMNS = ("run", "model", "method", "task", "series", "curve", "variant"
 ID_COLUMNS = ("seed", "index", "Unnamed: 0")
 SAME_FOR_ALL = ("kind", "created", "versions", "pool", "pool_name", "memory", "analysis", "evaluated")
 """Recipe entries that never tell two runs apart for a reader (when, where, with which versions)."""
+NAMED = ("model", "against", "start", "task", "models", "search", "method")
+"""Recipe entries that `run_name` already says."""
 MAX_FIGURES = 6
 
 _REOPENERS: dict[str, Callable] = {}
@@ -67,7 +69,7 @@ def _lookup(table: dict[str, Callable], kind: str) -> Callable | None:
 
 def _scorecards(run, measure="exact_match"):
     cards = [Scorecard.from_dict(c) for c in run.results["cards"]]
-    return [scorecards_figure(cards, measure or "exact_match")]
+    return [scorecards_figure(cards, measure or "exact_match", title="scorecards: forgetting and speciality")]
 
 
 def _benchmarks(run):
@@ -103,7 +105,8 @@ def run_name(run) -> str:
     elif r.get("model") is not None:
         subject = str(r["model"]) + (f" vs {r['against']}" if r.get("against") else "")
     elif isinstance(r.get("models"), list):
-        subject = ", ".join(map(str, r["models"]))
+        models = [str(m) for m in r["models"]]
+        subject = ", ".join(models) if len(models) <= 4 else f"{len(models)} models"
     else:
         subject = str(r.get("search") or r.get("method") or "")
     return f"{title} · {subject}" if subject else title
@@ -122,7 +125,8 @@ def run_labels(runs) -> list[str]:
     runs = list(runs)
     if len(runs) < 2:
         return [run_name(r) for r in runs]
-    items = [{"name": run_name(r), **{k: v for k, v in r.recipe.items() if k not in SAME_FOR_ALL}} for r in runs]
+    items = [{"name": run_name(r), **{k: v for k, v in r.recipe.items() if k not in SAME_FOR_ALL + NAMED}}
+             for r in runs]
     return tell_apart(items, names={"name": None}, ids=[run_stamp(r) for r in runs])
 
 
@@ -196,8 +200,9 @@ def figures_from_frame(frame: pd.DataFrame, title: str = "") -> list[go.Figure]:
 
 def dot_figure(frame: pd.DataFrame, metric: str, rows: pd.Series, title: str = "") -> go.Figure:
     """One metric of a table as dots, one per row (`rows`: its label) — and per run, side by side in the run's
-    colour with the run's name in the legend, when the table stacks runs (a `run` column). Each dot is written
-    with its value and, for a run after the first, its difference to the first run's; the value axis spans the
+    colour with the run's name in the legend, when the table stacks runs (a `run` column). The first run's dots
+    are written with their values, the other runs' with their difference to the first run's (above and below
+    in turn, so that neighbouring labels never meet); the value axis spans the
     values with a margin (`plots.value_range`), not from 0, so that 4.68 against 4.74 is a visible gap (bars
     from 0 made it two equal bars)."""
     runs = frame["run"].astype(str) if "run" in frame.columns else None
@@ -209,14 +214,16 @@ def dot_figure(frame: pd.DataFrame, metric: str, rows: pd.Series, title: str = "
         sel = runs == g if runs is not None else pd.Series(True, index=frame.index)
         values = [float(v) for v in frame.loc[sel, metric]]
         labels = list(rows[sel])
-        text = [f"{v:.4g}" if g == groups[0] or lab not in first else f"{v:.4g} ({v - float(first[lab]):+.3g})"
+        text = [f"{v:.4g}" if g == groups[0] or lab not in first else f"{v - float(first[lab]):+.3g}"
                 for v, lab in zip(values, labels)]
+        position = "bottom center" if groups.index(g) % 2 else "top center"     # neighbours' labels never meet
         colours = color_for(g) if runs is not None else [color_for(lab) for lab in labels]
         fig.add_trace(go.Scatter(x=labels, y=values, mode="markers+text", name=g or metric, text=text,
-                                 textposition="top center", cliponaxis=False,
+                                 textposition=position, cliponaxis=False,
                                  marker={"color": colours, "size": 12, "line": {"width": 1, "color": "white"}},
                                  hovertemplate=f"{g + '<br>' if g else ''}%{{x}}: %{{y:.6g}}<extra></extra>"))
-    note = f"in brackets: the difference to {groups[0]}" if runs is not None and len(groups) > 1 else ""
+    note = f"the first run's values, then each other run's difference to them (first: {groups[0]})" \
+        if runs is not None and len(groups) > 1 else ""
     fig.update_layout(title={"text": title, "subtitle": {"text": note}} if note else title, scattermode="group",
                       yaxis={"title": axis_title(metric), "range": value_range(frame[metric], margin=0.25)},
                       height=380 if note else 360, showlegend=runs is not None,
@@ -234,7 +241,8 @@ def titled(figs: list[go.Figure], name: str) -> list[go.Figure]:
             continue
         y, x = fig.layout.yaxis.title.text, fig.layout.xaxis.title.text
         panels = [a.text for a in fig.layout.annotations if a.text and a.yref == "paper" and a.y >= 1.0]
-        what = ", ".join(panels) if panels else (f"{y} vs {x}" if y and x else (y or x or ""))
+        single = not {"xaxis2", "yaxis2"} & set(fig.layout.to_plotly_json())     # one panel, one value axis
+        what = ", ".join(panels) if panels else (f"{y} vs {x}" if single and y and x else "")
         fig.update_layout(title=f"{name}: {what}" if what else name)
         fig.update_layout(margin={"t": max(fig.layout.margin.t or 0, 60)})
     return figs
