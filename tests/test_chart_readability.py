@@ -189,3 +189,19 @@ def test_tables_drop_blank_columns_and_show_the_charts_measure_only():
     assert list(shown.columns) == ["model", "general_loss", "perplexity", "math/exact_match", "code/exact_match"]
     assert "math/answer_loss" in measure_view(cards, "answer_loss").columns
     assert measure_view(cards, "zoo_math/acc").equals(cards)                    # a benchmark: every column
+
+
+def test_compared_runs_are_named_by_what_differs_and_by_time_only_when_nothing_does(tmp_path, monkeypatch):
+    from forgetlab.core import workspace as ws
+    from forgetlab.ui.runs import run_label, run_labels, run_name
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    frame = pd.DataFrame({"model": ["base"], "general_loss": [4.7]})
+    for i, (model, task) in enumerate([("math", "math"), ("math", "code"), ("math", "code")]):
+        ws.save_run("textdiff", {"model": model, "against": "base", "task": task, "max_general": 32},
+                    {"a": 1}, frame=frame, run_id=f"r{i}")
+    runs = sorted(ws.list_runs(), key=lambda r: r.id)
+    assert run_name(runs[0]) == "text diff · math vs base" and run_label(runs[0]).startswith(run_name(runs[0]))
+    assert run_labels(runs[:2]) == ["task math", "task code"]       # the setting that differs, not a time stamp
+    same = run_labels(runs[1:])
+    assert len(set(same)) == 2 and all(":" in label for label in same)   # identical settings: when each was made

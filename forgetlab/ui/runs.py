@@ -38,8 +38,6 @@ SERIES_COLUMNS = ("run", "model", "method", "task", "series", "curve", "variant"
 ID_COLUMNS = ("seed", "index", "Unnamed: 0")
 SAME_FOR_ALL = ("kind", "created", "versions", "pool", "pool_name", "memory", "analysis", "evaluated")
 """Recipe entries that never tell two runs apart for a reader (when, where, with which versions)."""
-NAMED = ("model", "against", "start", "task", "models", "search", "method")
-"""Recipe entries that `run_name` already says."""
 MAX_FIGURES = 6
 
 _REOPENERS: dict[str, Callable] = {}
@@ -94,21 +92,26 @@ def run_stamp(run) -> str:
     return time.strftime("%m-%d %H:%M:%S", time.localtime(run.created))
 
 
+def _subject(recipe: dict) -> tuple[str, tuple[str, ...]]:
+    """What a run was run on, in words, and the recipe entries that says."""
+    r = recipe
+    if r.get("start") is not None and r.get("task") is not None:
+        return f"{r['start']} → {r['task']}", ("start", "task")
+    if r.get("model") is not None:
+        return str(r["model"]) + (f" vs {r['against']}" if r.get("against") else ""), ("model", "against")
+    if isinstance(r.get("models"), list):
+        models = [str(m) for m in r["models"]]
+        return (", ".join(models) if len(models) <= 4 else f"{len(models)} models"), ("models",)
+    key = "search" if r.get("search") else "method"
+    return str(r.get(key) or ""), (key,)
+
+
 def run_name(run) -> str:
     """What a run is, in words, without its time: its analysis' title (else its kind) and what it was run on —
     "WiSE-FT α / SLERP t curve · math", "text diff · math vs base", "fine-tune · base → math"."""
     analysis = analysis_for_kind(run.kind)
     title = analysis.title if analysis is not None else str(run.kind).replace("_", " ").replace("-", " ")
-    r = run.recipe
-    if r.get("start") is not None and r.get("task") is not None:
-        subject = f"{r['start']} → {r['task']}"
-    elif r.get("model") is not None:
-        subject = str(r["model"]) + (f" vs {r['against']}" if r.get("against") else "")
-    elif isinstance(r.get("models"), list):
-        models = [str(m) for m in r["models"]]
-        subject = ", ".join(models) if len(models) <= 4 else f"{len(models)} models"
-    else:
-        subject = str(r.get("search") or r.get("method") or "")
+    subject = _subject(run.recipe)[0]
     return f"{title} · {subject}" if subject else title
 
 
@@ -120,14 +123,17 @@ def run_label(run) -> str:
 
 def run_labels(runs) -> list[str]:
     """A legend name per run that tells compared runs apart by what differs between them (`plots.tell_apart`:
-    the model, then the recipe's settings, e.g. "math", "max general 32"); the time a run was made only where
-    the settings are the same. One run alone gets its `run_name`."""
+    the kind where they are of several, the model, then the recipe's settings, e.g. "math", "max general 32"); the time a run was made only where
+    the settings are the same (and its id where that is the same too). One run alone gets its `run_name`."""
     runs = list(runs)
     if len(runs) < 2:
         return [run_name(r) for r in runs]
-    items = [{"name": run_name(r), **{k: v for k, v in r.recipe.items() if k not in SAME_FOR_ALL + NAMED}}
-             for r in runs]
-    return tell_apart(items, names={"name": None}, ids=[run_stamp(r) for r in runs])
+    items = [{"name": run_name(r) if len({x.kind for x in runs}) > 1 else _subject(r.recipe)[0],
+              **{k: v for k, v in r.recipe.items() if k not in SAME_FOR_ALL + _subject(r.recipe)[1]}} for r in runs]
+    stamps = [run_stamp(r) for r in runs]
+    if len(set(stamps)) < len(stamps):          # made within one second (a script): the id tells them apart
+        stamps = [f"{s} ({r.id[-6:]})" for s, r in zip(stamps, runs)]
+    return tell_apart(items, names={"name": None}, ids=stamps)
 
 
 def _numeric(frame: pd.DataFrame) -> list[str]:
