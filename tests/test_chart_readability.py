@@ -63,6 +63,8 @@ def test_loss_axes_say_their_unit():
     assert axis_title("general_loss") == "general loss (nats) ↓" and axis_title("exact_match") == "exact match ↑"
     assert axis_title("math/answer_loss") == "math answer loss (nats) ↓"
     assert axis_title("forgetting") == "forgetting (nats) ↓"        # a unit already in the name is not repeated
+    from forgetlab.plots.attribution import LABELS
+    assert all("nats" in LABELS[k] for k in ("d_general_loss", "d_answer_loss"))
 
 
 def _lens(rows):
