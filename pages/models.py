@@ -22,7 +22,7 @@ from forgetlab.ui.measure import remember_stored_scorecards, speciality_measure,
 from forgetlab.ui.memory import memory_check
 from forgetlab.ui.page import show_takeaway, start_page
 from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
-from forgetlab.ui.tables import show_table
+from forgetlab.ui.tables import measure_view, show_table
 from forgetlab.ui.zoo_build import render_pretraining
 from forgetlab.ui.zoo_claims import render_zoo_claims
 from forgetlab.zoo.watch import stored_snapshots
@@ -124,7 +124,7 @@ if not chosen:
 elif cards:
     show_takeaway(scorecards_takeaway(cards), key="models_takeaway")
     st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
-    show_table(scorecards_frame(cards), width="stretch", key="models_scores_table")
+    show_table(measure_view(scorecards_frame(cards), measure), width="stretch", key="models_scores_table")
 elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
     st.info("No scorecards yet at this budget: press **Evaluate**.")
 

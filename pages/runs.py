@@ -13,7 +13,7 @@ from forgetlab.ui.navigation import require_app
 from forgetlab.ui.page import show_takeaway, start_page
 from forgetlab.ui.runs import (compare_figures, compare_frame, figure_html, run_figures, run_label, run_takeaway,
                                runs_table)
-from forgetlab.ui.tables import show_table
+from forgetlab.ui.tables import measure_view, show_table
 
 MENU = ("Runs", ":material/history:", 90)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -64,7 +64,7 @@ def show_run(run) -> None:
         figs = _figures(str(run.path), _mtime(run.path), measure, run)
         for i, fig in enumerate(figs):
             st.plotly_chart(fig, key=f"runs_chart_{run.id}_{i}")
-        show_table(frame, key=f"runs_table_{run.id}")
+        show_table(measure_view(frame, measure), key=f"runs_table_{run.id}")
         c1, c2 = st.columns(2)
         if frame is not None:
             c1.download_button("Results (CSV)", frame.to_csv(index=False), file_name=f"{run.id}.csv",
@@ -93,7 +93,7 @@ def show_comparison(runs) -> None:
         for i, fig in enumerate(figs):
             st.plotly_chart(fig, key=f"runs_compare_{i}")
         if not frame.empty:
-            show_table(frame, key="runs_compare_table")
+            show_table(measure_view(frame, measure), key="runs_compare_table")
             st.download_button("Compared results (CSV)", frame.to_csv(index=False), file_name="comparison.csv",
                                mime="text/csv", key="runs_compare_csv", on_click="ignore")
         if figs:

@@ -68,9 +68,9 @@ def test_saved_fine_tunes_reopen_and_compare_in_the_session_measure(tmp_path):
     runs = list_runs(tmp_path)
     for run in runs:
         assert ANALYSIS.load(run.path).runs[0].task == "math"
-        for measure, title in (("answer_loss", "math answer loss ↓"), ("exact_match", "math exact match ↑")):
+        for measure, title in (("answer_loss", "math answer loss (nats) ↓"), ("exact_match", "math exact match ↑")):
             figs = run_figures(run, measure)
             assert len(figs) == 3 and figs[0].layout.annotations[1].text == title
     figs = compare_figures(runs, "answer_loss")
-    assert len(figs) == 2 and figs[0].layout.annotations[1].text == "math answer loss ↓"
+    assert len(figs) == 2 and figs[0].layout.annotations[1].text == "math answer loss (nats) ↓"
     assert {"AdamW", "MoFO 0.2"} <= {t.name for t in figs[1].data}

@@ -59,7 +59,7 @@ def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     import json
 
     trajectories = json.loads(at.get("plotly_chart")[0].proto.spec)
-    assert "answer loss ↓" in trajectories["layout"]["annotations"][1]["text"]     # the session's default
+    assert "answer loss (nats) ↓" in trajectories["layout"]["annotations"][1]["text"]     # the session's default
     assert {t["name"] for t in trajectories["data"] if t.get("showlegend", True)} >= {"AdamW", "MoFO 0.2"}
     # the measure chosen on another page of the session (e.g. Forgetting) holds here too
     at.session_state["app_measure"] = "exact_match"

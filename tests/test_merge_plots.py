@@ -30,7 +30,7 @@ def test_scorecard_figure_has_generality_and_speciality_bars():
     assert fig.layout.yaxis.rangemode == "tozero"
     loss = scorecard_figure(cards, "answer_loss", merged=["m"])                  # the other measure, own axis
     assert [list(t.y) for t in loss.data if t.xaxis == "x2"][2] == [1.3, 1.4]
-    assert loss.layout.yaxis2.title.text == "answer loss ↓"
+    assert loss.layout.yaxis2.title.text == "answer loss (nats) ↓"
 
 
 def test_colour_map_resolves_collisions():

@@ -87,7 +87,7 @@ def test_models_chart_is_a_delta_from_zero_with_the_base_and_absolute_from_zero_
     assert [t["y"][0] for t in general] == pytest.approx([0.0, 0.05, 0.06])
     assert general[1]["text"] == ["+0.050<br>+5.1 %"]
     spec = json.loads(scorecards_figure(CARDS[1:3]).to_json())                          # no base: absolute
-    assert spec["layout"]["yaxis"]["title"]["text"] == "general loss ↓"
+    assert spec["layout"]["yaxis"]["title"]["text"] == "general loss (nats) ↓"
     assert spec["layout"]["yaxis"]["rangemode"] == "tozero"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from forgetlab.analysis.base import analysis_for_kind
 from forgetlab.core.workspace import load_run
-from forgetlab.ui.runs import run_figures
+from forgetlab.ui.runs import run_figures, run_name
 
 OLD = Path(__file__).resolve().parent / "data" / "runs_before_issue42"
 
@@ -25,6 +25,13 @@ def test_a_run_saved_before_the_redesign_reopens(name, tmp_path):
     assert not analysis.frame(result).empty
     drawn = analysis.figures(result)                      # its own charts, not the Runs page's fallback
     assert drawn and all(len(f.data) for f in drawn)
-    assert len(run_figures(run)) == len(drawn)
+    reopened = run_figures(run)
+    assert len(reopened) == len(drawn)
+    # reopened without the page's headings, every chart names itself (and the run it comes from, where the
+    # analysis did not title it)
+    titles = [f.layout.title.text for f in reopened]
+    assert all(titles), titles
+    assert all(f.layout.title.text.startswith(run_name(run)) for f, d in zip(reopened, drawn)
+               if not d.layout.title.text)
     said = analysis.takeaway(result)                      # and what it means, with a number (issue 43)
     assert said and any(c.isdigit() for c in said[0]), said

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from forgetlab.core import workspace as ws
 from forgetlab.plots import color_for
-from forgetlab.ui.runs import compare_frame, figures_from_frame, run_label, runs_table, sweep_column
+from forgetlab.ui.runs import compare_frame, figures_from_frame, run_labels, runs_table, sweep_column
 
 PAGE = str(Path(__file__).resolve().parents[1] / "pages" / "runs.py")
 
@@ -40,7 +40,8 @@ def home(tmp_path, monkeypatch):
 def test_sweep_table_gives_one_line_chart_per_metric_sorted_along_the_sweep():
     figs = figures_from_frame(_curve(0.0))
     assert sweep_column(_curve(0.0)) == "alpha"
-    assert [f.layout.yaxis.title.text for f in figs] == ["general_loss", "math_em"]
+    assert [f.layout.yaxis.title.text for f in figs] == ["general loss (nats) ↓", "math em"]     # words, units
+    assert figs[0].layout.title.text == "general loss (nats) ↓ along α"
     trace = figs[0].data[0]
     assert list(trace.x) == [0.0, 0.5, 1.0] and list(trace.y) == [2.0, 2.5, 3.0]
     assert trace.line.color == color_for("math") and trace.name == "math"
@@ -55,11 +56,15 @@ def test_layer_by_module_table_gives_a_heatmap():
     assert [list(r) for r in heat.z] == [[0.1, 0.2], [0.3, 0.4]]
 
 
-def test_plain_table_gives_bars_per_metric_and_nothing_for_no_numbers():
+def test_plain_table_gives_labelled_dots_per_metric_on_a_zoomed_axis_and_nothing_for_no_numbers():
     frame = pd.DataFrame({"model": ["base", "math"], "perplexity": [10.0, 12.5]})
     (fig,) = figures_from_frame(frame)
-    assert fig.data[0].type == "bar" and list(fig.data[0].y) == [10.0, 12.5]
+    assert fig.data[0].type == "scatter" and list(fig.data[0].y) == [10.0, 12.5]
+    assert list(fig.data[0].text) == ["10", "12.5"]                        # each value written on its dot
     assert list(fig.data[0].marker.color) == [color_for("base"), color_for("math")]
+    lo, hi = fig.layout.yaxis.range
+    assert 0 < lo < 10.0 and hi > 12.5                 # the values with a margin, not from 0
+    assert fig.layout.yaxis.title.text == "perplexity ↓"
     assert figures_from_frame(pd.DataFrame({"model": ["a"]})) == []
     assert figures_from_frame(pd.DataFrame()) == []
 
@@ -71,7 +76,8 @@ def test_comparison_stacks_runs_with_one_line_per_run(home):
     figs = figures_from_frame(frame)
     assert len(figs) == 2 and len(figs[0].data) == 2
     by_name = {t.name.split(" · ")[0]: list(t.y) for t in figs[0].data}
-    assert by_name[run_label(runs[0])] != by_name[run_label(runs[1])]
+    assert set(by_name) == set(run_labels(runs)) == {"seed 0", "seed 1"}     # what differs, not a time stamp
+    assert by_name["seed 0"] != by_name["seed 1"]
     assert sorted(sum(by_name.values(), [])) == [2.0, 2.5, 3.0, 3.0, 3.5, 4.0]
     table = runs_table(runs)
     assert set(table["id"]) == {"r1-wise", "r2-wise"} and "seed " in table["settings"][0]
@@ -194,7 +200,7 @@ def test_scorecards_reopen_in_the_session_measure_and_merges_show_their_scorecar
     assert not at.exception, at.exception
     specs = [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
     run_chart, merge_chart = specs[0], specs[-1]
-    assert run_chart["layout"]["yaxis2"]["title"]["text"] == "answer loss ↓"
+    assert run_chart["layout"]["yaxis2"]["title"]["text"] == "answer loss (nats) ↓"
     assert [t["y"] for t in run_chart["data"] if t["xaxis"] == "x2"] == [[2.0], [1.0]]
     assert [t["name"] for t in merge_chart["data"] if t["xaxis"] == "x2"] == ["base", "math", "m1 (merge)"]
     assert at.radio(key="runs_measure").value == "answer_loss"

@@ -53,10 +53,10 @@ def test_answer_loss_measure_ranks_lower_loss_as_better():
     fig = tradeoff_figure(res)
     front = [t for t in fig.data if t.name == "Pareto front"][0]
     assert list(front.x) == [2.0, 3.0] and list(front.y) == [2.0, 1.0]
-    assert "answer loss ↓" in fig.layout.yaxis.title.text
+    assert "answer loss (nats) ↓" in fig.layout.yaxis.title.text
     curves = curves_figure(res)
     assert list(curves.data[0].y) == [1.0, 2.0, 2.5, 3.0]
-    assert curves.layout.annotations[0].text == "math answer loss ↓"
+    assert curves.layout.annotations[0].text == "math answer loss (nats) ↓"
     # the measure is saved with the sweep, and an unknown one is refused with the choices
     assert SweepResult.from_dict(res.to_dict()).measure == "answer_loss"
     with pytest.raises(ParameterError, match="exact_match, answer_loss"):

@@ -190,15 +190,18 @@ def figures(result: FinetuneComparison, measure: Optional[str] = None) -> list:
     """Trajectories, training loss and the final trade-off, speciality in `measure` (default: the run's)."""
     measure = measure or result.recipe.get("measure") or "exact_match"
     general = _general(result)
-    return [trajectories_figure(result, measure, general), loss_figure(result),
-            final_scatter(result, measure, general)]
+    head = f"{result.start} fine-tuned on {result.task}"
+    return [trajectories_figure(result, measure, general, title=f"{head}: generality, speciality and distance"),
+            loss_figure(result, title=f"{head}: training loss"),
+            final_scatter(result, measure, general, title=f"{head}: final trade-off")]
 
 
 def compare_figures(results: list, ids: list, measure: str = "exact_match") -> list:
     """Several saved fine-tunes on one trajectories chart and one trade-off chart (a label used in more than one
     gets its start and task, else its run id: `runs_of`)."""
     every = runs_of(results, ids)
-    return [trajectories_figure(every, measure), final_scatter(every, measure)]
+    return [trajectories_figure(every, measure, title="fine-tunes compared: generality, speciality and distance"),
+            final_scatter(every, measure, title="fine-tunes compared: final trade-off")]
 
 
 TRAJECTORY_COLUMNS = ["label", "step", "general_loss", "exact_match", "answer_loss", "distance"]

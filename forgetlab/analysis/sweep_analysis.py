@@ -27,7 +27,7 @@ from forgetlab.core.memory import MemoryEstimate, job_dtype
 from forgetlab.core.progress import Progress, publish
 from forgetlab.core.settings import count_field, device_field, dtype_field, setting
 from forgetlab.executors import executor_lines
-from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+from forgetlab.plots.forgetting import CURVES, TRADEOFF, curves_figure, sweep_title, tradeoff_figure
 
 SHOWN = ["series", "x", "speciality", "answer_loss", "general_loss", "distance", "pareto"]
 """The columns the CLI prints (every column goes to --out and the saved run)."""
@@ -239,13 +239,15 @@ def _in(result: SweepResult, measure: Optional[str]) -> SweepResult:
 def figures(result: SweepResult, measure: Optional[str] = None) -> list:
     """The Forgetting page's curves and trade-off of one sweep (speciality in `measure` when it is built in)."""
     result = _in(result, measure)
-    return [curves_figure(result), tradeoff_figure(result)]
+    return [curves_figure(result, title=sweep_title(result, CURVES)),
+            tradeoff_figure(result, title=sweep_title(result, TRADEOFF))]
 
 
 def compare(results: Sequence[SweepResult], ids: Sequence[str], measure: Optional[str] = None) -> list:
     """Several sweeps on one trade-off chart and one set of curves, a named series per run."""
     results = [_in(r, measure) for r in results]
-    return [tradeoff_figure(results, ids=ids), curves_figure(results, ids=ids)]
+    return [tradeoff_figure(results, ids=ids, title=sweep_title(results, TRADEOFF)),
+            curves_figure(results, ids=ids, title=sweep_title(results, CURVES))]
 
 
 def sweep_analysis(kind: str, settings: type, curves: Mapping[str, Curve], *, title: str, help: str,

@@ -91,7 +91,9 @@ def figures(result: TaskvecResult) -> list:
     """A layer × module heatmap of ‖τ‖/‖θ0‖ per model, and the cosine matrix."""
     figs = [norms_heatmap(n.by_level(), "relative", title=f"{n.model}: ‖τ‖ / ‖θ0‖ per layer and module")
             for n in result.norms]
-    return figs + ([cosine_heatmap(result.cosine)] if result.cosine is not None else [])
+    cosine = cosine_heatmap(result.cosine, title="cosine similarity between task vectors") \
+        if result.cosine is not None else None
+    return figs + ([cosine] if cosine is not None else [])
 
 
 def takeaway(result: TaskvecResult) -> list[str]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import colorsys
 import hashlib
+import json
+import math
 import threading
 
 import pandas as pd
@@ -129,6 +131,76 @@ def friendly_header(column: str) -> str:
     return column.replace("_", " ")
 
 
+UNITS = {"general_loss": "nats", "answer_loss": "nats", "train_loss": "nats", "final_loss": "nats",
+         "forgetting": "nats", "d_general_loss": "nats", "d_answer_loss": "nats", "loss": "nats", "rise": "nats",
+         "kl": "nats", "mean_rise": "nats", "mean_kl": "nats", "total_rise": "nats", "loss_base": "nats",
+         "loss_model": "nats", "base_general_loss": "nats", "seconds": "s", "peak_gb": "GB"}
+"""The unit of a column's values, where it has one (losses are natural-log cross-entropies: nats)."""
+
+
+def axis_title(column: str) -> str:
+    """A column's name as an axis or chart title, with its unit before the direction arrow: "general_loss" →
+    "general loss (nats) ↓", "math/answer_loss" → "math answer loss (nats) ↓", "exact_match" → "exact match ↑"
+    (no unit), "forgetting" → "forgetting (nats) ↓"."""
+    column = str(column)
+    text = friendly_header(column)
+    unit = UNITS.get(column.rpartition("/")[2])
+    if not unit or f"({unit})" in text or f", {unit}" in text:
+        return text
+    head, arrow = (text[:-2], text[-2:]) if text.endswith((" ↓", " ↑")) else (text, "")
+    return f"{head} ({unit}){arrow}"
+
+
+MEASURE_TITLES = {m: axis_title(m) for m in ("exact_match", "answer_loss")}
+"""The speciality measures' axis texts: "exact match ↑", "answer loss (nats) ↓"."""
+
+
+def value_range(values, margin: float = 0.12) -> list[float] | None:
+    """The range of a value axis that shows differences between `values`: their span padded by `margin` of it
+    on each side; from 0 only where 0 is close (the values are no farther from 0 than their own spread), so
+    that 4.68 against 4.74 is a visible gap rather than two equal bars. None without a finite value."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    if not finite:
+        return None
+    lo, hi = min(finite), max(finite)
+    span = hi - lo
+    pad = margin * span if span > 0 else max(abs(hi) * 0.05, 1e-3)
+    lo, hi = lo - pad, hi + pad
+    if lo > 0 and min(finite) <= span:          # positive values near 0: start at 0
+        lo = 0.0
+    if hi < 0 and -max(finite) <= span:         # negative values near 0: end at 0
+        hi = 0.0
+    return [lo, hi]
+
+
+def spaced_labels(texts, xs, ys, first=(), char_width: float = 0.009, height: float = 0.08) -> list[str]:
+    """The texts to write beside the points (x, y) of a chart so that no two overlap: "" for a point whose
+    label would cover one already kept. Labels are kept greedily, the points in `first` (indices, e.g. a curve's
+    ends) before the others in their order; two labels clash when their points are closer than the wider
+    label's width (`char_width` of the x span per character, plus one) across and `height` of the y span up
+    and down. Points with a non-finite coordinate get no label. Hovering still names every point."""
+    texts = [str(t) for t in texts]
+    pts = [(float(x), float(y)) for x, y in zip(xs, ys)]
+    ok = [math.isfinite(x) and math.isfinite(y) for x, y in pts]
+
+    def span(vals) -> float:
+        vals = [v for v, good in zip(vals, ok) if good]
+        return (max(vals) - min(vals)) or 1.0 if vals else 1.0
+
+    sx, sy = span([x for x, _ in pts]), span([y for _, y in pts])
+    order = list(dict.fromkeys([*first, *range(len(texts))]))
+    kept: list[int] = []
+    for i in order:
+        if not ok[i] or not texts[i]:
+            continue
+        clash = any(abs(pts[i][0] - pts[j][0]) / sx < char_width * (max(len(texts[i]), len(texts[j])) + 1)
+                    and abs(pts[i][1] - pts[j][1]) / sy < height for j in kept)
+        if not clash:
+            kept.append(i)
+    keep = set(kept)
+    return [t if i in keep else "" for i, t in enumerate(texts)]
+
+
 def friendly_columns(frame):
     """`frame` with every column renamed by `friendly_header` (a copy; the data is untouched)."""
     return frame.rename(columns={c: friendly_header(c) for c in frame.columns})
@@ -152,6 +224,41 @@ def worker_column(frame):
     frame = frame.drop(columns=["worker_host", "worker_pid"])
     frame.insert(at, "worker", workers)
     return frame
+
+
+def compact(value) -> str:
+    """A setting as a person writes it: "0, 0.5, 1"; a long list of numbers "0…1 (11 points)"."""
+    if isinstance(value, (list, tuple)):
+        if len(value) > 4 and all(isinstance(v, (int, float)) for v in value):
+            return f"{compact(min(value))}…{compact(max(value))} ({len(value)} points)"
+        return ", ".join(compact(v) for v in value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def tell_apart(items, names=None, ids=None, most: int = 3) -> list[str]:
+    """A short name per item (a dict of its settings, e.g. a run's recipe) saying what differs between them:
+    for each key, in order, whose values are not all equal, "<name> <value>" (`names`: key → its name, None to
+    write the value alone; by default the key in words), at most `most` such parts, joined by " · ". Where that
+    leaves two names equal, each gets its entry of `ids` (e.g. when it was made), else its number. One item
+    alone gets an empty name."""
+    items = [dict(i) for i in items]
+    if len(items) < 2:
+        return [""] * len(items)
+    names = dict(names or {})
+    parts: list[list[str]] = [[] for _ in items]
+    for key in dict.fromkeys(k for item in items for k in item):
+        values = [json.dumps(item.get(key), sort_keys=True, default=str) for item in items]
+        if len(set(values)) < 2:
+            continue
+        label = names.get(key, str(key).replace("_", " "))
+        for out, item in zip(parts, items):
+            if item.get(key) is not None:        # a setting the others have: nothing to say
+                out.append(compact(item[key]) if label is None else f"{label} {compact(item[key])}")
+    labels = [" · ".join(p[:most]) for p in parts]
+    if len(set(labels)) < len(labels):
+        extra = list(ids) if ids is not None else [f"#{i + 1}" for i in range(len(items))]
+        labels = [f"{label} · {x}" if label else str(x) for label, x in zip(labels, extra)]
+    return labels
 
 
 # how the methods and series of the sweeps and fine-tunes are named in legends

@@ -12,7 +12,7 @@ from forgetlab.analysis.measures import pareto_mask
 from forgetlab.plots import color_for, forgetting_text
 
 LABELS = {"d_general_loss": "Δ general loss, nats (↓ better)", "d_speciality": "Δ exact match (↑ better)",
-          "d_answer_loss": "Δ answer loss (↓ better)"}
+          "d_answer_loss": "Δ answer loss, nats (↓ better)"}
 MAP_LABELS = {"only_this": "only this part of τ (θ0 + τk) vs the base",
               "leave_one_out": "all of τ but this part (θ0 + τ − τk) vs the fine-tune"}
 
@@ -92,7 +92,7 @@ def tradeoff_figure(result, which: str = "only_this", measure: str = "exact_matc
     `nls` (key → non-linearity score from a linearity run) the points are coloured by NLS, else by module."""
     f = _point(result.to_frame(), which).reset_index(drop=True)
     y = f["d_speciality"] if measure == "exact_match" else -f["d_answer_loss"]
-    ylabel = LABELS["d_speciality"] if measure == "exact_match" else "−Δ answer loss (↑ better)"
+    ylabel = LABELS["d_speciality"] if measure == "exact_match" else "−Δ answer loss, nats (↑ better)"
     front = pareto_mask(list(y), list(f["d_general_loss"]))
     labels = pd.Series(outer_labels(f["key"], f["d_general_loss"], y), index=f.index)
     hover = [f"{k}<br>Δ general loss {forgetting_text(g, 4)}<br>{ylabel}: {s:+.4f}<br>share of ‖τ‖²: {t:.3f}"

@@ -10,7 +10,8 @@ from plotly.subplots import make_subplots
 
 from forgetlab.analysis.measures import higher_is_better, pareto_mask
 from forgetlab.core.errors import ForgetlabError
-from forgetlab.plots import color_for, series_name
+from forgetlab.plots import MEASURE_TITLES, axis_title, color_for, series_name
+from forgetlab.plots.forgetting import GENERAL_AXIS, general_label, speciality_label
 from forgetlab.train.results import FinetuneComparison, FinetuneRun
 
 
@@ -39,8 +40,6 @@ def runs_of(comparisons: Sequence[FinetuneComparison], ids: Sequence[str]) -> li
     return out
 
 
-MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
-
 
 def _final(run: FinetuneRun, measure: str, card=None) -> float:
     """The run's final speciality (or that of `card`, e.g. its start) in `measure`: exact match or answer loss
@@ -64,17 +63,14 @@ def _general(run: FinetuneRun, measure: str, card=None) -> float:
 
 
 def _general_title(measure: str) -> str:
-    """The generality's axis text: the held-out general loss, or an lm-eval metric with its direction."""
-    if measure == "general_loss":
-        return "general loss on held-out text ↓"
-    return f"{measure} {'↑' if higher_is_better(measure) else '↓'}"
+    """The generality's axis text: the held-out general loss in nats, or an lm-eval metric with its direction."""
+    return GENERAL_AXIS if measure == "general_loss" else general_label(measure)
 
 
 def _title(task: str, measure: str) -> str:
-    """The speciality's axis text: "math exact match ↑", or an lm-eval metric with its direction."""
-    if "/" in measure:
-        return f"{measure} {'↑' if higher_is_better(measure) else '↓'}"
-    return f"{task} {MEASURE_TITLES.get(measure, measure)}"
+    """The speciality's axis text: "math exact match ↑", "math answer loss (nats) ↓", or an lm-eval metric with
+    its direction (`plots.forgetting.speciality_label`)."""
+    return speciality_label(task, measure)
 
 
 def _legend_below(fig: go.Figure, y: float = -0.2) -> None:
@@ -82,15 +78,16 @@ def _legend_below(fig: go.Figure, y: float = -0.2) -> None:
 
 
 def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
-                        measure: str = "exact_match", general_measure: str = "general_loss") -> go.Figure:
+                        measure: str = "exact_match", general_measure: str = "general_loss", *,
+                        title: str = "") -> go.Figure:
     """Three panels over training steps, one line per run (named as a person would: "MoFO 0.2"): generality
     in `general_measure` (held-out general loss ↓ or an lm-eval TASK/METRIC), speciality on the task in
     `measure` (exact match ↑, answer loss ↓ or an lm-eval TASK/METRIC) and D(θ, θ0) from the starting weights.
-    One x-axis title, under the middle panel; the legend below."""
+    One x-axis title, under the middle panel; the legend below; `title` above (none by default)."""
     runs = _runs(data)
     task = runs[0].task if runs else ""
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.09, subplot_titles=(
-        "general loss ↓" if general_measure == "general_loss" else _general_title(general_measure),
+        general_label(general_measure),
         _title(task, measure), "D(θ, θ0)"))
     for run in runs:
         df = run.trajectory()
@@ -105,30 +102,33 @@ def trajectories_figure(data: FinetuneComparison | FinetuneRun | Sequence[Finetu
                           row=1, col=col)
     fig.update_xaxes(title_text="training step", row=1, col=2)
     fig.update_annotations(font_size=13)
-    fig.update_layout(margin=dict(t=40, b=10, l=50, r=10), height=400)
+    fig.update_layout(margin=dict(t=80 if title else 40, b=10, l=50, r=10), height=440 if title else 400,
+                      title=title or None)
     _legend_below(fig, -0.22)
     return fig
 
 
-def loss_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]) -> go.Figure:
-    """The training loss (answer tokens) per step, one line per run."""
+def loss_figure(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun], *, title: str = "") -> go.Figure:
+    """The training loss (answer tokens, nats) per step, one line per run; `title` above (none by default)."""
     fig = go.Figure()
     for run in _runs(data):
         df = run.train.loss_frame()
         fig.add_trace(go.Scatter(x=df["step"], y=df["loss"], mode="lines", name=series_name(run.label),
                                  line=dict(color=color_for(run.label))))
-    fig.update_layout(xaxis_title="training step", yaxis_title="training loss", margin=dict(t=20, b=10, l=60, r=10),
-                      height=420)
+    fig.update_layout(xaxis_title="training step", yaxis_title=axis_title("train_loss"), title=title or None,
+                      margin=dict(t=50 if title else 20, b=10, l=60, r=10), height=420)
     _legend_below(fig, -0.2)
     return fig
 
 
 def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun],
-                  measure: str = "exact_match", general_measure: str = "general_loss") -> go.Figure:
+                  measure: str = "exact_match", general_measure: str = "general_loss", *,
+                  title: str = "") -> go.Figure:
     """Final speciality (y, `measure`: exact match ↑, answer loss ↓ or an lm-eval TASK/METRIC) against final
     generality (x, `general_measure`: held-out general loss ↓ or an lm-eval TASK/METRIC) per run, the starting
     model as a grey diamond, and the Pareto front of the runs as a dashed step line. Runs are told apart by
-    colour and the legend (labels on the points collided when runs end close together)."""
+    colour and the legend (labels on the points collided when runs end close together); `title` above (none
+    by default)."""
     runs = _runs(data)
     higher = higher_is_better(measure)
     label = MEASURE_TITLES.get(measure, measure)
@@ -159,6 +159,6 @@ def final_scatter(data: FinetuneComparison | FinetuneRun | Sequence[FinetuneRun]
                                  line=dict(color="black", dash="dash", shape="hv"), hoverinfo="skip"))
     task = runs[0].task if runs else ""
     fig.update_layout(xaxis_title=_general_title(general_measure), yaxis_title=_title(task, measure),
-                      margin=dict(t=20, b=10, l=60, r=10), height=420)
+                      title=title or None, margin=dict(t=50 if title else 20, b=10, l=60, r=10), height=420)
     _legend_below(fig, -0.2)
     return fig

@@ -10,7 +10,7 @@ from forgetlab.analysis.search_results import SearchResult
 from forgetlab.core.evaluate import Scorecard
 from forgetlab.executors import worker_label
 from forgetlab.plots import color_map, forgetting_text, perplexity_text
-from forgetlab.plots.forgetting import speciality_label
+from forgetlab.plots.forgetting import GENERAL_AXIS, speciality_label
 from forgetlab.plots.models import scorecards_figure
 
 
@@ -21,12 +21,25 @@ def scorecard_figure(cards: Sequence[Scorecard], measure: str = "exact_match", *
     return scorecards_figure(cards, measure, title=title, merged=merged)
 
 
+def label_positions(values, every=(), inside_share: float = 0.15) -> list[str]:
+    """Where each bar's value label goes: "inside" (in the middle of the bar, away from any reference line drawn
+    across the bars' tops, such as a parent's 100 %) for a bar at least `inside_share` of the tallest bar
+    (`every`: all bars of the panel, default `values`) high, "outside" for a shorter one, whose label then sits
+    low, far below such a line."""
+    finite = [abs(float(v)) for v in (every or values) if v is not None and v == v]
+    tallest = max(finite, default=0.0) or 1.0
+    return ["inside" if v is not None and v == v and abs(float(v)) >= inside_share * tallest else "outside"
+            for v in values]
+
+
 def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: str = "",
                      colors: Mapping[str, str] | None = None) -> go.Figure:
     """What merges kept (`forgetlab.analysis.retention.MergeRetention`), on two panels that both start at 0.
 
     Left: for each parent's own task, the share of that parent's gain over the base each merge kept, in %
-    (100 % = the parent's level, dashed; 0 = the base's), one bar per merge (`labels`: merge → legend name;
+    (100 % = the parent's level, dashed, behind the bars; 0 = the base's), one bar per merge, its value written
+    inside it (`label_positions`: outside only for a short bar) so that the line never strikes a label
+    (`labels`: merge → legend name;
     `colors`: merge → colour, by default each merge name's own).
     Right: forgetting, general loss − the base's in nats (a delta view: 0 is the base), for every parent and
     merge, each bar labelled with the perplexity change it means (exp(Δ) − 1)."""
@@ -41,18 +54,22 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
     cats = {}
     for r in result.rows:
         cats.setdefault((r.parent, r.task), f"{r.task or '?'} (parent {r.parent})")
+    kept = [100 * r.retention for r in result.rows if r.merge in result.merges and r.retention == r.retention]
     for m in result.merges:
         rows = [r for r in result.rows if r.merge == m]
         ys = [100 * r.retention if r.retention == r.retention else None for r in rows]
         fig.add_trace(go.Bar(
             x=[cats[(r.parent, r.task)] for r in rows], y=ys, name=name(m), legendgroup=m,
-            marker=dict(color=colors[m], pattern=dict(shape="/")),
-            text=[f"{y:.0f} %" if y is not None else "n/a" for y in ys], textposition="outside", cliponaxis=False,
+            marker=dict(color=colors[m], pattern=dict(shape="/", solidity=0.15)),
+            text=[f"{y:.0f} %" if y is not None else "n/a" for y in ys], textposition=label_positions(ys, kept),
+            insidetextanchor="middle", textangle=0, cliponaxis=False,
+            insidetextfont=dict(color="#222222", size=12),    # on the light hatching, not the bar's contrast colour
             hovertext=[f"{name(m)} on {r.task}: {100 * r.retention:.0f} % of {r.parent}'s gain<br>base "
                        f"{abs(r.base):.3f} → {r.parent} {abs(r.parent_score):.3f}, merge {abs(r.merged):.3f}"
                        if r.retention == r.retention else f"{r.parent}: no own-task gain to keep" for r in rows],
             hoverinfo="text"), row=1, col=1)
-    fig.add_hline(y=100, line_dash="dash", line_color="#444444", row=1, col=1)    # the parent's own level
+    # the parent's own level, behind the bars (their labels sit inside them, clear of it)
+    fig.add_hline(y=100, line_dash="dash", line_color="#444444", layer="below", row=1, col=1)
     forgetting = result.forgetting
     models = [*result.parents, *result.merges]
     fig.add_trace(go.Bar(
@@ -72,10 +89,11 @@ def retention_figure(result, labels: Mapping[str, str] | None = None, *, title: 
     return fig
 
 
-def search_figure(result: SearchResult) -> go.Figure:
+def search_figure(result: SearchResult, title: str = "merge search: every merge it evaluated") -> go.Figure:
     """A merge search (`forgetlab.analysis.search_results.SearchResult`) on the speciality-vs-generality plane:
     every evaluated point coloured by its evaluation order, the base, the Pareto front (dashed step line), the best
-    point (star) and, for the constrained objective, the forgetting bound (dotted vertical line)."""
+    point (star) and, for the constrained objective, the forgetting bound (dotted vertical line); `title` above
+    (it names the chart wherever it is shown: the Merge page, Runs, a download)."""
     ok = [p for p in result.points if p.error is None]
     fig = go.Figure()
     fig.add_trace(go.Scatter(
@@ -102,8 +120,8 @@ def search_figure(result: SearchResult) -> go.Figure:
     if result.objective == "constrained":
         fig.add_vline(x=result.base_general_loss + result.max_forgetting, line_dash="dot", line_color="#888888",
                       annotation_text="forgetting bound", annotation_position="top")
-    fig.update_layout(xaxis_title="general loss on held-out text (↓ better)",
+    fig.update_layout(xaxis_title=GENERAL_AXIS, title=title or None,
                       yaxis_title=f"speciality: {speciality_label(result.settings.get('task'), result.measure)}",
-                      margin=dict(t=30, b=10, l=60, r=10), height=420, legend_title_text=None,
+                      margin=dict(t=50 if title else 30, b=10, l=60, r=10), height=420, legend_title_text=None,
                       legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0))
     return fig

@@ -10,10 +10,8 @@ from plotly.subplots import make_subplots
 
 from forgetlab.core.taskvectors import CosineMatrix
 from forgetlab.core.evaluate import Scorecard
-from forgetlab.plots import color_map, forgetting_text, perplexity_text
+from forgetlab.plots import MEASURE_TITLES, axis_title, color_map, forgetting_text, perplexity_text
 
-
-MEASURE_TITLES = {"exact_match": "exact match ↑", "answer_loss": "answer loss ↓"}
 
 
 def _benchmark_value(card: Scorecard, measure: str) -> float | None:
@@ -61,7 +59,7 @@ def scorecards_figure(cards: Sequence[Scorecard], measure: str = "exact_match", 
         fig.add_trace(go.Bar(x=tasks, y=ys, name=name, legendgroup=name,
                              marker=dict(color=colors[card.model], pattern=pattern),
                              hovertemplate=f"{name}<br>%{{x}}: {label} %{{y:.4f}}<extra></extra>"), row=1, col=2)
-    general_title = "Δ general loss vs base, nats ↓" if delta else "general loss ↓"
+    general_title = "Δ general loss vs base, nats ↓" if delta else axis_title("general_loss")
     fig.update_yaxes(title_text=general_title, row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text=label, row=1, col=2, rangemode="tozero")
     if measure == "exact_match":
@@ -92,12 +90,12 @@ def norms_heatmap(by_level: pd.DataFrame, value: str = "relative", title: str = 
     return fig
 
 
-def cosine_heatmap(cos: CosineMatrix) -> go.Figure:
-    """Cosine similarity between task vectors, annotated."""
+def cosine_heatmap(cos: CosineMatrix, title: str = "") -> go.Figure:
+    """Cosine similarity between task vectors, annotated; `title` above (none by default: the page heads it)."""
     df = cos.to_frame()
     fig = px.imshow(df, zmin=-1, zmax=1, color_continuous_scale="RdBu", text_auto=".2f",
-                    labels=dict(color="cosine"))
-    fig.update_layout(margin=dict(t=10, b=10))
+                    labels=dict(color="cosine"), title=title or None)
+    fig.update_layout(margin=dict(t=40 if title else 10, b=10))
     return fig
 
 

@@ -108,9 +108,19 @@ def position_figure(result, bins: int = 16) -> go.Figure:
     return fig
 
 
+def coincide(a, b, axis_span: float, share: float = 0.02) -> bool:
+    """Whether two lines drawn on an axis spanning `axis_span` lie on top of each other: they are never further
+    apart than `share` of the span (2 %: a few pixels on a chart)."""
+    gaps = [abs(float(x) - float(y)) for x, y in zip(a, b) if math.isfinite(float(x)) and math.isfinite(float(y))]
+    return bool(gaps) and max(gaps) <= share * (axis_span or 1.0)
+
+
 def lens_figure(result) -> go.Figure:
-    """The logit lens: both models' next-token loss read after each layer (lines) and the rise (bars, right
-    axis); depth 0 is the embeddings, the last depth the models' own loss."""
+    """The logit lens: both models' next-token loss read after each layer (lines: the reference dashed with open
+    markers, the model solid, so that either shows where they meet; when they lie on top of each other the
+    legend says so, with the largest gap in nats) and the rise (bars, right axis); depth 0 is the embeddings, the
+    last depth the models' own loss. Each axis picks its own round ticks (a right axis overlaying the left one
+    would otherwise copy its grid, at values like 0.0096 / 0.0197); depths tick at whole layers."""
     frame = result.lens_frame()
     fig = go.Figure()
     if frame.empty:
@@ -118,12 +128,24 @@ def lens_figure(result) -> go.Figure:
         return fig
     fig.add_trace(go.Bar(x=frame["depth"], y=frame["rise"], name="rise (model − reference)", yaxis="y2",
                          marker={"color": "rgba(178, 24, 43, 0.35)"}))
+    losses = [*frame["loss_base"], *frame["loss_model"]]
+    span = max(losses) - min(losses)
+    same = coincide(frame["loss_base"], frame["loss_model"], span)
+    gap = float((frame["loss_model"] - frame["loss_base"]).abs().max())
+    styles = {"loss_base": ({"dash": "dash", "width": 2}, {"symbol": "circle-open", "size": 10}),
+              "loss_model": ({"dash": "solid", "width": 2}, {"symbol": "circle", "size": 6})}
     for side, name in (("loss_base", result.against), ("loss_model", result.model)):
-        fig.add_trace(go.Scatter(x=frame["depth"], y=frame[side], mode="lines+markers", name=name,
-                                 line={"color": color_for(name.split("@")[0])}))
-    fig.update_layout(title="logit lens: next-token loss read after each layer", xaxis_title="depth (0 = embeddings)",
-                      yaxis={"title": "loss (nats)"}, yaxis2={"title": "rise (nats)", "overlaying": "y",
-                                                              "side": "right", "showgrid": False},
+        line, marker = styles[side]
+        colour = color_for(name.split("@")[0])
+        label = f"{name} (on top of {result.against}: ≤ {gap:.3f} nats apart)" if same and side == "loss_model" \
+            else name
+        fig.add_trace(go.Scatter(x=frame["depth"], y=frame[side], mode="lines+markers", name=label,
+                                 line={"color": colour, **line}, marker={"color": colour, **marker}))
+    fig.update_layout(title="logit lens: next-token loss read after each layer",
+                      xaxis={"title": "depth (0 = embeddings)", "dtick": 1, "tick0": 0},
+                      yaxis={"title": "loss (nats)", "tickmode": "auto", "nticks": 6},
+                      yaxis2={"title": "rise (nats)", "overlaying": "y", "side": "right", "showgrid": False,
+                              "tickmode": "auto", "nticks": 6, "rangemode": "tozero", "zeroline": False},
                       height=340, margin={**MARGIN, "r": 50}, legend={"orientation": "h", "y": -0.25})
     return fig
 

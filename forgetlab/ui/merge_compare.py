@@ -6,13 +6,14 @@ ITS OWN task the merged model keeps (`forgetlab.analysis.retention`), and what i
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 import streamlit as st
 
-from forgetlab.analysis.retention import MEASURES, merge_retention, own_tasks, takeaway
+from forgetlab.analysis.retention import MEASURES, gain_share, merge_retention, own_tasks, takeaway
 from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import with_free
 from forgetlab.core.progress import scaled
@@ -59,29 +60,39 @@ def judge_takeaway(pool, cards, merged: Sequence[str], measure: str, *, key: str
 def judge_frame(pool, cards, merged: Sequence[str], measure: str, *, labels: Optional[Mapping[str, str]] = None,
                 parents: Optional[Mapping[str, Sequence[str]]] = None) -> pd.DataFrame:
     """One row per parent and merge: the share of each parent's own-task gain kept (%), its mean, the mean
-    speciality over the parents' own tasks (where a merge should beat every single parent) and the forgetting;
-    empty for an lm-eval measure."""
+    speciality over the parents' own tasks ("exact match, own tasks": where a merge should beat every single
+    parent) and the forgetting;
+    empty for an lm-eval measure. A parent's row holds the same shares for the parent itself (the formula's one
+    home, `gain_share`): 100 % of its own task's gain and what it has of the others' — the mark a merge must
+    beat — rather than empty cells (which the app's tables would show as "None")."""
     if measure not in MEASURES:
         return pd.DataFrame()
     result = _retention(pool, cards, merged, measure, parents)
     by_name = {c.model: c for c in cards}
     tasks = list(dict.fromkeys(r.task for r in result.rows if r.task))
-    kept = [f"{t}: gain kept %" for t in tasks]
-    spec = f"mean {measure.replace('_', ' ')} on the parents' tasks"
+    owner = {r.task: r.parent for r in reversed(result.rows) if r.task}      # each task's parent (first row wins)
+    kept = [f"{t} kept %" for t in tasks]                  # short: the table fits beside the chart that says it
+    spec = f"{measure.replace('_', ' ')}, own tasks"        # the mean over the parents' own tasks
     rows = []
     for m in [*result.parents, *result.merges]:
         row = {"model": (labels or {}).get(m, m), "role": "merge" if m in result.merges else "parent",
-               **dict.fromkeys(kept, float("nan")), "mean gain kept %": float("nan")}
+               **dict.fromkeys(kept, float("nan")), "mean kept %": float("nan")}
         if m in result.merges:
             for r in result.rows:
                 if r.task and r.merge == m:
-                    row[f"{r.task}: gain kept %"] = 100 * r.retention
-            row["mean gain kept %"] = 100 * result.mean_retention(m)
+                    row[f"{r.task} kept %"] = 100 * r.retention
+            row["mean kept %"] = 100 * result.mean_retention(m)
+        else:
+            shares = [100 * gain_share(by_name["base"], by_name[owner[t]], by_name[m], t, measure)
+                      if all(t in by_name[n].tasks for n in ("base", owner[t], m)) else float("nan") for t in tasks]
+            row.update(zip(kept, shares))
+            finite = [v for v in shares if math.isfinite(v)]
+            row["mean kept %"] = sum(finite) / len(finite) if finite else float("nan")
         values = [getattr(by_name[m].tasks[t], measure) for t in tasks if t in by_name[m].tasks]
         row[spec] = sum(values) / len(values) if values else float("nan")
         row["forgetting"] = result.forgetting[m]
         rows.append(row)
-    return pd.DataFrame(rows, columns=["model", "role", *kept, "mean gain kept %", spec, "forgetting"])
+    return pd.DataFrame(rows, columns=["model", "role", *kept, "mean kept %", spec, "forgetting"])
 
 
 def _fits(pool, models, methods, device: str, dtype, budget) -> bool:
