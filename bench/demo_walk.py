@@ -25,7 +25,7 @@ from tests.e2e.harness import (chromium, click_nav, exceptions, goto, screenshot
                                wait_idle, wait_jobs)
 
 
-PAGES = ("Models", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune", "Runs",
+PAGES = ("Models", "Task vectors", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune", "Runs",
          "Glossary")
 
 
@@ -67,7 +67,7 @@ def main() -> None:
         for title in [t.strip() for t in args.pages.split(",") if t.strip()]:
             t = time.monotonic()
             click_nav(page, title)
-            stem = {"Fine-tune": "finetune"}.get(title, title.lower())
+            stem = {"Fine-tune": "finetune", "Task vectors": "taskvec"}.get(title, title.lower())
             primary = page.locator('[data-testid="stMain"] [data-testid="stBaseButton-primary"]')
             if title not in ("Runs", "Glossary") and primary.count():   # the page's main action, its defaults
                 primary.first.click()
