@@ -33,10 +33,13 @@ pool = start_page(MENU, "Fine-tune on a task and watch what it costs: held-out g
 MODEL_KEY, MODEL_OF_KEY = "finetune_model", "finetune_model_of"
 # The default comparison: the pool's own fine-tune recipe (forgetlab.train.defaults.finetune_defaults, the same
 # numbers `forgetlab finetune POOL --compare` takes), a record every ≤ 10 steps (default_record_every), the
-# records' budget below. DEFAULT_SECONDS: measured on the pico demo zoo (see the caption below).
+# records' budget below. DEFAULT_SECONDS: measured on the pico demo zoo through the page (AppTest, button pressed
+# with the defaults) on 2 CPU cores at load 1.3–1.7, 6 Dec 2026 (docs/zoo.md, "What-if fine-tunes").
 DEFAULT_GENERAL, DEFAULT_PAIRS = 16, 50
 DEFAULT_TASK = "math"        # the measured default comparison, and the Forgetting page's default model
-DEFAULT_SECONDS = "30 s"
+DEFAULT_SECONDS = "48 s"
+# SFA at the paper's β = 0.5 in the same comparison (seed 0): math exact match 0.66 at step 100, 0.04 at the end
+SFA_PAPER_PEAK, SFA_PAPER_END = 0.66, 0.04
 
 
 def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) -> str:
@@ -45,9 +48,19 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
     text = (f"{runs} run(s) × {steps} steps, each evaluated {records} times ({general} general blocks, "
             f"{pairs} pairs per task).")
     if DEFAULT_SECONDS:
-        text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 idle "
-                 "CPU cores, 40 s beside another process that holds a core; fewer steps, records or pairs are faster.")
+        text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 CPU cores "
+                 "shared with other jobs (load 1.3–1.7); fewer steps, records or pairs are faster.")
     return text
+
+
+def sfa_note() -> str:
+    """Why the comparison's SFA averages with β = SFA_BETA_COMPARE by default, not the paper's β (measured on the
+    demo zoo)."""
+    return (f"SFA's β here is {SFA_BETA_COMPARE:g} by default, not the paper's {SFA_BETA:g}. At {SFA_BETA:g} SFA "
+            "collapses on the demo zoo: under the cosine decay its averaging at ¾ of the run meets ≤ 15 % of the peak "
+            "learning rate, too little to win back what the averaging removed, and its last averaging, on the last "
+            f"step, halves what is left (math exact match {SFA_PAPER_PEAK:.2f} at step 100, {SFA_PAPER_END:.2f} at "
+            f"the end). Set β to {SFA_BETA:g} to see it.")
 
 
 def widget(name: str, key: str, **kw):
@@ -148,6 +161,8 @@ with right:
     # the main action at the top of the results, where it is seen without scrolling past the settings
     go = panel.controls(pool, settings)
     st.caption(plan_caption(runs, steps, eval_every, max_general, max_task))
+    if mode == "comparison":
+        st.caption(sfa_note())
 
     def show_partial(partial) -> None:
         """A single run's records so far, or the comparison's finished runs."""

@@ -78,6 +78,7 @@ def test_the_cli_and_the_page_take_the_same_defaults(zoo, tiny_llama, tmp_path, 
     shown = tuple(at.number_input(key=f"finetune_{k}").value for k in ("steps", "batch", "lr"))
     assert shown == (expected.steps, expected.batch_size, pytest.approx(expected.lr))
     assert at.number_input(key="finetune_eval_every").value == default_record_every(expected.steps) <= 10
+    assert any(f"not the paper's {SFA_BETA:g}" in c.value for c in at.caption)    # why SFA's β is not 0.5
     assert settings.eval_every is None            # the CLI's runs: default_record_every(steps) (runs.finetune)
 
 

@@ -46,10 +46,10 @@ L1_DEFAULT = 1e-3
 SFA_BETA = 0.5
 """SFA's β of a single run (docs/methods.md#sfa: the paper's default)."""
 # SFA's β in the comparison. The paper's β = 0.5 pulls half of the task vector back at every averaging, the last one
-# on the last step (docs/methods.md#sfa). Under the cosine decay the averaging at ¾ of the run meets ≤ 14 % of the
+# on the last step (docs/methods.md#sfa). Under the cosine decay the averaging at ¾ of the run meets ≤ 15 % of the
 # peak rate, too little to rebuild what it removed before the last one halves it again: on the pico zoo's recipe
-# (math, 150 steps, lr 2.25e-4, warm-up 10) the run ends at exact match 0.04 (seeds 0 and 1; it had reached
-# 0.66–0.78, AdamW ends at 0.92 / 0.76). β = 0.25 ends at 0.50 / 0.46 for +0.013 nats (docs/zoo.md, "SFA").
+# (math, 150 steps, lr 2.25e-4, warm-up 10) the run ends at exact match 0.04 (seeds 0 and 1; it had reached 0.66 /
+# 0.62, AdamW ends at 0.92 / 0.76). β = 0.25 ends at 0.50 / 0.46 for +0.013 nats (docs/zoo.md, "What-if fine-tunes").
 SFA_BETA_COMPARE = 0.25
 
 
