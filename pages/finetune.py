@@ -6,9 +6,10 @@ import streamlit as st
 from forgetlab.analysis.finetune import ANALYSIS, FinetuneSettings, configs_of
 from forgetlab.core.memory import dtype_name
 from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_figure
+from forgetlab.train.defaults import finetune_defaults
 from forgetlab.train.lora import checkpoint_targets
 from forgetlab.train.results import FinetuneComparison
-from forgetlab.train.runs import L1_DEFAULT, save_finetuned
+from forgetlab.train.runs import L1_DEFAULT, SFA_BETA, SFA_BETA_COMPARE, default_record_every, save_finetuned
 from forgetlab.ui.choices import index_of
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
@@ -20,7 +21,7 @@ from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.pool import clear_pool_cache
 from forgetlab.ui.settings import budget_caption, device_settings
 from forgetlab.ui.tables import show_table
-from forgetlab.ui.widgets import field_widget
+from forgetlab.ui.widgets import field_widget, follow_defaults
 
 MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -36,17 +37,15 @@ pool = start_page(MENU, "What if the model had been fine-tuned differently? Fine
 
 
 MODEL_KEY, MODEL_OF_KEY = "finetune_model", "finetune_model_of"
-# the default comparison (5 runs) on the pico demo zoo: DEFAULT_SECONDS measured (see the caption below)
-# The zoo's own fine-tune recipe (150 steps of 16 pairs at lr 2.25e-4): AdamW learns math (EM 0 → 0.98) at
-# +0.048 nats, MoFO keeps 0.96 at +0.031, L2/L1-to-init 0.94 at +0.024/+0.027, SFA (p 0.25, β 0.5) forgets
-# nothing and, after its last averaging with θ0 at step 150, keeps nothing of math (EM 0.90 at step 75, before
-# the averaging at 76; 0 at 150, D 0.007) — the story in one click. Measured with
-# the CLI-equivalent `forgetlab finetune POOL --task math --compare --steps 150 --lr 2.25e-4 --batch-size 16
-# --eval-every 75 --max-general 16 --max-task 50`: 30.4 s wall on two idle cores, 2026-12-05 (zoo 594ad755).
-DEFAULT_STEPS, DEFAULT_RECORDS, DEFAULT_GENERAL, DEFAULT_PAIRS = 150, 2, 16, 50
-DEFAULT_LR, DEFAULT_BATCH = 2.25e-4, 16
+# The default comparison: the pool's own fine-tune recipe (forgetlab.train.defaults.finetune_defaults, the same
+# numbers `forgetlab finetune POOL --compare` takes), a record every ≤ 10 steps (default_record_every), the
+# records' budget below. DEFAULT_SECONDS: measured on the pico demo zoo through the page (AppTest, button pressed
+# with the defaults) on 2 CPU cores at load 1.3–1.7, 6 Dec 2026 (docs/zoo.md, "What-if fine-tunes").
+DEFAULT_GENERAL, DEFAULT_PAIRS = 16, 50
 DEFAULT_TASK = "math"        # the measured default comparison, and the Forgetting page's default model
-DEFAULT_SECONDS = "30 s"
+DEFAULT_SECONDS = "48 s"
+# SFA at the paper's β = 0.5 in the same comparison (seed 0): math exact match 0.66 at step 100, 0.04 at the end
+SFA_PAPER_PEAK, SFA_PAPER_END = 0.66, 0.04
 
 
 def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) -> str:
@@ -55,9 +54,19 @@ def plan_caption(runs: int, steps: int, every: int, general: int, pairs: int) ->
     text = (f"{runs} run(s) × {steps} steps, each evaluated {records} times ({general} general blocks, "
             f"{pairs} pairs per task).")
     if DEFAULT_SECONDS:
-        text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 idle "
-                 "CPU cores, 40 s beside another process that holds a core; fewer steps, records or pairs are faster.")
+        text += (f" The default comparison (5 runs) took {DEFAULT_SECONDS} on the pico demo zoo with 2 CPU cores "
+                 "shared with other jobs (load 1.3–1.7); fewer steps, records or pairs are faster.")
     return text
+
+
+def sfa_note() -> str:
+    """Why the comparison's SFA averages with β = SFA_BETA_COMPARE by default, not the paper's β (measured on the
+    demo zoo)."""
+    return (f"SFA's β here is {SFA_BETA_COMPARE:g} by default, not the paper's {SFA_BETA:g}. At {SFA_BETA:g} SFA "
+            "collapses on the demo zoo: under the cosine decay its averaging at ¾ of the run meets ≤ 15 % of the peak "
+            "learning rate, too little to win back what the averaging removed, and its last averaging, on the last "
+            f"step, halves what is left (math exact match {SFA_PAPER_PEAK:.2f} at step 100, {SFA_PAPER_END:.2f} at "
+            f"the end). Set β to {SFA_BETA:g} to see it.")
 
 
 def widget(name: str, key: str, **kw):
@@ -87,18 +96,25 @@ with left:
         targets = widget("lora_targets", "lora_targets", options=offered, default=offered)
         lora = dict(lora=rank, lora_alpha=alpha, lora_targets=tuple(targets))  # none chosen: refused, not all
     checkpointing = widget("gradient_checkpointing", "checkpointing")
+    recipe = finetune_defaults(pool, task, lora=weights == "a LoRA adapter")     # the CLI's defaults too
+    own = ("how this pool's own fine-tunes of the task were trained" if recipe.source != "fallback"
+           else "forgetlab's fallback: this pool records no fine-tune recipe")
+    beta_default = SFA_BETA_COMPARE if mode == "comparison" else SFA_BETA
+    follow_defaults({"finetune_steps": recipe.steps, "finetune_lr": recipe.lr, "finetune_batch": recipe.batch_size,
+                     "finetune_sfa_beta": beta_default}, "finetune_defaults")
     c1, c2 = st.columns(2)
-    steps = widget("steps", "steps", default=DEFAULT_STEPS, high=100_000, container=c1)
-    lr = widget("lr", "lr", default=DEFAULT_LR, low=1e-6, high=1.0, format="%.6f", container=c2,
-                help="default: the demo zoo's own fine-tuning rate")
-    batch = widget("batch_size", "batch", default=DEFAULT_BATCH, high=512, container=c1)
+    steps = widget("steps", "steps", default=recipe.steps, high=100_000, container=c1, help=f"default: {own}")
+    lr = widget("lr", "lr", default=recipe.lr, low=1e-6, high=1.0, format="%.6f", container=c2,
+                help=f"default: {own}")
+    batch = widget("batch_size", "batch", default=recipe.batch_size, high=512, container=c1, help=f"default: {own}")
     seed = widget("seed", "seed", high=2**31 - 1, container=c2,
                   help="the same seed gives every run the same batches in the same order")
     fraction = widget("fraction", "fraction", low=0.01, high=1.0, container=c1,
                       help=explain("mofo") + "  \nShare of each tensor's entries that move per step; 1 = AdamW.")
-    sfa_beta = widget("sfa_beta", "sfa_beta", low=0.0, high=1.0, container=c2,
+    sfa_beta = widget("sfa_beta", "sfa_beta", default=beta_default, low=0.0, high=1.0, container=c2,
                       help=explain("sfa") + "  \nβ: weight of the starting weights in each average (0 = plain "
-                           "fine-tuning, 1 = back to the start).")
+                           f"fine-tuning, 1 = back to the start). The comparison's default {SFA_BETA_COMPARE:g}: "
+                           f"the paper's {SFA_BETA:g} collapses on the demo zoo (see the note under the button).")
     sfa_p_help = "SFA p: average every ⌈p·steps⌉ steps (1 = once, at the end: WiSE-FT with α = 1 − β)."
     l1_help = explain("l1") + "  \nλ: strength of the pull (0 = off)."
     l2_help = explain("l2") + "  \nλ: strength of the pull (0 = off)."
@@ -118,7 +134,8 @@ with left:
                     help=l1_help + " The comparison's default 1e-3 pulls as hard as L2's λ = 1 at a displacement "
                                    "of 1e-3 per weight (docs/methods.md#l1-to-init).")
     c3, c4 = st.columns(2)
-    eval_every = widget("eval_every", "eval_every", default=max(1, int(steps) // DEFAULT_RECORDS), high=100_000,
+    follow_defaults({"finetune_eval_every": default_record_every(steps)}, "finetune_records_default")
+    eval_every = widget("eval_every", "eval_every", default=default_record_every(steps), high=100_000,
                         container=c3, help="each record evaluates the model (general loss, speciality, D): the "
                                            "slowest part of a run")
     max_general = widget("max_general", "max_general", default=DEFAULT_GENERAL, high=4096, container=c4,
@@ -138,18 +155,20 @@ with right:
     spec = measures.settings.get("benchmarks")
     settings = FinetuneSettings(
         task=task, start=start, optimizer=optimizer, fraction=fraction, steps=steps, batch_size=batch, lr=lr,
-        seed=seed, sfa_p=sfa_p, sfa_beta=sfa_beta, l1=l1, l2=l2, compare=mode == "comparison",
+        warmup=recipe.warmup, seed=seed, sfa_p=sfa_p, sfa_beta=sfa_beta, l1=l1, l2=l2, compare=mode == "comparison",
         eval_every=eval_every, max_general=max_general, max_task=max_task, device=device, dtype=dtype_name(dtype),
         gradient_checkpointing=checkpointing, measure=measure, general_measure=general,
         lm_eval_include=spec.include if spec else None, limit=spec.limit if spec else None, eval_tasks=(task,),
         **lora)
-    runs = len(configs_of(settings))
+    runs = len(configs_of(settings, pool))
     panel = AnalysisPanel(ANALYSIS, page="finetune", button="Fine-tune",
                           label=lambda s: f"Fine-tuning {s.start} on {s.task} ({runs} run(s))",
                           executor=lambda s: session_executor() if s.compare else None)   # one run: here
     # the main action at the top of the results, where it is seen without scrolling past the settings
     go = panel.controls(pool, settings)
     st.caption(plan_caption(runs, steps, eval_every, max_general, max_task))
+    if mode == "comparison":
+        st.caption(sfa_note())
 
     def show_partial(partial) -> None:
         """A single run's records so far, or the comparison's finished runs."""

@@ -91,6 +91,16 @@ def test_sfa_averages_every_ceil_pT_steps_and_stays_closer():
     assert rs.history[-1]["distance"] < rp.history[-1]["distance"]
 
 
+def test_sfa_schedule_of_the_default_comparison_by_hand():
+    """docs/methods.md#sfa on the demo zoo's recipe (T = 150, p = 0.25, warm-up 10): P = ⌈37.5⌉ = 38, so the
+    averagings come after steps 38, 76 and 114 and after the last step, 150 — 1/p = 4 of them, the last with no
+    step left; the steps after the third one run at ≤ 15.4 % of the peak rate (½·(1 + cos(π·104/140)))."""
+    assert sfa_interval(150, 0.25) == 38 and sfa_interval(100, 0.25) == 25
+    res = train(_model(), _examples(), steps=150, lr=1e-3, warmup=10, seed=0, sfa_p=0.25, sfa_beta=0.5)
+    assert res.averaged_at == [38, 76, 114, 150]
+    assert res.lrs[114] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi * 104 / 140))) and res.lrs[114] < 1.55e-4
+
+
 def test_l2_zero_equals_plain_and_l2_pulls_to_init():
     ex = _examples()
     a, b, c = _model(), _model(), _model()

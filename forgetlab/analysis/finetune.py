@@ -11,7 +11,7 @@ run trains in this process, so that its model can be saved into the pool afterwa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import pandas as pd
@@ -26,13 +26,17 @@ from forgetlab.core.progress import Progress
 from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
 from forgetlab.plots.finetune import final_scatter, loss_figure, runs_of, trajectories_figure
 from forgetlab.train.memory import estimate_finetune
+from forgetlab.train.defaults import FALLBACK, finetune_defaults
 from forgetlab.train.results import FinetuneComparison, FinetuneConfig, single_run_comparison
-from forgetlab.train.runs import (L1_DEFAULT, check_save_as, check_start, compare, config_label, finetune,
-                                  save_finetuned, standard_configs)
+from forgetlab.train.runs import (L1_DEFAULT, SFA_BETA, SFA_BETA_COMPARE, check_save_as, check_start, compare,
+                                  config_label, finetune, save_finetuned, standard_configs)
 from forgetlab.train.trainer import OPTIMIZERS, SCHEDULES
 
 SFA_P_DEFAULT, L2_DEFAULT = 0.25, 1.0
 """The comparison's SFA p and L2-to-init λ when none is given (L1's: `forgetlab.train.runs.L1_DEFAULT`)."""
+POOL_DEFAULT = (f" (default: how the pool's own fine-tunes of the task were trained, as its zoo manifest records; "
+                f"a pool without that record: {FALLBACK.steps} steps of batch {FALLBACK.batch_size} at lr "
+                f"{FALLBACK.lr:g}, warm-up {FALLBACK.warmup})")
 
 
 @dataclass
@@ -44,23 +48,29 @@ class FinetuneSettings:
     start: str = setting("base", help="the pool model to start from", label="start from")
     optimizer: str = setting("adamw", help="the optimizer of a single run", choices=OPTIMIZERS)
     fraction: float = setting(0.2, help="MoFO update fraction", label="MoFO fraction")
-    steps: int = count_field(100, "training steps of each run (one batch each)")
-    batch_size: int = count_field(8, "training batch size")
-    lr: float = setting(1e-3, help="learning rate", label="learning rate")
+    steps: Optional[int] = count_field(None, "training steps of each run (one batch each)" + POOL_DEFAULT)
+    batch_size: Optional[int] = count_field(None, "training batch size" + POOL_DEFAULT)
+    lr: Optional[float] = setting(None, help="peak learning rate" + POOL_DEFAULT, label="learning rate",
+                                  range=(0.0, None))
     weight_decay: float = setting(0.0, help="AdamW's decoupled weight decay")
-    warmup: int = setting(0, help="linear warm-up steps before the cosine decay", range=(0, None), cli_type="number")
+    warmup: Optional[int] = setting(None, help="linear warm-up steps before the cosine decay" + POOL_DEFAULT,
+                                    range=(0, None), cli_type="number")
     schedule: str = setting("cosine", help="learning-rate schedule after the warm-up", choices=SCHEDULES)
     seed: int = seed_field("seed of the batch order, dropout and LoRA's initial weights")
     sfa_p: Optional[float] = setting(None, help="SFA: average with the start every ⌈p·T⌉ steps; with --compare the "
                                                 f"SFA run's p (default there {SFA_P_DEFAULT:g})", label="SFA p")
-    sfa_beta: float = setting(0.5, help="SFA: θ ← (1 − β)·θ + β·θo", label="SFA β")
+    sfa_beta: Optional[float] = setting(None, help=f"SFA: θ ← (1 − β)·θ + β·θo (default {SFA_BETA:g}, the paper's); "
+                                                   f"with --compare the SFA run's β (default there "
+                                                   f"{SFA_BETA_COMPARE:g}: see docs/zoo.md)", label="SFA β",
+                                        range=(0.0, 1.0))
     l1: float = setting(0.0, help="L1-to-init penalty λ (loss + λ‖θ − θo‖₁); with --compare the L1-to-init run's λ "
                                   f"(default there {L1_DEFAULT:g})", label="L1-to-init λ")
     l2: float = setting(0.0, help="L2-to-init penalty λ (loss + λ/2‖θ − θo‖²); with --compare the L2-to-init run's "
                                   f"λ (default there {L2_DEFAULT:g})", label="L2-to-init λ")
     compare: bool = setting(False, help="run AdamW, MoFO, SFA, L2- and L1-to-init with these steps/lr/seed instead "
                                         "of one run")
-    eval_every: Optional[int] = count_field(None, "record every k steps (default: 10 records)",
+    eval_every: Optional[int] = count_field(None, "record every k steps (default: ten records, at most 10 steps "
+                                                  "apart up to 300 steps)",
                                             label="record every k steps")
     max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
     max_task: Optional[int] = count_field(None, "at most this many eval pairs per task")
@@ -88,23 +98,37 @@ class FinetuneSettings:
                                                                "of the pool)", cli=False)
 
 
-def configs_of(settings: FinetuneSettings) -> list[FinetuneConfig]:
+def with_pool_defaults(settings: FinetuneSettings, pool=None) -> FinetuneSettings:
+    """The settings with steps, batch size, lr and warm-up left out (None) filled in from the pool's own fine-tune
+    recipe (`forgetlab.train.defaults.finetune_defaults` of the task, of its LoRA adapters for a LoRA run): the
+    one source of those defaults for the CLI and the Fine-tune page."""
+    recipe = finetune_defaults(pool, settings.task, lora=bool(settings.lora))
+    given = {k: getattr(settings, k) for k in ("steps", "batch_size", "lr", "warmup")}
+    return replace(settings, **{k: getattr(recipe, k) if v is None else v for k, v in given.items()})
+
+
+def configs_of(settings: FinetuneSettings, pool=None) -> list[FinetuneConfig]:
     """The runs these settings ask for: with `compare`, the standard comparison (`standard_configs`: SFA p, L2
     and L1 λ from the settings where given, else the comparison's defaults); else one config named by
-    `config_label` ("lora16-mofo-0.2+l2-0.5"). The CLI and the Fine-tune page both name their runs here."""
+    `config_label` ("lora16-mofo-0.2+l2-0.5"). Steps, batch size, lr and warm-up left out come from the pool
+    (`with_pool_defaults`). The CLI and the Fine-tune page both name their runs here."""
+    settings = with_pool_defaults(settings, pool)
     lora = dict(lora=settings.lora or 0, lora_alpha=settings.lora_alpha,
                 lora_targets=list(settings.lora_targets) if settings.lora_targets is not None else None)
     if settings.compare:
         return standard_configs(settings.steps, settings.lr, batch_size=settings.batch_size, seed=settings.seed,
-                                fraction=settings.fraction, sfa_p=settings.sfa_p or SFA_P_DEFAULT,
-                                sfa_beta=settings.sfa_beta, l2=settings.l2 or L2_DEFAULT,
+                                warmup=settings.warmup, fraction=settings.fraction,
+                                sfa_p=settings.sfa_p or SFA_P_DEFAULT,
+                                sfa_beta=SFA_BETA_COMPARE if settings.sfa_beta is None else settings.sfa_beta,
+                                l2=settings.l2 or L2_DEFAULT,
                                 l1=settings.l1 or L1_DEFAULT, **lora)
     label = config_label(settings.optimizer, fraction=settings.fraction, sfa_p=settings.sfa_p, l1=settings.l1,
                          l2=settings.l2, lora=settings.lora)
     return [FinetuneConfig(label=label, optimizer=settings.optimizer, steps=settings.steps,
                            batch_size=settings.batch_size, lr=settings.lr, weight_decay=settings.weight_decay,
                            fraction=settings.fraction, warmup=settings.warmup, schedule=settings.schedule,
-                           seed=settings.seed, sfa_p=settings.sfa_p, sfa_beta=settings.sfa_beta, l1=settings.l1,
+                           seed=settings.seed, sfa_p=settings.sfa_p,
+                           sfa_beta=SFA_BETA if settings.sfa_beta is None else settings.sfa_beta, l1=settings.l1,
                            l2=settings.l2, **lora)]
 
 
@@ -135,7 +159,7 @@ def compute(pool, settings: FinetuneSettings, progress: Progress = None, executo
     `save_as`, saves it into the pool (`save_finetuned`; `saved_as` says where). A progress that can
     `publish` (the app's jobs) gets the records of a single run as they come (a table by step) and each
     comparison so far."""
-    configs = configs_of(settings)
+    configs = configs_of(settings, pool)
     measure, general = settings.measure, settings.general_measure
     benchmarks = measure_benchmarks(pool, [measure, general], settings.lm_eval_include, settings.limit)
     opts = dict(start=settings.start, eval_every=settings.eval_every, max_general=settings.max_general,
@@ -171,7 +195,7 @@ def compute(pool, settings: FinetuneSettings, progress: Progress = None, executo
 
 def estimate(pool, settings: FinetuneSettings):
     """The peak of the largest run (`estimate_finetune`)."""
-    return estimate_finetune(pool, settings.task, configs=configs_of(settings), start=settings.start,
+    return estimate_finetune(pool, settings.task, configs=configs_of(settings, pool), start=settings.start,
                              device=settings.device, dtype=settings.dtype,
                              gradient_checkpointing=settings.gradient_checkpointing, max_train=settings.max_train)
 

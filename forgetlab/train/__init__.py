@@ -1,7 +1,7 @@
 """Fine-tuning: the training loop (`trainer`), the MoFO optimizer (`mofo`), SFA averaging and L1/L2-to-init
 penalties (inside `trainer.train`), LoRA adapters (`lora`), runs over a model pool with periodic forgetting
-records (`runs`, on the task's training pairs of `examples`), their results (`results`) and their memory
-estimate (`memory`). The analysis that drives them from the CLI and the app: `forgetlab.analysis.finetune`."""
+records (`runs`, on the task's training pairs of `examples`), their results (`results`), their memory
+estimate (`memory`) and their default recipe, how the pool's own fine-tunes were trained (`defaults`). The analysis that drives them from the CLI and the app: `forgetlab.analysis.finetune`."""
 from forgetlab.train.mofo import MoFO
 from forgetlab.train.trainer import TrainResult, train
 

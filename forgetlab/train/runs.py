@@ -30,6 +30,7 @@ from forgetlab.core.progress import Progress, prefixed, report, scaled
 from forgetlab.core.taskvectors import distance
 from forgetlab.core.workspace import home
 from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
+from forgetlab.train.defaults import FALLBACK
 from forgetlab.train.examples import training_examples
 from forgetlab.train.lora import LoraDistance, add_adapter, enable_checkpointing, save_adapter, trainable_parameters
 from forgetlab.train.results import FinetuneComparison, FinetuneConfig, FinetuneRun, records_card
@@ -41,6 +42,15 @@ from forgetlab.train.trainer import train
 # with the displacement. λ1 = 1e-3 equals the L2 default's pull (λ2 = 1) at a displacement of 1e-3 per entry,
 # the order of what a short fine-tune at lr 1e-3 moves an entry, so the two penalties start comparable.
 L1_DEFAULT = 1e-3
+
+SFA_BETA = 0.5
+"""SFA's β of a single run (docs/methods.md#sfa: the paper's default)."""
+# SFA's β in the comparison. The paper's β = 0.5 pulls half of the task vector back at every averaging, the last one
+# on the last step (docs/methods.md#sfa). Under the cosine decay the averaging at ¾ of the run meets ≤ 15 % of the
+# peak rate, too little to rebuild what it removed before the last one halves it again: on the pico zoo's recipe
+# (math, 150 steps, lr 2.25e-4, warm-up 10) the run ends at exact match 0.04 (seeds 0 and 1; it had reached 0.66 /
+# 0.62, AdamW ends at 0.92 / 0.76). β = 0.25 ends at 0.50 / 0.46 for +0.013 nats (docs/zoo.md, "What-if fine-tunes").
+SFA_BETA_COMPARE = 0.25
 
 
 def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Optional[float] = None,
@@ -60,15 +70,17 @@ def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Opti
     return label
 
 
-def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8, seed: int = 0,
-                     fraction: float = 0.2, sfa_p: float = 0.25, sfa_beta: float = 0.5,
-                     l2: float = 1.0, l1: float = L1_DEFAULT, lora: int = 0, lora_alpha: Optional[float] = None,
+def standard_configs(steps: int = FALLBACK.steps, lr: float = FALLBACK.lr, *, batch_size: int = FALLBACK.batch_size,
+                     seed: int = 0, warmup: int = FALLBACK.warmup, fraction: float = 0.2, sfa_p: float = 0.25,
+                     sfa_beta: float = SFA_BETA_COMPARE, l2: float = 1.0, l1: float = L1_DEFAULT, lora: int = 0,
+                     lora_alpha: Optional[float] = None,
                      lora_targets: Optional[Sequence[str]] = None) -> list[FinetuneConfig]:
-    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction), SFA (p, β), L2-to-init
-    (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
-    `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight."""
-    common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, lora=int(lora), lora_alpha=lora_alpha,
-                  lora_targets=list(lora_targets) if lora_targets is not None else None)
+    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction), SFA (p, β: see SFA_BETA_COMPARE),
+    L2-to-init (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
+    `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight. Steps, lr,
+    batch and warm-up default to `forgetlab.train.defaults.FALLBACK` (a pool's own: `finetune_defaults`)."""
+    common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, warmup=int(warmup), lora=int(lora),
+                  lora_alpha=lora_alpha, lora_targets=list(lora_targets) if lora_targets is not None else None)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
         FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
@@ -76,6 +88,14 @@ def standard_configs(steps: int = 100, lr: float = 1e-3, *, batch_size: int = 8,
         FinetuneConfig(label=f"l2-{l2:g}", optimizer="adamw", l2=l2, **common),
         FinetuneConfig(label=f"l1-{l1:g}", optimizer="adamw", l1=l1, **common),
     ]
+
+
+def default_record_every(steps: int) -> int:
+    """Steps between a run's records when none is given (the CLI's and the Fine-tune page's default): ⌈T/10⌉ (ten
+    records), but never further apart than max(10, ⌈T/30⌉) — every ≤ 10 steps up to T = 300, so that a collapse
+    between two records shows, and about 30 records for longer runs (each record evaluates the model)."""
+    steps = max(1, int(steps))
+    return max(1, min(math.ceil(steps / 10), max(10, math.ceil(steps / 30))))
 
 
 def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_general: Optional[int],
@@ -143,7 +163,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     """Fine-tune a fresh copy of pool member `start` on `task` with `config`; return a `FinetuneRun`
     (and the trained model when `return_model`).
 
-    Records every `eval_every` steps (default: 10 records per run) and at steps 0 and T: generality (general
+    Records every `eval_every` steps (default: `default_record_every`) and at steps 0 and T: generality (general
     loss, perplexity), speciality on `task` (exact match, answer loss; other tasks' exact match too) and
     D(θ, θ0) from the starting weights. The pool's cached models are never modified. A NaN loss raises
     `TrainingError` after restoring the last good weights (see `trainer.train`). `on_record(step, record)`
@@ -166,7 +186,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     tasks = list(eval_tasks) if eval_tasks is not None else list(pool.task_names)
     if task not in tasks:
         tasks.append(task)
-    every = eval_every if eval_every is not None else max(1, math.ceil(config.steps / 10))
+    every = eval_every if eval_every is not None else default_record_every(config.steps)
     report(progress, 0.0, f"loading {start}")
     device = check_device(device)
     dt = job_dtype(dtype, device)

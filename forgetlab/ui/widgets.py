@@ -10,7 +10,7 @@ as an error and gives None, and so does an optional list left empty (without an 
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import streamlit as st
 
@@ -24,6 +24,17 @@ def field_info(settings_cls: type, name: str) -> FieldInfo:
         if info.name == name:
             return info
     raise KeyError(f"{settings_cls.__name__} declares no setting {name!r}")
+
+
+def follow_defaults(defaults: Mapping[str, Any], memo: str) -> None:
+    """Let the widgets under these keys show their new default when it changes (another task, mode or pool gives
+    another default): a widget keeps its value across reruns, even when the default passed to it changes, so the
+    keys whose default differs from the one remembered under `memo` are reset before the widgets are drawn."""
+    before = st.session_state.get(memo) or {}
+    for key, value in defaults.items():
+        if key in before and before[key] != value:
+            st.session_state.pop(key, None)
+    st.session_state[memo] = dict(defaults)
 
 
 def _csv(values: Sequence[Any]) -> str:
