@@ -44,6 +44,9 @@ def _run_with_signal(root, sig: str, *, before: bool = False, extra=()) -> subpr
     temporary folder's files are recorded, the last step before it lands."""
     code = (
         "import os, signal, sys\n"
+        # as in a terminal: Ctrl-C raises KeyboardInterrupt even when the test runner was started in the
+        # background (a shell's `cmd &` hands its children SIGINT ignored, and Python then keeps it ignored)
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "from pathlib import Path\n"
         "import forgetlab.core.filerecords as fr\n"
         "orig, orig_records = Path.rename, fr.file_records\n"
