@@ -112,11 +112,11 @@ auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None and fit
         and len(cached_scorecards(pool, names, budget, device=device, dtype=dtype)) < len(names))
 run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool", on_done=keep)
 computed = scorecard_times(pool, chosen, budget, device=device, dtype=dtype)
-up_to_date = clicked and bool(chosen) and len(computed) == len(chosen)     # nothing to compute: say so, run nothing
+up_to_date = clicked and bool(chosen) and len(computed) == len(chosen)     # nothing to compute: say so
 if up_to_date:
     st.info(up_to_date_text(computed.values()))
 run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_name(dtype)),
-         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen) and not up_to_date,
+         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen),
          label="Evaluating", slot="models", on_done=keep)
 cards = cached_scorecards(pool, chosen, budget, device=device, dtype=dtype)     # the models chosen above, only
 if not chosen:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
+
 from forgetlab.core.evaluate import Scorecard, TaskScore
 from tests.jobs_helper import finish_cleanly, finish_jobs, open_page
 
@@ -192,14 +194,18 @@ def test_evaluate_says_so_when_every_scorecard_is_up_to_date(tiny_llama, tmp_pat
     at.session_state["app_max_general"], at.session_state["app_max_task"] = 2, 3
     at.run()
     finish_jobs(at, "models")                               # the first visit scores the zoo at the app's budget
-    jobs = {j.key for j in REGISTRY.jobs()}
     at.button(key="models_eval").click().run()
     assert not at.exception, at.exception
     said = [i.value for i in at.info if "up to date" in i.value]
     assert len(said) == 1 and said[0].startswith("All 3 scorecards are up to date (computed ")
-    assert said[0].endswith("; nothing to recompute.")
-    assert {j.key for j in REGISTRY.jobs()} == jobs                                    # nothing started
-    assert not (tmp_path / "home" / "runs").exists()                                   # nothing saved again
+    assert said[0].endswith("; nothing to recompute: the set is saved to Runs as it stands.")
+    finish_jobs(at, "models")
+    runs = list((tmp_path / "home" / "runs").iterdir())                                 # the click keeps the set
+    assert len(runs) == 1
+    saved = json.loads((runs[0] / "results.json").read_text())["cards"]
+    shown = _scores(at)
+    assert [c["model"] for c in saved] == list(shown["model"])
+    assert [c["general_loss"] for c in saved] == pytest.approx(list(shown["general loss ↓"]), abs=5e-4)  # as shown
     at.multiselect(key="models_chosen").set_value(["ft0"]).run()
     at.button(key="models_eval").click().run()
     assert any(i.value.startswith("The scorecard is up to date") for i in at.info)

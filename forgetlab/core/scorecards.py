@@ -150,7 +150,7 @@ def forget_scorecards(pool, name: Optional[str] = None) -> None:
 
 def up_to_date_text(stamps: Iterable[float]) -> str:
     """What Evaluate says when every chosen card is already computed: "All 7 scorecards are up to date (computed
-    09:20); nothing to recompute." — the computation times (time.time() seconds) as a clock time, or a span of
+    09:20); nothing to recompute: the set is saved to Runs as it stands." — the computation times (time.time() seconds) as a clock time, or a span of
     them (with the date when it is not today)."""
     stamps = sorted(stamps)
     if not stamps:
@@ -164,4 +164,4 @@ def up_to_date_text(stamps: Iterable[float]) -> str:
     when = first if first == last else f"{first}–{last}"
     n = len(stamps)
     cards = "The scorecard is" if n == 1 else f"All {n} scorecards are"
-    return f"{cards} up to date (computed {when}); nothing to recompute."
+    return f"{cards} up to date (computed {when}); nothing to recompute: the set is saved to Runs as it stands."
