@@ -104,11 +104,12 @@ with left:
                      "finetune_sfa_beta": beta_default}, "finetune_defaults")
     c1, c2 = st.columns(2)
     steps = widget("steps", "steps", default=recipe.steps, high=100_000, container=c1, help=f"default: {own}")
-    lr = widget("lr", "lr", default=recipe.lr, low=1e-6, high=1.0, format="%.6f", container=c2,
-                help=f"default: {own}")
-    batch = widget("batch_size", "batch", default=recipe.batch_size, high=512, container=c1, help=f"default: {own}")
-    seed = widget("seed", "seed", high=2**31 - 1, container=c2,
+    batch = widget("batch_size", "batch", default=recipe.batch_size, high=512, container=c2, help=f"default: {own}")
+    seed = widget("seed", "seed", high=2**31 - 1, container=c1,
                   help="the same seed gives every run the same batches in the same order")
+    # the whole width: in half a column the field showed 2.25e-4 clipped to "0.0002"
+    lr = widget("lr", "lr", default=recipe.lr, low=1e-6, high=1.0, format="%g", help=f"default: {own}")
+    c1, c2 = st.columns(2)
     fraction = widget("fraction", "fraction", low=0.01, high=1.0, container=c1,
                       help=explain("mofo") + "  \nShare of each tensor's entries that move per step; 1 = AdamW.")
     sfa_beta = widget("sfa_beta", "sfa_beta", default=beta_default, low=0.0, high=1.0, container=c2,
