@@ -110,23 +110,27 @@ auto_key = job_key("models_cards", pool.key, names, budget.to_dict(), device, dt
 # a demo zoo (small models whose build stored cards) is scored at the app's budget on the first visit
 auto = (bool(stored_scorecards(pool)) and REGISTRY.get(auto_key) is None and fits
         and len(cached_scorecards(pool, names, budget, device=device, dtype=dtype)) < len(names))
-run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool", on_done=keep)
-computed = scorecard_times(pool, chosen, budget, device=device, dtype=dtype)
-up_to_date = clicked and bool(chosen) and len(computed) == len(chosen)     # nothing to compute: say so
-if up_to_date:
-    st.info(up_to_date_text(computed.values()))
-run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_name(dtype)),
-         lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen),
-         label="Evaluating", slot="models", on_done=keep)
-cards = cached_scorecards(pool, chosen, budget, device=device, dtype=dtype)     # the models chosen above, only
-if not chosen:
-    st.info("Choose at least one model above: the chart and the table show the models chosen there.")
-elif cards:
-    show_takeaway(scorecards_takeaway(cards), key="models_takeaway")
-    st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
-    show_table(measure_view(scorecards_frame(cards), measure), width="stretch", key="models_scores_table")
-elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
-    st.info("No scorecards yet at this budget: press **Evaluate**.")
+# one element, whatever it holds (progress, then chart and table): the claims' folded groups below keep their place,
+# so one opened while the first visit scores the pool stays open when the scores arrive
+with st.container(key="models_scorecards"):
+    run_once(auto_key, lambda progress: work(progress, names, False), start=auto, label="Scoring the pool",
+             on_done=keep)
+    computed = scorecard_times(pool, chosen, budget, device=device, dtype=dtype)
+    up_to_date = clicked and bool(chosen) and len(computed) == len(chosen)     # nothing to compute: say so
+    if up_to_date:
+        st.info(up_to_date_text(computed.values()))
+    run_once(job_key("models", pool.key, chosen, budget.to_dict(), device, dtype_name(dtype)),
+             lambda progress: work(progress, list(chosen), True), start=clicked and bool(chosen),
+             label="Evaluating", slot="models", on_done=keep)
+    cards = cached_scorecards(pool, chosen, budget, device=device, dtype=dtype)     # the models chosen above, only
+    if not chosen:
+        st.info("Choose at least one model above: the chart and the table show the models chosen there.")
+    elif cards:
+        show_takeaway(scorecards_takeaway(cards), key="models_takeaway")
+        st.plotly_chart(scorecard_bars(cards, measure), key="models_scores_fig")
+        show_table(measure_view(scorecards_frame(cards), measure), width="stretch", key="models_scores_table")
+    elif not (REGISTRY.get(auto_key) is not None and REGISTRY.get(auto_key).running):
+        st.info("No scorecards yet at this budget: press **Evaluate**.")
 
 # the scorecards first; then what the zoo shows (folded), the pool's members, its base's learning, benchmarks
 render_zoo_claims(pool)   # "what this zoo shows": the zoo's measured claims (nothing for a user's own pool)

@@ -229,6 +229,7 @@ def test_demo_script_models_merge_and_one_general_loss(demo_home, tmp_path):
                           log=tmp_path / "streamlit.log") as url, chromium() as page:
         goto(page, url)
         page.get_by_text("What this zoo shows", exact=True).first.wait_for(timeout=60_000)
+        wait_jobs(page, 600)                                    # the first visit's scoring, and its rerun
         merges = page.locator('[data-testid="stExpander"]', has_text="Merges:").first     # folded: open it
         merges.locator("summary").click()
         table = merges.locator('[data-testid="stTable"]').first

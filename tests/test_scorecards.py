@@ -105,9 +105,9 @@ def test_the_cache_knows_when_each_card_was_computed_and_says_so(pool, monkeypat
     assert list(times) == ["base", "ft1"]                                   # ft0 has no card: left out
     assert scorecard_times(pool, ["base"], Budget(4, 3)) == {}              # another budget: none
     monkeypatch.undo()
-    assert up_to_date_text(times.values()) == ("All 2 scorecards are up to date (computed 09:20–09:24); nothing to "
-                                               "recompute.")
-    assert up_to_date_text([times["base"]]) == "The scorecard is up to date (computed 09:20); nothing to recompute."
+    saved = "nothing to recompute: the set is saved to Runs as it stands."
+    assert up_to_date_text(times.values()) == f"All 2 scorecards are up to date (computed 09:20–09:24); {saved}"
+    assert up_to_date_text([times["base"]]) == f"The scorecard is up to date (computed 09:20); {saved}"
     yesterday = stamps[0] - 86400                                            # another day: with its date
     assert f"(computed {time.strftime('%Y-%m-%d', time.localtime(yesterday))} 09:20)" in up_to_date_text([yesterday])
     forget_scorecards(pool)
