@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forgetlab.ui.glossary import (GROUPS, TERMS, all_terms, doc_anchors, doc_section, doc_source, explain,
-                                   explain_group, find, glossary_rows, method_paper, method_summary, method_title,
+                                   explain_group, find, glossary_rows, method_summary,
                                    phrases, term)
 from tests.glossary_words import (DATA_NAMES, RUN_IDS, Shown, figure_words, page_words, source_words, spec_words,
                                   table_words)
@@ -165,16 +165,14 @@ def test_every_term_is_one_line_with_an_anchor_that_exists():
 
 
 def test_merge_methods_come_from_the_registry_with_their_paper():
-    from dataclasses import replace
-
     from forgetlab.merge import METHODS
 
     for name in METHODS.names():
         spec, t = METHODS[name], all_terms()[name]
-        assert (t.name, t.meaning, t.anchor, t.section) == (method_title(spec), method_summary(spec), name,
+        assert (t.name, t.meaning, t.anchor, t.section) == (spec.display_name, method_summary(spec), name,
                                                             "Merge methods")
-        assert name in t.aliases and t.meaning.lower() in spec.description.lower() and t.source == method_paper(spec)
-    names = [method_title(METHODS[n]) for n in METHODS.names()]
+        assert name in t.aliases and t.meaning.lower() in spec.description.lower() and t.source == spec.paper
+    names = [METHODS[n].display_name for n in METHODS.names()]
     assert len(set(names)) == len(names), "two methods show the same name"
     for name, shown in [("della", "DELLA"), ("iso_c", "Iso-C"), ("lines", "LiNeS"), ("slerp", "SLERP"),
                         ("model_stock", "Model Stock")]:
@@ -182,12 +180,7 @@ def test_merge_methods_come_from_the_registry_with_their_paper():
     assert term("della").meaning.startswith("Random magnitude-ranked pruning")     # the name is not repeated
     assert "DELLA-Merging" in term("della").source and "2406.11617" in term("della").source
     assert doc_source("dare_ties") == doc_source("dare_linear") != ""           # "Source: as DARE." is followed
-    # what a method declares comes first: its title and paper (issue 43's registry), else its description's words
-    declared = replace(METHODS["linear"], description="Model soup: weighted average.")
-    object.__setattr__(declared, "title", "weight average")
-    object.__setattr__(declared, "paper", "Wortsman et al., Model soups (ICML 2022)")
-    assert (method_title(declared), method_paper(declared)) == ("weight average", "Wortsman et al., Model soups "
-                                                                                  "(ICML 2022)")
+    assert all(METHODS[n].paper for n in METHODS.names()), "a method without its paper"
 
 
 def test_search_finds_every_method_fine_tune_method_and_sweep_kind():
@@ -198,7 +191,7 @@ def test_search_finds_every_method_fine_tune_method_and_sweep_kind():
     from forgetlab.train.trainer import OPTIMIZERS
 
     for name in METHODS.names():
-        for word in (name, method_title(METHODS[name])):
+        for word in (name, METHODS[name].display_name):
             assert name in [r["key"] for r in glossary_rows(word)], word
     fixes = {c.label.split("-")[0] for c in standard_configs()} | set(OPTIMIZERS) | {"lora"}
     for word in sorted(fixes) + [SERIES_NAMES[f] for f in sorted(fixes) if f in SERIES_NAMES]:     # names, legends

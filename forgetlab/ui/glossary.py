@@ -3,9 +3,8 @@
 
 Where each entry comes from — one home each:
 - the words no registry declares: hand-written in forgetlab/ui/glossary_terms.py (`SECTIONS`);
-- every merge method: its own declaration in the METHODS registry (`method_title`, `method_summary`,
-  `method_paper`: the name the app shows, its one-line description, its paper; its docs/methods.md anchor is its
-  registry name);
+- every merge method: its own declaration in the METHODS registry (`MethodSpec.display_name` and `.paper`, and
+  `method_summary`: its one-line description; its docs/methods.md anchor is its registry name);
 - every merge parameter the Merge page shows that no hand-written entry covers: its declared help;
 - every analysis, every sweep kind included: its declaration in ANALYSES (title and one-line help).
 
@@ -26,8 +25,7 @@ from forgetlab.merge import METHODS
 from forgetlab.ui.glossary_terms import ANALYSIS_ANCHORS, GROUPS, SECTIONS, Term
 
 __all__ = ["GROUPS", "TERMS", "Term", "all_terms", "doc_anchors", "doc_section", "doc_source", "explain",
-           "explain_group", "find", "formula_link", "glossary_rows", "method_paper", "method_summary",
-           "method_title", "phrases", "term"]
+           "explain_group", "find", "formula_link", "glossary_rows", "method_summary", "phrases", "term"]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 METHOD_SECTION, PARAMETER_SECTION, ANALYSIS_SECTION = "Merge methods", "Merge parameters", "Analyses and sweeps"
@@ -93,30 +91,10 @@ def formula_link(anchor: str) -> str:
 
 # ------------------------------------------------------------------------------ entries from the registries
 #
-# A method's name and paper: what its declaration says — `MethodSpec.title` / `.paper` (`display_name`), which
-# issue 43 adds to the registry beside this glossary — else the words its description starts with ("DELLA: …")
-# and the Source line of its docs/methods.md section. Once every method declares both, the fallbacks never apply.
-
-def method_title(spec) -> str:
-    """The name the app shows for merge method `spec` (a MethodSpec): its declared display name, else its
-    description's words before the first ": " ("Iso-C" of "Iso-C: flatten the spectrum …"), else its registry
-    name."""
-    declared = getattr(spec, "title", "")
-    if declared:
-        return declared
-    head, sep, _ = spec.description.partition(": ")
-    return head if sep and len(head) <= 40 else spec.name
-
-
 def method_summary(spec) -> str:
     """What merge method `spec` does, in one line: its description without the name it starts with."""
     head, sep, rest = spec.description.partition(": ")
     return rest[:1].upper() + rest[1:] if sep and len(head) <= 40 else spec.description
-
-
-def method_paper(spec) -> str:
-    """The paper of merge method `spec`: its declared one, else the one its docs/methods.md section cites."""
-    return getattr(spec, "paper", "") or doc_source(spec.name)
 
 
 def _method_terms() -> dict[str, Term]:
@@ -126,8 +104,8 @@ def _method_terms() -> dict[str, Term]:
         spec = METHODS[name]
         head = spec.description.partition(": ")[0]
         aliases = tuple(dict.fromkeys(a for a in (name, head if len(head) <= 40 else "") if a))
-        out[name] = Term(method_title(spec), method_summary(spec), name if name in anchors else "", aliases,
-                         METHOD_SECTION, method_paper(spec))
+        out[name] = Term(spec.display_name, method_summary(spec), name if name in anchors else "", aliases,
+                         METHOD_SECTION, spec.paper)
     return out
 
 
@@ -143,7 +121,7 @@ def _parameter_terms(known: set[str]) -> dict[str, Term]:
         if _norm(pname) in known:
             continue
         spec, p = pairs[0]
-        methods = ", ".join(method_title(s) for s, _ in pairs)
+        methods = ", ".join(s.display_name for s, _ in pairs)
         choices = tuple(c for _, q in pairs for c in (q.choices or ()))
         out[f"param:{pname}"] = Term(pname, f"{p.help} (a parameter of {methods})", spec.name, choices,
                                      PARAMETER_SECTION)
