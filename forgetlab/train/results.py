@@ -36,6 +36,7 @@ class FinetuneConfig:
     sfa_beta: float = 0.5
     l1: float = 0.0
     l2: float = 0.0
+    hft: float = 0.0                             # HFT's frozen share of each layer's matrices; 0 = off (train.hft)
     lora: int = 0                                # LoRA rank; 0 = a full fine-tune (forgetlab.train.lora)
     lora_alpha: Optional[float] = None           # default 2·rank
     lora_targets: Optional[list[str]] = None     # default every linear layer of the blocks

@@ -9,7 +9,11 @@
 - AdamW or MoFO (`forgetlab.train.mofo.MoFO`, docs/methods.md#mofo), an optional linear warm-up followed by a
   cosine decay to 0 (or a constant rate), gradient clipping to norm 1.0;
 - the training-time fixes of docs/methods.md: SFA averaging θ ← (1 − β)·θ + β·θo every ⌈p·T⌉ steps and at the end,
-  and the L1/L2-to-init penalties l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (θo = the weights at the start of the run);
+  and the L1/L2-to-init penalties l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (θo = the weights at the start of the run, or
+  a given `penalty_anchor`, e.g. the base inside a sequence of tasks);
+- for a sequence of tasks: the EWC penalty of the finished tasks (`forgetlab.train.ewc`, docs/methods.md#ewc) and
+  HFT, a random share of every layer's attention and MLP matrices frozen for the run (`forgetlab.train.hft`,
+  docs/methods.md#hft);
 - a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of docs/methods.md and whatever
   `eval_fn(model, step)` returns.
 
@@ -19,15 +23,16 @@ loss; that costs a full copy of the trainable weights, so it is off by default (
 after the last completed step).
 
 Memory: beyond the weights, their gradients and the optimizer's state, a run keeps one copy of the trainable
-weights θo only when its formula needs it (SFA averaging, the L1/L2-to-init penalties, or D(θ, θo) records
-without a `distance_fn`), in the weights' own dtype.
+weights θo only when its formula needs it (SFA averaging, the L1/L2-to-init penalties without a `penalty_anchor`,
+or D(θ, θo) records without a `distance_fn`), in the weights' own dtype. HFT's frozen matrices need neither
+gradients nor optimizer state; an EWC penalty holds two float32 copies of the weights (its caller's).
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence
 
 import pandas as pd
 import torch
@@ -36,10 +41,21 @@ from forgetlab.core.taskvectors import distance
 from forgetlab.core.data import collate
 from forgetlab.core.errors import ParameterError, TrainingError, check_fraction
 from forgetlab.core.progress import Progress, report
+from forgetlab.train.hft import freeze_, hft_frozen, unfreeze_
 from forgetlab.train.mofo import MoFO, unfiltered_parameters
 
 OPTIMIZERS = ("adamw", "mofo", "sgd")
 SCHEDULES = ("cosine", "constant")
+
+
+class GradPenalty(Protocol):
+    """A penalty that adds its own gradient after back-propagation (`forgetlab.train.ewc.EwcPenalty`): its
+    strength `lam`, the tasks it holds, and `add_grad_(named_params) -> value`."""
+
+    lam: float
+    tasks: int
+
+    def add_grad_(self, named_params: Sequence[tuple[str, torch.Tensor]]) -> float: ...
 
 
 @dataclass
@@ -142,7 +158,7 @@ def sfa_average_(params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]
 
 
 def add_penalty_grad_(
-    params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor], l1: float, l2: float
+    params: Sequence[torch.Tensor], anchors: Iterable[torch.Tensor], l1: float, l2: float
 ) -> float:
     """Add the gradient of l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² to each `.grad`; return the penalty's value.
 
@@ -211,8 +227,9 @@ def make_optimizer(
     raise ParameterError(f"Unknown optimizer {name!r}. Choose one of: {', '.join(OPTIMIZERS)}.")
 
 
-def _usable(examples: Sequence[Any]) -> list[Any]:
-    """The examples with at least one loss position after the first token (others carry no signal)."""
+def usable_examples(examples: Sequence[Any]) -> list[Any]:
+    """The examples with at least one loss position after the first token (others carry no signal); a
+    ParameterError for an example whose labels and input ids differ in length."""
     out = []
     for ex in examples:
         labels = list(ex.labels)
@@ -269,6 +286,10 @@ def train(
     sfa_beta: float = 0.5,
     l1: float = 0.0,
     l2: float = 0.0,
+    penalty_anchor: Optional[Mapping[str, torch.Tensor]] = None,
+    ewc: Optional[GradPenalty] = None,
+    hft: float = 0.0,
+    hft_seed: Optional[int] = None,
     eval_every: Optional[int] = None,
     eval_fn: Optional[Callable[[torch.nn.Module, int], dict]] = None,
     record_distance: bool = True,
@@ -290,6 +311,13 @@ def train(
     a copy of the starting weights — and `eval_fn(model, step)`, with the model in eval mode. `rollback`: on a
     non-finite loss, restore the last weights that gave a finite loss (keeps a full copy; see the module doc). Batches are drawn from a generator seeded with `seed`; dropout uses
     a forked RNG seeded likewise, so the same call gives the same weights.
+
+    For a sequence of tasks (docs/methods.md#l2-to-init, #ewc, #hft): `penalty_anchor` (parameter name → tensor,
+    e.g. the base's weights, possibly a lazy Mapping read tensor by tensor) replaces θo in the L1/L2 penalties
+    (SFA still averages with the weights at the start of the run); `ewc` (a `forgetlab.train.ewc.EwcPenalty`)
+    adds its gradient beside theirs, its value counted in `penalties`; `hft` > 0 freezes that share of every
+    layer's attention and MLP matrices (`forgetlab.train.hft.hft_frozen`, seeded with `hft_seed`, default
+    `seed`) for this run, restored after it.
     """
     steps = int(steps)
     if steps < 1:
@@ -319,7 +347,7 @@ def train(
         raise ParameterError(f"eval_every must be a positive integer or None; got {eval_every}.")
     if len(examples) == 0:
         raise TrainingError("No training data: the example list is empty. Give the task some training pairs.")
-    usable = _usable(examples)
+    usable = usable_examples(examples)
     if not usable:
         raise TrainingError(
             "No training data with a loss: every example has all its labels set to -100 (no answer tokens). "
@@ -328,105 +356,134 @@ def train(
 
     if device is not None:
         model.to(device)
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    names = [n for n, _ in named]
-    params = [p for _, p in named]
-    if not params:
-        raise ParameterError("The model has no trainable parameters (all have requires_grad=False).")
-    dev = params[0].device
-
-    settings = dict(
-        steps=steps, batch_size=int(batch_size), lr=float(lr), optimizer=str(optimizer).lower(),
-        weight_decay=float(weight_decay), fraction=float(fraction), betas=list(betas), eps=float(eps),
-        warmup=int(warmup), schedule=schedule, clip=clip, seed=int(seed), sfa_p=sfa_p,
-        sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), eval_every=eval_every,
-        n_examples=len(examples), n_used=len(usable),
-    )
-    result = TrainResult(steps=steps, settings=settings)
-    opt = make_optimizer(model, optimizer, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                         fraction=fraction)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup, schedule))
-
-    need_anchors = sfa_p is not None or bool(l1) or bool(l2) or (record_distance and distance_fn is None)
-    anchors = [p.detach().clone() for p in params] if need_anchors else []   # θo, the weights at the start
-    last_good = [p.detach().clone() for p in params] if rollback else []     # weights that last gave a finite loss
-    period = sfa_interval(steps, sfa_p) if sfa_p is not None else None
-    batches = _Batches(len(usable), int(batch_size), seed)
-    good_after = [0]                                         # how many steps had been taken by last_good
-    was_training = model.training
-    start = time.perf_counter()
-
-    def record(step: int) -> None:
-        entry: dict[str, Any] = {"step": step}
-        if record_distance:
-            entry["distance"] = float(distance_fn()) if distance_fn is not None else _distance(names, params, anchors)
-        if eval_fn is not None:
-            model.eval()
-            with torch.no_grad():
-                extra = eval_fn(model, step) or {}
-            entry.update(extra)
-        model.train()
-        result.history.append(entry)
-
-    def fail(step: int, what: str) -> None:
-        with torch.no_grad():
-            for p, g in zip(params, last_good):
-                p.copy_(g)
-        result.stopped = f"{what} at step {step}"
-        result.seconds = time.perf_counter() - start
-        model.train(was_training)
-        held = (f"The model was restored to the last weights that gave a finite loss (after {good_after[0]} steps)."
-                if rollback else f"The model holds the weights after step {result.completed_steps}.")
-        err = TrainingError(
-            f"Training stopped: {what} at step {step} of {steps} (lr={lr}, optimizer={optimizer}). {held} "
-            "Lower the learning rate, add warm-up, or check the data."
-        )
-        err.result = result  # type: ignore[attr-defined]
-        raise err
-
+    hft = check_fraction("hft", hft)
+    if hft_seed is not None and (isinstance(hft_seed, bool) or int(hft_seed) != hft_seed or hft_seed < 0):
+        raise ParameterError(f"hft_seed must be a whole number ≥ 0 or None (then `seed` draws HFT's half); got "
+                             f"{hft_seed!r}.")
+    if ewc is not None and not callable(getattr(ewc, "add_grad_", None)):
+        raise ParameterError("ewc must be a forgetlab.train.ewc.EwcPenalty (or None); got "
+                             f"{type(ewc).__name__}.")
+    frozen = freeze_(model, hft_frozen(model, hft, seed if hft_seed is None else int(hft_seed))) if hft else []
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(seed))
-            model.train()
-            if eval_every is not None or eval_fn is not None:
-                record(0)
-            for i in range(steps):
-                step = i + 1
-                batch = collate([usable[j] for j in batches.next()], pad_id)
-                batch = {k: v.to(dev) for k, v in batch.items()}
-                out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-                loss = causal_lm_loss(out.logits, batch["labels"])
-                if not torch.isfinite(loss):
-                    fail(step, "the loss became NaN/inf")
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        names = [n for n, _ in named]
+        params = [p for _, p in named]
+        if not params:
+            raise ParameterError("The model has no trainable parameters (all have requires_grad=False).")
+        dev = params[0].device
+        if penalty_anchor is not None and (l1 or l2):
+            present = set(penalty_anchor)     # its names, without reading a lazy Mapping's tensors
+            lacking = [n for n in names if n not in present]
+            if lacking:
+                raise ParameterError(f"penalty_anchor lacks {len(lacking)} of the {len(names)} trained tensors (e.g. "
+                                     f"{lacking[0]!r}); give the anchor weights of the same model, keyed by "
+                                     "parameter name.")
+
+        settings = dict(
+            steps=steps, batch_size=int(batch_size), lr=float(lr), optimizer=str(optimizer).lower(),
+            weight_decay=float(weight_decay), fraction=float(fraction), betas=list(betas), eps=float(eps),
+            warmup=int(warmup), schedule=schedule, clip=clip, seed=int(seed), sfa_p=sfa_p,
+            sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), eval_every=eval_every,
+            n_examples=len(examples), n_used=len(usable), penalty_anchor=penalty_anchor is not None,
+            ewc_lambda=float(ewc.lam) if ewc is not None else 0.0, ewc_tasks=int(ewc.tasks) if ewc is not None else 0,
+            hft=hft, hft_seed=(seed if hft_seed is None else int(hft_seed)) if hft else None, hft_frozen=len(frozen),
+        )
+        result = TrainResult(steps=steps, settings=settings)
+        opt = make_optimizer(model, optimizer, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                             fraction=fraction)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup, schedule))
+
+        penalized = bool(l1) or bool(l2)
+        need_anchors = (sfa_p is not None or (penalized and penalty_anchor is None)
+                        or (record_distance and distance_fn is None))
+        anchors = [p.detach().clone() for p in params] if need_anchors else []   # θo, the weights at the start
+        last_good = [p.detach().clone() for p in params] if rollback else []     # weights that last gave a finite loss
+        period = sfa_interval(steps, sfa_p) if sfa_p is not None else None
+        batches = _Batches(len(usable), int(batch_size), seed)
+        good_after = [0]                                         # how many steps had been taken by last_good
+        was_training = model.training
+        start = time.perf_counter()
+
+        def record(step: int) -> None:
+            entry: dict[str, Any] = {"step": step}
+            if record_distance:
+                entry["distance"] = (float(distance_fn()) if distance_fn is not None else   # HFT's frozen: unmoved
+                                     _distance(names + [n for n, _ in frozen], params + [p for _, p in frozen],
+                                               anchors + [p for _, p in frozen]))
+            if eval_fn is not None:
+                model.eval()
                 with torch.no_grad():
-                    for p, g in zip(params, last_good):
-                        g.copy_(p)
-                good_after[0] = i
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                penalty = add_penalty_grad_(params, anchors, l1, l2) if (l1 or l2) else 0.0
-                if clip is not None:
-                    finite = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(params, float(clip))))
-                else:
-                    finite = grads_finite(params)
-                if not finite:
-                    fail(step, "the gradient became NaN/inf")
-                result.lrs.append(float(opt.param_groups[0]["lr"]))
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)  # no gradients held through the records and the next forward
-                if period is not None and (step % period == 0 or step == steps):
-                    sfa_average_(params, anchors, sfa_beta)
-                    result.averaged_at.append(step)
-                result.losses.append(float(loss.detach()))
-                result.penalties.append(float(penalty))
-                result.completed_steps = step
-                if eval_every is not None and (step % int(eval_every) == 0 or step == steps):
-                    record(step)
-                elif eval_every is None and eval_fn is not None and step == steps:
-                    record(step)
-                report(progress, step / steps, f"step {step}/{steps} · loss {result.losses[-1]:.4f}")
+                    extra = eval_fn(model, step) or {}
+                entry.update(extra)
+            model.train()
+            result.history.append(entry)
+
+        def fail(step: int, what: str) -> None:
+            with torch.no_grad():
+                for p, g in zip(params, last_good):
+                    p.copy_(g)
+            result.stopped = f"{what} at step {step}"
+            result.seconds = time.perf_counter() - start
+            model.train(was_training)
+            held = (f"The model was restored to the last weights that gave a finite loss (after {good_after[0]} steps)."
+                    if rollback else f"The model holds the weights after step {result.completed_steps}.")
+            err = TrainingError(
+                f"Training stopped: {what} at step {step} of {steps} (lr={lr}, optimizer={optimizer}). {held} "
+                "Lower the learning rate, add warm-up, or check the data."
+            )
+            err.result = result  # type: ignore[attr-defined]
+            raise err
+
+        try:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(seed))
+                model.train()
+                if eval_every is not None or eval_fn is not None:
+                    record(0)
+                for i in range(steps):
+                    step = i + 1
+                    batch = collate([usable[j] for j in batches.next()], pad_id)
+                    batch = {k: v.to(dev) for k, v in batch.items()}
+                    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+                    loss = causal_lm_loss(out.logits, batch["labels"])
+                    if not torch.isfinite(loss):
+                        fail(step, "the loss became NaN/inf")
+                    with torch.no_grad():
+                        for p, g in zip(params, last_good):
+                            g.copy_(p)
+                    good_after[0] = i
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    penalty = 0.0
+                    if penalized:   # θo: the given anchor, read one tensor at a time, or the start's copy
+                        penalty = add_penalty_grad_(params, anchors if penalty_anchor is None else
+                                                    (penalty_anchor[n] for n in names), l1, l2)
+                    if ewc is not None:
+                        penalty += ewc.add_grad_(named)
+                    if clip is not None:
+                        finite = bool(torch.isfinite(torch.nn.utils.clip_grad_norm_(params, float(clip))))
+                    else:
+                        finite = grads_finite(params)
+                    if not finite:
+                        fail(step, "the gradient became NaN/inf")
+                    result.lrs.append(float(opt.param_groups[0]["lr"]))
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad(set_to_none=True)  # no gradients held through the records and the next forward
+                    if period is not None and (step % period == 0 or step == steps):
+                        sfa_average_(params, anchors, sfa_beta)
+                        result.averaged_at.append(step)
+                    result.losses.append(float(loss.detach()))
+                    result.penalties.append(float(penalty))
+                    result.completed_steps = step
+                    if eval_every is not None and (step % int(eval_every) == 0 or step == steps):
+                        record(step)
+                    elif eval_every is None and eval_fn is not None and step == steps:
+                        record(step)
+                    report(progress, step / steps, f"step {step}/{steps} · loss {result.losses[-1]:.4f}")
+        finally:
+            model.train(was_training)
+            result.seconds = time.perf_counter() - start
+        return result
     finally:
-        model.train(was_training)
-        result.seconds = time.perf_counter() - start
-    return result
+        unfreeze_(frozen)
