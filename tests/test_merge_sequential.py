@@ -290,3 +290,29 @@ def test_bad_parameters_are_refused(method, params, word):
     base, fts = _random_models(25, n=2)
     with pytest.raises(ParameterError, match=word):
         merge_state_dicts(method, base, fts, **params)
+
+
+@pytest.mark.parametrize("method", ["magmax", "opcm"])
+def test_merge_page_offers_and_runs_them_from_the_registry(tiny_llama, tmp_path, monkeypatch, method):
+    """The Merge page lists the registry: each method shows its parameter with its default and merges, the models
+    in the order picked (one model too: a merge chain's first stage)."""
+    import yaml
+
+    from tests.jobs_helper import finish_cleanly, start_page
+
+    at = start_page("merge", tiny_llama.pool_yaml, tmp_path, monkeypatch)
+    at.session_state["app_max_general"], at.session_state["app_max_task"] = 1, 1
+    at.run()
+    at.selectbox(key="merge_method").set_value(method).run()
+    spec = METHODS[method]
+    assert [at.number_input(key=f"merge_{method}_{p.name}").value for p in spec.params] == [0.5]
+    for models in (["ft1", "ft0"], ["ft0"]):
+        name = f"page-{method}-{len(models)}"
+        at.multiselect(key="merge_models").set_value(models).run()
+        at.text_input(key=f"merge_name_{method}").set_value(name)
+        at.button(key="merge_run").click().run()
+        finish_cleanly(at, "merge")
+        assert not at.exception and not at.error, (method, [e.value for e in at.error])
+        recipe = yaml.safe_load((tmp_path / "merges" / name / "recipe.yaml").read_text())
+        assert recipe["method"] == method
+        assert [Path(m).name if isinstance(m, str) else Path(m["model"]).name for m in recipe["models"]] == models

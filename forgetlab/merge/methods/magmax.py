@@ -26,7 +26,7 @@ def magmax_select(taus: Sequence[torch.Tensor]) -> torch.Tensor:
 @method("magmax", "MagMax: per entry, keep the task-vector entry of largest magnitude over the models.",
         (lam_param(0.5),),
         formula="θ = θ0 + λ·τ_sel, τ_sel[j] = τt[j] with t = argmax_t |τt[j]| (later wins ties)",
-        memory=WorkingMemory((0.9, 0)),
+        memory=WorkingMemory((3.0, 0)),
         title="MagMax", paper="Marczak et al., MagMax: leveraging model merging for seamless continual learning "
                               "(ECCV 2024)")
 def _magmax(job: TensorJob) -> torch.Tensor:

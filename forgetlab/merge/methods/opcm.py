@@ -106,7 +106,7 @@ class OPCMCollector:
                    "fusion-bench's default 0.5.", (0.0, 1.0)),),
         collector=lambda n, total, p: OPCMCollector(n, float(p["alpha"])),
         formula="U = τ1 + Σt≥2 P_U(τt) in order; θ = θ0 + (mean ‖τt‖ / ‖U‖)·U",
-        memory=WorkingMemory((3.0, 0)),
+        memory=WorkingMemory((1.3, 0)),
         title="OPCM", paper="Tang et al., Merging models on the fly without retraining: a sequential approach to "
                             "scalable continual model merging (arXiv 2501.09522)")
 def _opcm(job: TensorJob) -> torch.Tensor:
