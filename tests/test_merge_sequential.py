@@ -100,8 +100,8 @@ def test_opcm_by_hand_on_two_models(alpha):
 def test_opcm_of_one_model_is_that_model():
     """θ1 itself (fusion-bench's merged model starts as the first model), not θ0 + (θ1 − θ0) rounded twice."""
     g = torch.Generator().manual_seed(8)
-    base = {W: 1e-3 * torch.randn(5, 3, generator=g), NORM: 1e-3 * torch.randn(3, generator=g)}
-    ft = {n: t + torch.randn(t.shape, generator=g) for n, t in base.items()}
+    base = {W: 100 * torch.randn(5, 3, generator=g), NORM: 100 * torch.randn(3, generator=g)}
+    ft = {n: 0.01 * torch.randn(t.shape, generator=g) for n, t in base.items()}     # far apart: θ0 + τ rounds
     assert not all(torch.equal(base[n] + (ft[n] - base[n]), ft[n]) for n in base)     # rounding would show
     got = merge_state_dicts("opcm", base, [ft], alpha=0.3)
     assert all(torch.equal(got[n], ft[n]) for n in base)

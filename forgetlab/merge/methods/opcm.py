@@ -87,15 +87,17 @@ class OPCMCollector:
         self.alpha = alpha
 
     def add(self, pass_index, name, base, taus):
+        """Add one tensor's ‖τt‖² and ‖U‖² (U built from a copy: the task vectors stay as given)."""
         for t, tau in enumerate(taus):
             self.squares[t] += float(torch.linalg.vector_norm(tau)) ** 2
         total = opcm_sum(name, [taus[0].clone(), *taus[1:]], self.alpha)
         self.merged += float(torch.linalg.vector_norm(total)) ** 2
 
     def end_pass(self, pass_index):
-        pass
+        """Nothing to do between passes (there is one)."""
 
     def result(self) -> OPCMStats:
+        """The global norms, square roots of the sums."""
         return OPCMStats(tuple(math.sqrt(q) for q in self.squares), math.sqrt(self.merged))
 
 
