@@ -31,7 +31,13 @@ def is_embedding(name: str) -> bool:
 def is_matrix(job: TensorJob) -> bool:
     """Whether the job's tensor is one of the "2-D" weights of the spectral methods: 2-D and not an embedding
     or the output head."""
-    return job.base.dim() == 2 and not is_embedding(job.name)
+    return is_weight_matrix(job.name, job.base)
+
+
+def is_weight_matrix(name: str, tensor: torch.Tensor) -> bool:
+    """`is_matrix` for a tensor and its name outside a job (a global first pass): 2-D and not an embedding or the
+    output head."""
+    return tensor.dim() == 2 and not is_embedding(name)
 
 
 def rank_tolerance(s: torch.Tensor, shape, scale: float | None = None) -> float:
