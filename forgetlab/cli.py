@@ -18,11 +18,11 @@ import torch
 
 import forgetlab.commands
 from forgetlab import __version__
-from forgetlab.commands.args import OUTPUT_FILES, add_overwrite, finite_number, whole_number
+from forgetlab.commands.args import OUTPUT_FILES, OUTPUT_FOLDERS, add_overwrite, finite_number, whole_number
 from forgetlab.core.checkpoints import check_device
 from forgetlab.core.errors import ForgetlabError, ParameterError
 from forgetlab.core.memory import recording
-from forgetlab.core.outputs import check_output_file, named_inputs
+from forgetlab.core.outputs import check_output_file, check_output_folder, named_inputs
 from forgetlab.core.threads import governed_threads
 
 
@@ -78,7 +78,7 @@ def _check_arguments(parser: argparse.ArgumentParser) -> None:
         elif action.dest == "device":
             action.type = _device
     dests = {a.dest for a in parser._actions}
-    if dests & set(OUTPUT_FILES) and "overwrite" not in dests:
+    if dests & {*OUTPUT_FILES, *OUTPUT_FOLDERS} and "overwrite" not in dests:
         add_overwrite(parser)
 
 
@@ -93,8 +93,18 @@ def _check_output_files(args) -> None:
             raise ParameterError(f"--{dest} is empty; give a file name such as results.csv, or leave the option out.")
         if isinstance(value, str):
             if inputs is None:
-                inputs = named_inputs(v for k, v in vars(args).items() if k not in OUTPUT_FILES and k != "func")
+                inputs = named_inputs(v for k, v in vars(args).items()
+                                      if k not in {*OUTPUT_FILES, *OUTPUT_FOLDERS} and k != "func")
             check_output_file(value, getattr(args, "overwrite", False), inputs)
+    for dest in OUTPUT_FOLDERS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and not value.strip():
+            raise ParameterError("--out is empty; give a folder name such as results/, or leave the option out.")
+        if isinstance(value, str):
+            if inputs is None:
+                inputs = named_inputs(v for k, v in vars(args).items()
+                                      if k not in {*OUTPUT_FILES, *OUTPUT_FOLDERS} and k != "func")
+            check_output_folder(value, inputs)
 
 
 def _meter_device(args) -> str:

@@ -10,7 +10,7 @@ from forgetlab.analysis.base import ANALYSES
 from forgetlab.core.settings import settings_from
 
 get = ANALYSES.get
-ANALYSIS_NAMES = ("linearity", "features", "attribution", "search", "taskvec", "textdiff", "finetune",
+ANALYSIS_NAMES = ("linearity", "features", "attribution", "search", "taskvec", "textdiff", "finetune", "sequence",
                   "pcb-search", "slwm-weights")
 from forgetlab.core.errors import ForgetlabError, ParameterError
 

@@ -44,7 +44,8 @@ class Output:
     """An extra file the CLI can write from a result: its flag (`--curves`), what it holds, and either the table
     (`table(result)`, written as CSV or JSON) or the text (`text(result)`, e.g. a recipe's YAML; None: nothing to
     write). An output whose flag is `--out` takes the place of the results table's `--out`. `beside` adds tables
-    written next to that file (`beside_paths`)."""
+    written next to that file (`beside_paths`). An output with `files` names a folder instead (`--out DIR`) and
+    writes each (file name, function) pair into it: a returned table as CSV, a returned text as it is."""
 
     flag: str
     help: str
@@ -52,6 +53,18 @@ class Output:
     text: Optional[Callable[[Any], Optional[str]]] = None
     metavar: Optional[str] = None
     beside: tuple[tuple[str, Callable[[Any], pd.DataFrame]], ...] = ()
+    files: tuple[tuple[str, Callable[[Any], "pd.DataFrame | str"]], ...] = ()
+
+    @property
+    def folder(self) -> bool:
+        """Whether the output is a folder of `files`."""
+        return bool(self.files)
+
+    @property
+    def dest(self) -> str:
+        """The parsed arguments' attribute that holds its path (`out_dir` for a folder named by `--out`)."""
+        name = self.flag.lstrip("-").replace("-", "_")
+        return f"{name}_dir" if self.folder else name
 
     def beside_paths(self, path: str | Path) -> list[tuple[Path, Callable[[Any], pd.DataFrame]]]:
         """The files written next to `path` and their tables: `beside` holds (ending, table) pairs, and the file

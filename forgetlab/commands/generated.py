@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
@@ -127,7 +128,10 @@ def build_parser_for(analysis: Analysis, p: argparse.ArgumentParser) -> None:
     if not _own_out(analysis):
         shared.add_out(p, f"also write the table of {analysis.title} to this CSV or JSON file")
     for out in analysis.outputs:
-        shared.add_out(p, out.help, flag=out.flag, metavar=out.metavar)
+        if out.folder:
+            shared.add_out_folder(p, out.help, flag=out.flag, metavar=out.metavar or "DIR")
+        else:
+            shared.add_out(p, out.help, flag=out.flag, metavar=out.metavar)
     shared.add_no_save(p)
     shared.add_dry_run(p)
     shared.add_executor(p)
@@ -143,9 +147,22 @@ def _own_out(analysis: Analysis) -> bool:
     return any(out.flag == "--out" for out in analysis.outputs)
 
 
+def folder_files(out: Output, path: str) -> list[tuple[Path, Any]]:
+    """The files a folder output writes into `path`, with the function that makes each."""
+    return [(Path(path) / name, make) for name, make in out.files]
+
+
 def write_output(out: Output, result: Any, path: str) -> None:
     """Write one of an analysis' outputs to `path` (checked before the run: cli._check_output_files): its table
-    as CSV or JSON, or its text (nothing when the result has none)."""
+    as CSV or JSON, or its text (nothing when the result has none); a folder output's files into the folder
+    `path` (made here when it does not exist)."""
+    if out.folder:
+        Path(path).mkdir(exist_ok=True)
+        for file, make in folder_files(out, path):
+            made = make(result)
+            text = made if isinstance(made, str) else made.to_csv(index=False)
+            emit(f"wrote {write_text_file(file, text, overwrite=True)}")
+        return
     if out.text is not None:
         text = out.text(result)
         if text is not None:
@@ -160,7 +177,7 @@ def output_paths(analysis: Analysis, args: argparse.Namespace) -> list[tuple[Out
     """The outputs the command line asks for, with their paths."""
     found = []
     for out in analysis.outputs:
-        path = getattr(args, out.flag.lstrip("-").replace("-", "_"))
+        path = getattr(args, out.dest)
         if path is not None:
             found.append((out, path))
     return found
@@ -168,10 +185,14 @@ def output_paths(analysis: Analysis, args: argparse.Namespace) -> list[tuple[Out
 
 def check_beside(analysis: Analysis, args: argparse.Namespace) -> None:
     """Refuse, before any work, a file an output would write next to its own (`Output.beside`) that exists
-    (without --overwrite), is a folder or lies in no folder — as `forgetlab.cli` checks the named outputs."""
+    (without --overwrite), is a folder or lies in no folder, and a file a folder output would replace — as
+    `forgetlab.cli` checks the named outputs."""
     for out, path in output_paths(analysis, args):
         for beside, _ in out.beside_paths(path):
             check_output_file(beside, getattr(args, "overwrite", False))
+        if out.folder and Path(path).is_dir():
+            for file, _ in folder_files(out, path):
+                check_output_file(file, getattr(args, "overwrite", False))
 
 
 def settings_of(analysis: Analysis, args: argparse.Namespace) -> Any:
@@ -214,7 +235,7 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
             emit_frame(item)
     for line in analysis.takeaway(result):
         emit(line)
-    if args.out is not None and not _own_out(analysis):
+    if not _own_out(analysis) and args.out is not None:
         emit_frame(analysis.frame(result), args.out)
     for out, path in output_paths(analysis, args):
         write_output(out, result, path)

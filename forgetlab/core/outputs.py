@@ -539,6 +539,28 @@ def check_output_file(path: str | Path, overwrite: bool = False, inputs: Iterabl
     return p
 
 
+def check_output_folder(path: str | Path, inputs: Iterable[str | Path] = ()) -> Path:
+    """Check that an output folder may be written into: not a file nor a link, its parent folder exists, and
+    neither one of the job's `inputs` nor inside one (the files it will hold are checked by name with
+    `check_output_file`). Returns the absolute path."""
+    p = absolute(path)
+    if p.is_symlink():
+        raise OutputRefusedError(f"{p} is a symbolic link; forgetlab does not write through links. Choose another "
+                                 "output folder.")
+    if p.exists() and not p.is_dir():
+        raise OutputRefusedError(f"{p} is a file; --out names a folder here (e.g. {p.parent / 'results'}).")
+    if not p.parent.is_dir():
+        raise WorkspaceError(f"The folder {p.parent} does not exist; create it first or choose another output "
+                             "folder. Nothing was written.")
+    for ref in inputs:
+        q = Path(str(ref)).expanduser()
+        with contextlib.suppress(OSError):
+            if q.exists() and (q.resolve() == p.resolve() or _contains(q.resolve(), p.resolve())):
+                raise OutputRefusedError(f"{p} is or lies in {q}, an input of this command; choose another output "
+                                         "folder. Nothing was written.")
+    return p
+
+
 def write_bytes_file(path: str | Path, data: bytes, overwrite: bool = False) -> Path:
     """Write `data` to `path` through a temporary file renamed into place (see `check_output_file`)."""
     p = check_output_file(path, overwrite)

@@ -282,3 +282,10 @@ def series_name(name: str) -> str:
             return f"MoFO {rest}"
         return f"{SERIES_NAMES[head]} λ = {rest}"
     return name
+
+
+def figures_html(figures, title: str = "forgetlab") -> str:
+    """Figures as one self-contained HTML page (plotly.js embedded once, so it opens without a network)."""
+    parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
+    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>{''.join(parts)}" \
+           "</body></html>"

@@ -116,9 +116,9 @@ def _eval_fn(pool, task: str, eval_tasks: Sequence[str], batch_size: int, max_ge
     return fn
 
 
-class _StartWeights(collections.abc.Mapping):
-    """θ0 of a run read tensor by tensor from the checkpoint it started from, each in the dtype it was loaded in
-    (so step 0 gives exactly 0 and no copy of θ0 stays in memory)."""
+class CheckpointWeights(collections.abc.Mapping):
+    """A checkpoint's weights as a mapping read tensor by tensor, each in the dtype given for it (θ0 of a run in
+    the dtype it was loaded in, so step 0 gives exactly 0 and no copy of θ0 stays in memory)."""
 
     def __init__(self, checkpoint, dtypes: Mapping[str, torch.dtype]):
         self.checkpoint, self.dtypes = checkpoint, dict(dtypes)
@@ -132,15 +132,18 @@ class _StartWeights(collections.abc.Mapping):
     def __len__(self) -> int:
         return len(self.dtypes)
 
+    def __contains__(self, name: object) -> bool:     # without reading the tensor (Mapping's default reads it)
+        return name in self.dtypes
+
 
 class _StreamedDistance:
     """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from
-    (`forgetlab.core.taskvectors.distance`, θ0 streamed by `_StartWeights`)."""
+    (`forgetlab.core.taskvectors.distance`, θ0 streamed by `CheckpointWeights`)."""
 
     def __init__(self, model, checkpoint):
         names = set(checkpoint.names())
         self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad and n in names]
-        self.start = _StartWeights(checkpoint, {n: p.dtype for n, p in self.params})
+        self.start = CheckpointWeights(checkpoint, {n: p.dtype for n, p in self.params})
 
     @torch.no_grad()
     def __call__(self) -> float:
