@@ -8,6 +8,7 @@ from forgetlab.core.memory import dtype_name
 from forgetlab.merge.registry import METHODS, method_title
 from forgetlab.plots import figures_html
 from forgetlab.plots.sequence import general_loss_figure, heatmaps, op_bwt_figure, score_label, task_lines
+from forgetlab.train.defaults import finetune_defaults
 from forgetlab.train.sequence import DEFAULT_COMPARE, SEQUENCE_METHODS
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.jobs import partial_figure
@@ -60,17 +61,26 @@ with left:
         strengths = {name: widget(name, name, container=c)
                      for name, c in (("fraction", c1), ("sfa_p", c2), ("sfa_beta", c1), ("proximal", c2),
                                      ("ewc", c1), ("replay", c2), ("l2", c1), ("l1", c2), ("hft", c1), ("lora", c2))}
-    seed = widget("seed", "seed")
+    recipe = {}
+    with st.expander("Each stage's training"):
+        st.caption("By default each stage trains as the pool's own fine-tune of its task was trained (its zoo "
+                   "manifest's steps, batch and learning rate; a pool without one: 100 steps of batch 8 at 1e-3).")
+        if st.checkbox("the same steps and learning rate for every stage", key="sequence_override"):
+            first = finetune_defaults(pool, order[0] if order else None)
+            c1, c2 = st.columns(2)
+            recipe = {"steps": widget("steps", "steps", default=first.steps, low=1, container=c1),
+                      "lr": widget("lr", "lr", default=first.lr, low=1e-8, format="%g", container=c2)}
+    seed = widget("seed", "seed", high=2**31 - 1)
     budget = eval_budget()
     settings = SequenceSettings(order=tuple(order), compare=tuple(methods) or None, merge=tuple(merges) or None,
                                 seed=seed, max_general=budget.max_general, max_task=budget.max_task, device=device,
-                                dtype=dtype_name(dtype), **strengths)
+                                dtype=dtype_name(dtype), **strengths, **recipe)
     if len(order) >= 2 and (methods or merges):
         options = options_of(settings, pool)
         steps = {t: b.steps for t, b in options.budgets.items()}
         n_chains = len(settings.methods) + len(merges)
         st.caption(f"{len(settings.methods)} fine-tuning chain(s) × {len(order)} stages "
-                   f"({', '.join(f'{t}: {s} steps' for t, s in steps.items())}, each the pool's own fine-tune recipe)"
+                   f"({', '.join(f'{t}: {s} steps' for t, s in steps.items())})"
                    f"{f' and {len(merges)} merge chain(s)' if merges else ''}; {n_chains * len(order) + 1} scorings."
                    + (f" The default comparison took {DEFAULT_SECONDS} on the pico demo zoo with 2 CPU cores."
                       if DEFAULT_SECONDS else ""))
