@@ -46,34 +46,46 @@ def _same(wa, wb) -> bool:
 # ------------------------------------------------------------------------------------------------ EWC
 
 
-def test_fisher_equals_an_independent_per_example_computation():
-    """torch.func's vmap(grad) of each example's loss, squared and averaged, on the model in eval mode; the
-    example without an answer token is left out of N; a frozen tensor has no Fisher; dropout is off; the
-    model's mode and .grad are left as they were."""
-    from torch.func import functional_call, grad, vmap
+@pytest.mark.parametrize("chunk_bytes", [None, 1])
+def test_fisher_equals_an_independent_per_example_computation(monkeypatch, chunk_bytes):
+    """Each example's own loss (transformers' `labels=` loss) back-propagated on a copy of the model in eval mode,
+    the gradients squared and averaged; the example without an answer token is left out of N; a frozen tensor
+    has no Fisher; dropout is off; the model's mode and .grad are left as they were. Both paths: several
+    examples at a time (vmap, right-padded, examples of different lengths) and one backward pass per example."""
+    import forgetlab.train.ewc as ewc
 
+    def unused(*a, **k):
+        raise AssertionError("the other path was taken")
+
+    if chunk_bytes is not None:                            # one backward pass per example, never vmap
+        monkeypatch.setattr(ewc, "FISHER_CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(ewc, "vmap", unused)
+    else:                                                  # the tiny model's chunks all go through vmap
+        monkeypatch.setattr(ewc, "_add_squares", unused)
     model = _model(dropout=0.4)
     model.lm_head.weight.requires_grad_(False)
     model.train()
-    used = _examples(6, seed=3)
+    used = _examples(5, seed=3) + [EncodedExample([1, 7, 7, 2, 17, 27, 4], [-100, -100, -100, -100, 17, 27, 4]),
+                                   EncodedExample([1, 2, 12], [-100, -100, 12])]
     examples = used[:3] + [EncodedExample([1, 4, 2, 14, 24], [-100] * 5)] + used[3:]
     fisher = diagonal_fisher(model, examples)
     assert model.training and all(p.grad is None for p in model.parameters())
 
-    model.eval()
-    params = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-
-    def loss(p, ids, labels):
-        out = functional_call(model, {**p, **frozen}, (ids.unsqueeze(0),), {"use_cache": False})
-        return causal_lm_loss(out.logits, labels.unsqueeze(0))
-
-    batch = collate(used, 0)
-    grads = vmap(grad(loss), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
-    assert set(fisher) == set(params) and "lm_head.weight" not in fisher
-    for name, g in grads.items():
+    ref = _model(dropout=0.4)
+    ref.load_state_dict(model.state_dict())
+    ref.lm_head.weight.requires_grad_(False)
+    ref.eval()
+    want = {n: torch.zeros_like(p) for n, p in ref.named_parameters() if p.requires_grad}
+    for ex in used:
+        ref.zero_grad(set_to_none=True)
+        ref(input_ids=torch.tensor([ex.input_ids]), labels=torch.tensor([ex.labels])).loss.backward()
+        for n, p in ref.named_parameters():
+            if p.requires_grad:
+                want[n] += p.grad.pow(2) / len(used)
+    assert set(fisher) == set(want) and "lm_head.weight" not in fisher
+    for name in want:
         assert fisher[name].dtype == torch.float32
-        torch.testing.assert_close(fisher[name], g.pow(2).mean(0), rtol=1e-4, atol=1e-9)
+        torch.testing.assert_close(fisher[name], want[name], rtol=1e-4, atol=1e-9)
     assert float(fisher["model.layers.0.mlp.down_proj.weight"].sum()) > 0
 
 

@@ -17,11 +17,25 @@ import math
 from typing import Mapping, Sequence
 
 import torch
+from torch.func import functional_call, grad, vmap
 
 from forgetlab.core.data import collate
 from forgetlab.core.errors import ParameterError, TrainingError
 from forgetlab.core.progress import Progress, report
 from forgetlab.train.trainer import causal_lm_loss, usable_examples
+
+
+FISHER_CHUNK_BYTES = 1 << 28
+"""The per-example gradients `diagonal_fisher` holds at once (256 MiB): a chunk of c examples holds c copies of
+the trained weights' gradients, so c = this // their bytes (at most FISHER_CHUNK); c = 1 is a plain loop."""
+FISHER_CHUNK = 32
+
+
+def fisher_chunk(params: Sequence[torch.Tensor]) -> int:
+    """How many examples `diagonal_fisher` differentiates at once for these trained parameters (see
+    FISHER_CHUNK_BYTES): 1 (one backward pass per example) for a model whose gradients exceed it."""
+    size = sum(p.numel() * p.element_size() for p in params)
+    return max(1, min(FISHER_CHUNK, FISHER_CHUNK_BYTES // max(1, size)))
 
 
 def diagonal_fisher(model: torch.nn.Module, examples: Sequence, *, pad_id: int = 0,
@@ -31,36 +45,69 @@ def diagonal_fisher(model: torch.nn.Module, examples: Sequence, *, pad_id: int =
     alone (forgetlab.train.trainer.causal_lm_loss: mean cross-entropy over its answer tokens); examples without
     a loss position are skipped (N counts the used ones). float32 tensors keyed by parameter name, on each
     parameter's device. The model runs in eval mode (no dropout) and is put back in its mode after; neither
-    the parameters' `.grad` nor any optimizer state is touched."""
+    the parameters' `.grad` nor any optimizer state is touched.
+
+    Small models take `fisher_chunk` examples at a time, right-padded, each differentiated on its own
+    (torch.func's vmap of grad; padding after the last token changes no earlier position of a causal LM);
+    larger ones, or a model torch.func cannot trace, one backward pass per example."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise ParameterError("The model has no trainable parameters (all have requires_grad=False), so it has no "
                              "Fisher to measure.")
-    used = usable_examples(examples)
+    used = sorted(usable_examples(examples), key=lambda ex: len(ex.input_ids))   # similar lengths: less padding
     if not used:
         raise TrainingError("No example with a loss to measure the Fisher on: every example has all its labels "
                             "set to -100. Give the task's training pairs (answers not cut off).")
     params = [p for _, p in named]
     dev = params[0].device
     fisher = {n: torch.zeros(p.shape, dtype=torch.float32, device=p.device) for n, p in named}
+    chunk = fisher_chunk(params)
     was_training = model.training
     model.eval()
     try:
-        for i, ex in enumerate(used):
-            batch = {k: v.to(dev) for k, v in collate([ex], pad_id).items()}
-            out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-            loss = causal_lm_loss(out.logits, batch["labels"])
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            for (name, _), g in zip(named, grads):
-                if g is not None:
-                    g = g.detach().float()
-                    fisher[name].addcmul_(g, g)
-            report(progress, (i + 1) / len(used), f"Fisher · example {i + 1}/{len(used)}")
+        done = 0
+        while done < len(used):
+            part = used[done:done + chunk]
+            batch = {k: v.to(dev) for k, v in collate(part, pad_id).items()}
+            if chunk > 1:
+                try:
+                    _add_squares_vmap(model, named, batch, fisher)
+                except (RuntimeError, NotImplementedError, TypeError):   # an op torch.func cannot batch
+                    chunk = 1
+                    continue
+            else:
+                _add_squares(model, named, batch, fisher)
+            done += len(part)
+            report(progress, done / len(used), f"Fisher · example {done}/{len(used)}")
     finally:
         model.train(was_training)
     for f in fisher.values():
         f.div_(len(used))
     return fisher
+
+
+def _add_squares(model, named, batch, fisher) -> None:
+    """fisher[name] += (∂ℓ/∂θ)² for the one example of `batch` (autograd; .grad untouched)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    loss = causal_lm_loss(out.logits, batch["labels"])
+    grads = torch.autograd.grad(loss, [p for _, p in named], allow_unused=True)
+    for (name, _), g in zip(named, grads):
+        if g is not None:
+            g = g.detach().float()
+            fisher[name].addcmul_(g, g)
+
+
+def _add_squares_vmap(model, named, batch, fisher) -> None:
+    """fisher[name] += Σ_n (∂ℓ_n/∂θ)² over the right-padded examples n of `batch`, each differentiated alone."""
+    weights = {n: p.detach() for n, p in named}
+
+    def loss(w, ids, labels):
+        out = functional_call(model, w, (ids.unsqueeze(0),), {"use_cache": False})
+        return causal_lm_loss(out.logits, labels.unsqueeze(0))
+
+    grads = vmap(grad(loss), in_dims=(None, 0, 0))(weights, batch["input_ids"], batch["labels"])
+    for name, g in grads.items():
+        fisher[name].add_(g.float().pow(2).sum(0))
 
 
 class EwcPenalty:
