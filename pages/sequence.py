@@ -8,8 +8,8 @@ from forgetlab.core.memory import dtype_name
 from forgetlab.merge.registry import METHODS, method_title
 from forgetlab.plots import figures_html
 from forgetlab.plots.sequence import general_loss_figure, heatmaps, op_bwt_figure, score_label, task_lines
-from forgetlab.train.defaults import finetune_defaults
-from forgetlab.train.sequence import DEFAULT_COMPARE, SEQUENCE_METHODS
+from forgetlab.train.defaults import FALLBACK, sequence_defaults
+from forgetlab.train.sequence import DEFAULT_COMPARE, SEQUENCE_METHODS, stage_budgets
 from forgetlab.ui.glossary import explain
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.page import start_page
@@ -32,7 +32,7 @@ pool = start_page(MENU, "What does each new task erase of the ones learned befor
                       "#sequence-methods.",
                   needs="tasks", purpose="a task sequence")
 
-DEFAULT_ORDER = ("math", "code", "translate")   # the zoo's tasks in the order the issue's example trains them
+DEFAULT_ORDER = ("math", "code", "translate")   # a pool's first tasks in this order when it is no zoo with its own
 # The default comparison (7 methods × 3 stages) on the pico demo zoo, pressed through the page on 2 CPU cores
 # (docs/zoo.md, "Task sequences").
 DEFAULT_SECONDS = ""
@@ -49,10 +49,12 @@ device, dtype = device_settings()
 left, right = st.columns([1, 2])
 with left:
     tasks = pool.task_names
-    default_order = [t for t in DEFAULT_ORDER if t in tasks] if all(t in tasks for t in DEFAULT_ORDER) else tasks[:3]
+    zoo = sequence_defaults(pool)               # a zoo's own sequence (the one its claims measure)
+    preferred = zoo.order if zoo is not None else DEFAULT_ORDER
+    default_order = list(preferred) if all(t in tasks for t in preferred) else tasks[:3]
     order = widget("order", "order", options=tasks, default=default_order, label="tasks, in training order",
                    help="Pick the tasks in the order the model learns them: the first one picked is trained first.")
-    methods = widget("compare", "methods", options=list(SEQUENCE_METHODS), default=list(DEFAULT_COMPARE),
+    methods = widget("compare", "methods", options=list(SEQUENCE_METHODS), default=list(zoo.methods if zoo is not None else DEFAULT_COMPARE),
                      label="ways of fine-tuning", format_func=lambda m: f"{m}: {SEQUENCE_METHODS[m].title}")
     merges = widget("merge", "merges", options=sorted(METHODS.names()), default=[], label="merge chains (optional)",
                     format_func=method_title, help="Merge the pool's own fine-tunes of the first t tasks, t = 1…T.")
@@ -64,9 +66,10 @@ with left:
     recipe = {}
     with st.expander("Each stage's training"):
         st.caption("By default each stage trains as the pool's own fine-tune of its task was trained (its zoo "
-                   "manifest's steps, batch and learning rate; a pool without one: 100 steps of batch 8 at 1e-3).")
+                   "manifest's steps, batch and learning rate, with the zoo's sequence settings where it has them; "
+                   "a pool without a manifest: 100 steps of batch 8 at 1e-3).")
         if st.checkbox("the same steps and learning rate for every stage", key="sequence_override"):
-            first = finetune_defaults(pool, order[0] if order else None)
+            first = stage_budgets(pool, order[:1])[order[0]] if order else FALLBACK
             c1, c2 = st.columns(2)
             recipe = {"steps": widget("steps", "steps", default=first.steps, low=1, container=c1),
                       "lr": widget("lr", "lr", default=first.lr, low=1e-8, format="%g", container=c2)}

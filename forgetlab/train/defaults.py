@@ -74,3 +74,35 @@ def finetune_defaults(pool=None, task: Optional[str] = None, *, lora: bool = Fal
     sane = (found.steps >= 1 and found.batch_size >= 1 and 0 < found.lr < math.inf
             and 0 <= found.warmup <= found.steps)
     return found if sane else FALLBACK
+
+
+@dataclass(frozen=True)
+class SequenceDefaults:
+    """The task sequence a zoo measures its claims on (its manifest's `settings.claims.sequence`): the order, the
+    compared methods, and each stage's steps and peak learning rate where they differ from the fine-tune recipe
+    (None: the recipe's). The Sequence page and `forgetlab sequence` start from it on that zoo."""
+
+    order: tuple[str, ...]
+    methods: tuple[str, ...]
+    steps: Optional[int] = None
+    lr: Optional[float] = None
+
+
+def sequence_defaults(pool=None) -> Optional[SequenceDefaults]:
+    """The zoo's task sequence (`SequenceDefaults`) read from the manifest beside the pool file; None for a pool
+    without one (a user's own pool, a zoo that measures no sequence claims)."""
+    source = getattr(pool, "source", None)
+    path = Path(source).parent / MANIFEST if source else None
+    if path is None or not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        seq = ((manifest.get("settings") or {}).get("claims") or {}).get("sequence")
+        if not isinstance(seq, dict):
+            return None
+        steps, lr = seq.get("steps"), seq.get("lr")
+        return SequenceDefaults(order=tuple(map(str, seq["order"])), methods=tuple(map(str, seq["methods"])),
+                                steps=int(steps) if steps is not None else None,
+                                lr=float(lr) if lr is not None else None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None

@@ -36,7 +36,7 @@ from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
 from forgetlab.merge import run as run_merge
 from forgetlab.merge.registry import get_method, validate_params
 from forgetlab.merge.workflow import pool_recipe
-from forgetlab.train.defaults import FinetuneDefaults, finetune_defaults
+from forgetlab.train.defaults import FinetuneDefaults, finetune_defaults, sequence_defaults
 from forgetlab.train.ewc import EwcPenalty, diagonal_fisher
 from forgetlab.train.examples import training_examples
 from forgetlab.train.lora import add_adapter
@@ -144,8 +144,13 @@ def stage_budgets(pool, order: Sequence[str], *, lora: bool = False, steps: Opti
                   lr: Optional[float] = None, batch_size: Optional[int] = None,
                   warmup: Optional[int] = None) -> dict[str, FinetuneDefaults]:
     """Each task's stage recipe: how the pool's own fine-tunes of that task were trained
-    (forgetlab.train.defaults.finetune_defaults; `lora`: its LoRA adapters' run), with the given values in their
-    place."""
+    (forgetlab.train.defaults.finetune_defaults; `lora`: its LoRA adapters' run), with the zoo's sequence steps and
+    learning rate in their place where its manifest sets them (`sequence_defaults`, full fine-tunes), and the given
+    values over both."""
+    zoo = sequence_defaults(pool) if not lora else None
+    if zoo is not None:
+        steps = zoo.steps if steps is None else steps
+        lr = zoo.lr if lr is None else lr
     out = {}
     for t in order:
         d = finetune_defaults(pool, t, lora=lora)

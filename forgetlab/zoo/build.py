@@ -21,7 +21,7 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,12 +38,14 @@ from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.core.threads import ThreadGovernor
 from forgetlab.core.workspace import ensure_writable, zoo_dir
 from forgetlab.core.yamlio import round_trip_dump, round_trip_load
+from forgetlab.train.sequence import ChainOptions, run_sequence
 from forgetlab.zoo.claims import ZooClaims, zoo_claims
 from forgetlab.zoo.corpus import wiki_sample_path
 from forgetlab.zoo.datafiles import learned_order, lm_benchmarks, make_data, pool_spec, read_data, write_data
 from forgetlab.zoo.manifest import MANIFEST, done_steps, new_manifest, read_manifest, stale_reason, write_manifest
 from forgetlab.zoo.pico import init_model, make_tokenizer, pretraining_texts
-from forgetlab.zoo.presets import ZooSpec, get_spec
+from forgetlab.zoo.presets import ZooSpec, get_spec, zoo_stage_budgets
+from forgetlab.zoo.sequence_claims import sequence_claims, sequence_table
 from forgetlab.zoo.smol import add_lora, find_smol_gguf, load_smol
 from forgetlab.zoo.tasks import task_forms
 from forgetlab.zoo.training import finetune, pretrain, score, train_summary
@@ -399,21 +401,55 @@ class _Builder:
             return 0.0
         return 0.15 * sum(st.weight for st in self.steps() if st.name not in (DATA, "base"))
 
-    def run_claims(self, progress: Progress) -> dict:
-        """Measure "what this zoo shows" on the zoo's own models (not the user's) and return it as a dict."""
+    def sequence_weight(self) -> float:
+        """Progress weight of measuring the task-sequence claims: each compared chain trains about as much as the
+        zoo's fine-tunes together (0 when the preset measures none)."""
+        seq = self.spec.claims.sequence if self.spec.claims is not None else None
+        if seq is None:
+            return 0.0
+        return len(seq.methods) * sum(st.weight for st in self.steps() if st.name.startswith("ft-"))
+
+    def pool(self) -> ModelPool:
+        """The zoo's pool (base, full fine-tunes, LoRA adapters, probe data) before pool.yaml is written."""
         _, probes = self.data()
         s = self.spec
         models: dict[str, Any] = {t: str(self.root / f"ft-{t}") for t in s.tasks}
         if s.lora is not None:
             models.update({f"lora-{t}": {"adapter": str(self.root / f"lora-{t}")} for t in s.tasks})
-        pool = ModelPool(self.root / "base", models, probes=probes, name=s.name, scan_nonfinite=False)
-        c = s.claims
+        return ModelPool(self.root / "base", models, probes=probes, name=s.name, scan_nonfinite=False)
+
+    def run_sequence_claims(self, progress: Progress) -> dict:
+        """Run the preset's task sequence on the zoo's own models and return its claims (dicts of
+        `forgetlab.zoo.claims.Claim`) and the sequence's table (forgetlab.zoo.sequence_claims.sequence_table)."""
+        c = self.spec.claims
+        seq = c.sequence
+        pool = self.pool()
+        order = list(seq.order)
+        options = ChainOptions(budgets=zoo_stage_budgets(self.spec, order, seq),
+                               max_general=c.max_general, max_task=c.max_task)
+        t0 = time.perf_counter()
+        result = run_sequence(pool, order, list(seq.methods), options=options, progress=progress)
+        return {"claims": [asdict(x) for x in sequence_claims(result)],
+                "sequence": {"order": order, "methods": list(seq.methods), "table": sequence_table(result),
+                             "seconds": round(time.perf_counter() - t0, 3)}}
+
+    def run_claims(self, progress: Progress) -> dict:
+        """Measure "what this zoo shows" on the zoo's own models (not the user's) and return it as a dict."""
+        pool = self.pool()
+        c = self.spec.claims
         return zoo_claims(pool, measure=c.measure, max_general=c.max_general, max_task=c.max_task,
                           nls_samples=c.nls_samples, slwm_samples=c.slwm_samples, merges=tuple(c.merges),
                           progress=progress).to_dict()
 
 
 # ------------------------------------------------------------------------------------------------ build
+
+def _build_seconds(manifest: dict) -> float:
+    """The build's seconds so far: its steps, its claims and its task-sequence claims."""
+    claims = manifest.get("claims") or {}
+    return round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values()) + claims.get("build_seconds", 0.0)
+                 + (claims.get("sequence") or {}).get("seconds", 0.0), 3)
+
 
 def _governed(governor: ThreadGovernor, progress: Progress, name: str) -> Progress:
     """The step's progress callback (messages prefixed with the step name) that also lets `governor` re-check
@@ -497,7 +533,7 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress, on
 
     builder = _Builder(spec, root, on_snapshot)
     steps = builder.steps()
-    total = sum(s.weight for s in steps) + builder.claims_weight()
+    total = sum(s.weight for s in steps) + builder.claims_weight() + builder.sequence_weight()
     start_frac = 0.0
     previous_threads = torch.get_num_threads()
     governor = ThreadGovernor(spec.threads)
@@ -525,14 +561,21 @@ def _build_locked(spec: ZooSpec, root: Path, force: bool, progress: Progress, on
                 _write_pool(spec, root, manifest, finished={*done_steps(manifest)})
             start_frac += frac
             report(progress, start_frac, f"{step.name} done in {record['seconds']:.1f} s")
+        claims_end = start_frac + builder.claims_weight() / total
         if spec.claims is not None and not manifest.get("claims"):
             t0 = time.perf_counter()
-            sub = scaled(progress, start_frac, 1.0)
+            sub = scaled(progress, start_frac, claims_end)
             claims = builder.run_claims(_governed(governor, sub, "claims"))
             claims["build_seconds"] = round(time.perf_counter() - t0, 3)
             manifest["claims"] = json.loads(json.dumps(claims, default=str))
-            manifest["build_seconds"] = round(sum(r.get("seconds", 0.0) for r in manifest["steps"].values())
-                                              + claims["build_seconds"], 3)
+            manifest["build_seconds"] = _build_seconds(manifest)
+            write_manifest(root, manifest)
+        if builder.sequence_weight() and not manifest["claims"].get("sequence"):
+            sub = scaled(progress, claims_end, 1.0)
+            part = builder.run_sequence_claims(_governed(governor, sub, "sequence"))
+            manifest["claims"]["claims"] += json.loads(json.dumps(part["claims"], default=str))
+            manifest["claims"]["sequence"] = json.loads(json.dumps(part["sequence"], default=str))
+            manifest["build_seconds"] = _build_seconds(manifest)
             write_manifest(root, manifest)
     finally:
         manifest["thread_changes"] = governor.history

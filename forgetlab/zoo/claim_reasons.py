@@ -4,7 +4,8 @@ threshold (`forgetlab.zoo.claims` measures them; this module only reads a claim'
 claims stored by an older build read the same way).
 
 - `claim_group(key)`: "finetune" (what fine-tuning gained, cost and changed: `finetune:*`, `distinct`,
-  `linearity`), "fixes" (`wise_ft`, `fapm`) or "merges" (`merge:*`); `GROUPS` gives their headings.
+  `linearity`), "fixes" (`wise_ft`, `fapm`), "merges" (`merge:*`) or "sequence" (`sequence:*`: task sequences,
+  forgetlab.zoo.sequence_claims); `GROUPS` gives their headings.
 - `merge_claim_text(method)`, `claim_source(key, stored)`: the words and the paper of a claim.
 - `why_not(claim, measure)`: "" for a claim that holds, else one short sentence per failing part.
 """
@@ -22,7 +23,8 @@ REFERENCE_MERGE = "linear"       # what every merge claim is measured against: t
 
 GROUPS = (("finetune", "Fine-tunes", "what fine-tuning gained, what it cost and what it changed"),
           ("fixes", "Fixes for forgetting", "interpolating back (WiSE-FT) and pruning the task vector (FAPM)"),
-          ("merges", "Merges", "one model from the fine-tunes, against their plain weight average"))
+          ("merges", "Merges", "one model from the fine-tunes, against their plain weight average"),
+          ("sequence", "Task sequences", "training on the tasks one after another: what each later task erases"))
 """(group, heading, what its claims are about), in the order the page shows them."""
 
 # the paper of a claim that is not a merge: the registry's paper of the method it tests, where there is one
@@ -35,6 +37,8 @@ def claim_group(key: str) -> str:
     kind = key.split(":", 1)[0]
     if kind == "merge":
         return "merges"
+    if kind == "sequence":
+        return "sequence"
     return "fixes" if kind in ("wise_ft", "fapm") else "finetune"
 
 
@@ -183,6 +187,7 @@ def why_not(claim, measure: str = "exact_match") -> str:
         "fapm": lambda: _fapm(v, "EM" if measure == "exact_match" else "nats of answer loss"),
         "linearity": lambda: _linearity(v),
         "merge": lambda: _merge(v),
+        "sequence": lambda: [str(what) for what, ok in v.get("checks", []) if not ok],
     }.get(kind, list)()
     return "; ".join(reasons) or "below the claim's threshold (see the measured numbers)"
 

@@ -14,6 +14,8 @@ import pandas as pd
 
 from forgetlab.analysis.linearity import LinearitySettings
 from forgetlab.core.errors import ParameterError
+from forgetlab.train.defaults import FinetuneDefaults
+from forgetlab.train.sequence import DEFAULT_COMPARE
 
 SIZES = ("tiny", "default")
 
@@ -84,6 +86,18 @@ class EvalSpec:
 
 
 @dataclass(frozen=True)
+class SequenceClaimsSpec:
+    """The task sequence whose claims a zoo measures (forgetlab.zoo.sequence_claims) and the Sequence page and
+    `forgetlab sequence` start from on that zoo: the order, the methods compared, and each stage's steps and peak
+    learning rate where they differ from the zoo's fine-tune recipe (None: the recipe's)."""
+
+    order: tuple[str, ...] = ("math", "code", "translate")
+    methods: tuple[str, ...] = DEFAULT_COMPARE
+    steps: int | None = None
+    lr: float | None = None
+
+
+@dataclass(frozen=True)
 class ClaimsSpec:
     """How "what this zoo shows" is measured at the end of a build (`forgetlab.zoo.claims.zoo_claims`):
     evaluation limits (held-out blocks, eval pairs per task), probe pairs for NLS and slwm, speciality measure."""
@@ -94,6 +108,7 @@ class ClaimsSpec:
     slwm_samples: int = 12
     measure: str = "exact_match"
     merges: tuple[str, ...] = ("task_arithmetic", "ties", "pcb", "slwm")  # forgetlab.zoo.claims.CLAIMABLE_MERGES
+    sequence: SequenceClaimsSpec | None = None           # also measure the task-sequence claims
 
 
 @dataclass(frozen=True)
@@ -203,7 +218,10 @@ _PICO_DEFAULT = ZooSpec(
     claims=ClaimsSpec(max_general=32, max_task=50, slwm_samples=12, measure="exact_match",
                       merges=("task_arithmetic", "ties", "pcb", "slwm", "multislerp", "model_stock", "della", "lines",
                               "tsv", "iso_c", "iso_cts", "cart", "localize_stitch", "regmean", "regmean_pp",
-                              "fisher")),
+                              "fisher"),
+                      # the zoo's fine-tune rate (2.25e-4) barely disturbs math in later stages (AdamW keeps 74 % of
+                      # its gain, BWT −0.09); at 1e-3 sequential AdamW keeps 20 % (BWT −0.19): docs/zoo.md
+                      sequence=SequenceClaimsSpec(lr=1e-3)),
     threads=2,
 )
 
@@ -242,3 +260,17 @@ def get_spec(preset: str, size: str = "default") -> ZooSpec:
     if size not in sizes:
         raise ParameterError(f"Unknown size {size!r} for zoo preset {preset!r}. Choose one of: {', '.join(sizes)}.")
     return sizes[size]
+
+
+def zoo_stage_budgets(spec: ZooSpec, order, sequence: SequenceClaimsSpec | None = None) -> dict[str, FinetuneDefaults]:
+    """Each task's stage recipe in the zoo's task sequence: the zoo's own fine-tune of the task (`finetune_for`),
+    with the sequence's steps and learning rate in their place where it sets them. The same numbers
+    `forgetlab.train.sequence.stage_budgets` reads back from the built zoo's manifest."""
+    out = {}
+    for task in order:
+        run = spec.finetune_for(task)
+        steps = sequence.steps if sequence is not None and sequence.steps is not None else run.steps
+        lr = sequence.lr if sequence is not None and sequence.lr is not None else run.lr
+        out[task] = FinetuneDefaults(steps=int(steps), batch_size=int(run.batch_size), lr=float(lr),
+                                     warmup=min(int(run.warmup), int(steps)), source="zoo preset")
+    return out
