@@ -10,7 +10,7 @@ from forgetlab.plots import figures_html
 from forgetlab.plots.sequence import general_loss_figure, heatmaps, op_bwt_figure, score_label, task_lines
 from forgetlab.train.defaults import FALLBACK, sequence_defaults
 from forgetlab.train.sequence import DEFAULT_COMPARE, SEQUENCE_METHODS, stage_budgets
-from forgetlab.ui.glossary import explain
+from forgetlab.ui.glossary import explain, explain_group
 from forgetlab.ui.jobs import partial_figure
 from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
@@ -54,8 +54,9 @@ with left:
     default_order = list(preferred) if all(t in tasks for t in preferred) else tasks[:3]
     order = widget("order", "order", options=tasks, default=default_order, label="tasks, in training order",
                    help="Pick the tasks in the order the model learns them: the first one picked is trained first.")
-    methods = widget("compare", "methods", options=list(SEQUENCE_METHODS), default=list(zoo.methods if zoo is not None else DEFAULT_COMPARE),
-                     label="ways of fine-tuning", format_func=lambda m: f"{m}: {SEQUENCE_METHODS[m].title}")
+    methods = widget("compare", "methods", options=list(SEQUENCE_METHODS),
+                     default=list(zoo.methods if zoo is not None else DEFAULT_COMPARE), label="ways of fine-tuning",
+                     format_func=lambda m: f"{m}: {SEQUENCE_METHODS[m].title}", help=explain_group("sequence"))
     merges = widget("merge", "merges", options=sorted(METHODS.names()), default=[], label="merge chains (optional)",
                     format_func=method_title, help="Merge the pool's own fine-tunes of the first t tasks, t = 1…T.")
     with st.expander("Strengths of the fixes"):
@@ -108,9 +109,7 @@ def draw(result, partial: bool = False) -> None:
     if partial:
         return
     st.subheader("Metrics per method")
-    st.caption("OP: mean score after the last stage. BWT: how the earlier tasks changed since their own stage "
-               "(negative exact match = forgotten). FWT: what the earlier stages did to a task before it was "
-               "trained. Forgetting: a task's largest drop by the end.")
+    st.caption(explain("op", "bwt", "fwt", "task_forgetting"))
     show_table(result.summary_frame(), key="sequence_summary")
     with st.expander("Every stage: general loss, distances, time"):
         show_table(result.stage_frame(), key="sequence_stages")

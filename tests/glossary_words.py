@@ -72,6 +72,7 @@ def _variations() -> dict[str, list[dict]]:
         "finetune": [{"finetune_mode": "one run"}, {"finetune_mode": "one run", "finetune_trains": "a LoRA adapter"}],
         "text": [{"text_source": "my own text", "text_use_alpha": True}],
         "features": [{"features_level": level} for level in ("layer", "attn", "mlp", "head")],
+        "sequence": [{"sequence_override": True}],
     }
 
 
@@ -251,6 +252,28 @@ def _benchmarks():
     return BenchmarkTable({"base": {"zoo_math": {"acc": 0.4}}, "ft-math": {"zoo_math": {"acc": 0.6}}}, ["zoo_math"])
 
 
+def _sequence():
+    """A three-task sequence made by hand: two fine-tuning chains and a merge chain, whose OP and BWT put two of
+    them on the Pareto front (so that the OP–BWT chart draws its front line)."""
+    from forgetlab.train.sequence_results import SequenceChain, SequenceResult, StageScores
+
+    order = ["math", "code", "translate"]
+
+    def stage(i, em, general):
+        return StageScores(i, order[i - 1] if i else None, dict(zip(order, em)),
+                           {t: 2.0 * (1.0 - v) for t, v in zip(order, em)}, general, 0.01 * i,
+                           0.01 if i else float("nan"), 1.5 * i)
+
+    def chain(method, rows, kind="finetune"):
+        return SequenceChain(method, [stage(i + 1, em, 4.0 + 0.1 * (i + 1)) for i, em in enumerate(rows)], kind)
+
+    base = stage(0, [0.1, 0.0, 0.05], 4.0)
+    return SequenceResult(order, base, [
+        chain("adamw", [[0.8, 0.0, 0.05], [0.3, 0.7, 0.05], [0.2, 0.3, 0.9]]),
+        chain("mofo+replay", [[0.7, 0.0, 0.05], [0.6, 0.6, 0.05], [0.5, 0.5, 0.8]]),
+        chain("merge:opcm", [[0.7, 0.0, 0.05], [0.6, 0.5, 0.05], [0.55, 0.45, 0.4]], kind="merge")])
+
+
 def _sweeps(saved) -> list:
     """The saved α sweep redrawn as every sweep kind (each kind's swept setting names its axis)."""
     from forgetlab.analysis.sweeps import KINDS, X_NAMES
@@ -264,6 +287,7 @@ def _figures(saved) -> Iterator[tuple[str, object]]:
     comparisons and the Runs page's, then the charts of results made here."""
     from forgetlab.plots import merge as merge_plots
     from forgetlab.plots import models, textdiff, zoo
+    from forgetlab.plots import sequence as sequence_plots
     from forgetlab.plots.features import figures as feature_figures
     from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
     from forgetlab.ui.runs import compare_figures, figures_from_frame, run_figures
@@ -298,6 +322,15 @@ def _figures(saved) -> Iterator[tuple[str, object]]:
     for fig in feature_figures(_tsne()):
         yield "Features", fig
     yield "Models: the base's pre-training", zoo.pretraining_figure(_snapshots())
+    sequence = _sequence()
+    for score in ("exact_match", "answer_loss"):
+        yield f"Sequence: heatmaps of R ({score})", sequence_plots.heatmaps(sequence, score)
+        yield f"Sequence: each task over the stages ({score})", sequence_plots.task_lines(sequence, score)
+        for bwt in ("bwt_trace", "bwt_gem"):
+            yield f"Sequence: OP against BWT ({score}, {bwt})", sequence_plots.op_bwt_figure(sequence, score, bwt)
+        for fig in sequence_plots.figures(sequence, score):
+            yield f"Sequence: the analysis' figures ({score})", fig
+    yield "Sequence: general loss over the stages", sequence_plots.general_loss_figure(sequence)
 
 
 class _Drawn:
@@ -357,6 +390,10 @@ def _tables(saved) -> Iterator[tuple[str, pd.DataFrame]]:
     yield "Models: scorecards", scorecards_frame(cards)
     yield "Runs page: a merge's scorecards", cards_frame(cards, merged=["merged"])
     yield "Merge: what merges kept", _retention().to_frame()
+    sequence = _sequence()
+    yield "Sequence: metrics per method", sequence.summary_frame()
+    yield "Sequence: every stage", sequence.stage_frame()
+    yield "Sequence: matrix.csv", sequence.matrix_frame()
 
 
 def table_words() -> list[Shown]:

@@ -47,12 +47,16 @@ measured measure measures created error stopped seconds time
 before after along beside between across up down per rate rates n my
 average compared final evaluate evaluated examples fit address term none mode trains reopen read known form format answered
 shade symbol colour dashed separated
+previous earlier next since that finished half ways change averaging trained rows dotted outlined
 """.split())
 # why each kind of word above is plain: function words; counting and comparing words (mean, total, share, sum,
 # largest); the app's verbs on its own objects (show, compare, keep, open, pick); the names of a table's own
 # bookkeeping columns (id, index, key, kind, label, created, error, seconds, stopped) and of plain layout words
 # (line, point, grid, curve, map, part); words of instructions and chart keys in their everyday sense (evaluate, fit,
-# shade, symbol, colour, dashed, known, answered); n: a count.
+# shade, symbol, colour, dashed, known, answered); n: a count. The words of a task sequence's labels in their
+# everyday sense: the previous or next stage, the earlier or finished tasks, half of the matrices, ways of
+# fine-tuning, a change since a stage, averaging, the stage that trained on a task, a heatmap's rows, dotted and
+# outlined marks.
 
 
 def _strip(text: str) -> str:
@@ -204,6 +208,21 @@ def test_search_finds_every_method_fine_tune_method_and_sweep_kind():
         assert glossary_rows(word), word
 
 
+def test_search_finds_every_sequence_method_and_the_group_covers_them():
+    from forgetlab.train.sequence import SEQUENCE_METHODS
+
+    for name, method in SEQUENCE_METHODS.items():        # the names the CLI and the legends use, and the titles
+        assert find(name) is not None and glossary_rows(name), name
+        assert unexplained(method.title) == [], method.title
+    # the Sequence page's tooltip (GROUPS["sequence"]) has a line for every method and none for anything else
+    assert {find(name) for name in SEQUENCE_METHODS} == {term(k) for k in GROUPS["sequence"]}
+    for word, paper in (("ewc", "Kirkpatrick"), ("hft", "Half Fine-Tuning")):
+        assert find(word).section == "Fine-tuning" and paper in find(word).source, word
+    for word in ("BWT", "backward transfer", "bwt_gem", "TRACE", "OP", "FWT", "per-task forgetting", "stage",
+                 "chain", "training order", "retained gain", "naive sequential fine-tuning", "proximal GD"):
+        assert find(word) is not None and find(word).anchor in ("sequence-metrics", "sequence-methods"), word
+
+
 def test_explain_builds_the_tooltips_from_the_one_home():
     assert explain("mofo") == f"**MoFO**: {TERMS['mofo'].meaning}"
     two = explain("l1", "l2").split("  \n")
@@ -292,6 +311,24 @@ def test_finetune_inputs_explain_themselves_and_l1_has_its_input(tiny_llama, tmp
     assert TERMS["l1"].meaning in _help(at.number_input, "finetune_l1")
     assert TERMS["l2"].meaning in _help(at.number_input, "finetune_l2")
     assert "**MoFO**" in at.radio(key="finetune_optimizer").help
+
+
+def test_the_sequence_page_explains_its_methods_and_metrics(tiny_llama, tmp_path, monkeypatch):
+    from forgetlab.train.sequence import SEQUENCE_METHODS
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("sequence", tiny_llama.pool_yaml)
+    at.run()
+    assert not at.exception, at.exception
+    methods = at.multiselect(key="sequence_methods").help
+    for name in SEQUENCE_METHODS:
+        assert f"**{find(name).name}**: {find(name).meaning}" in methods, name
+    # the metrics table's caption (drawn after a run) is the glossary's lines of its columns
+    import ast
+
+    captions = [ast.unparse(node.args[0]) for node in ast.walk(ast.parse((ROOT / "pages" / "sequence.py").read_text(
+        encoding="utf-8"))) if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "caption" and node.args]
+    assert "explain('op', 'bwt', 'fwt', 'task_forgetting')" in captions
 
 
 def test_sweep_and_linearity_words(tiny_llama, tmp_path, monkeypatch):

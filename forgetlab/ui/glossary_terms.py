@@ -37,7 +37,7 @@ SECTIONS: dict[str, dict[str, Term]] = {
                          "generality", "general measure"),
         "general_loss": _t("general loss", "Mean next-token cross-entropy, in nats, on held-out general text "
                            "(↓ better); perplexity is its exponential.", "held-out-loss", "held-out loss",
-                           "general_loss"),
+                           "general_loss", "general held-out loss"),
         "loss": _t("loss", "How surprised a model is by the right next token: its cross-entropy in nats per token "
                    "(↓ better; 0 = always sure and right).", "held-out-loss", "cross-entropy", "next-token loss"),
         "nats": _t("nats", "The unit of a loss: natural-log units per token. +0.05 nats of loss is a perplexity "
@@ -98,7 +98,8 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "base": _t("base model", "The model every fine-tune started from (θ0); forgetting is measured against it.",
                    "notation", "base", "the base model"),
         "finetuned": _t("fine-tuned model", "The base trained further on one task's pairs (a fine-tune); its weights "
-                        "are θ0 + τ.", "notation", "fine-tune", "fine-tuned", "finetuned", "the fine-tuned model"),
+                        "are θ0 + τ.", "notation", "fine-tune", "fine-tuned", "finetuned", "the fine-tuned model",
+                        "fine-tuning"),
         "merge": _t("merge", "A model built from the base and several fine-tunes by a merge method, without "
                     "training; saved under merges/ in the workspace.", "", "merged model", "merges", "merged"),
         "parent": _t("parent", "A fine-tune a merge was built from.", "retention", "parents"),
@@ -169,7 +170,7 @@ SECTIONS: dict[str, dict[str, Term]] = {
                           "has one per line.", "hma", "tuple"),
         "depth": _t("depth", "How far into the network: 0 = the embeddings, then one step per layer.", "", "role"),
         "tensor": _t("tensor", "One weight matrix (or vector) of a model; most statistics are per tensor.", "",
-                     "tensors", "entries"),
+                     "tensors", "entries", "matrix", "matrices", "weight matrix"),
     },
     "Fine-tuning": {
         "adamw": _t("AdamW", "The standard optimizer: every weight moves at every step.", "", "adamw"),
@@ -180,9 +181,33 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "sfa": _t("SFA", "Soup to go: during fine-tuning, every share p of the steps, average the weights with the "
                   "starting weights (β = weight of the start).", "sfa", "sfa", "SFA averaging", "p"),
         "l2": _t("L2-to-init", "Fine-tune with a penalty (λ/2)·‖θ − θ0‖² that pulls every weight back towards its "
-                 "starting value, harder the further it moved.", "l2-to-init", "l2"),
-        "l1": _t("L1-to-init", "Fine-tune with a penalty λ·‖θ − θ0‖₁: the same pull λ on every moved weight, however "
-                 "far it moved.", "l1-to-init", "l1"),
+                 "starting value (in a task sequence: the base's), harder the further it moved.", "l2-to-init", "l2",
+                 "l2-init", "L2 to the base"),
+        "l1": _t("L1-to-init", "Fine-tune with a penalty λ·‖θ − θ0‖₁: the same pull λ on every weight that moved from "
+                 "its start (in a task sequence: the base), however far it moved.", "l1-to-init", "l1", "l1-init",
+                 "L1 to the base"),
+        "proximal": _t("proximal GD", "Proximal gradient descent: each stage of a task sequence trains with an L2 "
+                       "penalty (λ/2)·‖θ − θprev‖² towards the previous stage's weights θprev, so it moves little "
+                       "from where it started.", "sequence-methods", "proximal", "proximal gradient descent"),
+        "ewc": _t("EWC", "Elastic weight consolidation: after each task of a sequence, every later stage pulls each "
+                  "weight back towards its value then, harder where the task's Fisher information says it matters.",
+                  "ewc", "ewc", "elastic weight consolidation"),
+        "fisher_information": _t("Fisher information", "How much a task's answers depend on each weight: the mean "
+                                 "squared gradient of their loss, per weight, over the task's train pairs (EWC's "
+                                 "diagonal, empirical Fisher).", "ewc", "Fisher-weighted",
+                                 "diagonal Fisher", "Fisher samples"),
+        "hft": _t("HFT", "Half Fine-Tuning: each stage freezes a new random half of every layer's attention and MLP "
+                  "matrices and trains the rest, so the frozen half keeps what the model knew.", "hft", "hft",
+                  "half fine-tuning", "HFT frozen share"),
+        "frozen": _t("frozen", "A frozen weight is left out of training: it keeps its value through the run (no "
+                     "gradient, no optimizer state).", "hft", "freeze", "freezes", "frozen share"),
+        "replay": _t("data replay", "Each stage of a task sequence mixes some of the earlier tasks' training pairs "
+                     "(replay share × the stage's own pairs) into its own, with the same number of steps.",
+                     "sequence-methods", "replay", "replay share", "replayed"),
+        "combination": _t("MoFO + replay, MoFO + EWC", "MoFO combined with data replay or with EWC in every stage "
+                          "(MoFO's \"orthogonal combination\"): the fixes act on different things, so they can "
+                          "add up.", "sequence-methods", "mofo+replay", "mofo+ewc", "MoFO with data replay",
+                          "MoFO with EWC"),
         "comparison": _t("comparison", "The Fine-tune page's default: one task, the same steps and seed, trained with "
                          "AdamW, MoFO, SFA, L2- and L1-to-init side by side.", "", "compare"),
         "optimizer": _t("optimizer", "The rule that turns gradients into weight updates (AdamW, MoFO, SGD).", "",
@@ -220,6 +245,38 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "series": _t("series", "One line of a chart: a method, a score or a run, over the swept setting.", "sweeps"),
         "setting": _t("setting", "The value a sweep varies along its x axis (α, ratio, density, β, keep); settings: "
                       "all the values of a point.", "sweeps", "settings", "x"),
+    },
+    "Task sequences": {
+        "task_sequence": _t("task sequence", "Several tasks fine-tuned one after another in a given order, each "
+                            "stage starting from the previous stage's weights; every task is scored after every "
+                            "stage.", "sequence-methods", "sequence of tasks", "task sequences"),
+        "order": _t("order", "The tasks of a sequence in the order they are trained: the first one first, from the "
+                    "base.", "sequence-methods", "training order", "order of tasks"),
+        "stage": _t("stage", "One step of a task sequence: fine-tuning on the next task of the order, from the "
+                    "previous stage's weights, then scoring every task. Stage 0 is the base.", "sequence-methods",
+                    "stages", "after training on", "previous stage"),
+        "chain": _t("chain", "One method's run through the whole order, stage after stage; a merge chain instead "
+                    "merges the pool's fine-tunes of the first t tasks, for t = 1…T.", "sequence-methods", "chains",
+                    "merge chain", "merge chains", "fine-tuning chain"),
+        "naive_sequential": _t("naive sequential fine-tuning", "Plain AdamW through the order, with nothing against "
+                               "forgetting: each stage just fine-tunes the previous stage's model on the next task. "
+                               "The baseline.", "sequence-methods", "sequential fine-tuning"),
+        "score_matrix": _t("score matrix R", "R[i, j]: task j's score (exact match or answer loss) after stage i; a "
+                           "row per stage (row 0: the base), a column per task. The heatmaps draw it.",
+                           "sequence-metrics", "R", "R[i, j]", "matrix.csv", "score matrix"),
+        "op": _t("OP", "Overall performance (TRACE): the mean score over all tasks after the last stage.",
+                 "sequence-metrics", "op", "overall performance"),
+        "bwt": _t("BWT", "Backward transfer: how much the earlier tasks changed from just after their own stage to "
+                  "the end, averaged (exact match: negative = forgotten). TRACE divides by T tasks, GEM by T − 1.",
+                  "sequence-metrics", "backward transfer", "bwt_trace", "bwt_gem", "TRACE", "GEM"),
+        "fwt": _t("FWT", "Forward transfer: how much the earlier stages changed a task's score before its own stage, "
+                  "against the base's score (mean over tasks 2…T).", "sequence-metrics", "forward transfer", "fwt"),
+        "task_forgetting": _t("per-task forgetting", "A task's largest drop by the end of a sequence: its best score "
+                              "after an earlier stage minus its score after the last (none for the last task).",
+                              "sequence-metrics", "forgetting per task", "forgetting of a task"),
+        "retained_gain": _t("retained gain", "Of what a task's own stage gained over the base, the share still there "
+                            "after the last stage: 100 % = all kept, 0 = back to the base's score.",
+                            "sequence-metrics", "share of the gain left", "retained"),
     },
     "Linearity": {
         "nls": _t("NLS", "Non-linearity score: how far a submodule's output strays from a straight line as its weights "
@@ -285,6 +342,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "finetune": ("adamw", "mofo", "sfa", "l2", "l1", "distance"),
     "merge": ("task_arithmetic", "ties", "dare", "pcb", "wise_ft", "hma", "fapm"),
     "linearity": ("nls", "d_alpha", "residual", "distance"),
+    "sequence": ("adamw", "mofo", "sfa", "l2", "l1", "proximal", "ewc", "hft", "replay", "lora", "combination"),
 }
 
 # the docs/methods.md anchor of an analysis whose name is not one (sweep-* analyses: "sweeps")
