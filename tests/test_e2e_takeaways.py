@@ -164,6 +164,19 @@ def expect_merges(home: Path, text: str) -> list[str]:
     return [f"keeps the most: {100 * share:.0f} %", f"for {lost:+.3f} nats"]
 
 
+def expect_sequence(run: Path) -> list[str]:
+    """Each chain's share of the first task's exact-match gain left after the last stage, from R in the saved run."""
+    saved = results(run)
+    first = saved["order"][0]
+    base = saved["base"]["exact_match"][first]
+    said = []
+    for chain in saved["chains"]:
+        own, last = chain["stages"][0]["exact_match"][first], chain["stages"][-1]["exact_match"][first]
+        gain = own - base
+        said.append(f"{chain['method']} {(last - base) / gain:.0%}" if gain > 0 else f"{chain['method']} (no gain)")
+    return said
+
+
 # page title → (main button, takeaway key, saved kind, expected texts)
 ACTIONS = {
     "Models": ("Evaluate", "models_takeaway", "scorecards", expect_scorecards),
@@ -175,7 +188,11 @@ ACTIONS = {
     "Features": ("Map features", "features_takeaway", "features", expect_features),
     "Merge": ("Merge and compare", "merge_takeaway", None, None),
     "Fine-tune": ("Fine-tune", "finetune_takeaway", "finetune", expect_finetune),
+    "Sequence": ("Run the sequence", "sequence_takeaway", "sequence", expect_sequence),
 }
+# the charts a page's default action must draw (their titles' beginnings)
+CHARTS = {"Sequence": ("Every task's exact match", "Each task over the stages",
+                       "Overall performance against backward transfer", "General held-out loss after each stage")}
 
 
 def opening(page) -> str:
@@ -225,5 +242,8 @@ def test_every_page_asks_in_plain_words_and_its_default_action_ends_with_its_tak
             said = expect_merges(home, text) if kind is None else expect(new_run(home, before, kind))
             missing = [s for s in said if s not in text]
             assert not missing, f"{spec.title}: the takeaway {text!r} lacks {missing}"
+            titles = " | ".join(page.locator('[data-testid="stMain"] .gtitle').all_inner_texts())
+            lacking = [c for c in CHARTS.get(spec.title, ()) if c not in titles]
+            assert not lacking, f"{spec.title} does not draw {lacking}; its charts: {titles}"
             report.append(f"{spec.title}: {time.monotonic() - t0:.1f} s · {text}")
     print("\n".join(report))
