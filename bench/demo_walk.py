@@ -25,8 +25,8 @@ from tests.e2e.harness import (chromium, click_nav, exceptions, goto, screenshot
                                wait_idle, wait_jobs)
 
 
-PAGES = ("Models", "Task vectors", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune", "Runs",
-         "Glossary")
+PAGES = ("Models", "Task vectors", "Linearity", "Forgetting", "Attribution", "Text", "Features", "Merge", "Fine-tune",
+         "Sequence", "Runs", "Glossary")
 
 
 def main() -> None:

@@ -18,7 +18,6 @@ import time
 from forgetlab.core.pool import ModelPool
 from forgetlab.core.scorecards import DEFAULT_BUDGET
 from forgetlab.core.workspace import home
-from forgetlab.train.defaults import finetune_defaults
 from forgetlab.train.runs import default_record_every, finetune
 from forgetlab.train.sequence import (DEFAULT_COMPARE, SEQUENCE_METHODS, ChainOptions, Strengths, run_sequence,
                                       stage_budgets, stage_config)
@@ -39,6 +38,7 @@ def main() -> None:
     ap.add_argument("pool", nargs="?", default=None, help="pool.yaml (default: the workspace's pico demo zoo)")
     ap.add_argument("--order", default="math,code,translate")
     ap.add_argument("--methods", default=",".join(DEFAULT_COMPARE))
+    ap.add_argument("--lr", type=float, default=None, help="every stage's peak learning rate (default: the zoo's)")
     ap.add_argument("--skip-peer", action="store_true")
     args = ap.parse_args()
     pool = ModelPool.from_yaml(args.pool or home() / "zoo" / "pico" / "pool.yaml")
@@ -46,7 +46,8 @@ def main() -> None:
     claims = stored_claims(pool.source)
     budget = claims.settings if claims is not None else {"max_general": DEFAULT_BUDGET.max_general,
                                                          "max_task": DEFAULT_BUDGET.max_task}
-    options = ChainOptions(budgets=stage_budgets(pool, order), lora_budgets=stage_budgets(pool, order, lora=True),
+    options = ChainOptions(budgets=stage_budgets(pool, order, lr=args.lr),
+                           lora_budgets=stage_budgets(pool, order, lora=True),
                            max_general=budget["max_general"], max_task=budget["max_task"])
     wall, cpu, result = timed(lambda: run_sequence(pool, order, methods, options=options))
     print(f"sequence: {len(methods)} methods × {len(order)} stages on {pool.name}: {wall:.1f} s wall, {cpu:.1f} s CPU")
@@ -57,7 +58,7 @@ def main() -> None:
     peer_wall = peer_cpu = 0.0
     for m in methods:
         for t in order:
-            recipe = finetune_defaults(pool, t, lora=SEQUENCE_METHODS[m].lora)
+            recipe = (options.lora_budgets if SEQUENCE_METHODS[m].lora else options.budgets)[t]
             config = stage_config(SEQUENCE_METHODS[m], Strengths(), recipe, 0)
             w, c, _ = timed(lambda: finetune(pool, t, config, eval_every=default_record_every(config.steps),
                                              max_general=PAGE_GENERAL, max_task=PAGE_PAIRS))

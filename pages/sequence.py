@@ -33,9 +33,9 @@ pool = start_page(MENU, "What does each new task erase of the ones learned befor
                   needs="tasks", purpose="a task sequence")
 
 DEFAULT_ORDER = ("math", "code", "translate")   # a pool's first tasks in this order when it is no zoo with its own
-# The default comparison (7 methods × 3 stages) on the pico demo zoo, pressed through the page on 2 CPU cores
-# (docs/zoo.md, "Task sequences").
-DEFAULT_SECONDS = ""
+# The default comparison (7 methods × 3 stages) on the pico demo zoo at lr 1e-3, 2 CPU cores, nothing else running
+# (bench/sequence_cost.py, 6 Dec 2026: 143 s wall; 21 single fine-tunes as the Fine-tune page runs them took 174 s).
+DEFAULT_SECONDS = "143 s"
 
 
 def widget(name: str, key: str, **kw):
@@ -86,7 +86,7 @@ with left:
         st.caption(f"{len(settings.methods)} fine-tuning chain(s) × {len(order)} stages "
                    f"({', '.join(f'{t}: {s} steps' for t, s in steps.items())})"
                    f"{f' and {len(merges)} merge chain(s)' if merges else ''}; {n_chains * len(order) + 1} scorings."
-                   + (f" The default comparison took {DEFAULT_SECONDS} on the pico demo zoo with 2 CPU cores."
+                   + (f" The default comparison took {DEFAULT_SECONDS} on the pico demo zoo with 2 idle CPU cores."
                       if DEFAULT_SECONDS else ""))
     budget_caption()
     start = panel.controls(pool, settings, disabled=len(order) < 2 or not (methods or merges))

@@ -272,3 +272,23 @@ def test_worker_label_and_the_tables_worker_column():
     assert list(saved.columns) == ["x", "worker_host", "worker_pid", "y"]             # the input is untouched
     plain = pd.DataFrame({"x": [1]})
     assert worker_column(plain) is plain
+
+
+def test_sequence_chains_run_side_by_side_on_ray_with_the_local_numbers(ray_cpus2, pool):
+    """Each chain of a task sequence is one point: on Ray the chains come back in order, from worker processes, with
+    the local run's scores."""
+    from forgetlab.train.defaults import FinetuneDefaults
+    from forgetlab.train.sequence import ChainOptions, run_sequence
+
+    budget = FinetuneDefaults(steps=3, batch_size=4, lr=5e-3, warmup=0)
+    options = ChainOptions(budgets={"math": budget, "copy": budget}, max_train=6, max_general=2, max_task=4)
+    local = run_sequence(pool, ["math", "copy"], ["adamw", "sfa"], options=options)
+    remote = run_sequence(pool, ["math", "copy"], ["adamw", "sfa"], options=options,
+                          executor=RayExecutor(workers=2))
+    assert remote.methods == ["adamw", "sfa"] and remote.recipe["executor"]["name"] == "ray"
+    assert all(c.worker["pid"] != os.getpid() for c in remote.chains)
+    for a, b in zip(local.chains, remote.chains):
+        for s, t in zip(a.stages, b.stages):
+            assert t.exact_match == s.exact_match
+            assert t.answer_loss == pytest.approx(s.answer_loss, abs=1e-6)
+            assert t.general_loss == pytest.approx(s.general_loss, abs=1e-6)

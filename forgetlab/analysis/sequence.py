@@ -126,9 +126,13 @@ def compute(pool, settings: SequenceSettings, progress: Progress = None, executo
     """Every chain of the settings (`forgetlab.train.sequence.run_sequence`); a progress that can `publish` (the
     app's jobs) gets the result so far as each chain lands."""
     publish = getattr(progress, "publish", None)
+
+    def on_chain(partial: SequenceResult) -> None:      # a new object per landing: the page draws each one once
+        publish(replace(partial, chains=list(partial.chains), recipe=dict(partial.recipe)))
+
     return run_sequence(pool, list(settings.order), settings.methods, merges=list(settings.merge or ()),
                         strengths=strengths_of(settings), options=options_of(settings, pool), executor=executor,
-                        progress=progress, on_chain=publish)
+                        progress=progress, on_chain=on_chain if publish else None)
 
 
 def estimate(pool, settings: SequenceSettings) -> MemoryEstimate:

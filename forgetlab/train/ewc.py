@@ -14,6 +14,7 @@ A θ² − 2Bθ + C in float32 when θ is near μ.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Mapping, Sequence
 
 import torch
@@ -105,7 +106,10 @@ def _add_squares_vmap(model, named, batch, fisher) -> None:
         out = functional_call(model, w, (ids.unsqueeze(0),), {"use_cache": False})
         return causal_lm_loss(out.logits, labels.unsqueeze(0))
 
-    grads = vmap(grad(loss), in_dims=(None, 0, 0))(weights, batch["input_ids"], batch["labels"])
+    with warnings.catch_warnings():     # torch.func falls back to a loop for CPU attention and says so, each call
+        warnings.filterwarnings("ignore", message="There is a performance drop because we have not yet implemented "
+                                                  "the batching rule")
+        grads = vmap(grad(loss), in_dims=(None, 0, 0))(weights, batch["input_ids"], batch["labels"])
     for name, g in grads.items():
         fisher[name].add_(g.float().pow(2).sum(0))
 
