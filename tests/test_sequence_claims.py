@@ -104,3 +104,22 @@ def test_a_built_zoo_hands_its_sequence_to_the_page_and_the_cli(pico_zoo):
     spec = get_spec("pico", "tiny")
     assert stage_budgets(pool, ["math"])["math"].steps == spec.finetune_for("math").steps
     assert zoo_stage_budgets(spec, ["math"])["math"].steps == spec.finetune_for("math").steps
+
+
+def test_the_zoos_sequence_settings_are_the_page_and_cli_defaults_on_it(tmp_path):
+    """The budgets the build measures its claims with (from the preset) are the ones the Sequence page and
+    `forgetlab sequence` read back from the built zoo's manifest; given values win; LoRA keeps its own recipe."""
+    import json
+    from types import SimpleNamespace
+
+    spec = get_spec("pico", "default")
+    (tmp_path / "manifest.json").write_text(json.dumps({"settings": spec.to_dict()}))
+    pool = SimpleNamespace(source=str(tmp_path / "pool.yaml"))
+    zoo = sequence_defaults(pool)
+    assert zoo.order == ("math", "code", "translate") and zoo.methods == DEFAULT_COMPARE and zoo.lr == 1e-3
+    order = list(zoo.order)
+    assert stage_budgets(pool, order) == {t: replace(b, source=stage_budgets(pool, order)[t].source)
+                                          for t, b in zoo_stage_budgets(spec, order, spec.claims.sequence).items()}
+    assert {b.lr for b in stage_budgets(pool, order).values()} == {1e-3}
+    assert {b.lr for b in stage_budgets(pool, order, lr=5e-4).values()} == {5e-4}
+    assert {b.lr for b in stage_budgets(pool, order, lora=True).values()} == {spec.lora.train.lr}

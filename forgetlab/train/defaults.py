@@ -36,6 +36,20 @@ FALLBACK = FinetuneDefaults(steps=100, batch_size=8, lr=1e-3, warmup=0)
 """The recipe of a pool that records none (a user's own pool): forgetlab's long-standing CLI defaults."""
 
 
+def _manifest(pool) -> tuple[Optional[Path], Optional[dict]]:
+    """The zoo manifest beside the pool file: (its path, its content), or (None, None) when there is no pool file,
+    no manifest or none readable as a JSON object."""
+    source = getattr(pool, "source", None)
+    path = Path(source).parent / MANIFEST if source else None
+    if path is None or not path.is_file():
+        return None, None
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, None
+    return (path, manifest) if isinstance(manifest, dict) else (None, None)
+
+
 def _recorded(manifest: dict, task: Optional[str], lora: bool) -> Optional[dict[str, Any]]:
     """The run the manifest's settings record for `task`'s full fine-tune (or its LoRA adapter), or None."""
     settings = manifest.get("settings")
@@ -58,18 +72,14 @@ def finetune_defaults(pool=None, task: Optional[str] = None, *, lora: bool = Fal
     """How the pool's own fine-tunes of `task` were trained (steps, batch size, lr, warm-up), read from the zoo
     manifest beside the pool file (`lora`: its LoRA adapters' run); `FALLBACK` for a pool without a readable
     record (no pool file, no manifest, or one without those numbers)."""
-    source = getattr(pool, "source", None)
-    path = Path(source).parent / MANIFEST if source else None
-    if path is None or not path.is_file():
+    path, manifest = _manifest(pool)
+    run = _recorded(manifest, task, lora) if manifest is not None else None
+    if run is None:
         return FALLBACK
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        run = _recorded(manifest, task, lora) if isinstance(manifest, dict) else None
-        if run is None:
-            return FALLBACK
         found = FinetuneDefaults(steps=int(run["steps"]), batch_size=int(run["batch_size"]), lr=float(run["lr"]),
                                  warmup=int(run.get("warmup") or 0), source=str(path))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return FALLBACK
     sane = (found.steps >= 1 and found.batch_size >= 1 and 0 < found.lr < math.inf
             and 0 <= found.warmup <= found.steps)
@@ -91,12 +101,10 @@ class SequenceDefaults:
 def sequence_defaults(pool=None) -> Optional[SequenceDefaults]:
     """The zoo's task sequence (`SequenceDefaults`) read from the manifest beside the pool file; None for a pool
     without one (a user's own pool, a zoo that measures no sequence claims)."""
-    source = getattr(pool, "source", None)
-    path = Path(source).parent / MANIFEST if source else None
-    if path is None or not path.is_file():
+    _, manifest = _manifest(pool)
+    if manifest is None:
         return None
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
         seq = ((manifest.get("settings") or {}).get("claims") or {}).get("sequence")
         if not isinstance(seq, dict):
             return None
