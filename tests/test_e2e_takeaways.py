@@ -165,16 +165,24 @@ def expect_merges(home: Path, text: str) -> list[str]:
 
 
 def expect_sequence(run: Path) -> list[str]:
-    """Each chain's share of the first task's exact-match gain left after the last stage, from R in the saved run."""
+    """Each chain's share of the first task's gain left after the last stage, from R in the saved run: in exact
+    match, or in answer loss when no chain gained any exact match in its first stage."""
     saved = results(run)
     first = saved["order"][0]
-    base = saved["base"]["exact_match"][first]
-    said = []
-    for chain in saved["chains"]:
-        own, last = chain["stages"][0]["exact_match"][first], chain["stages"][-1]["exact_match"][first]
-        gain = own - base
-        said.append(f"{chain['method']} {(last - base) / gain:.0%}" if gain > 0 else f"{chain['method']} (no gain)")
-    return said
+
+    def shares(score: str, sign: float) -> dict[str, float | None]:
+        base = saved["base"][score][first]
+        out = {}
+        for chain in saved["chains"]:
+            own, last = chain["stages"][0][score][first], chain["stages"][-1][score][first]
+            gain = sign * (own - base)
+            out[chain["method"]] = sign * (last - base) / gain if gain > 0 else None
+        return out
+
+    kept = shares("exact_match", 1.0)
+    if all(v is None for v in kept.values()):
+        kept = shares("answer_loss", -1.0)
+    return [f"{m} {v:.0%}" if v is not None else f"{m} (no gain)" for m, v in kept.items()]
 
 
 # page title → (main button, takeaway key, saved kind, expected texts)
@@ -242,7 +250,7 @@ def test_every_page_asks_in_plain_words_and_its_default_action_ends_with_its_tak
             said = expect_merges(home, text) if kind is None else expect(new_run(home, before, kind))
             missing = [s for s in said if s not in text]
             assert not missing, f"{spec.title}: the takeaway {text!r} lacks {missing}"
-            titles = " | ".join(page.locator('[data-testid="stMain"] .gtitle').all_inner_texts())
+            titles = " | ".join(page.locator('[data-testid="stMain"] .gtitle').all_text_contents())
             lacking = [c for c in CHARTS.get(spec.title, ()) if c not in titles]
             assert not lacking, f"{spec.title} does not draw {lacking}; its charts: {titles}"
             report.append(f"{spec.title}: {time.monotonic() - t0:.1f} s · {text}")

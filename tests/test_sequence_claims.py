@@ -123,3 +123,18 @@ def test_the_zoos_sequence_settings_are_the_page_and_cli_defaults_on_it(tmp_path
     assert {b.lr for b in stage_budgets(pool, order).values()} == {1e-3}
     assert {b.lr for b in stage_budgets(pool, order, lr=5e-4).values()} == {5e-4}
     assert {b.lr for b in stage_budgets(pool, order, lora=True).values()} == {spec.lora.train.lr}
+
+
+def test_the_takeaway_says_what_the_first_task_kept_in_exact_match_or_else_in_answer_loss():
+    from forgetlab.analysis.sequence import takeaway
+
+    lines = takeaway(result(GOOD))
+    assert lines[0].startswith("Share of the first task's (math) exact-match gain left after the last stage: adamw 25%;")
+    assert "mofo+replay ends with the highest overall exact match (OP 0.80)" in lines[1]
+    # no chain ever answers exactly: the answer loss (1 − exact match here) tells the story instead
+    flat = result({m: [[0.0, 0.0], [0.0, 0.0]] for m in GOOD})
+    for c in flat.chains:
+        c.stages[0].answer_loss["math"], c.stages[1].answer_loss["math"] = 0.6, 0.9     # gained 0.4, kept 0.1
+    lines = takeaway(flat)
+    assert lines[0].startswith("Share of the first task's (math) answer-loss gain left after the last stage: adamw 25%")
+    assert "ends with the lowest mean answer loss" in lines[1]

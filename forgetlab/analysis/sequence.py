@@ -173,27 +173,35 @@ def cli_report(result: SequenceResult) -> list:
 
 
 def takeaway(result: SequenceResult) -> list[str]:
-    """The sequence in one or two sentences: how much of the first task's exact-match gain survives to the end per
-    chain, and which chain keeps most (highest OP) and forgets least (highest TRACE BWT)."""
+    """The sequence in one or two sentences: how much of the first task's gain survives to the end per chain, and
+    which chain keeps most (best OP) and forgets least (best TRACE BWT). In exact match, or — when no chain's first
+    stage gained any exact match (a model too small to answer exactly) — in answer loss."""
     if not result.chains:
         return []
     first = result.order[0]
+    score = "exact_match"
+    kept = {m: result.retained_gain(m, score=score) for m in result.methods}
+    if not any(v == v for v in kept.values()):
+        score = "answer_loss"
+        kept = {m: result.retained_gain(m, score=score) for m in result.methods}
+    word = "exact-match" if score == "exact_match" else "answer-loss"
     summary = result.summary_frame()
-    em = summary[summary.score == "exact_match"].set_index("method")
-    kept = {m: result.retained_gain(m) for m in result.methods}
+    rows = summary[summary.score == score].set_index("method")
     each = "; ".join(f"{m} {kept[m]:.0%}" if kept[m] == kept[m] else f"{m} (no gain)" for m in result.methods)
-    lines = [f"Share of the first task's ({first}) exact-match gain left after the last stage: {each}."]
+    lines = [f"Share of the first task's ({first}) {word} gain left after the last stage: {each}."]
+    higher = score == "exact_match"
     if len(result.chains) > 1:
-        best_op = em["op"].idxmax()
-        best_bwt = em["bwt_trace"].idxmax()
-        lines.append(f"{best_op} ends with the highest overall exact match (OP {em.loc[best_op, 'op']:.2f}); "
-                     f"{best_bwt} loses least of the earlier tasks (BWT {em.loc[best_bwt, 'bwt_trace']:+.2f}).")
+        best_op = rows["op"].idxmax() if higher else rows["op"].idxmin()
+        best_bwt = rows["bwt_trace"].idxmax() if higher else rows["bwt_trace"].idxmin()
+        what = "the highest overall exact match" if higher else "the lowest mean answer loss"
+        lines.append(f"{best_op} ends with {what} (OP {rows.loc[best_op, 'op']:.{2 if higher else 3}f}); "
+                     f"{best_bwt} loses least of the earlier tasks (BWT {rows.loc[best_bwt, 'bwt_trace']:+.3f}).")
     else:
         m = result.methods[0]
-        lines.append(f"OP {em.loc[m, 'op']:.2f}, BWT {em.loc[m, 'bwt_trace']:+.2f} (exact match; a negative BWT is "
-                     "what later tasks erased).")
+        sign = "negative" if higher else "positive"
+        lines.append(f"OP {rows.loc[m, 'op']:.3f}, BWT {rows.loc[m, 'bwt_trace']:+.3f} ({word.replace('-', ' ')}; a "
+                     f"{sign} BWT is what later tasks erased).")
     return lines
-
 
 ANALYSIS = ANALYSES.add("sequence", Analysis(
     "sequence", "task sequence", SequenceSettings, compute, SequenceResult,
