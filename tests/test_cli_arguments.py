@@ -302,6 +302,42 @@ EXPECTED = {
     },
 }
 
+# Issue 44: the task sequence, an analysis whose --out is a folder (matrix.csv and summary.csv)
+EXPECTED["sequence"] = {
+    'pool': ((), None, True, None, None, None, None),
+    'order': (('--order',), None, True, 'names', None, None, 'TASK[,TASK…]'),
+    'method': (('--method',), 'adamw', False, 'word', ('adamw', 'mofo', 'sfa', 'l2-init', 'l1-init', 'proximal',
+                                                       'ewc', 'hft', 'replay', 'lora', 'mofo+replay', 'mofo+ewc'),
+               None, None),
+    'compare': (('--compare',), None, False, 'names', None, None, 'M[,M…]'),
+    'merge': (('--merge',), None, False, 'names', None, None, 'METHOD[,…]'),
+    'steps': (('--steps',), None, False, 'count', None, None, None),
+    'lr': (('--lr',), None, False, 'finite', None, None, None),
+    'batch_size': (('--batch-size',), None, False, 'count', None, None, None),
+    'warmup': (('--warmup',), None, False, 'number', None, None, None),
+    'seed': (('--seed',), 0, False, 'seed', None, None, None),
+    'fraction': (('--fraction',), 0.2, False, 'finite', None, None, None),
+    'sfa_p': (('--sfa-p',), 0.25, False, 'finite', None, None, None),
+    'sfa_beta': (('--sfa-beta',), 0.25, False, 'finite', None, None, None),
+    'l2': (('--l2',), 1.0, False, 'finite', None, None, None),
+    'l1': (('--l1',), 0.001, False, 'finite', None, None, None),
+    'proximal': (('--proximal',), 1.0, False, 'finite', None, None, None),
+    'ewc': (('--ewc',), 1000.0, False, 'finite', None, None, None),
+    'fisher_samples': (('--fisher-samples',), 256, False, 'count', None, None, None),
+    'replay': (('--replay',), 0.25, False, 'finite', None, None, None),
+    'hft': (('--hft',), 0.5, False, 'finite', None, None, None),
+    'lora': (('--lora',), 8, False, 'rank', None, None, 'R'),
+    'max_general': (('--max-general',), None, False, 'count', None, None, None),
+    'max_task': (('--max-task',), None, False, 'count', None, None, None),
+    'max_train': (('--max-train',), None, False, 'count', None, None, None),
+    'device': (('--device',), None, False, '_device', None, None, None),
+    'dtype': (('--dtype',), None, False, 'word', ('float32', 'bfloat16', 'float16'), None, None),
+    'out_folder': (('--out',), None, False, None, None, None, 'DIR'),
+    'no_save': (('--no-save',), False, False, None, None, 0, None),
+    'dry_run': (('--dry-run',), False, False, None, None, 0, None),
+    'overwrite': (('--overwrite',), False, False, None, None, 0, None),
+}
+
 # Issue 28 (5 Dec): a dtype on every job (default None: bfloat16 on cuda, float32 on cpu, so the sweeps' default
 # changed from "float32"), --dry-run, and the LoRA / checkpointing options of finetune.
 _DTYPE = (("--dtype",), None, False, None, ("float32", "bfloat16", "float16"), None, None)
@@ -327,7 +363,7 @@ POSITIONALS = {
     "slwm-weights": ["pool"], "merge": ["recipe", "out_dir"], "merge-export": ["recipe"], "pcb-search": ["recipe"],
     "inspect": ["ref"], "taskvec": ["pool"], "eval": ["pool"], "search": ["recipe"], "sweep alpha": ["pool"],
     "sweep pruning": ["pool"], "sweep density": ["pool"], "sweep hma": ["pool"],
-    "sweep lines": ["pool"], "sweep rank": ["pool"], "sweep iso": ["pool"], "textdiff": ["pool"],
+    "sweep lines": ["pool"], "sweep rank": ["pool"], "sweep iso": ["pool"], "textdiff": ["pool"], "sequence": ["pool"],
 }
 SUBCOMMANDS = {"": ("command", False), "sweep": ("kind", True), "zoo": ("zoo_command", False)}
 FUNCS = {
@@ -356,7 +392,7 @@ HELPS = {
 # Commands whose --device default (None) ends on the CPU (ModelPool.load), and those where it means cuda when
 # available (load_model / check_device).
 CPU_DEFAULT = {"features", "linearity", "slwm-weights", "eval", "textdiff", "pcb-search"}
-CUDA_DEFAULT = {"attribution", "finetune", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma",
+CUDA_DEFAULT = {"attribution", "finetune", "sequence", "search", "sweep alpha", "sweep pruning", "sweep density", "sweep hma",
                 "sweep lines", "sweep rank", "sweep iso"}
 
 
@@ -421,7 +457,7 @@ def _same_row(expected, got) -> bool:
 # (the whole analysis runs on a Ray worker) and --dry-run, and their function is `run_analysis`.
 GENERATED = {"linearity", "attribution", "textdiff", "features", "search", "pcb-search", "slwm-weights",
              "sweep alpha", "sweep pruning", "sweep density", "sweep hma", "sweep lines", "sweep rank", "sweep iso",
-             "finetune", "taskvec"}
+             "finetune", "taskvec", "sequence"}
 EXECUTOR_FLAGS = {k: SWEEP_COMMON[k] for k in ("executor", "ray_address", "workers", "gpus_per_worker")}
 for _path in GENERATED:
     EXPECTED[_path].update(EXECUTOR_FLAGS)

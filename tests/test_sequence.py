@@ -185,3 +185,20 @@ def test_a_task_without_a_train_split_is_refused(no_train_pool, tmp_path, monkey
     err = capsys.readouterr().err
     assert "'copy' has no train split" in err and "train:" in err
     assert list_runs(kind="sequence") == []
+
+
+def test_an_out_folder_holding_the_files_is_refused_before_any_work_unless_overwrite(tiny_llama, tmp_path, monkeypatch,
+                                                                                        capsys):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    out = tmp_path / "seq"
+    out.mkdir()
+    (out / "summary.csv").write_text("mine\n")
+    argv = ["sequence", str(tiny_llama.pool_yaml), "--order", "math,copy", "--steps", "1", "--max-train", "2",
+            "--max-task", "2", "--max-general", "1", "--no-save", "--out", str(out)]
+    assert main(argv) == 2
+    assert "summary.csv exists already" in capsys.readouterr().err and (out / "summary.csv").read_text() == "mine\n"
+    (tmp_path / "file").write_text("x")
+    assert main([*argv[:-1], str(tmp_path / "file")]) == 2
+    assert "is a file; --out names a folder" in capsys.readouterr().err
+    assert main([*argv, "--overwrite"]) == 0
+    assert list(pd.read_csv(out / "summary.csv").columns)[:2] == ["method", "score"]

@@ -62,9 +62,9 @@ class Output:
 
     @property
     def dest(self) -> str:
-        """The parsed arguments' attribute that holds its path (`out_dir` for a folder named by `--out`)."""
+        """The parsed arguments' attribute that holds its path (`out_folder` for a folder named by `--out`)."""
         name = self.flag.lstrip("-").replace("-", "_")
-        return f"{name}_dir" if self.folder else name
+        return f"{name}_folder" if self.folder else name
 
     def beside_paths(self, path: str | Path) -> list[tuple[Path, Callable[[Any], pd.DataFrame]]]:
         """The files written next to `path` and their tables: `beside` holds (ending, table) pairs, and the file

@@ -79,8 +79,8 @@ class SequenceSettings:
     lora: int = setting(STRENGTHS.lora, help="LoRA's rank (the lora method: one adapter per stage, merged before "
                                              "the next)", range=(1, None), cli_type="rank", metavar="R",
                         label="LoRA rank r")
-    max_general: Optional[int] = count_field(None, "at most this many general-text blocks at each scoring")
-    max_task: Optional[int] = count_field(None, "at most this many eval pairs per task at each scoring")
+    max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
+    max_task: Optional[int] = count_field(None, "at most this many eval pairs per task")
     max_train: Optional[int] = count_field(None, "at most this many training pairs per task")
     device: Optional[str] = device_field(default_cuda=True)
     dtype: Optional[str] = dtype_field("the weights, gradients and optimizer state")

@@ -27,7 +27,7 @@ EVAL_BATCH_HELP = "evaluation batch size"
 # Dests of the options that name an output file: checked before the command runs (cli._check_output_files).
 OUTPUT_FILES = ("out", "curves", "distances", "save_recipe")
 # Dests of the options that name an output folder (`--out DIR` of an analysis whose output is several files).
-OUTPUT_FOLDERS = ("out_dir",)
+OUTPUT_FOLDERS = ("out_folder",)
 
 INT64_MAX = 2**63 - 1          # the largest whole number torch and numpy take as an index, size or count
 NUMPY_SEED_MAX = 2**32 - 1     # numpy's legacy seeding, used by scikit-learn, openTSNE and cma
@@ -147,9 +147,9 @@ def add_out(p, help: str, *, flag: str = "--out", metavar: str | None = None) ->
 
 
 def add_out_folder(p, help: str, *, flag: str = "--out", metavar: str = "DIR") -> None:
-    """An output folder option (`--out DIR`, dest `out_dir`): checked before any work like an output file
+    """An output folder option (`--out DIR`, dest `out_folder`): checked before any work like an output file
     (cli._check_output_files), and the parser gets `--overwrite` to replace the files it holds."""
-    dest = flag.lstrip("-").replace("-", "_") + "_dir"
+    dest = flag.lstrip("-").replace("-", "_") + "_folder"
     if dest not in OUTPUT_FOLDERS:
         raise ValueError(f"{flag} is not among the output folders that forgetlab.cli checks: {OUTPUT_FOLDERS}")
     p.add_argument(flag, dest=dest, help=help, metavar=metavar)
