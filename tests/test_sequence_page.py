@@ -31,3 +31,5 @@ def test_sequence_page_wants_two_tasks(tiny_llama, tmp_path, monkeypatch):
     at.multiselect(key="sequence_order").set_value(["copy"]).run()
     assert at.button(key="sequence_run").disabled
     assert any("at least two tasks" in c.value for c in at.caption)
+    at.multiselect(key="sequence_order").set_value([]).run()       # nothing picked: still a page, not a traceback
+    assert not at.exception and at.button(key="sequence_run").disabled

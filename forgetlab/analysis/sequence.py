@@ -138,7 +138,11 @@ def compute(pool, settings: SequenceSettings, progress: Progress = None, executo
 def estimate(pool, settings: SequenceSettings) -> MemoryEstimate:
     """The peak of the largest stage — a fine-tune of the base with that stage's recipe (a process runs its chains
     one at a time) — plus the previous stage's weights (kept for D to the previous stage) and, for EWC, its
-    accumulated Fisher terms A and B (two float32 copies of the weights)."""
+    accumulated Fisher terms A and B (two float32 copies of the weights). ParameterError for settings it cannot
+    estimate (no task picked, an unknown method): the run's own checks say what to change."""
+    if not settings.order:
+        raise ParameterError("Pick the tasks of the sequence, in training order.")
+    check_methods(settings.methods)
     options = options_of(settings, pool)
     strengths = strengths_of(settings)
     configs = [stage_config(SEQUENCE_METHODS[m], strengths, options.budgets[t], settings.seed)
