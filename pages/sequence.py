@@ -18,7 +18,7 @@ from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
 
-MENU = ("Sequence", ":material/timeline:", 85)    # its entry in the app's menu (forgetlab.ui.navigation)
+MENU = ("Sequence", ":material/format_list_numbered:", 85)    # its entry in the app's menu (forgetlab.ui.navigation)
 
 pool = start_page(MENU, "What does each new task erase of the ones learned before? Fine-tune the model on several "
                         "tasks one after another, score every task after every stage, and compare the ways of "

@@ -35,7 +35,7 @@ def heatmaps(result: SequenceResult, score: str = "exact_match", methods: Sequen
     cols = min(4, max(1, len(methods)))
     rows = math.ceil(len(methods) / cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=methods, horizontal_spacing=0.06,
-                        vertical_spacing=0.12 if rows > 1 else 0.0, shared_yaxes=True)
+                        vertical_spacing=min(0.3, 0.5 / rows) if rows > 1 else 0.0, shared_yaxes=True)
     values = [result.matrix(m, score) for m in methods]
     lo = min(float(v.min()) for v in values)
     hi = max(float(v.max()) for v in values)
@@ -48,8 +48,9 @@ def heatmaps(result: SequenceResult, score: str = "exact_match", methods: Sequen
                                  colorbar=dict(title=MEASURES.get(score, (score,))[0])),
                       row=k // cols + 1, col=k % cols + 1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_layout(title=f"Every task's {score_label(score)} after each stage (rows: {STAGE_AXIS})",
-                      height=260 * rows + 80, margin=dict(t=90))
+    fig.update_xaxes(tickangle=0)           # task names level: rotated, they ran into the next row's titles
+    fig.update_layout(title=f"Every task's {score_label(score)}, stage by stage",
+                      height=300 * rows + 80, margin=dict(t=90))
     return fig
 
 
