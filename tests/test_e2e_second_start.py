@@ -28,7 +28,7 @@ pytest.importorskip("playwright.sync_api")
 
 JOB_TIMEOUT = 300.0
 # every page whose main button starts a job (Runs and Glossary start none)
-JOB_PAGES = ("models", "linearity", "forgetting", "attribution", "text", "features", "merge", "finetune")
+JOB_PAGES = ("models", "linearity", "forgetting", "attribution", "text", "features", "merge", "finetune", "sequence")
 
 
 @pytest.fixture(scope="module")
