@@ -48,7 +48,8 @@ def heatmaps(result: SequenceResult, score: str = "exact_match", methods: Sequen
                                  colorbar=dict(title=MEASURES.get(score, (score,))[0])),
                       row=k // cols + 1, col=k % cols + 1)
     fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(tickangle=0)           # task names level: rotated, they ran into the next row's titles
+    # slanted task names (level ones overlap in narrow panels), with room below them for the next row's titles
+    fig.update_xaxes(tickangle=-45)
     fig.update_layout(title=f"Every task's {score_label(score)}, stage by stage",
                       height=300 * rows + 80, margin=dict(t=90))
     return fig
