@@ -20,9 +20,9 @@ def _model(seed: int = 0):
     return LlamaForCausalLM(cfg)
 
 
-def _examples(n: int = 24):
-    """prompt "1 a 2" → answer "a+10 a+20" (labels only on the answer)."""
-    g = torch.Generator().manual_seed(0)
+def _examples(n: int = 24, seed: int = 0):
+    """prompt "1 a 2" → answer "a+10 a+20" (labels only on the answer), all of length 5."""
+    g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         a = int(torch.randint(3, 10, (1,), generator=g))

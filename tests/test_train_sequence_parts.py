@@ -13,6 +13,7 @@ from forgetlab.train.ewc import EwcPenalty, diagonal_fisher
 from forgetlab.train.hft import block_matrices, hft_frozen
 from forgetlab.train.results import FinetuneConfig
 from forgetlab.train.trainer import causal_lm_loss, train
+from tests.test_train import _examples, _weights
 
 
 def _model(seed: int = 0, layers: int = 2, dropout: float = 0.0):
@@ -23,20 +24,6 @@ def _model(seed: int = 0, layers: int = 2, dropout: float = 0.0):
                       num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
                       attention_dropout=dropout)
     return LlamaForCausalLM(cfg)
-
-
-def _examples(n: int = 24, seed: int = 0):
-    """prompt "1 a 2" → answer "a+10 a+20" (labels only on the answer), all of length 5."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        a = int(torch.randint(3, 10, (1,), generator=g))
-        out.append(EncodedExample([1, a, 2, a + 10, a + 20], [-100, -100, -100, a + 10, a + 20]))
-    return out
-
-
-def _weights(model):
-    return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def _same(wa, wb) -> bool:
