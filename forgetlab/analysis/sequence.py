@@ -101,7 +101,8 @@ def strengths_of(settings: SequenceSettings) -> Strengths:
 
 def options_of(settings: SequenceSettings, pool) -> ChainOptions:
     """Every chain's shared options: each task's budget from the pool's own fine-tune recipe (its LoRA adapters'
-    recipe for the lora method) with the given steps, lr, batch size and warm-up in their place."""
+    recipe for the lora method), with a zoo's own sequence steps and lr over it where its manifest records them
+    (`stage_budgets`), and the given steps, lr, batch size and warm-up over both."""
     given = dict(steps=settings.steps, lr=settings.lr, batch_size=settings.batch_size, warmup=settings.warmup)
     order = list(settings.order or ())
     return ChainOptions(budgets=stage_budgets(pool, order, **given),
