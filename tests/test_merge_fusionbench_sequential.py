@@ -16,21 +16,14 @@ fusion-bench's state dict; and where the merged task vector is still zero, forge
 fusion-bench zeroes its diagonal in an arbitrary basis."""
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
 
 from forgetlab.merge import merge_state_dicts
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("FUSIONBENCH_VENV", ROOT / ".venv-fusionbench"))
-PY = VENV / "bin" / "python"
-
-pytestmark = pytest.mark.skipif(
-    not PY.exists(), reason=f"fusion-bench venv missing at {VENV}: create it with `bash tools/fusionbench_env.sh`")
+from tests.test_merge_fusionbench_parity import PY, _env, pytestmark  # noqa: F401 - the one venv and its skip
 
 SCRIPT = r'''
 import copy, os, sys, types
@@ -97,12 +90,6 @@ for _i in range(2):
                    f"model.layers.{_i}.input_layernorm.bias": (16,)})
 T = 3
 ALPHAS = (0.5, 0.9)
-
-
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
 
 
 def _dyadic(shape, gen, scale: int) -> torch.Tensor:
