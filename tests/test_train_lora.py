@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from forgetlab.core.taskvectors import checkpoint_distance
+from forgetlab.core.taskvectors import checkpoint_distance, moved_share
 from forgetlab.core.memory import estimate
 from forgetlab.core.pool import ModelPool
 from forgetlab.train.runs import FinetuneConfig, compare, finetune, save_finetuned, standard_configs
@@ -43,6 +43,11 @@ def test_lora_trains_only_the_adapter_and_saves_a_pool_adapter(tiny_llama, tmp_p
     w0 = again.checkpoint("base").read("model.layers.0.self_attn.q_proj.weight")
     torch.testing.assert_close(w - w0, delta, rtol=1e-4, atol=1e-6)
     assert run.train.history[-1]["distance"] == pytest.approx(checkpoint_distance(again, "lora-math"), rel=1e-4)
+    # and the moved share recorded from ΔW is the saved adapter's, merged (a few entries at the 2e-6 edge aside)
+    names = again.checkpoint("base").names()
+    merged = {n: again.checkpoint("lora-math").read(n) for n in names}
+    assert 0 < run.moved == pytest.approx(moved_share(merged, {n: again.checkpoint("base").read(n) for n in names}),
+                                          abs=1e-3)
 
 
 def test_lora_of_another_model_is_saved_merged(tiny_llama, tmp_path):
@@ -71,6 +76,7 @@ def test_streamed_distance_matches_a_copy_of_the_start(pool):
     base = {n: p.detach() for n, p in pool.load("base", device="cpu").named_parameters()}
     assert run.train.history[-1]["distance"] == pytest.approx(distance(dict(model.named_parameters()), base),
                                                               rel=1e-6)
+    assert run.train.history[-1]["moved"] == moved_share(dict(model.named_parameters()), base) > 0.5
 
 
 def test_bfloat16_run_tracks_the_float32_run(pool):

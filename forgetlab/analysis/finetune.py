@@ -30,7 +30,8 @@ from forgetlab.train.defaults import FALLBACK, finetune_defaults
 from forgetlab.train.results import FinetuneComparison, FinetuneConfig, single_run_comparison
 from forgetlab.train.runs import (L1_DEFAULT, SFA_BETA, SFA_BETA_COMPARE, check_save_as, check_start, compare,
                                   config_label, finetune, save_finetuned, standard_configs)
-from forgetlab.train.trainer import OPTIMIZERS, SCHEDULES
+from forgetlab.train.mofo import FILTERS
+from forgetlab.train.trainer import OPTIMIZERS, PARTITIONS, SCHEDULES, check_optimizer
 
 SFA_P_DEFAULT, L2_DEFAULT = 0.25, 1.0
 """The comparison's SFA p and L2-to-init λ when none is given (L1's: `forgetlab.train.runs.L1_DEFAULT`)."""
@@ -46,8 +47,16 @@ class FinetuneSettings:
 
     task: Optional[str] = setting(None, help="the task to fine-tune on (its train split)", required=True)
     start: str = setting("base", help="the pool model to start from", label="start from")
-    optimizer: str = setting("adamw", help="the optimizer of a single run", choices=OPTIMIZERS)
+    optimizer: str = setting("adamw", help="the optimizer of a single run (lion, mofo-lion: Lion and MoFO on Lion, "
+                                           "docs/methods.md#lion)", choices=OPTIMIZERS)
     fraction: float = setting(0.2, help="MoFO update fraction", label="MoFO fraction")
+    filter: str = setting("momentum", help="which entries MoFO moves (mofo, mofo-lion; with --compare its MoFO run): "
+                                           "momentum (MoFO's own), gradient, mv (m/√v), gv (g/√v) or random (random "
+                                           "BCD); docs/methods.md#mofo-filters", choices=FILTERS, label="MoFO filter")
+    partition: str = setting("tensor", help="MoFO's partitions (mofo, mofo-lion; with --compare its MoFO run): tensor "
+                                            "(each weight tensor) or head (q, k, v and o of each attention head); "
+                                            "docs/methods.md#head-partitions", choices=PARTITIONS,
+                             label="MoFO partitions")
     steps: Optional[int] = count_field(None, "training steps of each run (one batch each)" + POOL_DEFAULT)
     batch_size: Optional[int] = count_field(None, "training batch size" + POOL_DEFAULT)
     lr: Optional[float] = setting(None, help="peak learning rate" + POOL_DEFAULT, label="learning rate",
@@ -75,6 +84,9 @@ class FinetuneSettings:
     max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
     max_task: Optional[int] = count_field(None, "at most this many eval pairs per task")
     max_train: Optional[int] = count_field(None, "at most this many training pairs")
+    max_length: int = setting(256, help="training sequence length: the tokens kept of each training pair (its answer "
+                                        "and the end of its prompt)", range=(2, None),
+                              label="training sequence length")
     device: Optional[str] = device_field(default_cuda=True)
     dtype: Optional[str] = dtype_field("the weights, gradients and optimizer state")
     gradient_checkpointing: bool = setting(False, help="recompute each layer's activations in the backward pass "
@@ -117,16 +129,18 @@ def configs_of(settings: FinetuneSettings, pool=None) -> list[FinetuneConfig]:
                 lora_targets=list(settings.lora_targets) if settings.lora_targets is not None else None)
     if settings.compare:
         return standard_configs(settings.steps, settings.lr, batch_size=settings.batch_size, seed=settings.seed,
-                                warmup=settings.warmup, fraction=settings.fraction,
+                                warmup=settings.warmup, fraction=settings.fraction, filter=settings.filter,
+                                partition=settings.partition,
                                 sfa_p=settings.sfa_p or SFA_P_DEFAULT,
                                 sfa_beta=SFA_BETA_COMPARE if settings.sfa_beta is None else settings.sfa_beta,
                                 l2=settings.l2 or L2_DEFAULT,
                                 l1=settings.l1 or L1_DEFAULT, **lora)
     label = config_label(settings.optimizer, fraction=settings.fraction, sfa_p=settings.sfa_p, l1=settings.l1,
-                         l2=settings.l2, lora=settings.lora)
+                         l2=settings.l2, lora=settings.lora, filter=settings.filter, partition=settings.partition)
     return [FinetuneConfig(label=label, optimizer=settings.optimizer, steps=settings.steps,
                            batch_size=settings.batch_size, lr=settings.lr, weight_decay=settings.weight_decay,
-                           fraction=settings.fraction, warmup=settings.warmup, schedule=settings.schedule,
+                           fraction=settings.fraction, filter=settings.filter, partition=settings.partition,
+                           warmup=settings.warmup, schedule=settings.schedule,
                            seed=settings.seed, sfa_p=settings.sfa_p,
                            sfa_beta=SFA_BETA if settings.sfa_beta is None else settings.sfa_beta, l1=settings.l1,
                            l2=settings.l2, **lora)]
@@ -141,6 +155,7 @@ def check_settings(settings: FinetuneSettings, pool=None) -> None:
                              "≥ 1, e.g. --lora 16), or leave them out for a full fine-tune.")
     if settings.compare and settings.save_as is not None:
         raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
+    check_optimizer("mofo" if settings.compare else settings.optimizer, settings.filter, settings.partition)
     check_measure(settings.measure)
     check_general_measure(settings.general_measure)
     if pool is not None:
@@ -163,7 +178,8 @@ def compute(pool, settings: FinetuneSettings, progress: Progress = None, executo
     measure, general = settings.measure, settings.general_measure
     benchmarks = measure_benchmarks(pool, [measure, general], settings.lm_eval_include, settings.limit)
     opts = dict(start=settings.start, eval_every=settings.eval_every, max_general=settings.max_general,
-                max_task=settings.max_task, max_train=settings.max_train, device=settings.device,
+                max_task=settings.max_task, max_train=settings.max_train, max_length=settings.max_length,
+                device=settings.device,
                 dtype=settings.dtype, gradient_checkpointing=settings.gradient_checkpointing, benchmarks=benchmarks,
                 eval_tasks=list(settings.eval_tasks) if settings.eval_tasks is not None else None)
     publish = getattr(progress, "publish", None)
@@ -197,7 +213,8 @@ def estimate(pool, settings: FinetuneSettings):
     """The peak of the largest run (`estimate_finetune`)."""
     return estimate_finetune(pool, settings.task, configs=configs_of(settings, pool), start=settings.start,
                              device=settings.device, dtype=settings.dtype,
-                             gradient_checkpointing=settings.gradient_checkpointing, max_train=settings.max_train)
+                             gradient_checkpointing=settings.gradient_checkpointing, max_train=settings.max_train,
+                             max_length=settings.max_length)
 
 
 def recipe(result: FinetuneComparison) -> dict:
@@ -230,7 +247,7 @@ def compare_figures(results: list, ids: list, measure: str = "exact_match") -> l
 
 TRAJECTORY_COLUMNS = ["label", "step", "general_loss", "exact_match", "answer_loss", "distance"]
 FINAL_COLUMNS = ["label", "optimizer", "steps", "speciality", "answer_loss", "general_loss", "forgetting",
-                 "distance", "pareto"]
+                 "distance", "moved", "pareto"]
 
 
 def cli_report(result: FinetuneComparison) -> list:

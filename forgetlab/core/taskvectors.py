@@ -5,6 +5,9 @@
 - The distance over the B tensors ("partitions") whose base norm is not 0:
   D(θ, θ0) = (1/B) Σk ‖θ(k) − θ0(k)‖ / ‖θ0(k)‖. A partition with ‖θ0(k)‖ = 0 has no relative change and is left
   out; where no partition counts, D is undefined and every function here gives NaN (`DistanceSum`).
+- The share of entries that moved (docs/methods.md#moved-share): #{|θ − θ0| > threshold} / #entries over the tensors
+  present in both, threshold 2e-6 by default (MoFO's Table 5); `moved_share`, and `weight_change` for D and the
+  share in one pass.
 - Their summaries: the norms of one task vector per tensor (`task_vector_norms`) and the cosines between several
   (`cosine_matrix`), both streamed one tensor at a time.
 """
@@ -63,16 +66,88 @@ class DistanceSum:
         return self.total / self.count if self.count else float("nan")
 
 
-def distance(theta: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-             theta0: Mapping[str, torch.Tensor]) -> float:
-    """D(θ, θ0) over the tensors present in both (NaN when no shared tensor has a non-zero base norm)."""
+MOVED_THRESHOLD = 2e-6
+"""The change |θ − θ0| above which an entry counts as moved: MoFO's Table 5 (docs/methods.md#moved-share)."""
+
+
+@dataclass
+class MovedCount:
+    """The share of entries that moved, accumulated tensor by tensor: `add(θ(k) − θ0(k))`, then `value`, the
+    entries with |θ − θ0| > `threshold` over all entries counted (NaN when none was)."""
+
+    threshold: float = MOVED_THRESHOLD
+    moved: int = 0
+    total: int = 0
+
+    def add(self, change: torch.Tensor, piece: int = 1 << 20) -> None:
+        """Count one tensor's entries, and those whose |change| exceeds the threshold (in pieces of `piece`
+        entries: no full-size temporary)."""
+        flat = change.detach().reshape(-1)
+        for start in range(0, flat.numel(), piece):
+            self.moved += int(torch.count_nonzero(flat[start:start + piece].abs() > self.threshold))
+        self.total += flat.numel()
+
+    def add_unmoved(self, entries: int) -> None:
+        """Count `entries` entries that did not change (a tensor known to be untouched, without forming its zero
+        change)."""
+        self.total += int(entries)
+
+    @property
+    def value(self) -> float:
+        """moved / total, NaN when no entry was counted."""
+        return self.moved / self.total if self.total else float("nan")
+
+
+@dataclass(frozen=True)
+class WeightChange:
+    """How far weights moved from θ0: D(θ, θ0) (`distance`) and the share of entries that moved (`moved`,
+    docs/methods.md#moved-share)."""
+
+    distance: float
+    moved: float
+
+    def record(self) -> dict[str, float]:
+        """{"distance": D, "moved": share}: the keys a training record holds them under."""
+        return {"distance": float(self.distance), "moved": float(self.moved)}
+
+
+def _shared(theta, theta0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(θ(k) − θ0(k), θ0(k)) in float32 for each tensor present in both, one at a time."""
     items = theta.items() if isinstance(theta, Mapping) else theta
-    acc = DistanceSum()
     for name, t in items:
         if name in theta0:
             w0 = theta0[name].detach().float()
-            acc.add(float((t.detach().float().to(w0.device) - w0).norm()), float(w0.norm()))
+            yield t.detach().float().to(w0.device) - w0, w0
+
+
+def distance(theta: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+             theta0: Mapping[str, torch.Tensor]) -> float:
+    """D(θ, θ0) over the tensors present in both (NaN when no shared tensor has a non-zero base norm)."""
+    acc = DistanceSum()
+    for diff, w0 in _shared(theta, theta0):
+        acc.add(float(diff.norm()), float(w0.norm()))
     return acc.value
+
+
+def weight_change(theta: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                  theta0: Mapping[str, torch.Tensor], threshold: float = MOVED_THRESHOLD) -> WeightChange:
+    """D(θ, θ0) and the share of entries with |θ − θ0| > `threshold`, over the tensors present in both, in one
+    pass (each NaN where undefined: no shared tensor with a non-zero base norm, no shared entry)."""
+    acc, moved = DistanceSum(), MovedCount(float(threshold))
+    for diff, w0 in _shared(theta, theta0):
+        acc.add(float(diff.norm()), float(w0.norm()))
+        moved.add(diff)
+    return WeightChange(acc.value, moved.value)
+
+
+def moved_share(theta: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+                theta0: Mapping[str, torch.Tensor], threshold: float = MOVED_THRESHOLD) -> float:
+    """The share of entries whose change |θ − θ0| exceeds `threshold` (default 2e-6, MoFO's Table 5), over every
+    entry of the tensors present in both (NaN when none is shared)."""
+    moved = MovedCount(float(threshold))
+    for diff, _ in _shared(theta, theta0):
+        moved.add(diff)
+    return moved.value
 
 
 def checkpoint_distance(pool, name: str) -> float:

@@ -20,7 +20,7 @@ from transformers.pytorch_utils import Conv1D
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.outputs import atomic_output_dir
 from forgetlab.core.poolsaves import save_into_pool
-from forgetlab.core.taskvectors import DistanceSum
+from forgetlab.core.taskvectors import DistanceSum, MovedCount, WeightChange
 
 ADAPTER = "default"
 
@@ -91,15 +91,17 @@ def _lora_layers(peft_model):
 
 
 class LoraDistance:
-    """D(θ, θ0) of a LoRA model's merged weights against the checkpoint it started from (module docstring):
-    the start's tensor norms are read once, streaming; each call forms each layer's ΔW = (α/R)·B·A. Every start
-    tensor counts in the mean (an adapted layer with its ΔW, any other with no change), as
-    `forgetlab.core.taskvectors.checkpoint_distance` counts the saved adapter."""
+    """D(θ, θ0) and the moved share (docs/methods.md#moved-share) of a LoRA model's merged weights against the
+    checkpoint it started from (module docstring): the start's tensor norms and sizes are read once, streaming;
+    each call forms each layer's ΔW = (α/R)·B·A. Every start tensor counts (an adapted layer with its ΔW, any
+    other with no change), as `forgetlab.core.taskvectors.checkpoint_distance` counts the saved adapter."""
 
     def __init__(self, peft_model, start_checkpoint):
         self.model = peft_model
         self.layers = dict(_lora_layers(peft_model))
-        norms = {name: float(t.norm()) for name, t in start_checkpoint.iter_tensors(dtype=torch.float32)}
+        norms, self.sizes = {}, {}
+        for name, t in start_checkpoint.iter_tensors(dtype=torch.float32):
+            norms[name], self.sizes[name] = float(t.norm()), t.numel()
         missing = [n for n in self.layers if n not in norms]
         if missing:
             raise ParameterError(f"The adapter's layer {missing[0]} has no tensor in the start model; "
@@ -107,13 +109,18 @@ class LoraDistance:
         self.norms = norms
 
     @torch.no_grad()
-    def __call__(self) -> float:
-        acc = DistanceSum()
+    def __call__(self) -> WeightChange:
+        acc, moved = DistanceSum(), MovedCount()
         for name, base_norm in self.norms.items():
             module = self.layers.get(name)
-            change = float(module.get_delta_weight(ADAPTER).float().norm()) if module is not None else 0.0
-            acc.add(change, base_norm)
-        return acc.value
+            if module is None:
+                acc.add(0.0, base_norm)
+                moved.add_unmoved(self.sizes[name])
+                continue
+            delta = module.get_delta_weight(ADAPTER).float()
+            acc.add(float(delta.norm()), base_norm)
+            moved.add(delta)
+        return WeightChange(acc.value, moved.value)
 
 
 def enable_checkpointing(model) -> None:

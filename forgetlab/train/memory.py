@@ -4,8 +4,9 @@ Peak of one training step, in bytes, with P the model's parameters, T the traine
 for LoRA), b the job dtype's bytes, B the batch, S the longest training sequence, H/I/V/L/A the hidden width,
 MLP width, vocabulary, layers and heads (docs/scaling.md):
 
-    weights P·b + gradients T·b + optimizer state 2·T·b (AdamW, MoFO; SGD none)
-    + θo T·b when SFA or L1/L2-to-init needs it + MoFO's per-tensor |m|, selection and mask: E·(b + 5)
+    weights P·b + gradients T·b + optimizer state 2·T·b (AdamW, MoFO; Lion, MoFO-Lion T·b; SGD none)
+    + θo T·b when SFA or L1/L2-to-init needs it + MoFO's (and MoFO-Lion's) per-tensor score, selection and
+    mask: E·(b + 5)
     + activations  L·B·S·(10·H + 4·I)·b + L·B·A·S²·2·b    (with checkpointing: L·B·S·H·b + one layer's)
     + logits B·S·V·(b + 12)  (the logits, their float32 copy, log-softmax and its gradient)
     or, when larger, the records' evaluation: 16·128·V·b + 2·128·V·4 (a batch of logits, one row in float32)
@@ -22,6 +23,7 @@ from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype
                                    register_estimator)
 from forgetlab.train.examples import training_examples
 from forgetlab.train.results import FinetuneConfig
+from forgetlab.train.trainer import MOFO_OPTIMIZERS
 
 
 def _lora_parameters(size: ModelSize, config) -> int:
@@ -58,9 +60,11 @@ def run_parts(size: ModelSize, config, *, dtype, seq: int, gradient_checkpointin
     parts = {"weights": size.bytes(dtype), "gradients": trained * b}
     if config.optimizer in ("adamw", "mofo"):
         parts["optimizer state"] = 2 * trained * b
+    elif config.optimizer in ("lion", "mofo-lion"):
+        parts["optimizer state"] = trained * b
     if config.sfa_p is not None or config.l1 or config.l2:
         parts["θo (start weights)"] = trained * b
-    if config.optimizer == "mofo" and not lora:
+    if config.optimizer in MOFO_OPTIMIZERS and not lora:
         largest = max(size.vocab * size.hidden, size.intermediate * size.hidden) or size.layer_parameters // 3
         parts["MoFO mask"] = largest * (b + 5)     # the largest tensor's |m|, its selection copy and the mask
     activations = (layers * batch * seq * h * b + per_layer) if gradient_checkpointing else layers * per_layer

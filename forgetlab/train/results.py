@@ -29,6 +29,8 @@ class FinetuneConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     fraction: float = 0.2
+    filter: str = "momentum"                     # MoFO's filter (docs/methods.md#mofo-filters)
+    partition: str = "tensor"                    # MoFO's partitions: "tensor" or "head" (#head-partitions)
     warmup: int = 0
     schedule: str = "cosine"
     seed: int = 0
@@ -128,9 +130,19 @@ class FinetuneRun:
     @property
     def distance(self) -> float:
         """Final D(θ, θ0) from the start model."""
+        return self.last_record("distance")
+
+    @property
+    def moved(self) -> float:
+        """Final share of entries that moved more than 2e-6 from the start model (docs/methods.md#moved-share);
+        NaN for a run that did not record it."""
+        return self.last_record("moved")
+
+    def last_record(self, key: str) -> float:
+        """The value of `key` in the run's last record that holds it (NaN when none does)."""
         for rec in reversed(self.train.history):
-            if "distance" in rec:
-                return float(rec["distance"])
+            if key in rec:
+                return float(rec[key])
         return float("nan")
 
     def trajectory(self) -> pd.DataFrame:
@@ -145,7 +157,7 @@ class FinetuneRun:
                "steps": self.train.completed_steps, "speciality": self.speciality,
                "answer_loss": self.final.tasks[self.task].answer_loss if self.final else float("nan"),
                "general_loss": self.general_loss, "forgetting": self.forgetting,
-               "distance": self.distance, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
+               "distance": self.distance, "moved": self.moved, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
                "seconds": self.train.seconds, "stopped": self.train.stopped, "executor": self.executor,
                "worker_host": self.worker.get("host"), "worker_pid": self.worker.get("pid")}
         for btask, metrics in (self.final.benchmarks if self.final else {}).items():

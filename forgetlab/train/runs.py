@@ -27,14 +27,14 @@ from forgetlab.core.memory import dtype_name, job_dtype, large_frees_to_os
 from forgetlab.core.outputs import absolute, check_name, check_output_dir
 from forgetlab.core.poolsaves import finish_interrupted_saves, save_into_pool
 from forgetlab.core.progress import Progress, prefixed, report, scaled
-from forgetlab.core.taskvectors import distance
+from forgetlab.core.taskvectors import WeightChange, weight_change
 from forgetlab.core.workspace import home
 from forgetlab.executors import PoolWorkerFactory, make_executor, worker_id
 from forgetlab.train.defaults import FALLBACK
 from forgetlab.train.examples import training_examples
 from forgetlab.train.lora import LoraDistance, add_adapter, enable_checkpointing, save_adapter, trainable_parameters
 from forgetlab.train.results import FinetuneComparison, FinetuneConfig, FinetuneRun, records_card
-from forgetlab.train.trainer import train
+from forgetlab.train.trainer import MOFO_OPTIMIZERS, train
 
 
 # L1-to-init strength of the comparison. Neither docs/methods.md nor the SFA rebuttal gives a value. The penalty's
@@ -53,12 +53,22 @@ SFA_BETA = 0.5
 SFA_BETA_COMPARE = 0.25
 
 
+FILTER_TAGS = {"momentum": "", "gradient": "-flt-g", "mv": "-flt-mv", "gv": "-flt-gv", "random": "-random"}
+"""How a run's label names MoFO's filter (docs/methods.md#mofo-filters): nothing for MoFO's own."""
+
+
 def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Optional[float] = None,
-                 l1: float = 0.0, l2: float = 0.0, lora: Optional[int] = 0) -> str:
-    """How a single fine-tune is named in tables and charts, from what it does: the optimizer ("mofo-0.2" with
-    its fraction), then each fix it adds ("+sfa-p0.25", "+l1-0.001", "+l2-1"), after "lora16-" for a LoRA run of
-    rank 16 — "lora16-mofo-0.2+l2-0.5". The comparison's runs are named by `standard_configs`."""
-    label = optimizer if optimizer != "mofo" else f"mofo-{fraction:g}"
+                 l1: float = 0.0, l2: float = 0.0, lora: Optional[int] = 0, filter: str = "momentum",
+                 partition: str = "tensor") -> str:
+    """How a single fine-tune is named in tables and charts, from what it does: the optimizer ("mofo-0.2",
+    "mofo-lion-0.2" with its fraction, then its filter other than MoFO's own — "-flt-g", "-flt-mv", "-flt-gv",
+    "-random" — and "-heads" for per-head partitions), then each fix it adds ("+sfa-p0.25", "+l1-0.001",
+    "+l2-1"), after "lora16-" for a LoRA run of rank 16 — "lora16-mofo-0.2+l2-0.5", "mofo-0.2-flt-g-heads". The
+    comparison's runs are named by `standard_configs`."""
+    label = optimizer
+    if optimizer in MOFO_OPTIMIZERS:
+        label = f"{optimizer}-{fraction:g}{FILTER_TAGS.get(filter, '-' + str(filter))}"
+        label += "-heads" if partition == "head" else ""
     if sfa_p:
         label += f"+sfa-p{sfa_p:g}"
     if l1:
@@ -71,11 +81,12 @@ def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Opti
 
 
 def standard_configs(steps: int = FALLBACK.steps, lr: float = FALLBACK.lr, *, batch_size: int = FALLBACK.batch_size,
-                     seed: int = 0, warmup: int = FALLBACK.warmup, fraction: float = 0.2, sfa_p: float = 0.25,
+                     seed: int = 0, warmup: int = FALLBACK.warmup, fraction: float = 0.2, filter: str = "momentum",
+                     partition: str = "tensor", sfa_p: float = 0.25,
                      sfa_beta: float = SFA_BETA_COMPARE, l2: float = 1.0, l1: float = L1_DEFAULT, lora: int = 0,
                      lora_alpha: Optional[float] = None,
                      lora_targets: Optional[Sequence[str]] = None) -> list[FinetuneConfig]:
-    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction), SFA (p, β: see SFA_BETA_COMPARE),
+    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction, filter, partition), SFA (p, β: see SFA_BETA_COMPARE),
     L2-to-init (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
     `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight. Steps, lr,
     batch and warm-up default to `forgetlab.train.defaults.FALLBACK` (a pool's own: `finetune_defaults`)."""
@@ -83,7 +94,8 @@ def standard_configs(steps: int = FALLBACK.steps, lr: float = FALLBACK.lr, *, ba
                   lora_alpha=lora_alpha, lora_targets=list(lora_targets) if lora_targets is not None else None)
     return [
         FinetuneConfig(label="adamw", optimizer="adamw", **common),
-        FinetuneConfig(label=f"mofo-{fraction:g}", optimizer="mofo", fraction=fraction, **common),
+        FinetuneConfig(label=config_label("mofo", fraction=fraction, filter=filter, partition=partition),
+                       optimizer="mofo", fraction=fraction, filter=filter, partition=partition, **common),
         FinetuneConfig(label=f"sfa-p{sfa_p:g}", optimizer="adamw", sfa_p=sfa_p, sfa_beta=sfa_beta, **common),
         FinetuneConfig(label=f"l2-{l2:g}", optimizer="adamw", l2=l2, **common),
         FinetuneConfig(label=f"l1-{l1:g}", optimizer="adamw", l1=l1, **common),
@@ -137,8 +149,8 @@ class CheckpointWeights(collections.abc.Mapping):
 
 
 class _StreamedDistance:
-    """D(θ, θ0) of a model's trainable weights against the checkpoint it was loaded from
-    (`forgetlab.core.taskvectors.distance`, θ0 streamed by `CheckpointWeights`)."""
+    """D(θ, θ0) and the moved share of a model's trainable weights against the checkpoint it was loaded from
+    (`forgetlab.core.taskvectors.weight_change`, θ0 streamed by `CheckpointWeights`)."""
 
     def __init__(self, model, checkpoint):
         names = set(checkpoint.names())
@@ -146,8 +158,8 @@ class _StreamedDistance:
         self.start = CheckpointWeights(checkpoint, {n: p.dtype for n, p in self.params})
 
     @torch.no_grad()
-    def __call__(self) -> float:
-        return distance(self.params, self.start)
+    def __call__(self) -> WeightChange:
+        return weight_change(self.params, self.start)
 
 
 def check_start(pool, start: str) -> None:
@@ -171,7 +183,9 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
     D(θ, θ0) from the starting weights. The pool's cached models are never modified. A NaN loss raises
     `TrainingError` after restoring the last good weights (see `trainer.train`). `on_record(step, record)`
     is called with each record as soon as it is made (for live charts). `benchmarks` (a BenchmarkSpec) also
-    runs those lm-eval tasks at every record (`TASK/METRIC` keys, usable as the measure).
+    runs those lm-eval tasks at every record (`TASK/METRIC` keys, usable as the measure). `max_length` (default 256)
+    is the training sequence length: a pair longer than that keeps its answer (and EOS) and the end of its prompt
+    (`forgetlab.core.data.encode_pairs`).
 
     `dtype` (default bfloat16 on CUDA, float32 on the CPU: `forgetlab.core.memory.job_dtype`) is the weights',
     gradients' and optimizer state's precision; the loss is reduced in float32. `gradient_checkpointing`
@@ -235,7 +249,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
 def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = "base",
             eval_every: Optional[int] = None, eval_tasks: Optional[Sequence[str]] = None,
             max_general: Optional[int] = None, max_task: Optional[int] = None, max_train: Optional[int] = None,
-            device: Optional[str] = None, dtype: Optional[str | torch.dtype] = None,
+            max_length: int = 256, device: Optional[str] = None, dtype: Optional[str | torch.dtype] = None,
             gradient_checkpointing: bool = False, on_run=None, progress: Progress = None,
             executor=None, benchmarks=None, measure: str = "exact_match",
             general_measure: str = "general_loss") -> FinetuneComparison:
@@ -244,7 +258,8 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     Configs should share `steps`, `batch_size` and `seed` for a fair comparison (same batches in the same
     order); `on_run(run, comparison)` is called after each run. Labels must be distinct. `executor` ("ray" or a
     `forgetlab.executors.Executor`) runs one fine-tune per worker; runs come back in the configs' order and
-    record the worker that trained them. `benchmarks` runs lm-eval tasks at every record (see `finetune`);
+    record the worker that trained them. `max_length` is each training pair's token budget (see `finetune`).
+    `benchmarks` runs lm-eval tasks at every record (see `finetune`);
     `measure` (exact_match, answer_loss or a `TASK/METRIC` of them) and `general_measure` (general_loss or a
     `TASK/METRIC` of them) decide the Pareto front.
     """
@@ -259,13 +274,14 @@ def compare(pool, task: str, configs: Sequence[FinetuneConfig], *, start: str = 
     checked_manager(benchmarks)               # an unknown task or a bad include folder fails before training
     comp = FinetuneComparison(task=task, start=start, recipe={
         "task": task, "start": start, "configs": [c.to_dict() for c in configs], "eval_every": eval_every,
-        "max_general": max_general, "max_task": max_task, "max_train": max_train, "measure": measure,
+        "max_general": max_general, "max_task": max_task, "max_train": max_train, "max_length": int(max_length),
+        "measure": measure,
         "general_measure": general_measure,
         "benchmarks": benchmarks.to_dict() if benchmarks is not None else None,
         "pool": str(pool.source) if getattr(pool, "source", None) else None})
     n = len(configs)
     kw = dict(start=start, eval_every=eval_every, eval_tasks=eval_tasks, max_general=max_general,
-              max_task=max_task, max_train=max_train, device=device, benchmarks=benchmarks,
+              max_task=max_task, max_train=max_train, max_length=int(max_length), device=device, benchmarks=benchmarks,
               dtype=dtype if dtype is None or isinstance(dtype, str) else str(dtype).removeprefix("torch."),
               gradient_checkpointing=gradient_checkpointing)
     comp.recipe.update(dtype=kw["dtype"], gradient_checkpointing=bool(gradient_checkpointing))

@@ -6,7 +6,8 @@
 - the causal-LM loss: mean cross-entropy of the token at position i+1 predicted from positions ≤ i, over the
   positions whose label is not −100;
 - batches shuffled by a `torch.Generator` seeded with `seed` (same seed, same batches, same weights);
-- AdamW or MoFO (`forgetlab.train.mofo.MoFO`, docs/methods.md#mofo), an optional linear warm-up followed by a
+- AdamW, MoFO (`forgetlab.train.mofo.MoFO`, docs/methods.md#mofo, with its filters and per-head partitions), Lion
+  or MoFO-Lion (`forgetlab.train.lion`, docs/methods.md#lion), or SGD; an optional linear warm-up followed by a
   cosine decay to 0 (or a constant rate), gradient clipping to norm 1.0;
 - the training-time fixes of docs/methods.md: SFA averaging θ ← (1 − β)·θ + β·θo every ⌈p·T⌉ steps and at the end,
   and the L1/L2-to-init penalties l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (θo = the weights at the start of the run, or
@@ -14,8 +15,8 @@
 - for a sequence of tasks: the EWC penalty of the finished tasks (`forgetlab.train.ewc`, docs/methods.md#ewc) and
   HFT, a random share of every layer's attention and MLP matrices frozen for the run (`forgetlab.train.hft`,
   docs/methods.md#hft);
-- a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of docs/methods.md and whatever
-  `eval_fn(model, step)` returns.
+- a record every `eval_every` steps (and at steps 0 and T): the distance D(θ, θo) of docs/methods.md, the share of
+  weights that moved more than 2e-6 (docs/methods.md#moved-share) and whatever `eval_fn(model, step)` returns.
 
 A non-finite loss or gradient stops the run with `forgetlab.core.errors.TrainingError` (its `.result` holds the
 run up to that point). With `rollback=True` the weights are first put back to the last ones that gave a finite
@@ -37,14 +38,20 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Protocol, Sequenc
 import pandas as pd
 import torch
 
-from forgetlab.core.taskvectors import distance
+from forgetlab.core.taskvectors import WeightChange, weight_change
 from forgetlab.core.data import collate
 from forgetlab.core.errors import ParameterError, TrainingError, check_fraction
 from forgetlab.core.progress import Progress, report
 from forgetlab.train.hft import freeze_, hft_frozen, unfreeze_
-from forgetlab.train.mofo import MoFO, unfiltered_parameters
+from forgetlab.train.lion import LION_BETAS, Lion
+from forgetlab.train.mofo import (ADAM_BETAS, FILTERS, MoFO, check_filter, head_partitions,
+                                  unfiltered_parameters)
 
-OPTIMIZERS = ("adamw", "mofo", "sgd")
+OPTIMIZERS = ("adamw", "mofo", "lion", "mofo-lion", "sgd")
+MOFO_OPTIMIZERS = ("mofo", "mofo-lion")
+"""The optimizers that take MoFO's options (fraction, filter, partition): MoFO on Adam and on Lion."""
+PARTITIONS = ("tensor", "head")
+"""MoFO's partitions: PyTorch's parameter tensors, or q, k, v and o per attention head (docs/methods.md#head-partitions)."""
 SCHEDULES = ("cosine", "constant")
 
 
@@ -62,7 +69,8 @@ class GradPenalty(Protocol):
 class TrainResult:
     """What a training run did: per-step losses and learning rates, periodic records, its settings.
 
-    `history` holds one dict per record (`step`, `distance` = D(θ, θo), plus the keys of `eval_fn`);
+    `history` holds one dict per record (`step`, `distance` = D(θ, θo), `moved` = the share of entries with
+    |θ − θo| > 2e-6 where it was measured, plus the keys of `eval_fn`);
     `averaged_at` lists the steps after which SFA averaged the weights; `stopped` is None for a run that
     finished, else the reason it stopped.
     """
@@ -203,28 +211,69 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
+def default_betas(optimizer: str) -> tuple[float, float]:
+    """The (β1, β2) an optimizer takes when none are given: Lion's (0.9, 0.99) for "lion" and "mofo-lion", Adam's
+    (0.9, 0.999) otherwise."""
+    return LION_BETAS if str(optimizer).lower() in ("lion", "mofo-lion") else ADAM_BETAS
+
+
+def check_optimizer(name: str, filter: str = "momentum", partition: str = "tensor") -> str:
+    """The optimizer's name in lower case, after refusing an unknown optimizer, filter or partition, a filter or
+    partition other than the defaults for an optimizer that is not MoFO's, and a filter that needs Adam's v with
+    MoFO-Lion."""
+    key = str(name).lower()
+    if key not in OPTIMIZERS:
+        raise ParameterError(f"Unknown optimizer {name!r}. Choose one of: {', '.join(OPTIMIZERS)}.")
+    if partition not in PARTITIONS:
+        raise ParameterError(f"Unknown partition {partition!r}. Choose one of: {', '.join(PARTITIONS)} "
+                             "(docs/methods.md#head-partitions).")
+    check_filter(filter, "lion" if key == "mofo-lion" else "adam")
+    if key not in MOFO_OPTIMIZERS and (filter != FILTERS[0] or partition != PARTITIONS[0]):
+        raise ParameterError(f"filter={filter!r} and partition={partition!r} are MoFO's options; optimizer {key!r} "
+                             f"updates every entry. Use optimizer {' or '.join(MOFO_OPTIMIZERS)}, or leave them at "
+                             f"{FILTERS[0]!r} and {PARTITIONS[0]!r}.")
+    return key
+
+
 def make_optimizer(
     model: torch.nn.Module,
     name: str,
     *,
     lr: float,
-    betas: tuple[float, float] = (0.9, 0.999),
+    betas: Optional[tuple[float, float]] = None,
     eps: float = 1e-8,
     weight_decay: float = 0.0,
     fraction: float = 0.2,
+    filter: str = "momentum",
+    partition: str = "tensor",
+    seed: int = 0,
 ) -> torch.optim.Optimizer:
-    """Build the optimizer `name` ("adamw", "mofo" or "sgd") over the model's trainable parameters."""
-    key = str(name).lower()
+    """Build the optimizer `name` over the model's trainable parameters: "adamw", "mofo" (MoFO with its `fraction`,
+    `filter` and `partition`, docs/methods.md#mofo-filters, #head-partitions; `seed` seeds random BCD's draws),
+    "lion", "mofo-lion" (MoFO's filter on Lion's update, docs/methods.md#lion) or "sgd". `betas` default to the
+    optimizer's own (`default_betas`)."""
+    key = check_optimizer(name, filter, partition)
+    betas = tuple(betas) if betas is not None else default_betas(key)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if key == "adamw":   # foreach=False: the multi-tensor path allocates a temporary the size of all the weights
         return torch.optim.AdamW([p for _, p in named], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                  foreach=False)
-    if key == "mofo":
+    if key == "lion":
+        return Lion([p for _, p in named], lr=lr, betas=betas, weight_decay=weight_decay)
+    if key in MOFO_OPTIMIZERS:
+        unfiltered = unfiltered_parameters(model) & {n for n, _ in named}
+        blocks = None
+        if partition == "head":
+            trained = {n for n, _ in named} - unfiltered
+            blocks = {n: b for n, b in head_partitions(model).items() if n in trained}
+            if not blocks:
+                raise ParameterError("partition='head' found no attention weight among the trained parameters to cut "
+                                     "per head (a LoRA adapter's A and B are not cut by heads); use partition "
+                                     "'tensor'.")
         return MoFO(named, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fraction=fraction,
-                    unfiltered=unfiltered_parameters(model) & {n for n, _ in named})
-    if key == "sgd":
-        return torch.optim.SGD([p for _, p in named], lr=lr, weight_decay=weight_decay)
-    raise ParameterError(f"Unknown optimizer {name!r}. Choose one of: {', '.join(OPTIMIZERS)}.")
+                    unfiltered=unfiltered, filter=filter, base="lion" if key == "mofo-lion" else "adam",
+                    partitions=blocks, seed=seed)
+    return torch.optim.SGD([p for _, p in named], lr=lr, weight_decay=weight_decay)
 
 
 def usable_examples(examples: Sequence[Any]) -> list[Any]:
@@ -261,9 +310,16 @@ class _Batches:
         return batch
 
 
-def _distance(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> float:
-    """D(θ, θo) (forgetlab.core.taskvectors.distance) of parameters and their anchors given as parallel lists."""
-    return distance(list(zip(names, params)), dict(zip(names, anchors)))
+def _change(names: Sequence[str], params: Sequence[torch.Tensor], anchors: Sequence[torch.Tensor]) -> WeightChange:
+    """D(θ, θo) and the moved share (forgetlab.core.taskvectors.weight_change) of parameters and their anchors
+    given as parallel lists."""
+    return weight_change(list(zip(names, params)), dict(zip(names, anchors)))
+
+
+def change_record(change: float | WeightChange) -> dict[str, float]:
+    """The record of a weight change: {"distance": D} for a number, {"distance": D, "moved": share} for a
+    `forgetlab.core.taskvectors.WeightChange`."""
+    return change.record() if isinstance(change, WeightChange) else {"distance": float(change)}
 
 
 def train(
@@ -276,7 +332,9 @@ def train(
     optimizer: str = "adamw",
     weight_decay: float = 0.0,
     fraction: float = 0.2,
-    betas: tuple[float, float] = (0.9, 0.999),
+    filter: str = "momentum",
+    partition: str = "tensor",
+    betas: Optional[tuple[float, float]] = None,
     eps: float = 1e-8,
     warmup: int = 0,
     schedule: str = "cosine",
@@ -293,7 +351,7 @@ def train(
     eval_every: Optional[int] = None,
     eval_fn: Optional[Callable[[torch.nn.Module, int], dict]] = None,
     record_distance: bool = True,
-    distance_fn: Optional[Callable[[], float]] = None,
+    distance_fn: Optional[Callable[[], float | WeightChange]] = None,
     rollback: bool = False,
     pad_id: int = 0,
     device: Optional[str | torch.device] = None,
@@ -303,11 +361,15 @@ def train(
 
     Loss: the causal-LM cross-entropy on positions whose label ≠ −100, plus the L1/L2-to-init penalties
     l1·‖θ − θo‖₁ + (l2/2)·‖θ − θo‖² (docs/methods.md#sfa baselines). Optimizer: "adamw", "mofo" (update fraction
-    `fraction`, docs/methods.md#mofo) or "sgd". Learning rate: `lr` times `lr_factor` (linear warm-up over
+    `fraction`, its `filter` and `partition`: docs/methods.md#mofo, #mofo-filters, #head-partitions), "lion",
+    "mofo-lion" (docs/methods.md#lion, #mofo-lion) or "sgd"; `betas` default to the optimizer's own (Adam's
+    (0.9, 0.999), Lion's (0.9, 0.99)); random BCD draws from a generator seeded with `seed`. Learning rate: `lr`
+    times `lr_factor` (linear warm-up over
     `warmup` steps, then cosine decay or constant). Gradients are clipped to norm `clip` (None: no clipping).
     SFA: with `sfa_p` set, θ ← (1 − β)·θ + β·θo after every ⌈p·T⌉-th step and after the last one
-    (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) — `distance_fn()` when
-    given (e.g. streamed from the checkpoint the run started from, or a LoRA adapter's merged update), else from
+    (β = `sfa_beta`). Records (at step 0, every `eval_every` steps, at the end): D(θ, θo) and the share of
+    entries with |θ − θo| > 2e-6 ("moved") — `distance_fn()` when given (e.g. streamed from the checkpoint the run
+    started from, or a LoRA adapter's merged update; a number records D alone, a `WeightChange` both), else from
     a copy of the starting weights — and `eval_fn(model, step)`, with the model in eval mode. `rollback`: on a
     non-finite loss, restore the last weights that gave a finite loss (keeps a full copy; see the module doc). Batches are drawn from a generator seeded with `seed`; dropout uses
     a forked RNG seeded likewise, so the same call gives the same weights.
@@ -331,6 +393,8 @@ def train(
     if schedule not in SCHEDULES:
         raise ParameterError(f"Unknown schedule {schedule!r}. Choose one of: {', '.join(SCHEDULES)}.")
     check_fraction("fraction", fraction)
+    optimizer = check_optimizer(optimizer, filter, partition)
+    betas = tuple(betas) if betas is not None else default_betas(optimizer)
     if sfa_p is not None:
         sfa_p = float(sfa_p)
         if not (0.0 < sfa_p <= 1.0):
@@ -380,8 +444,9 @@ def train(
                                      "parameter name.")
 
         settings = dict(
-            steps=steps, batch_size=int(batch_size), lr=float(lr), optimizer=str(optimizer).lower(),
-            weight_decay=float(weight_decay), fraction=float(fraction), betas=list(betas), eps=float(eps),
+            steps=steps, batch_size=int(batch_size), lr=float(lr), optimizer=optimizer,
+            weight_decay=float(weight_decay), fraction=float(fraction), filter=filter, partition=partition,
+            betas=list(betas), eps=float(eps),
             warmup=int(warmup), schedule=schedule, clip=clip, seed=int(seed), sfa_p=sfa_p,
             sfa_beta=float(sfa_beta), l1=float(l1), l2=float(l2), eval_every=eval_every,
             n_examples=len(examples), n_used=len(usable), penalty_anchor=penalty_anchor is not None,
@@ -389,8 +454,8 @@ def train(
             hft=hft, hft_seed=(seed if hft_seed is None else int(hft_seed)) if hft else None, hft_frozen=len(frozen),
         )
         result = TrainResult(steps=steps, settings=settings)
-        opt = make_optimizer(model, optimizer, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
-                             fraction=fraction)
+        opt = make_optimizer(model, optimizer, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                             fraction=fraction, filter=filter, partition=partition, seed=int(seed))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, steps, warmup, schedule))
 
         penalized = bool(l1) or bool(l2)
@@ -407,9 +472,9 @@ def train(
         def record(step: int) -> None:
             entry: dict[str, Any] = {"step": step}
             if record_distance:
-                entry["distance"] = (float(distance_fn()) if distance_fn is not None else   # HFT's frozen: unmoved
-                                     _distance(names + [n for n, _ in frozen], params + [p for _, p in frozen],
-                                               anchors + [p for _, p in frozen]))
+                entry.update(change_record(distance_fn() if distance_fn is not None else   # HFT's frozen: unmoved
+                                           _change(names + [n for n, _ in frozen], params + [p for _, p in frozen],
+                                                   anchors + [p for _, p in frozen])))
             if eval_fn is not None:
                 model.eval()
                 with torch.no_grad():
