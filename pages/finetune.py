@@ -9,7 +9,9 @@ from forgetlab.plots.finetune import final_scatter, loss_figure, trajectories_fi
 from forgetlab.train.defaults import finetune_defaults
 from forgetlab.train.lora import checkpoint_targets
 from forgetlab.train.results import FinetuneComparison
+from forgetlab.train.mofo import FILTERS, NEEDS_V
 from forgetlab.train.runs import L1_DEFAULT, SFA_BETA, SFA_BETA_COMPARE, default_record_every, save_finetuned
+from forgetlab.train.trainer import MOFO_OPTIMIZERS, PARTITIONS
 from forgetlab.ui.choices import index_of
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.executor import session_executor
@@ -119,10 +121,16 @@ with left:
     sfa_p_help = "SFA p: average every ⌈p·steps⌉ steps (1 = once, at the end: WiSE-FT with α = 1 − β)."
     l1_help = explain("l1") + "  \nλ: strength of the pull (0 = off)."
     l2_help = explain("l2") + "  \nλ: strength of the pull (0 = off)."
-    optimizer = "adamw"
+    optimizer, mofo = "adamw", dict(filter=FILTERS[0], partition=PARTITIONS[0])
     if mode == "one run":
-        optimizer = widget("optimizer", "optimizer", options=["adamw", "mofo"], radio=True,
-                           help=explain("adamw", "mofo"))
+        optimizer = widget("optimizer", "optimizer", options=["adamw", "mofo", "lion", "mofo-lion"], radio=True,
+                           help=explain("adamw", "mofo", "lion", "mofo_lion"))
+        if optimizer in MOFO_OPTIMIZERS:      # MoFO's ablations: which entries move, and within which groups
+            c1, c2 = st.columns(2)
+            mofo = dict(filter=widget("filter", "filter" if optimizer == "mofo" else "filter_lion", container=c1,
+                                      help=explain("mofo_filter"),
+                                      options=[f for f in FILTERS if optimizer == "mofo" or f not in NEEDS_V]),
+                        partition=widget("partition", "partition", container=c2, help=explain("head_partitions")))
         use_sfa = st.checkbox("SFA averaging", key="finetune_use_sfa", help=explain("sfa"))
         sfa_p = widget("sfa_p", "sfa_p", default=0.25, low=0.01, high=1.0, help=sfa_p_help) if use_sfa else None
         l1 = widget("l1", "l1", low=0.0, high=1e6, help=l1_help)
@@ -143,6 +151,7 @@ with left:
                          label="general blocks (max)")
     max_task = widget("max_task", "max_task", default=DEFAULT_PAIRS, high=4096, container=c3,
                       label="eval pairs (max)")
+    max_length = widget("max_length", "max_length", high=100_000, container=c4, help=explain("max_length"))
     budget_caption(note=f" · this page's in-training records use their own, smaller budget ({int(max_general)} "
                         f"blocks, {int(max_task)} pairs, above) to keep runs quick, so their general loss differs "
                         "from the other pages'")
@@ -155,7 +164,8 @@ with right:
     # quick limit of `sweep_measures`; records score the fine-tuned task only (the charts show no other)
     spec = measures.settings.get("benchmarks")
     settings = FinetuneSettings(
-        task=task, start=start, optimizer=optimizer, fraction=fraction, steps=steps, batch_size=batch, lr=lr,
+        task=task, start=start, optimizer=optimizer, fraction=fraction, **mofo, max_length=max_length, steps=steps,
+        batch_size=batch, lr=lr,
         warmup=recipe.warmup, seed=seed, sfa_p=sfa_p, sfa_beta=sfa_beta, l1=l1, l2=l2, compare=mode == "comparison",
         eval_every=eval_every, max_general=max_general, max_task=max_task, device=device, dtype=dtype_name(dtype),
         gradient_checkpointing=checkpointing, measure=measure, general_measure=general,

@@ -42,6 +42,34 @@ def test_finetune_page_one_run_and_save(tiny_llama, tmp_path, monkeypatch):
     assert "math-mofo" in ModelPool.from_yaml(root / "pool.yaml").model_names
 
 
+def test_finetune_page_runs_mofos_ablations_with_their_options(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path / "home"))
+    at = open_page("finetune", tiny_llama.root / "pool.yaml")
+    at.run()
+    at.radio(key="finetune_mode").set_value("one run").run()
+    assert "finetune_filter" not in at.session_state                 # AdamW: no MoFO options
+    at.radio(key="finetune_optimizer").set_value("mofo-lion").run()
+    assert at.selectbox(key="finetune_filter_lion").options == ["momentum", "gradient", "random"]   # no v in Lion
+    at.radio(key="finetune_optimizer").set_value("mofo").run()
+    assert at.selectbox(key="finetune_filter").options == ["momentum", "gradient", "mv", "gv", "random"]
+    at.selectbox(key="finetune_filter").set_value("gradient")
+    at.selectbox(key="finetune_partition").set_value("head")
+    assert at.number_input(key="finetune_max_length").value == 256
+    at.number_input(key="finetune_max_length").set_value(16)
+    at.number_input(key="finetune_steps").set_value(2)
+    at.number_input(key="finetune_eval_every").set_value(2)
+    at.number_input(key="finetune_max_general").set_value(1)
+    at.button(key="finetune_run").click().run()
+    finish_cleanly(at, "finetune")
+    table = at.dataframe[0].value
+    assert list(table["label"]) == ["mofo-0.2-flt-g-heads"] and 0 < table["moved"].item() < 1
+    from forgetlab.ui.jobs import REGISTRY
+
+    runs = [j.result[0].runs[0] for j in REGISTRY.jobs() if j.key.startswith("finetune") and j.status == "done"]
+    settings = next(r for r in runs if r.label == "mofo-0.2-flt-g-heads").train.settings
+    assert (settings["filter"], settings["partition"], settings["max_length"]) == ("gradient", "head", 16)
+
+
 def test_finetune_page_comparison(tiny_llama, tmp_path, monkeypatch):
     monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
     at = open_page("finetune", tiny_llama.pool_yaml)

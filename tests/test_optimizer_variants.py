@@ -196,12 +196,12 @@ def test_bad_partitions_and_options_are_refused():
 # ----------------------------------------------------------------------------------------------- filters by hand
 
 
-def _two_steps(filter: str, base: str = "adam"):
-    """Four entries, fraction ½ (k = 2): g1 = (4, 3, 0, 0), then g2 = (0, 0, 2, 1). The entries each step moved."""
+def _two_steps(filter: str, base: str = "adam", second: tuple = (0.0, 0.0, 2.0, 1.0)):
+    """Four entries, fraction ½ (k = 2): g1 = (4, 3, 0, 0), then g2 = `second`. The entries each step moved."""
     w = torch.nn.Parameter(torch.zeros(1, 4))
     opt = MoFO([("w", w)], lr=0.1, fraction=0.5, unfiltered=set(), filter=filter, base=base)
     moved = []
-    for grad in ([4.0, 3.0, 0.0, 0.0], [0.0, 0.0, 2.0, 1.0]):
+    for grad in ([4.0, 3.0, 0.0, 0.0], list(second)):
         before = w.detach().clone()
         w.grad = torch.tensor([grad])
         opt.step()
@@ -215,9 +215,10 @@ def test_which_entries_move_by_hand():
     assert _two_steps("gradient") == [{0, 1}, {2, 3}]
     # FLT(g/√v): g2/√v̂2 = (0, 0, 1.414, 1.414); FLT(m/√v): m̂2/√v̂2 = (0.670, 0.670, 0.744, 0.744)
     assert _two_steps("gv")[1] == _two_steps("mv")[1] == {2, 3}
-    # MoFO-Lion filters by |m_{t−1}|: |g1| at step 1 (m0 = 0), m1 = 0.01·g1 → entries 0, 1 at step 2
-    assert _two_steps("momentum", "lion") == [{0, 1}, {0, 1}]
-    assert _two_steps("gradient", "lion") == [{0, 1}, {2, 3}]
+    # MoFO-Lion filters by |m_{t−1}|: |g1| at step 1 (m0 = 0), m1 = 0.01·g1 → entries 0, 1 at step 2, although with
+    # g2 = (0, 0, 20, 10) the updated m2 = (.0396, .0297, .2, .1) would take 2 and 3
+    assert _two_steps("momentum", "lion", (0.0, 0.0, 20.0, 10.0)) == [{0, 1}, {0, 1}]
+    assert _two_steps("gradient", "lion", (0.0, 0.0, 20.0, 10.0)) == [{0, 1}, {2, 3}]
 
 
 def test_random_bcd_draws_a_fresh_seeded_subset_of_k_each_step():
@@ -317,5 +318,6 @@ def test_the_sequence_length_reaches_the_training_data(pool, monkeypatch):
     result = ANALYSIS.compute(pool, settings)
     assert seen == [6]
     run = result.runs[0]
+    assert run.train.settings["max_length"] == 6
     assert run.train.settings["optimizer"] == "lion" and run.train.settings["betas"] == [0.9, 0.99]
     assert 0.0 < run.moved <= 1.0 and "moved" in result.to_frame()

@@ -157,7 +157,8 @@ class FinetuneRun:
                "steps": self.train.completed_steps, "speciality": self.speciality,
                "answer_loss": self.final.tasks[self.task].answer_loss if self.final else float("nan"),
                "general_loss": self.general_loss, "forgetting": self.forgetting,
-               "distance": self.distance, "moved": self.moved, "final_train_loss": self.train.final_loss, "pareto": self.pareto,
+               "distance": self.distance, "moved": self.moved, "final_train_loss": self.train.final_loss,
+               "pareto": self.pareto,
                "seconds": self.train.seconds, "stopped": self.train.stopped, "executor": self.executor,
                "worker_host": self.worker.get("host"), "worker_pid": self.worker.get("pid")}
         for btask, metrics in (self.final.benchmarks if self.final else {}).items():

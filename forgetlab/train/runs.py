@@ -86,9 +86,9 @@ def standard_configs(steps: int = FALLBACK.steps, lr: float = FALLBACK.lr, *, ba
                      sfa_beta: float = SFA_BETA_COMPARE, l2: float = 1.0, l1: float = L1_DEFAULT, lora: int = 0,
                      lora_alpha: Optional[float] = None,
                      lora_targets: Optional[Sequence[str]] = None) -> list[FinetuneConfig]:
-    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction, filter, partition), SFA (p, β: see SFA_BETA_COMPARE),
-    L2-to-init (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`, see L1_DEFAULT); with
-    `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight. Steps, lr,
+    """The comparison of docs/methods.md on equal footing: AdamW, MoFO (fraction, filter, partition), SFA (p, β: see
+    SFA_BETA_COMPARE), L2-to-init (loss + (λ2/2)‖θ − θo‖², λ2 = `l2`) and L1-to-init (loss + λ1‖θ − θo‖₁, λ1 = `l1`,
+    see L1_DEFAULT); with `lora` > 0 each trains a LoRA adapter of that rank (forgetlab.train.lora) instead of every weight. Steps, lr,
     batch and warm-up default to `forgetlab.train.defaults.FALLBACK` (a pool's own: `finetune_defaults`)."""
     common = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, warmup=int(warmup), lora=int(lora),
                   lora_alpha=lora_alpha, lora_targets=list(lora_targets) if lora_targets is not None else None)
@@ -236,7 +236,7 @@ def finetune(pool, task: str, config: FinetuneConfig | None = None, *, start: st
             err.run = FinetuneRun(config, task, start, partial)  # type: ignore[attr-defined]
         raise
     result.settings.update(dtype=dtype_name(dt), device=str(device), gradient_checkpointing=bool(gradient_checkpointing),
-                           trainable_parameters=trainable_parameters(model))
+                           trainable_parameters=trainable_parameters(model), max_length=int(max_length))
     run = FinetuneRun(config=config, task=task, start=start, train=result,
                       final=records_card(result.history[-1]), start_card=records_card(result.history[0]))
     report(progress, 1.0, f"done · speciality {run.speciality:.3f} · general loss {run.general_loss:.3f}")

@@ -51,7 +51,8 @@ OPTIMIZERS = ("adamw", "mofo", "lion", "mofo-lion", "sgd")
 MOFO_OPTIMIZERS = ("mofo", "mofo-lion")
 """The optimizers that take MoFO's options (fraction, filter, partition): MoFO on Adam and on Lion."""
 PARTITIONS = ("tensor", "head")
-"""MoFO's partitions: PyTorch's parameter tensors, or q, k, v and o per attention head (docs/methods.md#head-partitions)."""
+"""MoFO's partitions: PyTorch's parameter tensors, or q, k, v and o per attention head
+(docs/methods.md#head-partitions)."""
 SCHEDULES = ("cosine", "constant")
 
 

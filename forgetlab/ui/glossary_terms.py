@@ -69,6 +69,9 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "distance": _t("D(θ, θ0)", "How far a model moved from its base: the size of each weight tensor's change "
                        "relative to that tensor (‖θ − θ0‖ / ‖θ0‖), averaged over tensors. 0.01 = weights moved 1 % "
                        "on average.", "distance", "distance", "distance from the base"),
+        "moved": _t("moved share", "The share of a model's weights that changed by more than 2e-6 since the start of "
+                    "the run (MoFO's count of the weights that really moved).", "moved-share", "moved",
+                    "share of weights moved"),
         "std": _t("std", "Standard deviation: how much a value varies over the samples (shown as mean ± std).", "",
                   "±", "standard deviation"),
     },
@@ -178,6 +181,21 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "mofo": _t("MoFO", "Momentum-filtered optimizer: at each step only the share `fraction` of each tensor's "
                    "entries with the largest momentum move, so the model stays closer to its start.", "mofo", "mofo",
                    "fraction"),
+        "mofo_filter": _t("MoFO filter", "Which weights MoFO moves, the same number each step: the largest momentum "
+                          "(MoFO's own), gradient (flt-g), Adam step m/√v (mv), g/√v (gv), or a new random choice "
+                          "(random BCD).", "mofo-filters", "filter", "flt-g", "flt-mv",
+                          "flt-gv", "momentum", "gradient", "mv", "gv", "random", "random BCD", "BCD",
+                          "block coordinate descent"),
+        "head_partitions": _t("MoFO partitions", "The groups MoFO picks its share of weights within: each weight "
+                              "tensor (tensor), or each attention head's own rows and columns of the attention "
+                              "weights (head; label -heads).", "head-partitions", "partition", "partitions",
+                              "per-head partitions"),
+        "lion": _t("Lion", "An optimizer that moves every weight by the same step size, in the direction of the "
+                   "sign of its momentum; it keeps one running average instead of AdamW's two.", "lion", "lion"),
+        "mofo_lion": _t("MoFO-Lion", "MoFO's filter on Lion: at each step only the share `fraction` of each tensor's "
+                        "weights with the largest momentum take Lion's step.", "mofo-lion", "mofo-lion"),
+        "max_length": _t("training sequence length", "How many tokens of each training pair a fine-tune keeps (its "
+                         "answer and the end of its prompt).", "", "max length", "sequence length"),
         "sfa": _t("SFA", "Soup to go: during fine-tuning, every share p of the steps, average the weights with the "
                   "starting weights (β = weight of the start).", "sfa", "sfa", "SFA averaging", "p"),
         "l2": _t("L2-to-init", "Fine-tune with a penalty (λ/2)·‖θ − θ0‖² that pulls every weight back towards its "
@@ -210,7 +228,8 @@ SECTIONS: dict[str, dict[str, Term]] = {
                           "MoFO with EWC"),
         "comparison": _t("comparison", "The Fine-tune page's default: one task, the same steps and seed, trained with "
                          "AdamW, MoFO, SFA, L2- and L1-to-init side by side.", "", "compare"),
-        "optimizer": _t("optimizer", "The rule that turns gradients into weight updates (AdamW, MoFO, SGD).", "",
+        "optimizer": _t("optimizer", "The rule that turns gradients into weight updates (AdamW, MoFO, Lion, "
+                        "MoFO-Lion, SGD).", "",
                         "optimizers"),
         "step": _t("training step", "One update of the weights from one batch of pairs.", "", "steps", "step",
                    "record every k steps"),
