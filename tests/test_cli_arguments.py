@@ -349,6 +349,12 @@ EXPECTED["finetune"].update(
     lora=(("--lora",), None, False, "rank", None, None, "R"),         # issue 41: left out for a full fine-tune
     lora_alpha=(("--lora-alpha",), None, False, "finite", None, None, "A"),
     lora_targets=(("--lora-targets",), None, False, "names", None, None, "NAME[,NAME…]"))
+# Issue 45: MoFO's ablations (its filter, per-head partitions, Lion and MoFO-Lion) and the training sequence length.
+EXPECTED["finetune"].update(
+    optimizer=(("--optimizer",), "adamw", False, "word", ("adamw", "mofo", "lion", "mofo-lion", "sgd"), None, None),
+    filter=(("--filter",), "momentum", False, "word", ("momentum", "gradient", "mv", "gv", "random"), None, None),
+    partition=(("--partition",), "tensor", False, "word", ("tensor", "head"), None, None),
+    max_length=(("--max-length",), 256, False, "integer", None, None, None))
 # Issue 28, features / textdiff / search: the same --dtype and --dry-run.
 for _path in ["features", "textdiff", "search"]:
     EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)
