@@ -268,7 +268,7 @@ EXPECTED = {
         **SWEEP_COMMON,
         'iso_alphas': (('--iso-alphas',), '0,0.25,0.5,0.75,1,1.25,1.5,2', False, None, None, None, None),
     },
-    'sweep': {},
+    'sweep': {'list': (('--list',), '==SUPPRESS==', False, None, None, 0, None)},   # issue 45: --list
     'textdiff': {
         'pool': ((), None, True, None, None, None, None),
         'model': (('--model',), None, True, None, None, None, None),
@@ -403,11 +403,14 @@ CUDA_DEFAULT = {"attribution", "finetune", "sequence", "search", "sweep alpha", 
 
 
 def _parsers():
-    """(path, parser) for the root parser and every (nested) subcommand; path as typed ("sweep alpha")."""
+    """(path, parser) for the root parser and every (nested) subcommand; path as typed ("sweep alpha"). The studies
+    (`forgetlab study NAME`, issue 45) came after these tables: tests/test_study_framework.py checks them."""
     def walk(parser, prefix):
         for action in parser._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
+                    if prefix + (name,) == ("study",):
+                        continue
                     yield from walk(sub, prefix + (name,))
         yield " ".join(prefix), parser
     return dict(walk(cli.build_parser(), ()))

@@ -110,7 +110,9 @@ class Analysis:
     group_help: the help of the first CLI word when several analyses share it (`forgetlab sweep`);
     status(result) -> int: the CLI's exit status for a finished result (default 0);
     takeaway(result) -> [str]: one or two plain sentences built from the result — its largest effect, with the
-    number and its unit — that the app shows above the charts and the CLI prints after the table."""
+    number and its unit — that the app shows above the charts and the CLI prints after the table;
+    study: for a study of a paper's table or figure (forgetlab.analysis.study), what it reproduces and its page;
+    singles(pool, settings) -> [(analysis name, settings)]: the single runs a study is made of (bench/)."""
 
     name: str
     title: str
@@ -140,6 +142,8 @@ class Analysis:
     group_help: str = ""
     status: Optional[Callable[[Any], int]] = None
     takeaway_fn: Optional[Callable[[Any], Iterable[str]]] = None
+    study: Any = None
+    singles: Optional[Callable[[Any, Any], list]] = None
 
     # -------------------------------------------------------------------------------------------- settings
 

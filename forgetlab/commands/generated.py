@@ -244,6 +244,25 @@ def run_command(analysis: Analysis, args: argparse.Namespace) -> int:
     return analysis.exit_status(result)
 
 
+class ListKinds(argparse.Action):
+    """`forgetlab GROUP --list`: print the group's kinds (`forgetlab study --list`: every study), one a line, and
+    exit 0 before the group's KIND is asked for (as --version does)."""
+
+    def __init__(self, option_strings, dest, kinds: list[str], **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.kinds = kinds
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for kind in self.kinds:
+            emit(kind)
+        parser.exit(0)
+
+
+def kinds_of(word: str) -> list[str]:
+    """The second CLI words of the analyses under the first word `word`, sorted."""
+    return sorted(a.words[1] for _, a in ANALYSES.items() if len(a.words) > 1 and a.words[0] == word)
+
+
 def register(sub) -> None:
     """Add a command for every registered analysis (grouped under a shared first word, e.g. `sweep alpha`)."""
     groups: dict[str, Any] = {}
@@ -255,6 +274,8 @@ def register(sub) -> None:
             if words[0] not in groups:
                 group_help = analysis.group_help or f"{words[0]} analyses"
                 head = sub.add_parser(words[0], help=group_help, description=group_help)
+                head.add_argument("--list", action=ListKinds, kinds=kinds_of(words[0]),
+                                  help=f"print the {words[0]} kinds, one a line, and exit")
                 groups[words[0]] = head.add_subparsers(dest="kind", metavar="KIND", required=True)
             p = groups[words[0]].add_parser(words[1], help=analysis.help,
                                             description=analysis.description or analysis.help)

@@ -1,0 +1,141 @@
+"""What the studies made of fine-tunes share (MoFO's tables and figures, SFA's p curve): their common settings — the
+task, the budget (the pool's own fine-tune recipe where left out, as `forgetlab finetune` reads it), how often
+each run records, the scoring budget, where they run — the runs on equal footing (`run_configs`, through
+`forgetlab.train.runs.compare`, one run per executor worker), their final table (`runs_table`) and the single
+`forgetlab finetune` runs a study stands for (`finetune_singles`, for bench/studies_cost.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from forgetlab.analysis.finetune import FinetuneSettings
+from forgetlab.core.errors import ParameterError
+from forgetlab.core.progress import Progress
+from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
+from forgetlab.train.defaults import finetune_defaults
+from forgetlab.train.memory import estimate_finetune
+from forgetlab.train.results import FinetuneComparison, FinetuneConfig
+from forgetlab.train.runs import check_start, compare
+
+POOL_BUDGET = " (default: the pool's own fine-tune recipe of the task, as `forgetlab finetune` reads it)"
+RUN_COLUMNS = ["label", "optimizer", "speciality", "answer_loss", "general_loss", "forgetting", "distance", "moved",
+               "seconds"]
+
+
+@dataclass
+class FinetuneStudySettings:
+    """The settings every fine-tune study shares: the task, each run's budget, how often it records, the scoring
+    budget and where it runs."""
+
+    task: Optional[str] = setting(None, help="the task to fine-tune on (its train split; default: the pool's first "
+                                             "task)")
+    steps: Optional[int] = count_field(None, "training steps of each run" + POOL_BUDGET)
+    batch_size: Optional[int] = count_field(None, "training batch size" + POOL_BUDGET)
+    lr: Optional[float] = setting(None, help="peak learning rate" + POOL_BUDGET, label="learning rate",
+                                  range=(0.0, None))
+    warmup: Optional[int] = setting(None, help="warm-up steps" + POOL_BUDGET, range=(0, None), cli_type="number")
+    seed: int = seed_field("seed of the batch order (the same batches for every run)")
+    eval_every: Optional[int] = count_field(None, "record every k steps (default: only the final model is scored)",
+                                            label="record every k steps")
+    max_general: Optional[int] = count_field(None, "at most this many general-text blocks")
+    max_task: Optional[int] = count_field(None, "at most this many eval pairs per task")
+    max_train: Optional[int] = count_field(None, "at most this many training pairs")
+    max_length: int = setting(256, help="training sequence length: the tokens kept of each training pair",
+                              range=(2, None), label="training sequence length")
+    device: Optional[str] = device_field(default_cuda=True)
+    dtype: Optional[str] = dtype_field("the weights, gradients and optimizer state")
+
+
+def with_task(pool, settings):
+    """The settings with the task filled in: the pool's first task where none is given."""
+    if settings.task is not None or pool is None:
+        return settings
+    tasks = pool.task_names
+    if not tasks:
+        raise ParameterError(f"The pool {pool.name} has no tasks to fine-tune on; add one under tasks: in its pool "
+                             "file (or build the demo zoo: forgetlab zoo build).")
+    return replace(settings, task=tasks[0])
+
+
+def budget_of(pool, settings: FinetuneStudySettings) -> dict:
+    """Steps, batch size, lr and warm-up of every run: the given ones over the pool's own recipe of the task."""
+    recipe = finetune_defaults(pool, with_task(pool, settings).task)
+    return {k: getattr(recipe, k) if getattr(settings, k) is None else getattr(settings, k)
+            for k in ("steps", "batch_size", "lr", "warmup")}
+
+
+def config(pool, settings: FinetuneStudySettings, label: str, **changes) -> FinetuneConfig:
+    """One run of a study: the shared budget and seed, with `changes` (optimizer, fraction, filter, …)."""
+    return FinetuneConfig(label=label, seed=settings.seed, **{**budget_of(pool, settings), **changes})
+
+
+def run_options(settings: FinetuneStudySettings, steps: int) -> dict:
+    """`compare`'s keyword arguments of a study (records only at the end unless `eval_every` is given)."""
+    return dict(eval_every=settings.eval_every or steps, max_general=settings.max_general,
+                max_task=settings.max_task, max_train=settings.max_train, max_length=settings.max_length,
+                device=settings.device, dtype=settings.dtype)
+
+
+def run_configs(pool, settings: FinetuneStudySettings, configs: Sequence[FinetuneConfig], progress: Progress = None,
+                executor=None) -> FinetuneComparison:
+    """The study's runs on equal footing (same task, data, batches and seed): `forgetlab.train.runs.compare`, one
+    run per worker on a non-local executor."""
+    configs = list(configs)
+    return compare(pool, with_task(pool, settings).task, configs, progress=progress, executor=executor,
+                   **run_options(settings, configs[0].steps))
+
+
+def runs_table(comparison: FinetuneComparison) -> pd.DataFrame:
+    """One row per run: its label, optimizer, final speciality (exact match) and answer loss on the task, general
+    loss, forgetting (general loss gained), D(θ, θ0), the share of weights moved and its seconds."""
+    if not comparison.runs:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    return comparison.to_frame()[RUN_COLUMNS].reset_index(drop=True)
+
+
+def check_task(settings: FinetuneStudySettings, pool=None) -> None:
+    """With the pool: the task is one of its tasks (the base is every study's start)."""
+    if pool is not None:
+        pool.check_tasks([with_task(pool, settings).task])
+        check_start(pool, "base")
+
+
+def estimate_runs(pool, settings: FinetuneStudySettings, configs: Sequence[FinetuneConfig]):
+    """The peak of the largest run (`forgetlab.train.memory.estimate_finetune`)."""
+    return estimate_finetune(pool, with_task(pool, settings).task, configs=list(configs), device=settings.device, dtype=settings.dtype,
+                             max_train=settings.max_train, max_length=settings.max_length)
+
+
+def finetune_singles(pool, settings: FinetuneStudySettings,
+                     configs: Sequence[FinetuneConfig]) -> list[tuple[str, object]]:
+    """The single `forgetlab finetune` runs the study stands for: one per config, with its settings, budget and
+    records."""
+    settings = with_task(pool, settings)
+    out = []
+    for c in configs:
+        out.append(("finetune", FinetuneSettings(
+            task=settings.task, optimizer=c.optimizer, fraction=c.fraction, filter=c.filter, partition=c.partition,
+            steps=c.steps, batch_size=c.batch_size, lr=c.lr, warmup=c.warmup, seed=c.seed, sfa_p=c.sfa_p,
+            sfa_beta=c.sfa_beta, l1=c.l1, l2=c.l2, eval_every=settings.eval_every or c.steps,
+            max_general=settings.max_general, max_task=settings.max_task, max_train=settings.max_train,
+            max_length=settings.max_length, device=settings.device, dtype=settings.dtype)))
+    return out
+
+
+def speciality_column(table: pd.DataFrame) -> tuple[str, bool]:
+    """The speciality column a verdict reads and whether higher is better: exact match, or — where no run
+    reaches any (a model too small to answer exactly) — the answer loss (lower is better)."""
+    if "speciality" in table and (table["speciality"].fillna(0) > 0).any():
+        return "speciality", True
+    return "answer_loss", False
+
+
+def dominates(a: pd.Series, b: pd.Series, column: str, higher: bool) -> bool:
+    """Whether run `a` is at least as good as run `b` in speciality (`column`, `higher` better) and in general loss
+    (lower better), and better in one of them: `a` lies ahead of `b` on the speciality–generality plane."""
+    sa, sb = (a[column], b[column]) if higher else (-a[column], -b[column])
+    return bool(sa >= sb and a["general_loss"] <= b["general_loss"]
+                and (sa > sb or a["general_loss"] < b["general_loss"]))
