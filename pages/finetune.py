@@ -24,6 +24,7 @@ from forgetlab.ui.pool import clear_pool_cache
 from forgetlab.ui.settings import budget_caption, device_settings
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget, follow_defaults
+from forgetlab.ui.studies import show_studies
 
 MENU = ("Fine-tune", ":material/model_training:", 80)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -225,3 +226,5 @@ with right:
 
     panel.results(pool, settings, start=go, show=show, show_partial=show_partial,
                   empty="Configure a run (left) and press Fine-tune.")
+
+show_studies(pool, "finetune")

@@ -23,6 +23,7 @@ from forgetlab.ui.settings import budget_caption, device_settings, eval_budget
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import alpha_point_link
 from forgetlab.ui.widgets import field_widget
+from forgetlab.ui.studies import show_studies
 
 MENU = ("Forgetting", ":material/trending_down:", 30)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -136,3 +137,5 @@ def show(current) -> None:
 with right:
     panel.results(pool, settings, start=start, show=show, show_partial=show_partial, model=model,
                   empty="Run a sweep (left) or pick a saved one to see its curves.")
+
+show_studies(pool, "forgetting")

@@ -17,6 +17,7 @@ from forgetlab.ui.page import start_page
 from forgetlab.ui.panel import AnalysisPanel
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.widgets import field_widget
+from forgetlab.ui.studies import show_studies
 
 MENU = ("Linearity", ":material/show_chart:", 20)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -115,3 +116,5 @@ with right:
     panel.results(pool, settings, start=start, show=show,
                   empty="Choose the settings and press **Compute scores**. The whole table (every layer, module "
                         "and head) costs about three times the model level alone (docs/linearity.md).")
+
+show_studies(pool, "linearity")

@@ -29,6 +29,7 @@ from forgetlab.ui.page import start_page
 from forgetlab.ui.tables import show_table
 from forgetlab.ui.textview import open_text_view
 from forgetlab.ui.choices import index_of
+from forgetlab.ui.studies import show_studies
 
 MENU = ("Merge", ":material/merge:", 70)    # its entry in the app's menu (forgetlab.ui.navigation)
 
@@ -197,3 +198,5 @@ else:
                 for note in m.notes:
                     st.info(note)
                 st.code(m.recipe_yaml(), language="yaml")
+
+show_studies(pool, "merge")
