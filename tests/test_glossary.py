@@ -48,6 +48,7 @@ before after along beside between across up down per rate rates n my
 average compared final evaluate evaluated examples fit address term none mode trains reopen read known form format answered
 shade symbol colour dashed separated
 previous earlier next since that finished half ways change averaging trained rows dotted outlined
+frequency
 """.split())
 # why each kind of word above is plain: function words; counting and comparing words (mean, total, share, sum,
 # largest); the app's verbs on its own objects (show, compare, keep, open, pick); the names of a table's own
@@ -56,7 +57,7 @@ previous earlier next since that finished half ways change averaging trained row
 # shade, symbol, colour, dashed, known, answered); n: a count. The words of a task sequence's labels in their
 # everyday sense: the previous or next stage, the earlier or finished tasks, half of the matrices, ways of
 # fine-tuning, a change since a stage, averaging, the stage that trained on a task, a heatmap's rows, dotted and
-# outlined marks.
+# outlined marks. A study's name: how often SFA averages (frequency).
 
 
 def _strip(text: str) -> str:

@@ -352,6 +352,13 @@ SECTIONS: dict[str, dict[str, Term]] = {
                        "larger = the model keeps the tasks apart.", "tsne-features", "task clusters", "cluster",
                        "clusters"),
     },
+    "Paper studies": {
+        "study": _t("study", "One table or figure of the five papers rerun on this pool, with the paper's claim "
+                    "beside what it measures here and whether the claim holds (docs/studies.md).", "", "studies",
+                    "paper studies", "claim", "holds"),
+        "ablation": _t("ablation", "A paper's experiment that changes one part of its method at a time (a filter, "
+                       "an activation, a frequency) to show which part matters.", "", "ablations"),
+    },
 }
 
 # what a page's control covers, in the order the tooltip lists the terms

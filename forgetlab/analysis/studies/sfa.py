@@ -17,7 +17,7 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.settings import setting
 from forgetlab.train.runs import SFA_BETA
 
-INFO = StudyInfo(name="sfa-frequency", paper="SFA (soup to go)", artifact="averaging-frequency ablation",
+INFO = StudyInfo(name="sfa-frequency", paper="SFA", artifact="the averaging-frequency ablation",
                  page="finetune", title="speciality and general loss against SFA's averaging frequency p",
                  claim="averaging during fine-tuning (p < 1) does better than averaging once at the end (p = 1, "
                        "WiSE-FT): some p < 1 keeps at least the speciality of p = 1 with less forgetting.")
