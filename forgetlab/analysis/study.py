@@ -118,10 +118,9 @@ def study_analysis(info: StudyInfo, settings: type,
 
     def takeaway(result: StudyResult) -> list[str]:
         v = result.verdict
-        lines = [f"{info.paper}, {info.artifact}: {info.claim}",
-                 f"Measured here: {v.measured} The claim {v.word} on this pool" + (f": {v.reason}" if v.reason
-                                                                                    else ".")]
-        return lines
+        why = f": {v.reason}" if v.reason else "."
+        return [f"{info.paper}, {info.artifact}: {info.claim}",
+                f"Measured here: {v.measured} The claim {v.word} on this pool{why}"]
 
     def report(result: StudyResult) -> list:
         return [f"{info.paper}, {info.artifact} — {info.title}", result.table]

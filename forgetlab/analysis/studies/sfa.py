@@ -56,19 +56,23 @@ def compute(pool, settings: SfaFrequencySettings, progress=None, executor=None) 
 
 
 def figure(table: pd.DataFrame) -> go.Figure:
-    """Speciality (exact match, or answer loss where no run answers exactly) and general loss against p, with
+    """Speciality (exact match, or answer loss where no SFA run answers exactly) and general loss against p, with
     AdamW as a dashed line in each."""
-    column, _ = speciality_column(table[table.p.notna()])
+    column, higher = speciality_column(table[table.p.notna()])
     sfa, plain = table[table.p.notna()], table[table.p.isna()]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=(column.replace("_", " "), "general loss (↓)"))
+    names = {"speciality": "exact match (↑)", "answer_loss": "answer loss (↓)"}
+    fig = make_subplots(rows=1, cols=2, subplot_titles=(names[column], "general loss (↓)"))
     for col, name in ((1, column), (2, "general_loss")):
         fig.add_trace(go.Scatter(x=sfa.p, y=sfa[name], mode="lines+markers", name="SFA", showlegend=col == 1,
                                  line=dict(color="#1f77b4")), row=1, col=col)
         for _, row in plain.iterrows():
-            fig.add_hline(y=row[name], line_dash="dash", line_color="#7f7f7f", row=1, col=col,
-                          annotation_text="AdamW" if col == 1 else None)
-        fig.update_xaxes(title_text="p (averages every ⌈p·T⌉ steps; 1 = WiSE-FT)", type="log", row=1, col=col)
-    fig.update_layout(title="SFA: the averaging frequency p", height=380)
+            fig.add_trace(go.Scatter(x=[sfa.p.min(), sfa.p.max()], y=[row[name]] * 2, mode="lines",
+                                     name="AdamW (no averaging)", showlegend=col == 1,
+                                     line=dict(color="#7f7f7f", dash="dash")), row=1, col=col)
+        fig.update_xaxes(title_text="p", type="log", tickvals=list(sfa.p), ticktext=[f"{p:g}" for p in sfa.p],
+                         row=1, col=col)
+    fig.update_layout(title="SFA: the averaging frequency p (averages every ⌈p·T⌉ steps; p = 1 is WiSE-FT)",
+                      height=380)
     return fig
 
 
@@ -87,7 +91,7 @@ def verdict(table: pd.DataFrame, settings=None) -> Verdict:
                 f"p = {best['p']:g} with {best[column]:.3f}, general loss {best['general_loss']:.3f}.")
     if ahead:
         return Verdict(measured + f" Ahead of p = 1: p = {', '.join(f'{r.p:g}' for r in ahead)}.", True)
-    return Verdict(measured, False, "no p < 1 keeps p = 1's speciality at a lower general loss")
+    return Verdict(measured, False, "no p < 1 keeps p = 1's speciality at a lower general loss.")
 
 
 STUDY = study_analysis(INFO, SfaFrequencySettings, compute, figure, verdict, checks=check, points=True,
