@@ -136,3 +136,26 @@ def test_cli_on_the_tiny_zoo_writes_table_and_figure(tmp_path):
     assert t.gain_kept_pct.iloc[0] == pytest.approx(100.0) and t.gain_kept_pct.iloc[2] == pytest.approx(0.0)
     assert t["recovered:general_loss"].iloc[0] == pytest.approx(0.0)
     assert t["recovered:general_loss"].iloc[2] == pytest.approx(100.0)
+
+
+def test_forgetting_page_toggle_redraws_the_pruning_curve_on_relative_axes(tiny_llama, tmp_path, monkeypatch):
+    import json
+
+    from tests.jobs_helper import finish_cleanly, open_page
+
+    monkeypatch.setenv("FORGETLAB_HOME", str(tmp_path))
+    at = open_page("forgetting", tiny_llama.pool_yaml)
+    at.run()
+    at.radio(key="forgetting_kind").set_value("pruning").run()
+    at.text_input(key="forgetting_ratios").set_value("0, 0.9, 1")
+    at.multiselect(key="forgetting_scores").set_value(["fapm"])
+    at.session_state["app_max_general"] = 1
+    at.session_state["app_max_task"] = 2
+    at.button(key="forgetting_run").click().run()
+    finish_cleanly(at, "forgetting")
+    names = lambda chart: [d.get("name") for d in json.loads(chart.proto.spec)["data"]]     # noqa: E731
+    assert not any("gain kept" in str(n) for c in at.get("plotly_chart") for n in names(c))
+    at.toggle(key="forgetting_relative").set_value(True).run()
+    assert not at.exception, at.exception
+    drawn = [names(c) for c in at.get("plotly_chart")]
+    assert len(drawn) == 2 and drawn[1] == ["FAPM: gain kept", "FAPM: forgetting recovered"]
