@@ -7,11 +7,14 @@ import pandas as pd
 import streamlit as st
 
 from forgetlab.analysis.base import ANALYSES
-from forgetlab.analysis.sweep_analysis import EVALUATION, SweepSettings
+from forgetlab.analysis.retention import ENDPOINTS, relative_frame
+from forgetlab.analysis.studies.fapm import PAPER_RATIO
+from forgetlab.analysis.sweep_analysis import EVALUATION, X_WORDS, SweepSettings
 from forgetlab.analysis.sweeps import KINDS, default_task, list_sweeps, load_sweep
 from forgetlab.core.memory import dtype_name
 from forgetlab.core.settings import settings_fields
 from forgetlab.plots.forgetting import curves_figure, tradeoff_figure
+from forgetlab.plots.relative import relative_figure
 from forgetlab.ui.choices import index_of
 from forgetlab.ui.errors import show_errors
 from forgetlab.ui.glossary import explain, explain_group
@@ -120,10 +123,20 @@ def show(current) -> None:
     measures.apply(results)
     st.subheader("Speciality vs generality, every series", help=explain_group("tradeoff"))
     st.plotly_chart(tradeoff_figure(results, task=task, ids=ids), key="forgetting_tradeoff")
+    relative = any(r.x_name in ENDPOINTS for r in results) and st.toggle(
+        "relative axes (FAPM paper)", key="forgetting_relative",
+        help="Redraw the pruning and α curves as the share of the fine-tuning gain kept and the share of the "
+             "forgetting recovered, in % (docs/methods.md#relative-shares).")
     for i, r in enumerate(results):
         st.subheader(f"{ANALYSIS[r.kind].title if r.kind in ANALYSIS else r.kind} · {r.model}",
                      help=explain("speciality", "general_loss", "distance"))
         r.mark_pareto()
+        if relative and r.x_name in ENDPOINTS:
+            with show_errors():
+                st.plotly_chart(relative_figure(relative_frame(r), x_title=X_WORDS.get(r.x_name, r.x_name),
+                                                mark=PAPER_RATIO if r.x_name == "ratio" else None,
+                                                title=f"{r.model} on relative axes"), key=f"forgetting_relative_{i}")
+            continue
         event = st.plotly_chart(curves_figure(r), key=f"forgetting_curves_{i}", on_select="rerun",
                                 selection_mode="points")
         if r.kind == "alpha":

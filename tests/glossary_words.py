@@ -282,6 +282,23 @@ def _sweeps(saved) -> list:
     return [replace(alpha, kind=f"sweep-{k}", x_name=X_NAMES[k]) for k in KINDS]
 
 
+def _relative_figures(saved) -> Iterator[tuple[str, object]]:
+    """The Forgetting page's relative axes of the pruning and α sweeps, and the fapm-relative study's figure."""
+    from forgetlab.analysis.retention import ENDPOINTS, relative_frame
+    from forgetlab.analysis.studies.fapm import STUDY, relative_table
+    from forgetlab.analysis.study import StudyResult, Verdict
+    from forgetlab.plots.relative import relative_figure
+
+    for sweep in _sweeps(saved):
+        if sweep.x_name in ENDPOINTS:
+            frame = relative_frame(sweep)
+            yield f"Forgetting: {sweep.kind} on relative axes", relative_figure(frame, x_title=sweep.x_name, mark=0.9)
+            if sweep.x_name == "ratio":
+                table = relative_table(frame.assign(model=sweep.model))
+                for fig in STUDY.figures(StudyResult("fapm-relative", table, Verdict("", None))):
+                    yield "Forgetting: the fapm-relative study", fig
+
+
 def _figures(saved) -> Iterator[tuple[str, object]]:
     """(where, figure) for every builder: the saved runs' own charts in both speciality measures, their
     comparisons and the Runs page's, then the charts of results made here."""
@@ -306,6 +323,7 @@ def _figures(saved) -> Iterator[tuple[str, object]]:
     for sweep in _sweeps(saved):
         yield f"Forgetting: {sweep.kind}", curves_figure(sweep)
         yield f"Forgetting: {sweep.kind}", tradeoff_figure(sweep)
+    yield from _relative_figures(saved)
     text = saved["textdiff"][1]
     for measure in ("mean_rise", "total_rise", "share_of_rise", "mean_kl"):
         yield f"Text: classes by {measure}", textdiff.class_bars(text, measure)

@@ -6,6 +6,11 @@ kept: retention r = (s(merge, t) − s(base, t)) / (s(parent, t) − s(base, t))
 that higher is better (answer loss negated): 1 = the parent's level, 0 = the base's (docs/methods.md#retention).
 Generality is the merge's forgetting, general loss − the base's, beside its parents'.
 
+The relative shares have their one home here (docs/methods.md#relative-shares): `gain_kept` (the share of the
+fine-tuning gain a model keeps) and `forgetting_recovered` (the share of the forgetting it wins back), on values
+oriented so that higher is better; `gain_share` and `recovered_share` read them off scorecards, and
+`relative_frame` off the points of a pruning or α sweep (the FAPM paper's relative axes).
+
 `own_tasks(pool, models, cards)` says which task is each model's own; `merge_retention(cards, merged, tasks)`
 gives a `MergeRetention` (one row per merge × parent, `.to_frame()`), which `forgetlab.plots.merge` draws.
 """
@@ -17,11 +22,41 @@ from typing import Mapping, Optional, Sequence
 
 import pandas as pd
 
+from forgetlab.analysis.measures import higher_is_better
+from forgetlab.analysis.sweep_results import SweepResult
 from forgetlab.analysis.sweeps import default_task
+from forgetlab.core.benchmarks import pick
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.evaluate import Scorecard, forgetting_text, perplexity_change
 
 MEASURES = ("exact_match", "answer_loss")
+ENDPOINTS = {"ratio": (1.0, 0.0), "alpha": (0.0, 1.0)}
+"""Where a sweep's swept value puts the base and the fine-tune (base x, fine-tune x): pruning ratio 1 is θ0 and 0
+is θ1; WiSE-FT α 0 is θ0 and 1 is θ1 (forgetlab.analysis.sweeps writes both endpoints bit for bit)."""
+
+
+def gain_kept(base: float, finetuned: float, other: float) -> float:
+    """The share of the fine-tuning gain that `other` keeps, on a speciality oriented so that higher is better:
+    (other − base) / (finetuned − base); NaN when the fine-tune gained nothing (docs/methods.md#relative-shares)."""
+    gain = finetuned - base
+    return (other - base) / gain if gain > 0 else float("nan")
+
+
+def forgetting_recovered(base: float, finetuned: float, other: float) -> float:
+    """The share of the forgetting that `other` wins back, on a generality oriented so that higher is better
+    (general loss negated): (other − finetuned) / (base − finetuned); 1 = the base's generality, 0 = the
+    fine-tune's; NaN when the fine-tune forgot nothing on that measure (docs/methods.md#relative-shares)."""
+    lost = base - finetuned
+    return (other - finetuned) / lost if lost > 0 else float("nan")
+
+
+def oriented_generality(card: Scorecard, measure: str = "general_loss") -> float:
+    """Generality of `card`, oriented so that higher is better: −general loss, or a benchmark metric `TASK/METRIC`
+    (negated where lower is better)."""
+    if measure == "general_loss":
+        return -card.general_loss
+    value = pick(card.benchmarks, measure)
+    return value if higher_is_better(measure) else -value
 
 
 def oriented_speciality(card: Scorecard, task: str, measure: str = "exact_match") -> float:
@@ -34,10 +69,52 @@ def gain_share(base: Scorecard, parent: Scorecard, other: Scorecard, task: str,
                measure: str = "exact_match") -> float:
     """The share of `parent`'s gain over `base` on `task` that `other` (a merge, an interpolation …) has:
     (s(other) − s(base)) / (s(parent) − s(base)); NaN when the parent gained nothing (docs/methods.md#retention)."""
-    gain = oriented_speciality(parent, task, measure) - oriented_speciality(base, task, measure)
-    if not gain > 0:
-        return float("nan")
-    return (oriented_speciality(other, task, measure) - oriented_speciality(base, task, measure)) / gain
+    return gain_kept(oriented_speciality(base, task, measure), oriented_speciality(parent, task, measure),
+                     oriented_speciality(other, task, measure))
+
+
+def recovered_share(base: Scorecard, finetuned: Scorecard, other: Scorecard, measure: str = "general_loss") -> float:
+    """The share of `finetuned`'s forgetting (in the generality `measure`) that `other` wins back:
+    `forgetting_recovered` on the oriented generality of the three scorecards."""
+    return forgetting_recovered(oriented_generality(base, measure), oriented_generality(finetuned, measure),
+                                oriented_generality(other, measure))
+
+
+def relative_frame(result: SweepResult, measure: Optional[str] = None,
+                   general_measures: Optional[Sequence[str]] = None) -> pd.DataFrame:
+    """A pruning or α sweep on the FAPM paper's relative axes: one row per point (series, x) with `gain_kept`
+    (share of the fine-tune's gain in `measure`, default the sweep's, on its task) and `forgetting_recovered` (the
+    mean over `general_measures`, default the sweep's generality measure, of the share of forgetting won back,
+    each also as `recovered:<measure>`); the base and fine-tune are the sweep's own endpoints (`ENDPOINTS`).
+    ParameterError for another kind of sweep or a sweep without both endpoints."""
+    if result.x_name not in ENDPOINTS:
+        raise ParameterError(f"Relative axes need a pruning or α sweep (its endpoints are the base and the "
+                             f"fine-tune); this is a {result.kind} sweep.")
+    measure = measure or result.measure
+    general_measures = list(general_measures or [result.general_measure])
+    base_x, ft_x = ENDPOINTS[result.x_name]
+    at = {p.x: p for p in result.points}
+    if base_x not in at or ft_x not in at:
+        raise ParameterError(f"Relative axes need the sweep's endpoints {result.x_name} = {base_x:g} (the base) and "
+                             f"{ft_x:g} (the fine-tune); add both to the grid.")
+    sign = 1.0 if higher_is_better(measure) else -1.0
+
+    def spec(p) -> float:
+        return sign * p.speciality(result.task, measure)
+
+    def gen(p, g: str) -> float:
+        return oriented_generality(p.scorecard, g)
+
+    base, ft = at[base_x], at[ft_x]
+    rows = []
+    for p in result.points:
+        row = {"series": p.series, "x": p.x, "gain_kept": gain_kept(spec(base), spec(ft), spec(p))}
+        shares = {g: forgetting_recovered(gen(base, g), gen(ft, g), gen(p, g)) for g in general_measures}
+        finite = [v for v in shares.values() if math.isfinite(v)]
+        row["forgetting_recovered"] = sum(finite) / len(finite) if finite else float("nan")
+        row.update({f"recovered:{g}": v for g, v in shares.items()})
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def own_tasks(pool, models: Sequence[str], cards: Sequence[Scorecard] = ()) -> dict[str, Optional[str]]:

@@ -54,6 +54,15 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "retention": _t("own-task gain kept", "Of what a fine-tune gained on its own task over the base, the share a "
                         "merge keeps: 100 % = as good as that fine-tune, 0 = no better than the base.", "retention",
                         "retention", "own-task gain", "parent score"),
+        "gain_kept": _t("gain kept", "Of what a fine-tune gained on its task over the base, the share a model "
+                        "built from it keeps (FAPM's relative axes): 100 % = the fine-tune's level, 0 = the base's.",
+                        "relative-shares", "fine-tune's gain"),
+        "forgetting_recovered": _t("forgetting recovered", "Of what a fine-tune forgot, the share a model built from "
+                                   "it wins back: 100 % = the base's generality, 0 = the fine-tune's.",
+                                   "relative-shares", "base's generality"),
+        "relative_axes": _t("relative axes", "A sweep drawn as the FAPM paper reports it: gain kept and forgetting "
+                            "recovered (%) against the setting, the paper's operating point (ratio 0.9) marked.",
+                            "relative-shares", "FAPM paper", "paper's operating point"),
         "pareto": _t("Pareto front", "The settings that no other setting beats on both speciality and generality "
                      "at once; every other point is worse on at least one without being better on the other.",
                      "pareto-front", "on the Pareto front"),

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Optional, Sequence
 import pandas as pd
 
 from forgetlab.analysis.linearity import LinearitySettings, nonlinearity_scores
-from forgetlab.analysis.retention import gain_share
+from forgetlab.analysis.retention import gain_share, oriented_speciality, recovered_share
 from forgetlab.analysis.sweeps import alpha_curve, pruning_curve
 from forgetlab.core.taskvectors import cosine_matrix
 from forgetlab.core.errors import ParameterError
@@ -143,17 +143,6 @@ def _finite(x: Any) -> Any:
     return x
 
 
-def _spec(card, task: str, measure: str) -> float:
-    """Speciality on `task`, oriented so that higher is better (negated answer loss)."""
-    score = card.tasks[task]
-    return score.exact_match if measure == "exact_match" else -score.answer_loss
-
-
-def _share(part: float, whole: float) -> float:
-    """part / whole, NaN when the whole is not positive (nothing to share)."""
-    return part / whole if whole > 0 else float("nan")
-
-
 def _pct(x: float) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.0f}%"
 
@@ -233,7 +222,7 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
         report(progress, 0.25 * (i + 1) / len(own), f"scored {name}")
     base = cards["base"]
     for name, task in own.items():
-        gain = _spec(cards[name], task, measure) - _spec(base, task, measure)
+        gain = oriented_speciality(cards[name], task, measure) - oriented_speciality(base, task, measure)
         cost = cards[name].forgetting(base)
         holds = gain > 0 and cost > 0
         em0, em1 = base.tasks[task].exact_match, cards[name].tasks[task].exact_match
@@ -261,18 +250,18 @@ def zoo_claims(pool, *, models: Optional[Mapping[str, str]] = None, measure: str
                           progress=scaled(progress, lo + 0.1 / n_full, lo + 0.3 / n_full), **kw)
         wc, fc = w.points[0].scorecard, f.points[0].scorecard
         ft, b = cards[name], base
-        gain = _spec(ft, task, measure) - _spec(b, task, measure)
+        gain = oriented_speciality(ft, task, measure) - oriented_speciality(b, task, measure)
         forget = ft.forgetting(b)
-        wgain = _spec(wc, task, measure) - _spec(b, task, measure)
+        wgain = oriented_speciality(wc, task, measure) - oriented_speciality(b, task, measure)
         wforget = wc.forgetting(b)
-        fgain = _spec(fc, task, measure) - _spec(b, task, measure)
+        fgain = oriented_speciality(fc, task, measure) - oriented_speciality(b, task, measure)
         fforget = fc.forgetting(b)
-        recovered = _share(ft.forgetting(wc), forget)          # the general loss WiSE-FT won back
-        kept = _share(wgain, gain)
+        recovered = recovered_share(b, ft, wc)          # the general loss WiSE-FT won back
+        kept = gain_share(b, ft, wc, task, measure)
         wflag = None if not (math.isfinite(recovered) and math.isfinite(kept)) else (recovered > 0 and kept > 0)
         wise_flags.append(wflag)
         wise_vals[name] = {"task": task, "recovered": recovered, "kept": kept, "general_loss": wc.general_loss,
-                           "speciality": _spec(wc, task, measure), "distance": w.points[0].distance}
+                           "speciality": oriented_speciality(wc, task, measure), "distance": w.points[0].distance}
         weff, feff = efficiency(wgain, wforget), efficiency(fgain, fforget)
         fflag = None if gain <= 0 else feff > weff
         fapm_flags.append(fflag)
@@ -335,8 +324,7 @@ def _distinct_claim(pool, full: Mapping[str, str], cards: Mapping[str, Any], mea
     base = cards["base"]
     off: dict[str, dict[str, float]] = {}
     for owner, task in full.items():
-        own_gain = _spec(cards[owner], task, measure) - _spec(base, task, measure)
-        off[task] = {full[o]: _share(_spec(cards[o], task, measure) - _spec(base, task, measure), own_gain)
+        off[task] = {full[o]: gain_share(base, cards[owner], cards[o], task, measure)
                      for o in names if o != owner}
     worst_cos = max(pairs.values())
     worst_off = max((v for d in off.values() for v in d.values()), default=float("nan"))
@@ -408,7 +396,7 @@ def _merge_claims(pool, full: Mapping[str, str], cards: Mapping[str, Any], measu
             values={"params": CLAIM_PARAMS.get(method, {}),
                     "shares": s, "mean_share": mean, "average_shares": ref, "average_mean_share": ref_mean,
                     "general_loss": card.general_loss,
-                    "speciality": {full[n]: _spec(card, full[n], measure) for n in names}}))
+                    "speciality": {full[n]: oriented_speciality(card, full[n], measure) for n in names}}))
     return out
 
 
