@@ -44,11 +44,11 @@ def study_settings(pool, analysis: Analysis, key: str) -> Any:
             continue
         names = pool_names(pool, info.name)
         if names is not None:
-            if info.sequence:
-                default = list(info.default) if info.default else names
-                values[info.name] = tuple(st.multiselect(info.label, names, default=[n for n in default
-                                                                                      if n in names],
-                                                         key=f"{key}_{info.name}", help=info.spec.help)) or None
+            if info.sequence:           # left empty: the study's own default (its help says which)
+                default = [n for n in (info.default or ()) if n in names]
+                values[info.name] = tuple(st.multiselect(info.label, names, default=default,
+                                                         key=f"{key}_{info.name}", help=info.spec.help,
+                                                         placeholder="the study's default")) or None
             else:
                 default = info.default if info.default in names else (names[0] if names else None)
                 values[info.name] = st.selectbox(info.label, names, index=names.index(default) if default else 0,
