@@ -68,10 +68,10 @@ def test_filters_rank_sums_and_verdict_both_ways():
     sums = rank_sums(t, "speciality", True)
     assert sums.to_dict() == {"MoFO": 2 + 1, "FLT(g)": 3 + 2, "random BCD": 1 + 3}
     v = filters_verdict(t)
-    assert v.holds is True and "MoFO 0.100" in v.measured                         # the moved share is reported
-    t2 = _table([("MoFO", 0.8, 1.0, 3.4), ("FLT(g)", 0.85, 1.0, 3.3), ("random BCD", 0.7, 1.0, 3.5)])
+    assert v.holds is True and "MoFO 0.100" in v.measured and "moves the fewest" in v.measured   # reported
+    t2 = _table([("MoFO", 0.8, 1.0, 3.4, 0.5), ("FLT(g)", 0.85, 1.0, 3.3, 0.4), ("random BCD", 0.7, 1.0, 3.5)])
     v = filters_verdict(t2)
-    assert v.holds is False and "FLT(g)" in v.reason
+    assert v.holds is False and "FLT(g)" in v.reason and "does not move the fewest" in v.measured
     tie = _table([("MoFO", 0.9, 1.0, 3.4), ("FLT(g)", 0.8, 1.0, 3.3)])               # 1 + 2 against 2 + 1
     assert filters_verdict(tie).holds is True
 

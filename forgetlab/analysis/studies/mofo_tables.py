@@ -226,7 +226,8 @@ def rank_sums(table: pd.DataFrame, column: str, higher: bool) -> pd.Series:
 
 def filters_verdict(table: pd.DataFrame, settings=None) -> Verdict:
     """Holds where MoFO's rank sum (speciality rank + general-loss rank among the filters) is the smallest, ties
-    included — so no other filter is ahead of it in both."""
+    included — so no other filter is ahead of it in both. Whether MoFO moves the fewest weights by > 2e-6 is
+    reported beside it, not judged."""
     mofo = row_of(table, "MoFO")
     if mofo is None or len(table) < 2:
         return Verdict("the table needs MoFO and another filter to compare.", None)
@@ -234,8 +235,10 @@ def filters_verdict(table: pd.DataFrame, settings=None) -> Verdict:
     sums = rank_sums(table, column, higher)
     best = sums.min()
     moved = ", ".join(f"{r['method']} {r['moved']:.3f}" for _, r in table.iterrows())
+    fewest = bool(mofo["moved"] <= table["moved"].min())
     measured = ("rank sums (speciality + general loss, by " + column.replace("_", " ") + "): "
-                + ", ".join(f"{m} {v:g}" for m, v in sums.items()) + f"; moved > 2e-6: {moved}.")
+                + ", ".join(f"{m} {v:g}" for m, v in sums.items()) + f"; moved > 2e-6: {moved} (MoFO "
+                + ("moves the fewest" if fewest else "does not move the fewest") + ").")
     if sums["MoFO"] <= best:
         return Verdict(measured, True)
     ahead = [m for m, v in sums.items() if v < sums["MoFO"]]
