@@ -354,7 +354,8 @@ EXPECTED["finetune"].update(
     optimizer=(("--optimizer",), "adamw", False, "word", ("adamw", "mofo", "lion", "mofo-lion", "sgd"), None, None),
     filter=(("--filter",), "momentum", False, "word", ("momentum", "gradient", "mv", "gv", "random"), None, None),
     partition=(("--partition",), "tensor", False, "word", ("tensor", "head"), None, None),
-    max_length=(("--max-length",), 256, False, "integer", None, None, None))
+    max_length=(("--max-length",), 256, False, "integer", None, None, None),
+    hft=(("--hft",), 0.0, False, "finite", None, None, None))           # HFT as an option of the single fine-tune
 # Issue 28, features / textdiff / search: the same --dtype and --dry-run.
 for _path in ["features", "textdiff", "search"]:
     EXPECTED[_path].update(dtype=_DTYPE, dry_run=_DRY_RUN)

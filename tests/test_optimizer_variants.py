@@ -1,8 +1,8 @@
 """MoFO's ablations as options of the same optimizer (docs/methods.md#mofo-filters, #lion, #mofo-lion,
-#head-partitions, #moved-share): every filter and random BCD at fraction 1 are AdamW, MoFO-Lion at fraction 1 is
-Lion and Lion is its update rule, per-head partitions of a one-head model are PyTorch's, hand-computed steps say
-which entries move, the moved share counts what it says, and the options reach the trainer, the labels, the CLI
-and the data (the training sequence length)."""
+#head-partitions, #moved-share, #hft): every filter and random BCD at fraction 1 are AdamW, MoFO-Lion at fraction 1
+is Lion and Lion is its update rule, HFT with nothing frozen is AdamW, per-head partitions of a one-head model are
+PyTorch's, hand-computed steps say which entries move, the moved share counts what it says, and the options reach
+the trainer, the labels, the CLI and the data (the training sequence length)."""
 from __future__ import annotations
 
 import math
@@ -14,6 +14,7 @@ from forgetlab.analysis.finetune import ANALYSIS, FinetuneSettings, configs_of
 from forgetlab.core.data import EncodedExample
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.taskvectors import distance, moved_share, weight_change
+from forgetlab.train.hft import hft_frozen
 from forgetlab.train.lion import Lion, lion_update_
 from forgetlab.train.mofo import FILTERS, MoFO, head_partitions, partition_mask
 from forgetlab.train.runs import config_label, standard_configs
@@ -65,6 +66,17 @@ def test_every_filter_and_random_bcd_at_fraction_one_is_adamw(filter):
     assert not torch.equal(adamw.model.embed_tokens.weight, _llama(0).model.embed_tokens.weight)   # it moved
     assert _same(_trained("mofo", fraction=1.0, filter=filter), adamw), filter
     assert _same(_trained("mofo", fraction=1.0, filter=filter, partition="head"), adamw), filter
+
+
+def test_hft_with_nothing_frozen_is_adamw_bit_for_bit():
+    """HFT's share 0, and a share too small to freeze a single matrix (the frozen set empty: K = ⌊s·m·L + ½⌋ = 0
+    for the 2 layers' 4 attention and 3 MLP matrices at s = 0.05), train exactly as AdamW (and as MoFO)."""
+    adamw = _trained("adamw")
+    assert _same(_trained("adamw", hft=0.0), adamw)
+    assert hft_frozen(_llama(0), 0.05, seed=3) == []
+    assert _same(_trained("adamw", hft=0.05), adamw)
+    assert _same(_trained("mofo", hft=0.05), _trained("mofo"))
+    assert hft_frozen(_llama(0), 0.5, seed=3) and not _same(_trained("adamw", hft=0.5), adamw)   # it can fail
 
 
 def test_below_fraction_one_the_filters_move_different_entries():

@@ -76,6 +76,9 @@ class FinetuneSettings:
                                   f"(default there {L1_DEFAULT:g})", label="L1-to-init λ")
     l2: float = setting(0.0, help="L2-to-init penalty λ (loss + λ/2‖θ − θo‖²); with --compare the L2-to-init run's "
                                   f"λ (default there {L2_DEFAULT:g})", label="L2-to-init λ")
+    hft: float = setting(0.0, help="HFT (Half Fine-Tuning): the share of each layer's attention and MLP matrices "
+                                   "frozen for the run (0.5: the paper's half; 0: off); a single run only, any "
+                                   "optimizer; docs/methods.md#hft", label="HFT frozen share", range=(0.0, 1.0))
     compare: bool = setting(False, help="run AdamW, MoFO, SFA, L2- and L1-to-init with these steps/lr/seed instead "
                                         "of one run")
     eval_every: Optional[int] = count_field(None, "record every k steps (default: ten records, at most 10 steps "
@@ -136,14 +139,15 @@ def configs_of(settings: FinetuneSettings, pool=None) -> list[FinetuneConfig]:
                                 l2=settings.l2 or L2_DEFAULT,
                                 l1=settings.l1 or L1_DEFAULT, **lora)
     label = config_label(settings.optimizer, fraction=settings.fraction, sfa_p=settings.sfa_p, l1=settings.l1,
-                         l2=settings.l2, lora=settings.lora, filter=settings.filter, partition=settings.partition)
+                         l2=settings.l2, lora=settings.lora, filter=settings.filter, partition=settings.partition,
+                         hft=settings.hft)
     return [FinetuneConfig(label=label, optimizer=settings.optimizer, steps=settings.steps,
                            batch_size=settings.batch_size, lr=settings.lr, weight_decay=settings.weight_decay,
                            fraction=settings.fraction, filter=settings.filter, partition=settings.partition,
                            warmup=settings.warmup, schedule=settings.schedule,
                            seed=settings.seed, sfa_p=settings.sfa_p,
                            sfa_beta=SFA_BETA if settings.sfa_beta is None else settings.sfa_beta, l1=settings.l1,
-                           l2=settings.l2, **lora)]
+                           l2=settings.l2, hft=settings.hft, **lora)]
 
 
 def check_settings(settings: FinetuneSettings, pool=None) -> None:
@@ -155,6 +159,9 @@ def check_settings(settings: FinetuneSettings, pool=None) -> None:
                              "≥ 1, e.g. --lora 16), or leave them out for a full fine-tune.")
     if settings.compare and settings.save_as is not None:
         raise ParameterError("--save-as saves one run; drop --compare or --save-as.")
+    if settings.compare and settings.hft:
+        raise ParameterError("--hft freezes matrices of a single run; --compare runs the standard five without it. "
+                             "Drop --compare or --hft (HFT beside AdamW and MoFO: forgetlab study mofo-hft).")
     check_optimizer("mofo" if settings.compare else settings.optimizer, settings.filter, settings.partition)
     check_measure(settings.measure)
     check_general_measure(settings.general_measure)

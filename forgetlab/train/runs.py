@@ -59,12 +59,12 @@ FILTER_TAGS = {"momentum": "", "gradient": "-flt-g", "mv": "-flt-mv", "gv": "-fl
 
 def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Optional[float] = None,
                  l1: float = 0.0, l2: float = 0.0, lora: Optional[int] = 0, filter: str = "momentum",
-                 partition: str = "tensor") -> str:
+                 partition: str = "tensor", hft: float = 0.0) -> str:
     """How a single fine-tune is named in tables and charts, from what it does: the optimizer ("mofo-0.2",
     "mofo-lion-0.2" with its fraction, then its filter other than MoFO's own — "-flt-g", "-flt-mv", "-flt-gv",
     "-random" — and "-heads" for per-head partitions), then each fix it adds ("+sfa-p0.25", "+l1-0.001",
-    "+l2-1"), after "lora16-" for a LoRA run of rank 16 — "lora16-mofo-0.2+l2-0.5", "mofo-0.2-flt-g-heads". The
-    comparison's runs are named by `standard_configs`."""
+    "+l2-1", "+hft-0.5" for HFT's frozen share), after "lora16-" for a LoRA run of rank 16 —
+    "lora16-mofo-0.2+l2-0.5", "mofo-0.2-flt-g-heads". The comparison's runs are named by `standard_configs`."""
     label = optimizer
     if optimizer in MOFO_OPTIMIZERS:
         label = f"{optimizer}-{fraction:g}{FILTER_TAGS.get(filter, '-' + str(filter))}"
@@ -75,6 +75,8 @@ def config_label(optimizer: str = "adamw", *, fraction: float = 0.2, sfa_p: Opti
         label += f"+l1-{l1:g}"
     if l2:
         label += f"+l2-{l2:g}"
+    if hft:
+        label += f"+hft-{hft:g}"
     if lora:
         label = f"lora{lora}-{label}"
     return label

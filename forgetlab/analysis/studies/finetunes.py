@@ -119,7 +119,7 @@ def finetune_singles(pool, settings: FinetuneStudySettings,
         out.append(("finetune", FinetuneSettings(
             task=settings.task, optimizer=c.optimizer, fraction=c.fraction, filter=c.filter, partition=c.partition,
             steps=c.steps, batch_size=c.batch_size, lr=c.lr, warmup=c.warmup, seed=c.seed, sfa_p=c.sfa_p,
-            sfa_beta=c.sfa_beta, l1=c.l1, l2=c.l2, eval_every=settings.eval_every or c.steps,
+            sfa_beta=c.sfa_beta, l1=c.l1, l2=c.l2, hft=c.hft, eval_every=settings.eval_every or c.steps,
             max_general=settings.max_general, max_task=settings.max_task, max_train=settings.max_train,
             max_length=settings.max_length, device=settings.device, dtype=settings.dtype)))
     return out
