@@ -106,3 +106,17 @@ def test_the_finetune_page_runs_a_study_and_draws_its_figure(tiny_llama, tmp_pat
     assert any("averaging frequency p" in str(f.proto.spec) for f in figures)
     assert any("The paper's claim" in m.value for m in at.markdown)
     assert [a.name for a in studies("finetune")] == sorted(a.name for a in studies("finetune"))
+
+
+def test_the_pools_warmup_never_outlasts_the_steps_asked(monkeypatch):
+    import forgetlab.analysis.studies.finetunes as finetunes
+    from forgetlab.train.defaults import FinetuneDefaults
+
+    monkeypatch.setattr(finetunes, "finetune_defaults",
+                        lambda pool, task: FinetuneDefaults(steps=80, batch_size=32, lr=1e-3, warmup=8, source="zoo"))
+    s = SfaFrequencySettings(task="math")
+    assert finetunes.budget_of(None, s) == {"steps": 80, "batch_size": 32, "lr": 1e-3, "warmup": 8}
+    assert finetunes.budget_of(None, SfaFrequencySettings(task="math", steps=4))["warmup"] == 4
+    assert finetunes.budget_of(None, SfaFrequencySettings(task="math", steps=4, warmup=2))["warmup"] == 2
+    with pytest.raises(ParameterError, match="--warmup 6 is longer than --steps 4"):
+        finetunes.check_task(SfaFrequencySettings(task="math", steps=4, warmup=6))

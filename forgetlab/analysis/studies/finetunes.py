@@ -63,8 +63,11 @@ def with_task(pool, settings):
 def budget_of(pool, settings: FinetuneStudySettings) -> dict:
     """Steps, batch size, lr and warm-up of every run: the given ones over the pool's own recipe of the task."""
     recipe = finetune_defaults(pool, with_task(pool, settings).task)
-    return {k: getattr(recipe, k) if getattr(settings, k) is None else getattr(settings, k)
-            for k in ("steps", "batch_size", "lr", "warmup")}
+    budget = {k: getattr(recipe, k) if getattr(settings, k) is None else getattr(settings, k)
+              for k in ("steps", "batch_size", "lr", "warmup")}
+    if settings.warmup is None:         # the pool's warm-up, for its own steps: never longer than the steps asked
+        budget["warmup"] = min(budget["warmup"], budget["steps"])
+    return budget
 
 
 def config(pool, settings: FinetuneStudySettings, label: str, **changes) -> FinetuneConfig:
@@ -97,7 +100,11 @@ def runs_table(comparison: FinetuneComparison) -> pd.DataFrame:
 
 
 def check_task(settings: FinetuneStudySettings, pool=None) -> None:
-    """With the pool: the task is one of its tasks (the base is every study's start)."""
+    """A warm-up no longer than the steps given; with the pool, the task is one of its tasks (the base is every
+    study's start)."""
+    if settings.warmup is not None and settings.steps is not None and settings.warmup > settings.steps:
+        raise ParameterError(f"--warmup {settings.warmup} is longer than --steps {settings.steps}: give a warm-up of "
+                             f"at most {settings.steps} steps, or leave it out.")
     if pool is not None:
         pool.check_tasks([with_task(pool, settings).task])
         check_start(pool, "base")
