@@ -441,7 +441,9 @@ def verdict_self(table: pd.DataFrame, settings=None) -> Verdict:
     limit = f"{NEGLIGIBLE:g}" if higher else f"{NEGLIGIBLE:.0%}"
     if size <= NEGLIGIBLE:
         return Verdict(measured, True)
-    return Verdict(measured, False, f"leaving out j = i changes {word} by more than {limit}")
+    better = (diff > 0) == higher
+    return Verdict(measured, False, f"leaving out j = i changes {word} by more than {limit} (j ≠ i "
+                                    f"{'better' if better else 'worse'})")
 
 
 SELF_STUDY = study_analysis(SELF, PcbStudySettings, compute_self, figure_self, verdict_self, checks=check,
