@@ -186,6 +186,8 @@ def test_ratio_verdict_both_ways():
     assert studies.verdict_ratio(_curve([(0.1, 0.5), (0.2, 0.4), (1.0, 0.3)])).holds is True
     v = studies.verdict_ratio(_curve([(0.1, 0.3), (0.2, 0.4), (1.0, 0.5)]))
     assert v.holds is False and "1" in v.reason
+    tie = studies.verdict_ratio(_curve([(0.1, 0.3), (0.3, 0.5), (0.5, 0.5)]))     # a tie is named
+    assert tie.holds is True and "tied with r = 0.5" in tie.measured
     # no exact match anywhere: the answer loss decides, lower is better
     losses = _curve([(0.1, 2.0), (1.0, 3.0)], "answer_loss").assign(speciality=0.0)
     assert studies.verdict_ratio(losses).holds is True

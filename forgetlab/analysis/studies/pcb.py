@@ -276,8 +276,9 @@ def figure_ratio(table: pd.DataFrame) -> go.Figure:
 
 
 def verdict_ratio(table: pd.DataFrame, settings=None) -> Verdict:
-    """Whether the curve's best r lies in the paper's optimal range 0.03–0.3; with the spread over the curve's r in
-    that range, and the search's choice, its count and its cost."""
+    """Whether the curve's best r (the smallest of those reaching the best value, the others named) lies in the
+    paper's optimal range 0.03–0.3; with the spread over the curve's r in that range, and the search's choice, its
+    count and its cost."""
     curve = table[table.kind == "curve"]
     if curve.empty:
         return Verdict("the curve has no r to compare.", None)
@@ -285,10 +286,12 @@ def verdict_ratio(table: pd.DataFrame, settings=None) -> Verdict:
     best = best_row(curve, column, higher)
     low, high = PAPER_BEST_R
     inside = curve[(curve.keep >= low) & (curve.keep <= high)]
-    measured = (f"best r on the curve by {word}: {best.keep:g} ({best[column]:.3f}, general loss "
+    ties = curve[curve[column] == best[column]].keep.tolist()      # every r reaching the best value
+    tied = f" (tied with r = {', '.join(f'{r:g}' for r in ties[1:])})" if len(ties) > 1 else ""
+    measured = (f"best r on the curve by {word}: {best.keep:g}{tied} ({best[column]:.3f}, general loss "
                 f"{best.general_loss:.3f}); over r in [{low:g}, {high:g}] {word} spans "
                 f"{inside[column].min():.3f}–{inside[column].max():.3f}" if not inside.empty else
-                f"best r on the curve by {word}: {best.keep:g} ({best[column]:.3f})")
+                f"best r on the curve by {word}: {best.keep:g}{tied} ({best[column]:.3f})")
     found = table[table.kind == "searched"]
     if not found.empty:
         f = found.iloc[0]
