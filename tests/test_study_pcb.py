@@ -23,7 +23,8 @@ from forgetlab.merge.methods import pcb
 
 def _random(n_models=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    base = {"a": torch.randn(40, 17, generator=g), "b": torch.randn(300, generator=g), "c": torch.randn(3, 5, generator=g)}
+    base = {"a": torch.randn(40, 17, generator=g), "b": torch.randn(300, generator=g),
+            "c": torch.randn(3, 5, generator=g)}
     fts = [{k: v + 0.1 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(n_models)]
     return base, fts
 
@@ -53,7 +54,8 @@ def test_softmax_with_j_equal_i_is_todays_pcb_bit_for_bit(scope, keep):
     assert not torch.equal(today["a"], other["a"])
 
 
-# τ1 = [2, 0], τ2 = [0, 1], r = 1 (nothing dropped): Norm(τ1τ1) = [1, 0], Norm(τ2τ2) = [0, 1], τ1τ2 = 0 → Norm 0.
+# τ1 = [2, 0], τ2 = [0, 1], r = 1 (nothing dropped): Norm(τ1τ1) = [1, 0], Norm(τ2τ2) = [0, 1], τ1τ2 = 0
+# → Norm 0.
 HAND_BASE = {"w": torch.zeros(2)}
 HAND_FTS = [{"w": torch.tensor([2.0, 0.0])}, {"w": torch.tensor([0.0, 1.0])}]
 

@@ -115,8 +115,8 @@ class MergeScorer:
     def card(self, state, name: str, progress: Progress = None) -> Scorecard:
         """The scorecard of the weights `state`, written into the working copy."""
         self.model.load_state_dict({k: v.to(self.dev) for k, v in state.items()}, strict=False)
-        return evaluate(self.model, self.pool.tokenizer, self.pool.probes, name=name, max_general=self.budget.max_general,
-                        max_task=self.budget.max_task, progress=progress)
+        return evaluate(self.model, self.pool.tokenizer, self.pool.probes, name=name,
+                        max_general=self.budget.max_general, max_task=self.budget.max_task, progress=progress)
 
     def row(self, card: Scorecard, **columns) -> dict:
         """One table row: `columns`, then per task exact match and answer loss, their means (`speciality`,
