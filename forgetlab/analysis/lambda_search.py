@@ -92,10 +92,13 @@ class LambdaSearchResult:
 
 
 def pcb_components(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[str, torch.Tensor]],
-                   keep: float = 0.2, scope: str = "global", progress: Progress = None) -> list[dict[str, torch.Tensor]]:
-    """Ci = β̂i ⊙ τi / Σj β̂j per tensor and task (0 where Σ β̂ = 0): PCB's merged task vector is Σi λi·Ci."""
+                   keep: float = 0.2, scope: str = "global", progress: Progress = None, *,
+                   activation: str = "softmax", self_term: bool = True) -> list[dict[str, torch.Tensor]]:
+    """Ci = β̂i ⊙ τi / Σj β̂j per tensor and task (0 where Σ β̂ = 0): PCB's merged task vector is Σi λi·Ci
+    (β with PCB's `activation` and `self_term` options, docs/methods.md#pcb-activation)."""
     spec = get_method("pcb")
-    params = validate_params(spec, {"keep": keep, "scope": scope}, n_models=len(finetuned))
+    params = validate_params(spec, {"keep": keep, "scope": scope, "activation": activation, "self_term": self_term},
+                             n_models=len(finetuned))
     finetuned = without_tied_copies(base, finetuned)
     base_src = DictSource(base, "the base")
     models = [DictSource(sd, f"model {i + 1}") for i, sd in enumerate(finetuned)]
@@ -107,7 +110,7 @@ def pcb_components(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping
             continue
         b = base[e.name].to(torch.float32)
         taus = [sd[e.name].to(torch.float32) - b for sd in finetuned]
-        st = stats if scope == "global" else pcbmod.pcb_stats(taus, keep)
+        st = stats if scope == "global" else pcbmod.pcb_stats(taus, keep, activation, self_term)
         betas = pcbmod.pcb_balance(taus, st)
         bhat = [torch.zeros_like(x) if t is None else torch.where(x >= t, x, torch.zeros_like(x))
                 for x, t in zip(betas, st.thresholds)]
@@ -138,13 +141,15 @@ def cma_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[st
                        validation_loss: Callable, *, keep: float = 0.2, lam: float = 1.0, scope: str = "global",
                        budget: int = 30, sigma0: float = 0.3, bounds: tuple[float, float] = (0.0, 3.0),
                        seed: int = 0, loss_of: str = "state_dict", progress: Progress = None,
-                       batch_loss: Callable | None = None) -> LambdaSearchResult:
+                       batch_loss: Callable | None = None, activation: str = "softmax",
+                       self_term: bool = True) -> LambdaSearchResult:
     """Search per-task λi for PCB with CMA-ES from λi = `lam`, minimising `validation_loss`.
 
     `validation_loss(state_dict) -> float` (loss_of="state_dict") or `validation_loss(lambdas) -> float`
     (loss_of="lambdas"). At most `budget` evaluations (the start counts as one); λi stay within `bounds`.
     `batch_loss(list of λ vectors) -> list of losses`, when given, evaluates each CMA-ES generation at once
     (e.g. on Ray workers, `forgetlab.analysis.search.pcb_batch_loss`); the points and the result are the same.
+    `activation`, `self_term`: PCB's options (`pcb_components`).
     """
     try:
         import cma
@@ -157,7 +162,8 @@ def cma_lambdas(base: Mapping[str, torch.Tensor], finetuned: Sequence[Mapping[st
     if not bounds[0] <= lam <= bounds[1]:
         raise ParameterError(f"The start λ={lam} lies outside the bounds {bounds}; widen the bounds.")
     n = len(finetuned)
-    comps = pcb_components(base, finetuned, keep, scope, scaled(progress, 0, 0.2))
+    comps = pcb_components(base, finetuned, keep, scope, scaled(progress, 0, 0.2), activation=activation,
+                           self_term=self_term)
     history: list[tuple[list[float], float]] = []
 
     def record(lams: list[float], value: float) -> float:
@@ -227,11 +233,11 @@ class _PcbState:
     """A PCB λ-search worker: base weights and PCB components Ci resident, one working copy for the probe loss."""
 
     def __init__(self, pool, base_ref: str, model_refs: Sequence[str], keep: float, scope: str,
-                 device: Optional[str], dtype=None, max_task: Optional[int] = 32):
+                 device: Optional[str], dtype=None, max_task: Optional[int] = 32, options: Optional[dict] = None):
         base = open_checkpoint(base_ref)
         self.base = base.state_dict()
         fts = [open_checkpoint(r, base=base).state_dict() for r in model_refs]
-        self.comps = pcb_components(self.base, fts, keep, scope)
+        self.comps = pcb_components(self.base, fts, keep, scope, **(options or {}))
         del fts
         self.loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
 
@@ -253,11 +259,12 @@ class pcb_batch_loss:
     executor's workers (each holds the base and the PCB components once). `.executor` says where points ran."""
 
     def __init__(self, executor, pool, recipe, *, keep: float, scope: str, device: Optional[str] = None,
-                 dtype=None, max_task: Optional[int] = 32):
+                 dtype=None, max_task: Optional[int] = 32, options: Optional[dict] = None):
         self.executor = make_executor(executor)
         refs = [pool.resolve_ref(m.model) for m in recipe.models]
         self.factory = _PcbFactory(pool, pool.resolve_ref(recipe.base), refs, float(keep), scope, device,
-                                   None if dtype is None else str(dtype).removeprefix("torch."), max_task)
+                                   None if dtype is None else str(dtype).removeprefix("torch."), max_task,
+                                   dict(options or {}))
         self.workers_used: list[dict] = []
 
     def __enter__(self):
@@ -286,13 +293,15 @@ def pcb_lambda_search(pool, recipe, *, budget: int = 30, seed: int = 0, max_task
     lam0 = float(p["lam"][0] if isinstance(p["lam"], (list, tuple)) else p["lam"])
     base = open_checkpoint(pool.resolve_ref(recipe.base))
     fts = [open_checkpoint(pool.resolve_ref(m.model), base=base).state_dict() for m in recipe.models]
-    kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress)
+    options = {"activation": p["activation"], "self_term": p["self_term"]}   # PCB's options, as the recipe sets them
+    kw = dict(keep=p["keep"], lam=lam0, scope=p["scope"], budget=int(budget), seed=int(seed), progress=progress,
+              **options)
     executor = make_executor(executor)
     if executor.name == "local":
         loss = probe_loss(pool, max_task=max_task, device=device, dtype=dtype)
         return cma_lambdas(base.state_dict(), fts, loss, **kw), [worker_id()]
     on = pcb_batch_loss(executor, pool, recipe, keep=p["keep"], scope=p["scope"], device=device, dtype=dtype,
-                        max_task=max_task)
+                        max_task=max_task, options=options)
     with on as batch:
         res = cma_lambdas(base.state_dict(), fts, None, batch_loss=batch, **kw)
     return res, on.workers_used

@@ -11,6 +11,10 @@ Global scope needs min, max and softmax denominators over the whole vector, then
 `PCBGlobalCollector` computes them streaming in four passes (min/max; softmax sums; two RadixSelect
 passes for the exact threshold of each βi), and the merge pass applies `pcb_combine` per tensor.
 
+Options (docs/methods.md#pcb-activation, #pcb-self-term): `activation` — softmax (default) or, as in the
+paper's Appendix B.1 ablation, sigmoid, ReLU or tanh applied entry-wise in its place (no denominator);
+`self_term` — True (default): inter_i sums over every j, i included; False: over j ≠ i only.
+
 Reference: `pcb_stats`, `pcb_balance`, `pcb_combine`, `pcb_merge`. CPU kernels: `pcb_minmax`, `pcb_zsums`,
 `pcb_betas`, `pcb_combine_into_`, `pcb_merge_into_` (the same formulas block by block). Global statistics:
 `PCBGlobalCollector`.
@@ -24,9 +28,24 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from forgetlab.core.errors import ParameterError
 from forgetlab.merge.methods.common import LAM_RANGE, UNIT, scope_param
 from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, fast_kernel, method
 from forgetlab.merge.select import BLOCK, RadixSelect, as_array, block_ranges, keep_count, kth_largest, on_cpu_fast_path
+
+
+ACTIVATIONS = ("softmax", "sigmoid", "relu", "tanh")
+"""PCB's balancing activation: softmax (the paper's) or an entry-wise one in its place (Appendix B.1)."""
+_INPLACE = {"softmax": torch.Tensor.exp_, "sigmoid": torch.Tensor.sigmoid_, "relu": torch.Tensor.relu_,
+            "tanh": torch.Tensor.tanh_}
+_OUT = {"softmax": torch.exp, "sigmoid": torch.sigmoid, "relu": torch.relu, "tanh": torch.tanh}
+
+
+def check_activation(activation: str) -> str:
+    """The activation, checked against ACTIVATIONS."""
+    if activation not in _OUT:
+        raise ParameterError(f"PCB's activation must be one of {', '.join(ACTIVATIONS)}; got {activation!r}.")
+    return activation
 
 
 @dataclass
@@ -39,12 +58,20 @@ class PCBStats:
     z_intra: list[float] = field(default_factory=list)              # Σ exp(N·Norm(τi⊙τi))
     z_pair: dict[tuple[int, int], float] = field(default_factory=dict)  # Σ exp(Norm(τi⊙τj))
     thresholds: list[float | None] = field(default_factory=list)    # k-th largest βi (None: keep none)
+    activation: str = "softmax"   # softmax: z are sums of exp; otherwise an entry-wise activation, z = 1
+    self_term: bool = True        # inter_i sums over j = i too
+
+    @property
+    def softmax(self) -> bool:
+        """Whether the balancing activation is the softmax (its denominators are summed)."""
+        return self.activation == "softmax"
 
     def to_dict(self) -> dict:
         key = lambda p: f"{p[0]},{p[1]}"  # noqa: E731
         return {"n_tasks": self.n_tasks, "lo": {key(k): v for k, v in self.lo.items()},
                 "hi": {key(k): v for k, v in self.hi.items()}, "z_intra": list(self.z_intra),
-                "z_pair": {key(k): v for k, v in self.z_pair.items()}, "thresholds": list(self.thresholds)}
+                "z_pair": {key(k): v for k, v in self.z_pair.items()}, "thresholds": list(self.thresholds),
+                "activation": self.activation, "self_term": self.self_term}
 
 
 def _pairs(n: int) -> list[tuple[int, int]]:
@@ -62,24 +89,28 @@ def norm01(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     return (x - lo) / (hi - lo)
 
 
-def _exp_intra(tau: torch.Tensor, n_tasks: int, lo: float, hi: float) -> torch.Tensor:
-    return torch.exp(n_tasks * norm01(tau * tau, lo, hi))
+def _exp_intra(tau: torch.Tensor, n_tasks: int, lo: float, hi: float, activation: str = "softmax") -> torch.Tensor:
+    return _OUT[activation](n_tasks * norm01(tau * tau, lo, hi))
 
 
-def _exp_pair(ti: torch.Tensor, tj: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    return torch.exp(norm01(ti * tj, lo, hi))
+def _exp_pair(ti: torch.Tensor, tj: torch.Tensor, lo: float, hi: float, activation: str = "softmax") -> torch.Tensor:
+    return _OUT[activation](norm01(ti * tj, lo, hi))
 
 
 def pcb_balance(taus: Sequence[torch.Tensor], stats: PCBStats) -> list[torch.Tensor]:
-    """βi = intra_i ⊙ inter_i for each task, with Norm bounds and softmax denominators from `stats`."""
+    """βi = intra_i ⊙ inter_i for each task, with Norm bounds and softmax denominators from `stats` (and its
+    activation; j = i left out of inter_i where `stats.self_term` is False)."""
     n = len(taus)
+    act = stats.activation
     betas = []
     for i in range(n):
-        intra = _exp_intra(taus[i], n, stats.lo[(i, i)], stats.hi[(i, i)]) / stats.z_intra[i]
+        intra = _exp_intra(taus[i], n, stats.lo[(i, i)], stats.hi[(i, i)], act) / stats.z_intra[i]
         inter = torch.zeros_like(intra)
         for j in range(n):
+            if j == i and not stats.self_term:
+                continue
             k = _key(i, j)
-            inter += _exp_pair(taus[i], taus[j], stats.lo[k], stats.hi[k]) / stats.z_pair[k]
+            inter += _exp_pair(taus[i], taus[j], stats.lo[k], stats.hi[k], act) / stats.z_pair[k]
         betas.append(intra * inter)
     return betas
 
@@ -98,34 +129,41 @@ def pcb_combine(taus: Sequence[torch.Tensor], betas: Sequence[torch.Tensor],
     return torch.where(den > 0, num / safe, torch.zeros_like(num))
 
 
-def pcb_stats(taus: Sequence[torch.Tensor], keep: float = 0.2) -> PCBStats:
-    """PCB statistics of entries held in memory (one tensor for scope="tensor", or a concatenation)."""
+def pcb_stats(taus: Sequence[torch.Tensor], keep: float = 0.2, activation: str = "softmax",
+              self_term: bool = True) -> PCBStats:
+    """PCB statistics of entries held in memory (one tensor for scope="tensor", or a concatenation); with an
+    activation other than softmax the denominators are 1."""
     n = len(taus)
-    st = PCBStats(n)
+    st = PCBStats(n, activation=check_activation(activation), self_term=bool(self_term))
     for i, j in _pairs(n):
         prod = taus[i] * taus[j]
         st.lo[(i, j)] = float(prod.min())
         st.hi[(i, j)] = float(prod.max())
-        st.z_pair[(i, j)] = float(_exp_pair(taus[i], taus[j], st.lo[(i, j)], st.hi[(i, j)]).double().sum())
-    st.z_intra = [float(_exp_intra(taus[i], n, st.lo[(i, i)], st.hi[(i, i)]).double().sum()) for i in range(n)]
+        st.z_pair[(i, j)] = (float(_exp_pair(taus[i], taus[j], st.lo[(i, j)], st.hi[(i, j)]).double().sum())
+                             if st.softmax else 1.0)
+    st.z_intra = [float(_exp_intra(taus[i], n, st.lo[(i, i)], st.hi[(i, i)]).double().sum()) if st.softmax
+                  else 1.0 for i in range(n)]
     k = keep_count(taus[0].numel(), keep)
     st.thresholds = [None if k <= 0 else kth_largest(b, k)[0] for b in pcb_balance(taus, st)]
     return st
 
 
 def pcb_merge(taus: Sequence[torch.Tensor], keep: float = 0.2, lam: float | Sequence[float] = 1.0,
-              stats: PCBStats | None = None) -> torch.Tensor:
-    """Merged task vector of PCB: statistics from `taus` themselves unless `stats` (global ones) is given."""
+              stats: PCBStats | None = None, activation: str = "softmax", self_term: bool = True) -> torch.Tensor:
+    """Merged task vector of PCB: statistics from `taus` themselves unless `stats` (global ones, which then carry
+    the activation and the j = i choice) is given."""
     taus = [t.to(torch.float32) for t in taus]
-    st = stats if stats is not None else pcb_stats(taus, keep)
+    st = stats if stats is not None else pcb_stats(taus, keep, activation, self_term)
     return pcb_combine(taus, pcb_balance(taus, st), st.thresholds, lam)
 
 
 # -- the same formulas block by block, in place (CPU kernels)
 
 
-def _pcb_exps(blocks, n_tasks, lo, hi, E: dict, Ei: list) -> None:
-    """E[(i, j)] = exp(Norm(τi⊙τj)), Ei[i] = exp(N·Norm(τi⊙τi)) for one block (pcb._exp_pair/_exp_intra)."""
+def _pcb_exps(blocks, n_tasks, lo, hi, E: dict, Ei: list, activation: str = "softmax") -> None:
+    """E[(i, j)] = exp(Norm(τi⊙τj)), Ei[i] = exp(N·Norm(τi⊙τi)) for one block (pcb._exp_pair/_exp_intra; exp is
+    the activation's, e.g. tanh in place)."""
+    act = _INPLACE[activation]
     for i, j in _pairs(n_tasks):
         P_ = E[(i, j)]
         l, h = lo[(i, j)], hi[(i, j)]
@@ -135,8 +173,8 @@ def _pcb_exps(blocks, n_tasks, lo, hi, E: dict, Ei: list) -> None:
         else:
             P_.zero_()  # a constant product normalises to 0
         if i == j:
-            torch.mul(P_, n_tasks, out=Ei[i]).exp_()
-        P_.exp_()
+            act(torch.mul(P_, n_tasks, out=Ei[i]))
+        act(P_)
 
 
 def _pcb_buffers(n_tasks: int, nb: int):
@@ -166,7 +204,7 @@ def pcb_minmax(taus: Sequence[torch.Tensor], lo: dict | None = None, hi: dict | 
 def pcb_zsums(taus: Sequence[torch.Tensor], lo: dict, hi: dict, z_pair: dict | None = None,
               z_intra: list | None = None) -> tuple[dict, list]:
     """Softmax denominators Σ exp(Norm(τi⊙τj)) and Σ exp(N·Norm(τi⊙τi)), summed in float64 (updating the
-    given sums: a streamed pass)."""
+    given sums: a streamed pass). Only the softmax has them: callers use 1 for the other activations."""
     flat = [t.reshape(-1) for t in taus]
     n_tasks = len(flat)
     z_pair = {p: 0.0 for p in _pairs(n_tasks)} if z_pair is None else z_pair
@@ -189,11 +227,13 @@ def pcb_zsums(taus: Sequence[torch.Tensor], lo: dict, hi: dict, z_pair: dict | N
 def _pcb_betas_block(blocks, n_tasks, st, Eb, Eib, outs, tmp) -> None:
     """βi = intra_i ⊙ inter_i for one block into outs[i] (the operations of pcb.pcb_balance, in its order;
     `tmp` is a scratch block, so no temporary is allocated per pair)."""
-    _pcb_exps(blocks, n_tasks, st.lo, st.hi, Eb, Eib)
+    _pcb_exps(blocks, n_tasks, st.lo, st.hi, Eb, Eib, st.activation)
     for i in range(n_tasks):
         out = outs[i]
         out.zero_()
         for j in range(n_tasks):
+            if j == i and not st.self_term:
+                continue
             p = (i, j) if i <= j else (j, i)
             out.add_(torch.div(Eb[p], st.z_pair[p], out=tmp))
         out.mul_(Eib[i].div_(st.z_intra[i]))
@@ -255,15 +295,18 @@ def pcb_combine_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], threshold
 
 
 def pcb_merge_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], keep: float, lams: Sequence[float],
-                    stats=None) -> torch.Tensor:
+                    stats=None, activation: str = "softmax", self_term: bool = True) -> torch.Tensor:
     """out += PCB's merged task vector (pcb.pcb_merge): per-tensor statistics from `taus` (two blocked
     passes, βi stored once, exact k-th largest βi by selection), or the global `stats` (one blocked pass)."""
     n_tasks = len(taus)
     if stats is not None:
         return pcb_combine_into_(out, taus, stats.thresholds, lams, st=stats)
-    st = PCBStats(n_tasks)
+    st = PCBStats(n_tasks, activation=check_activation(activation), self_term=bool(self_term))
     st.lo, st.hi = pcb_minmax(taus)
-    st.z_pair, st.z_intra = pcb_zsums(taus, st.lo, st.hi)
+    if st.softmax:
+        st.z_pair, st.z_intra = pcb_zsums(taus, st.lo, st.hi)
+    else:
+        st.z_pair, st.z_intra = {p: 1.0 for p in _pairs(n_tasks)}, [1.0] * n_tasks
     betas = pcb_betas(taus, st, [torch.empty_like(out) for _ in range(n_tasks)])
     k = keep_count(out.numel(), keep)
     st.thresholds = [None if k <= 0 else kth_largest(as_array(b), k, row=int(out.shape[-1]) if out.dim() else 1)[0]
@@ -273,22 +316,26 @@ def pcb_merge_into_(out: torch.Tensor, taus: Sequence[torch.Tensor], keep: float
 
 class PCBGlobalCollector:
     """Streams PCB's global statistics: pass 0 min/max of every τi⊙τj, pass 1 softmax denominators (float64
-    sums), passes 2–3 the exact k-th largest βi (RadixSelect), k = keep_count(total entries, keep)."""
+    sums; 1 and nothing summed for an activation other than softmax), passes 2–3 the exact k-th largest βi
+    (RadixSelect), k = keep_count(total entries, keep)."""
 
     passes = 4
 
-    def __init__(self, n_tasks: int, total: int, keep: float):
-        self.st = PCBStats(n_tasks)
+    def __init__(self, n_tasks: int, total: int, keep: float, activation: str = "softmax", self_term: bool = True):
+        self.st = PCBStats(n_tasks, activation=check_activation(activation), self_term=bool(self_term))
         self.n = n_tasks
+        z0 = 0.0 if self.st.softmax else 1.0
         for p in _pairs(n_tasks):
-            self.st.lo[p], self.st.hi[p], self.st.z_pair[p] = math.inf, -math.inf, 0.0
-        self.st.z_intra = [0.0] * n_tasks
+            self.st.lo[p], self.st.hi[p], self.st.z_pair[p] = math.inf, -math.inf, z0
+        self.st.z_intra = [z0] * n_tasks
         k = keep_count(total, keep)
         self.selects = [RadixSelect(k) for _ in range(n_tasks)]
 
     def add(self, pass_index, name, base, taus):
         taus = [t.to(torch.float32) for t in taus]
         st = self.st
+        if pass_index == 1 and not st.softmax:
+            return  # no denominators: they stay 1
         if on_cpu_fast_path(*taus):  # the same statistics, block by block (the kernels above)
             if pass_index == 0:
                 pcb_minmax(taus, st.lo, st.hi)
@@ -327,15 +374,21 @@ class PCBGlobalCollector:
         (ParamSpec("keep", "float", 0.2, "Fraction r of entries of each balance matrix β kept.", UNIT),
          ParamSpec("lam", "float", 1.0, "Scaling λ (one number, or one λi per model, e.g. from the "
                    "CMA-ES search).", LAM_RANGE, per_model=True, model_key="lam"),
-         scope_param("global")),
-        collector=lambda n, total, p: PCBGlobalCollector(n, total, p["keep"]),
+         scope_param("global"),
+         ParamSpec("activation", "str", "softmax", "Balancing activation: softmax (the paper's) or sigmoid, relu, "
+                   "tanh entry-wise in its place (the paper's Appendix B.1 ablation).", choices=ACTIVATIONS),
+         ParamSpec("self_term", "bool", True, "Inter-balancing sums over every task j, i included (true) or over "
+                   "j ≠ i only (false).")),
+        collector=lambda n, total, p: PCBGlobalCollector(n, total, p["keep"], p.get("activation", "softmax"),
+                                                         p.get("self_term", True)),
         global_when=lambda p: p.get("scope") == "global",
         formula="θ = θ0 + Σi λi·β̂i ⊙ τi / Σi β̂i", memory=WorkingMemory(fast=(2.2, 1.1), reference=(9.9, 1.1)),
         title="PCB-merging", paper="Parameter Competition Balancing for Model Merging (PCB-merging)")
 def _pcb(job: TensorJob) -> torch.Tensor:
     p = job.params
     stats = job.stats if p["scope"] == "global" else None
-    return job.base + pcb_merge(job.take_taus(), p["keep"], p["lam"], stats)
+    return job.base + pcb_merge(job.take_taus(), p["keep"], p["lam"], stats, p.get("activation", "softmax"),
+                                p.get("self_term", True))
 
 
 @fast_kernel("pcb")
@@ -345,4 +398,5 @@ def _pcb_fast(job: TensorJob) -> torch.Tensor:
     stats = job.stats if p["scope"] == "global" else None
     taus = job.take_taus()
     lams = [float(p["lam"])] * len(taus) if isinstance(p["lam"], (int, float)) else p["lam"]
-    return pcb_merge_into_(job.base, taus, p["keep"], lams, stats)
+    return pcb_merge_into_(job.base, taus, p["keep"], lams, stats, p.get("activation", "softmax"),
+                           p.get("self_term", True))
