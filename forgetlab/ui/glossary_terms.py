@@ -365,6 +365,11 @@ SECTIONS: dict[str, dict[str, Term]] = {
         "study": _t("study", "One table or figure of the five papers rerun on this pool, with the paper's claim "
                     "beside what it measures here and whether the claim holds (docs/studies.md).", "", "studies",
                     "paper studies", "claim", "holds"),
+        "inter_balancing": _t("inter-balancing", "PCB's weight for each model's change to a parameter: how large it "
+                              "is against the other models' changes there (with or without the model itself, j = i).",
+                              "pcb-self-term", "inter balancing", "j = i", "j ≠ i"),
+        "operating_ratio": _t("operating ratio", "The pruning ratio a paper recommends and reports its numbers at "
+                              "(FAPM: 0.9); the study judges the claim there.", "relative-shares", "operating point"),
         "ablation": _t("ablation", "A paper's experiment that changes one part of its method at a time (a filter, "
                        "an activation, a frequency) to show which part matters.", "", "ablations"),
     },
