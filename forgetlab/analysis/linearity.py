@@ -40,7 +40,7 @@ from forgetlab.core.anatomy import LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report
-from forgetlab.core.settings import count_field, device_field, dtype_field, setting
+from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
 from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias, attention_from_projections,
                                        attention_is_affine, attention_projections, capture_inputs,
                                        check_head_decomposition, check_same_structure, encode_samples, last_hidden,
@@ -253,11 +253,12 @@ def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, W
 
 def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Optional[str] = None,
                         levels: Sequence[str] = DEFAULT_LEVELS, alphas: Sequence[float] = DEFAULT_ALPHAS,
-                        samples: Optional[int] = 30, capture: str = "finetuned", batch_size: int = 8,
-                        max_length: int = 128, device: Optional[str] = None, dtype=None,
+                        samples: Optional[int] = 30, seed: Optional[int] = None, capture: str = "finetuned",
+                        batch_size: int = 8, max_length: int = 128, device: Optional[str] = None, dtype=None,
                         progress: Progress = None) -> NonlinearityResult:
     """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (docs/methods.md#distance-curve,
-    #nls, #property-1) at every requested level, layer and head, on the first ``samples`` probe pairs of ``task``.
+    #nls, #property-1) at every requested level, layer and head, on ``samples`` probe pairs of ``task``: the
+    first ones, or — with a ``seed`` — drawn at random with that seed (`select_pairs`, docs/methods.md#probe-draws).
 
     ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
@@ -269,7 +270,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
     al = check_alphas(alphas)
     inp, work, target = _lean_inputs(pool_or_models, task, model, device, dtype)
-    pairs = select_pairs(inp.pairs, samples, inp.task)
+    pairs = select_pairs(inp.pairs, samples, inp.task, seed)
     try:
         anatomy, an_err = Anatomy.from_model(work.model), None
     except ParameterError as exc:
@@ -367,7 +368,7 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                 path = anatomy.module_path(level, key[1]) if anatomy is not None else "model"
                 scores.append(make_score(level, key[1], None, path, d, res, ideal))
     report(progress, 1.0, "done")
-    return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores)
+    return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores, seed)
 
 
 def make_score(level, layer, head, module, d, res, ideal) -> SubmoduleScore:
@@ -394,6 +395,8 @@ class LinearitySettings:
     alphas: tuple[float, ...] = setting(DEFAULT_ALPHAS, help="α grid, comma-separated; α = 1 is the reference",
                                         range=(0.0, 1.0), label="α grid")
     samples: Optional[int] = count_field(30, "probe samples per task")
+    seed: Optional[int] = seed_field("seed of the random draw of the probe samples (default: the first ones, no "
+                                     "draw)", default=None)
     capture: str = setting("finetuned", help="model whose forward pass gives the submodule inputs",
                            choices=CAPTURES)
     batch_size: int = count_field(8, "probe samples per forward pass")
@@ -426,7 +429,8 @@ def estimate(pool, settings: LinearitySettings):
 def recipe(result: NonlinearityResult) -> dict:
     """What a saved linearity run records (besides its pool)."""
     return {"task": result.task, "model": result.model, "levels": list(result.levels),
-            "alphas": list(result.alphas), "samples": result.samples, "capture": result.capture}
+            "alphas": list(result.alphas), "samples": result.samples, "capture": result.capture,
+            **({"seed": result.seed} if result.seed is not None else {})}
 
 
 def cli_report(result: NonlinearityResult) -> list:

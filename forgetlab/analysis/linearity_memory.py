@@ -43,8 +43,8 @@ def linearity_parts(size: ModelSize, *, dtype, batch: int, seq: int, levels: Seq
     return {"weights": size.bytes(dtype), "captured inputs": captures, "one layer's work": max(lerp, rerun)}
 
 
-def _longest(pool, task: str, samples: Optional[int], max_length: int) -> int:
-    pairs = select_pairs(pool.probes.task(task).probe, samples, task)
+def _longest(pool, task: str, samples: Optional[int], max_length: int, seed: Optional[int] = None) -> int:
+    pairs = select_pairs(pool.probes.task(task).probe, samples, task, seed)
     enc = encode_samples(pool.tokenizer, pairs, max_length=max_length, template=getattr(pool.probes, "template",
                                                                                         None))
     return int(enc.input_ids.shape[1])
@@ -53,8 +53,8 @@ def _longest(pool, task: str, samples: Optional[int], max_length: int) -> int:
 @register_estimator("linearity")
 def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str] = None,
                        levels: Sequence[str] = ("model", "layer", "attn", "mlp", "head"), samples: Optional[int] = 30,
-                       batch_size: int = 8, max_length: int = 128, device: Optional[str] = None, dtype=None,
-                       **_: Any) -> MemoryEstimate:
+                       seed: Optional[int] = None, batch_size: int = 8, max_length: int = 128,
+                       device: Optional[str] = None, dtype=None, **_: Any) -> MemoryEstimate:
     """The peak of `nonlinearity_scores` on a pool (weights, captures, one layer's work; module docstring), with
     the flags that shrink it in the order they help most. Reads headers and the probe texts, no weights."""
     dt = job_dtype(dtype, device)
@@ -62,7 +62,7 @@ def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str]
     size = ModelSize.of(pool.checkpoint(name))
     n = len(pool.probes.task(task).probe) if samples is None else samples
     batch = max(1, min(int(batch_size), int(n)))
-    seq = _longest(pool, task, samples, max_length)
+    seq = _longest(pool, task, samples, max_length, seed)
     levels = (levels,) if isinstance(levels, str) else tuple(levels)
     stored = {stored_float_dtype(pool.checkpoint(x)) for x in ("base", name)}
     parts = linearity_parts(size, dtype=dt, batch=batch, seq=seq, levels=levels,

@@ -64,6 +64,7 @@ class NonlinearityResult:
     capture: str
     levels: tuple
     scores: list[SubmoduleScore]
+    seed: Optional[int] = None     # the seed of the probe draw (None: the first `samples` probe pairs)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per submodule: level, layer, module, head, nls_mean, nls_std, residual_mean, n, curve
@@ -136,7 +137,7 @@ class NonlinearityResult:
     def to_dict(self) -> dict:
         """A JSON-ready dict (per-sample arrays included)."""
         return {"task": self.task, "model": self.model, "alphas": list(self.alphas), "samples": self.samples,
-                "capture": self.capture, "levels": list(self.levels),
+                "capture": self.capture, "levels": list(self.levels), "seed": self.seed,
                 "scores": [{"level": s.level, "layer": s.layer, "head": s.head, "module": s.module,
                             "d": np.nan_to_num(s.d, nan=-1.0).tolist(), "nls": s.nls.tolist(),
                             "residual": s.residual.tolist()} for s in self.scores]}
@@ -151,7 +152,7 @@ class NonlinearityResult:
             scores.append(SubmoduleScore(s["level"], s["layer"], s["head"], s["module"], d,
                                          np.asarray(s["nls"], dtype=float), np.asarray(s["residual"], dtype=float)))
         return cls(data["task"], data["model"], tuple(data["alphas"]), int(data["samples"]), data["capture"],
-                   tuple(data["levels"]), scores)
+                   tuple(data["levels"]), scores, data.get("seed"))
 
 
 NLS_MEANING = ("A score of 0 means that scaling a part's change between the base and the fine-tune moves its output "

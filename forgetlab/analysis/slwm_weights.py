@@ -11,7 +11,7 @@ from forgetlab.analysis.base import ANALYSES, Analysis
 from forgetlab.core.anatomy import part_words
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress
-from forgetlab.core.settings import count_field, device_field, setting
+from forgetlab.core.settings import count_field, device_field, seed_field, setting
 from forgetlab.merge.memory import estimate_slwm_weights
 from forgetlab.merge.methods.slwm import (DEFAULT_LEVEL, DEFAULT_RIDGE, DEFAULT_SAMPLES, SLWM_LEVELS, SlwmWeights,
                                           slwm_weights)
@@ -30,6 +30,8 @@ class SlwmWeightsSettings:
                               "head and the MLP")
     samples: Optional[int] = count_field(DEFAULT_SAMPLES, "probe samples per task")
     ridge: float = setting(DEFAULT_RIDGE, range=(0.0, None), help="ridge relative to tr(G)/T")
+    seed: Optional[int] = seed_field("seed of the random draw of each task's probe samples (default: the first "
+                                     "ones, no draw)", default=None)
     device: Optional[str] = device_field()
 
 
@@ -49,7 +51,7 @@ def compute(pool, settings: SlwmWeightsSettings, progress: Progress = None, exec
     models = list(settings.models) if settings.models else None
     tasks = list(settings.tasks) if settings.tasks else None
     return slwm_weights(pool, tasks, models=models, level=settings.level, samples=settings.samples,
-                        ridge=settings.ridge, device=settings.device, progress=progress)
+                        ridge=settings.ridge, device=settings.device, seed=settings.seed, progress=progress)
 
 
 def estimate(pool, settings: SlwmWeightsSettings):

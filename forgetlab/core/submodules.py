@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 
 from forgetlab.core.anatomy import Anatomy
@@ -66,8 +67,11 @@ def encode_samples(tokenizer, pairs: Sequence, max_length: int = 128, template: 
     return Samples(ids, lengths, starts)
 
 
-def select_pairs(pairs: Sequence, samples: Optional[int], task: str) -> list:
-    """The first ``samples`` probe pairs of a task (all when None), with messages for empty / too few."""
+def select_pairs(pairs: Sequence, samples: Optional[int], task: str, seed: Optional[int] = None) -> list:
+    """The ``samples`` probe pairs of a task used by an analysis (all when None), with messages for empty / too
+    few: the first ``samples`` when ``seed`` is None; otherwise ``samples`` pairs drawn at random without
+    replacement with numpy's generator seeded by ``seed``, kept in the task's order (so a draw of all pairs is
+    the first-N selection itself; docs/methods.md#probe-draws)."""
     pairs = list(pairs or [])
     if not pairs:
         raise ProbeDataError(f"Task {task!r} has no probe samples: add a probe file for it to the pool.")
@@ -79,7 +83,13 @@ def select_pairs(pairs: Sequence, samples: Optional[int], task: str) -> list:
         raise ProbeDataError(
             f"Task {task!r} has only {len(pairs)} probe samples but samples={samples} was asked; pass "
             f"samples ≤ {len(pairs)} or add probe samples.")
-    return pairs[:samples]
+    if seed is None:
+        return pairs[:samples]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ParameterError(f"seed must be a whole number ≥ 0 (or None for the first {samples} pairs); got "
+                             f"{seed!r}.")
+    chosen = np.sort(np.random.default_rng(seed).choice(len(pairs), size=samples, replace=False))
+    return [pairs[int(i)] for i in chosen]
 
 
 def check_same_structure(base, other, other_name: str = "fine-tuned") -> None:

@@ -113,6 +113,7 @@ class SlwmWeights:
     submodules: list[SubmoduleWeights]
     anatomy: Anatomy = field(repr=False, default=None)
     shapes: dict = field(repr=False, default_factory=dict)
+    seed: Optional[int] = None     # the seed of the probe draw (None: each task's first `samples` probe pairs)
 
     def to_frame(self) -> pd.DataFrame:
         """The weights table: one row per submodule (submodule, layer, module, head, fallback), one column per
@@ -133,13 +134,14 @@ class SlwmWeights:
         """The weights and what they were computed from (a saved run's results.json); the model's anatomy and
         tensor shapes are left out, so a loaded copy has a table but no `coefficients`."""
         return {"level": self.level, "tasks": list(self.tasks), "models": list(self.models), "samples": self.samples,
-                "ridge": self.ridge, "capture": self.capture, "submodules": [s.to_dict() for s in self.submodules]}
+                "ridge": self.ridge, "capture": self.capture, "seed": self.seed,
+                "submodules": [s.to_dict() for s in self.submodules]}
 
     @classmethod
     def from_dict(cls, d) -> "SlwmWeights":
         """The weights `to_dict` saved (without anatomy and shapes)."""
         return cls(d["level"], list(d["tasks"]), list(d["models"]), int(d["samples"]), float(d["ridge"]),
-                   d["capture"], [SubmoduleWeights.from_dict(s) for s in d["submodules"]])
+                   d["capture"], [SubmoduleWeights.from_dict(s) for s in d["submodules"]], seed=d.get("seed"))
 
     def coefficients(self) -> dict[str, torch.Tensor]:
         """Per-tensor coefficient maps (T, …) broadcastable to each tensor: θ = θ0 + Σj coef[j]·τj."""
@@ -275,11 +277,13 @@ def _masked_flat(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, models: Optional[Sequence[str]] = None,
                  level: str = DEFAULT_LEVEL, samples: Optional[int] = DEFAULT_SAMPLES, ridge: float = DEFAULT_RIDGE,
                  capture: str = "finetuned", batch_size: int = 8, max_length: int = 128,
-                 device: Optional[str] = None, progress: Progress = None) -> SlwmWeights:
+                 device: Optional[str] = None, seed: Optional[int] = None, progress: Progress = None) -> SlwmWeights:
     """The closed-form weights of submodule-linearity merging (module docstring) for every submodule of a level.
 
     ``pool_or_models``: a ModelPool (models default to those named like the pool's tasks) or a
-    ``(base, [finetuned], tokenizer, [probe pairs per task])`` tuple. ``samples`` probe pairs per task.
+    ``(base, [finetuned], tokenizer, [probe pairs per task])`` tuple. ``samples`` probe pairs per task: the first
+    ones, or — with a ``seed`` — drawn at random, task t's with seed ``seed + t`` (`select_pairs`,
+    docs/methods.md#probe-draws).
     """
     if level not in SLWM_LEVELS:
         raise ParameterError(f"slwm level must be one of {', '.join(SLWM_LEVELS)}; got {level!r}.")
@@ -291,11 +295,11 @@ def slwm_weights(pool_or_models, tasks: Optional[Sequence[str]] = None, *, model
         work, targets, tok, pairs, tasks, models, template, lazy = _weight_inputs(pool_or_models, tasks, models,
                                                                                   device, stack)
         return _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, samples, ridge, capture,
-                          batch_size, max_length, progress)
+                          batch_size, max_length, progress, seed)
 
 
 def _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, samples, ridge, capture,
-               batch_size, max_length, progress) -> SlwmWeights:
+               batch_size, max_length, progress, seed=None) -> SlwmWeights:
     """slwm_weights' accumulation and solve on a working copy of the base and the θt mappings `targets`.
 
     The batches of a task are taken in groups (one batch, or about `_GROUP_SAMPLES` probe pairs when the θt are
@@ -305,7 +309,8 @@ def _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, 
     if not targets:
         raise ParameterError("slwm needs at least one fine-tuned model.")
     anatomy = Anatomy.from_model(work.model)
-    chosen = [select_pairs(p, samples, t) for p, t in zip(pairs, tasks)]
+    chosen = [select_pairs(p, samples, t, None if seed is None else seed + k)
+              for k, (p, t) in enumerate(zip(pairs, tasks))]
     T = len(targets)
     kinds = {"layer": ("layer",), "attn_mlp": ("attn", "mlp"), "head_mlp": ("head", "mlp")}[level]
     dev = next(work.model.parameters()).device
@@ -376,7 +381,7 @@ def _solve_all(work, targets, tok, pairs, tasks, models, template, lazy, level, 
         subs.append(SubmoduleWeights(i, k, h, w, fb, acc.G))
     shapes = {n: tuple(p.shape) for n, p in work.model.named_parameters(remove_duplicate=False)}
     report(progress, 1.0, "weights solved")
-    return SlwmWeights(level, tasks, models, len(chosen[0]), float(ridge), capture, subs, anatomy, shapes)
+    return SlwmWeights(level, tasks, models, len(chosen[0]), float(ridge), capture, subs, anatomy, shapes, seed)
 
 
 # ====================================================================================== registry
