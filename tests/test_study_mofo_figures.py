@@ -12,15 +12,17 @@ import pytest
 from forgetlab.analysis.base import ANALYSES
 from forgetlab.analysis.studies.mofo_figures import (RHO_MIN, DistanceSettings, ParetoSettings, distance_configs,
                                                       distance_figure, distance_singles, distance_verdict,
-                                                      hma_tuples, pareto_configs, pareto_figure, pareto_singles,
-                                                      pareto_verdict, recorded, spearman)
+                                                      front_column, hma_tuples, mark_front, pareto_configs,
+                                                      pareto_figure, pareto_singles, pareto_verdict, recorded,
+                                                      spearman)
 from forgetlab.cli import main
 from forgetlab.core.errors import ParameterError
 
 SMALL = dict(steps=4, batch_size=4, lr=5e-3, warmup=0, max_general=2, max_task=4, max_train=8, device="cpu",
              dtype="float32")
 DISTANCE_COLUMNS = ["optimizer", "step", "distance", "general_loss", "forgetting", "speciality", "answer_loss"]
-PARETO_COLUMNS = ["method", "setting", "speciality", "answer_loss", "general_loss", "distance", "pareto"]
+PARETO_COLUMNS = ["method", "setting", "speciality", "answer_loss", "general_loss", "distance", "pareto",
+                  "pareto_exact_match", "pareto_answer_loss"]
 
 
 # ------------------------------------------------------------------------------------- the runs asked for
@@ -121,17 +123,20 @@ def test_pareto_table_holds_every_setting_and_its_front(pareto_table):
     hma0 = t.iloc[5]
     assert hma0.distance == 0.0                                               # HMA at α = 0 is the base
     assert t.distance.iloc[-1] > 0
-    # the front, recomputed by hand with the study's speciality (answer loss here: nothing answers exactly)
-    higher = (t.speciality > 0).any()
-    s = t.speciality if higher else -t.answer_loss
-    for i in range(len(t)):
-        beaten = any(s[j] >= s[i] and t.general_loss[j] <= t.general_loss[i]
-                     and (s[j] > s[i] or t.general_loss[j] < t.general_loss[i]) for j in range(len(t)))
-        assert bool(t.pareto[i]) == (not beaten), i
+    # each front, recomputed by hand (exact match up, answer loss down, general loss down)
+    for flags, s in (("pareto_exact_match", t.speciality), ("pareto_answer_loss", -t.answer_loss)):
+        for i in range(len(t)):
+            beaten = any(s[j] >= s[i] and t.general_loss[j] <= t.general_loss[i]
+                         and (s[j] > s[i] or t.general_loss[j] < t.general_loss[i]) for j in range(len(t)))
+            assert bool(t[flags][i]) == (not beaten), (flags, i)
+    chosen = "pareto_exact_match" if front_column(t)[0] == "speciality" else "pareto_answer_loss"
+    assert list(t.pareto) == list(t[chosen])
     fig = pareto_figure(t)
     names = [tr.name for tr in fig.data]
-    assert names[:-1] == ["adamw", "mofo", "l1", "l2", "hma", "fine-tune"] and names[-1] == "Pareto front"
-    assert len(fig.data[-1].x) == int(t.pareto.sum())
+    methods = ["adamw", "mofo", "l1", "l2", "hma", "fine-tune"]
+    assert names == methods + ["Pareto front"] + methods + ["Pareto front"]
+    assert len(fig.data[6].x) == int(t.pareto_exact_match.sum()) and len(fig.data[-1].x) == int(
+        t.pareto_answer_loss.sum())
 
 
 # ------------------------------------------------------------------------------------- the verdicts
@@ -171,15 +176,31 @@ def _points(rows):
                               pareto=p) for m, st, s, g, p in rows])
 
 
+def test_the_front_is_taken_on_answer_loss_where_exact_match_ranks_no_fine_tune():
+    t = _points([("adamw", "—", 1.0, 3.5, None), ("mofo", "fraction 0.1", 1.0, 3.1, None),
+                 ("l2", "λ2 10", 1.0, 3.0, None), ("hma", "α 0.5/0.5", 0.5, 2.9, None)])
+    t["answer_loss"] = [0.001, 0.002, 0.05, 0.9]
+    assert front_column(t) == ("answer_loss", False)                      # every fine-tune at exact match 1
+    marked = mark_front(t)
+    assert list(marked.pareto_exact_match) == [False, False, True, True]  # ties: only the lowest loss survives
+    assert list(marked.pareto_answer_loss) == [True, True, True, True]
+    assert list(marked.pareto) == list(marked.pareto_answer_loss)
+    v = pareto_verdict(marked)
+    assert v.holds is True and v.measured.startswith("On answer loss: 1 of 1") and "exact match" in v.measured
+    t.loc[1, "speciality"] = 0.9                                           # now exact match tells them apart
+    assert front_column(t) == ("speciality", True)
+    assert front_column(t.assign(speciality=0.0)) == ("answer_loss", False)   # nothing answers exactly
+
+
 def test_pareto_verdict_both_ways():
     good = _points([("adamw", "—", 0.9, 3.5, True), ("mofo", "fraction 0.1", 0.8, 3.1, True),
                     ("mofo", "fraction 0.5", 0.85, 3.3, False), ("hma", "α 0.5/0.5", 0.5, 3.0, True)])
     v = pareto_verdict(good)
-    assert v.holds is True and v.measured.startswith("1 of 2 MoFO settings on the front (fraction 0.1)")
+    assert v.holds is True and v.measured.startswith("On exact match: 1 of 2 MoFO settings on the front (fraction 0.1)")
     bad = good.copy()
     bad.loc[1, "pareto"] = False
     v = pareto_verdict(bad)
-    assert v.holds is False and v.measured.startswith("0 of 2") and "dominated" in v.reason
+    assert v.holds is False and "0 of 2" in v.measured and "dominated" in v.reason
     assert pareto_verdict(good[good.method != "mofo"]).holds is None
 
 
