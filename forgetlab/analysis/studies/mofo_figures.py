@@ -113,7 +113,7 @@ def distance_figure(table: pd.DataFrame) -> go.Figure:
                                  line=dict(color=COLORS.get(family(name))), customdata=runs[["step"]],
                                  hovertemplate="step %{customdata[0]}<br>D %{x:.4f}<br>forgetting %{y:.4f}"))
     fig.add_hline(y=0, line_dash="dot", line_color="#bbbbbb")
-    fig.update_layout(title="Forgetting against the distance from the base (MoFO's Figure 2)", height=420,
+    fig.update_layout(title="Forgetting against the distance from the base, by optimizer (MoFO)", height=420,
                       xaxis_title="D(θ, θ0): mean relative change per tensor",
                       yaxis_title="forgetting: general loss − base's (nats, ↓)")
     return fig
@@ -164,7 +164,7 @@ DISTANCE_INFO = StudyInfo(
     name="forgetting-vs-distance", paper="MoFO", artifact="Figure 2", page="finetune",
     title="forgetting against the distance D(θ, θ0) from the base, for AdamW, Lion and MoFO",
     claim="forgetting grows with the distance from the base, and MoFO stays closer to the base (smaller D at the "
-          "end) with less forgetting than Adam.")
+          "end) with less forgetting than AdamW.")
 
 DISTANCE = study_analysis(DISTANCE_INFO, DistanceSettings, compute_distance, distance_figure, distance_verdict,
                           checks=check_distance, points=True, singles=distance_singles,
@@ -326,7 +326,7 @@ def pareto_figure(table: pd.DataFrame) -> go.Figure:
                       row=1, col=col)
         fig.update_xaxes(title_text="general loss (nats, ↓)", row=1, col=col)
     fig.update_yaxes(type="log", row=1, col=2)
-    fig.update_layout(title="MoFO, L1, L2, HMA and AdamW on one chart (MoFO's Section 4.2)", height=460)
+    fig.update_layout(title="MoFO, L1, L2, HMA and AdamW: speciality against general loss (MoFO)", height=460)
     return fig
 
 
@@ -364,7 +364,7 @@ def pareto_singles(pool, settings: ParetoSettings):
 
 PARETO_INFO = StudyInfo(
     name="mofo-pareto", paper="MoFO", artifact="Section 4.2 (Pareto comparison)", page="finetune",
-    title="MoFO's fractions, L1/L2 strengths, HMA triples and AdamW on one speciality–generality chart",
+    title="MoFO's fractions, L1/L2 strengths, HMA triples and AdamW: speciality, general loss and the Pareto front",
     claim="MoFO's settings lie on (or near) the Pareto front of speciality against general loss across MoFO, "
           "L1- and L2-to-init, HMA and plain fine-tuning.")
 
