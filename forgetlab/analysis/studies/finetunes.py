@@ -146,3 +146,35 @@ def dominates(a: pd.Series, b: pd.Series, column: str, higher: bool) -> bool:
     sa, sb = (a[column], b[column]) if higher else (-a[column], -b[column])
     return bool(sa >= sb and a["general_loss"] <= b["general_loss"]
                 and (sa > sb or a["general_loss"] < b["general_loss"]))
+
+
+def fraction_field(what: str):
+    """The MoFO update fraction of a study's MoFO runs (default 0.2, the comparison's)."""
+    return setting(0.2, help=f"MoFO's update fraction α of {what}", label="MoFO fraction", range=(0.0, 1.0))
+
+
+def check_fraction_in(settings, pool=None, name: str = "fraction") -> None:
+    """The update fraction in (0, 1]; the task in the pool."""
+    value = getattr(settings, name)
+    if not 0 < value <= 1:
+        raise ParameterError(f"--{name.replace('_', '-')} takes a share in (0, 1]; got {value}. E.g. 0.2.")
+    check_task(settings, pool)
+
+
+LION_LR_SCALE = 0.3
+"""The Lion runs' learning rate as a multiple of AdamW's: Lion's authors advise 3–10× smaller (0.1–0.3); at 0.1
+MoFO-Lion did not finish learning pico's tasks within the zoo's recipe (docs/studies.md, mofo-lion)."""
+
+
+def lion_lr_scale_field():
+    """The Lion runs' learning rate as a multiple of AdamW's (default LION_LR_SCALE)."""
+    return setting(LION_LR_SCALE, help="the Lion runs' learning rate as a multiple of AdamW's (Lion's authors advise "
+                                       "3–10× smaller: 0.1–0.3; 0.3, the gentler end, lets Lion finish learning "
+                                       "within a short recipe)", label="Lion lr ÷ AdamW lr", range=(0.0, None))
+
+
+def check_lion_scale(settings) -> None:
+    """A positive Lion learning-rate multiple."""
+    if not settings.lion_lr_scale > 0:
+        raise ParameterError(f"--lion-lr-scale must be > 0; got {settings.lion_lr_scale}. Lion's authors advise "
+                             "0.1–0.3.")

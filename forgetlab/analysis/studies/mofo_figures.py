@@ -21,9 +21,10 @@ from plotly.subplots import make_subplots
 
 from forgetlab.analysis.measures import pareto_mask
 from forgetlab.analysis.study import StudyInfo, Verdict, study_analysis
-from forgetlab.analysis.studies.finetunes import (FinetuneStudySettings, budget_of, check_task, config,
-                                                  estimate_runs, finetune_singles, run_configs, speciality_column,
-                                                  with_task)
+from forgetlab.analysis.studies.finetunes import (FinetuneStudySettings, budget_of, check_fraction_in,
+                                                  check_lion_scale, check_task, config, estimate_runs,
+                                                  finetune_singles, fraction_field, lion_lr_scale_field, run_configs,
+                                                  speciality_column, with_task)
 from forgetlab.analysis.sweeps import HmaSettings, hma_grid
 from forgetlab.core.errors import ParameterError, check_fraction
 from forgetlab.core.progress import scaled
@@ -45,11 +46,8 @@ class DistanceSettings(FinetuneStudySettings):
     """MoFO's update fraction and Lion's learning rate, over the shared fine-tune study settings (records every
     ⌈T/10⌉ steps unless `eval_every` is given)."""
 
-    fraction: float = setting(0.2, help="MoFO's update fraction α (the share of each partition updated per step)",
-                              range=(0.0, 1.0), label="MoFO fraction")
-    lion_lr_scale: float = setting(0.1, help="Lion's learning rate as a multiple of AdamW's (Lion's authors advise "
-                                             "3–10× smaller: 0.1–0.3; the same default as mofo-lion's)",
-                                   label="Lion lr ÷ AdamW lr", range=(0.0, None))
+    fraction: float = fraction_field("the MoFO run")
+    lion_lr_scale: float = lion_lr_scale_field()
 
 
 def distance_configs(pool, settings: DistanceSettings):
@@ -73,12 +71,8 @@ def recorded(pool, settings: DistanceSettings) -> DistanceSettings:
 
 def check_distance(settings: DistanceSettings, pool=None) -> None:
     """A fraction in (0, 1], a Lion learning-rate multiple > 0; the task in the pool."""
-    if not 0 < settings.fraction <= 1:
-        raise ParameterError(f"--fraction takes a value in (0, 1]; got {settings.fraction}. E.g. --fraction 0.2.")
-    if not settings.lion_lr_scale > 0:
-        raise ParameterError(f"--lion-lr-scale must be > 0; got {settings.lion_lr_scale}. Lion's authors advise "
-                             "0.1–0.3.")
-    check_task(settings, pool)
+    check_lion_scale(settings)
+    check_fraction_in(settings, pool)
 
 
 def compute_distance(pool, settings: DistanceSettings, progress=None, executor=None) -> pd.DataFrame:

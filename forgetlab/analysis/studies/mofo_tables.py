@@ -26,8 +26,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from forgetlab.analysis.study import StudyInfo, Verdict, study_analysis
-from forgetlab.analysis.studies.finetunes import (FinetuneStudySettings, check_task, config, estimate_runs,
-                                                  finetune_singles, run_configs, runs_table, speciality_column)
+from forgetlab.analysis.studies.finetunes import (FinetuneStudySettings, check_fraction_in, check_lion_scale,
+                                                  config, estimate_runs, finetune_singles, fraction_field,
+                                                  lion_lr_scale_field, run_configs, runs_table, speciality_column)
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.settings import setting
 from forgetlab.train.mofo import FILTERS
@@ -106,19 +107,6 @@ def tradeoff_figure(table: pd.DataFrame, title: str, bars: str = "distance",
     fig.update_yaxes(title_text=column.replace("_", " "), row=1, col=1)
     fig.update_layout(title=title, height=420)
     return fig
-
-
-def fraction_field(what: str):
-    """The MoFO update fraction of a study's MoFO runs (default 0.2, the comparison's)."""
-    return setting(0.2, help=f"MoFO's update fraction α of {what}", label="MoFO fraction", range=(0.0, 1.0))
-
-
-def check_fraction_in(settings, pool=None, name: str = "fraction") -> None:
-    """The update fraction in (0, 1]; the task in the pool."""
-    value = getattr(settings, name)
-    if not 0 < value <= 1:
-        raise ParameterError(f"--{name.replace('_', '-')} takes a share in (0, 1]; got {value}. E.g. 0.2.")
-    check_task(settings, pool)
 
 
 def declare(info: StudyInfo, settings: type, runs: Callable, figure: Callable, verdict: Callable,
@@ -266,10 +254,7 @@ class MofoLionSettings(FinetuneStudySettings):
     """MoFO's fraction (both MoFO runs) and the Lion runs' learning rate, over the shared fine-tune study settings."""
 
     fraction: float = fraction_field("MoFO and MoFO-Lion")
-    lion_lr_scale: float = setting(0.3, help="the Lion runs' learning rate as a multiple of Adam's (Lion's authors "
-                                             "advise 3–10× smaller: 0.1–0.3; 0.3, the gentler end, lets MoFO-Lion "
-                                             "finish learning within a short recipe)", label="Lion lr ÷ Adam lr",
-                                   range=(0.0, None))
+    lion_lr_scale: float = lion_lr_scale_field()
 
 
 def lion_runs(pool, s: MofoLionSettings) -> list[tuple[str, FinetuneConfig]]:
@@ -286,8 +271,7 @@ def lion_runs(pool, s: MofoLionSettings) -> list[tuple[str, FinetuneConfig]]:
 
 def check_lion(s: MofoLionSettings, pool=None) -> None:
     """A positive Lion lr scale; the fraction in (0, 1]; the task in the pool."""
-    if not s.lion_lr_scale > 0:
-        raise ParameterError(f"--lion-lr-scale must be > 0; got {s.lion_lr_scale}. Lion's authors advise 0.1–0.3.")
+    check_lion_scale(s)
     check_fraction_in(s, pool)
 
 
