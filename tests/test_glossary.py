@@ -49,7 +49,8 @@ average compared final evaluate evaluated examples fit address term none mode tr
 shade symbol colour dashed separated
 previous earlier next since that finished half ways change averaging trained rows dotted outlined
 frequency
-table tables figure appendix b.1 results rebuttal review discussion reply authors baseline validation self i j
+table tables figure appendix b.1 a.1.3 a.1.4 section results rebuttal review discussion reply authors baseline validation
+self i j data draws
 """.split())
 # why each kind of word above is plain: function words; counting and comparing words (mean, total, share, sum,
 # largest); the app's verbs on its own objects (show, compare, keep, open, pick); the names of a table's own
@@ -60,7 +61,8 @@ table tables figure appendix b.1 results rebuttal review discussion reply author
 # fine-tuning, a change since a stage, averaging, the stage that trained on a task, a heatmap's rows, dotted and
 # outlined marks. A study's name: how often SFA averages (frequency). Where a paper study says what it reproduces:
 # the parts of a paper and of its review (table, figure, appendix B.1, results, rebuttal, review discussion, the
-# authors' reply, a baseline, the validation search), the self term (pcb-self) and its indices i and j.
+# authors' reply, a baseline, the validation search), the self term (pcb-self) and its indices i and j, how much
+# probe data a study draws and how many draws it takes.
 
 
 def _strip(text: str) -> str:

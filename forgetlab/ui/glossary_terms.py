@@ -65,7 +65,7 @@ SECTIONS: dict[str, dict[str, Term]] = {
                             "relative-shares", "FAPM paper", "paper's operating point"),
         "pareto": _t("Pareto front", "The settings that no other setting beats on both speciality and generality "
                      "at once; every other point is worse on at least one without being better on the other.",
-                     "pareto-front", "on the Pareto front"),
+                     "pareto-front", "on the Pareto front", "pareto"),
         "tradeoff": _t("trade-off", "What a model or setting gains in speciality against what it costs in generality; "
                        "the Pareto front holds the best trade-offs.", "pareto-front", "tradeoff"),
         "benchmark": _t("benchmark accuracy", "A score from lm-evaluation-harness (lm-eval): the share of a "
