@@ -39,6 +39,8 @@ def commands(pool: Path, out: Path) -> dict[str, list[str]]:
                      "--out", str(out / "features.csv")],
         "sequence": ["sequence", p, "--order", "math,code", "--compare", "adamw,ewc", "--steps", "3",
                      "--max-train", "8", "--max-general", "2", "--max-task", "4", "--out", str(out / "sequence")],
+        "study": ["study", "mofo-lion", p, "--steps", "3", "--max-train", "8", "--max-general", "2", "--max-task", "4",
+                  "--no-save", "--out", str(out / "mofo-lion")],
     }
 
 
@@ -100,7 +102,8 @@ def user_workspace(pico_zoo, tmp_path_factory) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("terminal", [False, True], ids=["piped", "terminal"])
-@pytest.mark.parametrize("name", ["eval", "linearity", "sweep", "textdiff", "attribution", "features", "sequence"])
+@pytest.mark.parametrize("name", ["eval", "linearity", "sweep", "textdiff", "attribution", "features", "sequence",
+                                  "study"])
 def test_analysis_commands_run_with_the_users_threads(user_workspace, tmp_path, name, terminal):
     home, pool_yaml = user_workspace
     args = commands(pool_yaml, tmp_path)[name]
