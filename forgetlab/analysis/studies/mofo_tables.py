@@ -99,9 +99,8 @@ def tradeoff_figure(table: pd.DataFrame, title: str, bars: str = "distance",
                         subplot_titles=(f"{column.replace('_', ' ')} ({'↑' if higher else '↓'}) against general "
                                         "loss (↓)", bars_title))
     for _, row in table.iterrows():
-        fig.add_trace(go.Scatter(x=[row["general_loss"]], y=[row[column]], mode="markers+text", name=row["method"],
-                                 text=[row["method"]], textposition="top center", marker=dict(size=11)),
-                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=[row["general_loss"]], y=[row[column]], mode="markers", name=row["method"],
+                                 marker=dict(size=12)), row=1, col=1)    # named by the legend: no clipped labels
     fig.add_trace(go.Bar(x=table["method"], y=table[bars], showlegend=False, marker_color="#7f7f7f"), row=1, col=2)
     fig.update_xaxes(title_text="general loss", row=1, col=1)
     fig.update_yaxes(title_text=column.replace("_", " "), row=1, col=1)
