@@ -118,7 +118,7 @@ def study_analysis(info: StudyInfo, settings: type,
 
     def takeaway(result: StudyResult) -> list[str]:
         v = result.verdict
-        why = f": {v.reason}" if v.reason else "."
+        why = f": {v.reason.rstrip('.')}." if v.reason else "."
         return [f"{info.paper}, {info.artifact}: {info.claim}",
                 f"Measured here: {v.measured} The claim {v.word} on this pool{why}"]
 

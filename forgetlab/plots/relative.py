@@ -30,7 +30,8 @@ def relative_figure(frame: pd.DataFrame, x: str = "x", x_title: str = "pruning r
                                      line=dict(color=colors[name], dash=dash),
                                      hovertemplate=f"{label}<br>{x_title} %{{x:g}}<br>%{{y:.1f}} %<extra></extra>"))
     if mark is not None:
-        fig.add_vline(x=mark, line_dash="dot", line_color="#7f7f7f", annotation_text=mark_text)
+        fig.add_vline(x=mark, line_dash="dot", line_color="#7f7f7f", annotation_text=mark_text,
+                      annotation_position="top left")      # inside the plot: on the right it widened the x axis
     fig.add_hline(y=100, line_width=1, line_color="#c7c7c7")
     fig.update_layout(title=title, height=420, xaxis_title=x_title, yaxis_title="share (%) ↑ (100 = fine-tune's gain "
                                                                                "/ base's generality)")

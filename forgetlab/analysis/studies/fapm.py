@@ -172,8 +172,7 @@ def figure(table: pd.DataFrame) -> go.Figure:
                          forgetting_recovered=table["forgetting_recovered_pct"] / 100)
     marked = table.loc[table["operating"].astype(bool), "ratio"]
     return relative_figure(frame, x="ratio", mark=float(marked.iloc[0]) if len(marked) else None,
-                           title="FAPM on relative axes: gain kept and forgetting recovered (mean over the "
-                                 "fine-tunes)")
+                           title="FAPM: gain kept and forgetting recovered<br><sub>mean over the fine-tunes</sub>")
 
 
 def verdict(table: pd.DataFrame, settings=None) -> Verdict:
