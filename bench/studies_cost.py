@@ -1,7 +1,8 @@
 """What each paper study costs, against its peer in the same run: the single runs it is made of, each run on its own.
 
 A study declares its single runs (`Analysis.singles(pool, settings)`: (analysis name, settings) pairs — e.g. one
-`forgetlab finetune` per run of a fine-tune study, with the study's budget and records). This script runs each
+`forgetlab finetune` per run of a fine-tune study, with the study's budget and records — or (label, job) pairs for
+a command that is no analysis, e.g. one `forgetlab merge RECIPE OUT --eval` per merge an SLWM study scores). This script runs each
 study at its defaults (as `forgetlab study NAME POOL` does, the run not saved), then its singles one after another
 through the same registry, and prints both costs in wall and CPU seconds and their ratio. The issue's aim: ≤ 1.2×
 (a study shares the base's scoring and its data; it must not cost more than running its parts by hand).
@@ -50,8 +51,9 @@ def main() -> None:
         peer_wall = peer_cpu = float("nan")
         if singles and not args.skip_peer:
             peer_wall = peer_cpu = 0.0
-            for kind, single in singles:
-                w, c, _ = timed(lambda: ANALYSES.get(kind).run(pool, single))
+            for kind, single in singles:          # an analysis' settings, or a job of a command that is none
+                run = (lambda: single(pool)) if callable(single) else (lambda: ANALYSES.get(kind).run(pool, single))
+                w, c, _ = timed(run)
                 peer_wall, peer_cpu = peer_wall + w, peer_cpu + c
         rows.append((name, len(singles), wall, cpu, peer_wall, peer_cpu))
         print(f"{name:24s} study {wall:7.1f} s wall {cpu:7.1f} s CPU | {len(singles):2d} singles {peer_wall:7.1f} s "

@@ -15,8 +15,9 @@ import pytest
 from forgetlab.analysis.linearity import LinearitySettings, nonlinearity_scores
 from forgetlab.analysis.slwm_weights import SlwmWeightsSettings
 from forgetlab.analysis.studies.linearity import (NlsDrawsSettings, SlwmDataSettings, SlwmModelsSettings,
-                                                  data_compute, data_runs, data_verdict, models_compute,
-                                                  models_verdict, nls_singles, nls_table, nls_verdict)
+                                                  data_compute, data_plain, data_runs, data_verdict, models_compute,
+                                                  models_verdict, nls_singles, nls_table, nls_verdict,
+                                                  slwm_singles_of)
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.submodules import select_pairs
 from forgetlab.merge.methods.slwm import slwm_weights
@@ -143,6 +144,13 @@ def test_slwm_data_on_the_tiny_zoo(zoo):
     assert t.samples.iloc[0] == 0 and sl.avg_normalized_std.iloc[-1] == 0
     assert {f"{task}_{t.measure.iloc[0]}" for task in zoo.task_names} <= set(t.columns)
     assert np.isfinite(t.avg_normalized).all() and np.isfinite(t.general_loss).all()
+    # its single runs: one `forgetlab merge --eval` per SLWM merge and the plain average; the plain average run
+    # alone scores what the study's reference row holds (the same merge, written, reloaded and scored)
+    singles = slwm_singles_of(zoo, s, runs, data_plain(zoo, s))
+    assert [label for label, _ in singles] == ["merge --eval"] * 4
+    _, cards = singles[-1][1](zoo)
+    merged = next(c for c in cards if c.model not in ("base", *zoo.model_names))
+    assert merged.general_loss == pytest.approx(t.general_loss.iloc[0], rel=1e-4)
 
 
 def test_slwm_data_verdict_both_ways():

@@ -112,7 +112,8 @@ class Analysis:
     takeaway(result) -> [str]: one or two plain sentences built from the result — its largest effect, with the
     number and its unit — that the app shows above the charts and the CLI prints after the table;
     study: for a study of a paper's table or figure (forgetlab.analysis.study), what it reproduces and its page;
-    singles(pool, settings) -> [(analysis name, settings)]: the single runs a study is made of (bench/)."""
+    singles(pool, settings) -> [(analysis name, settings) or (label, job(pool))]: the single runs a study is made
+    of (bench/studies_cost.py)."""
 
     name: str
     title: str

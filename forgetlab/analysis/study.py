@@ -13,8 +13,10 @@ the claim holds, the reason where it does not). `study_analysis` wraps these int
                                      claim="…", title="…"), SfaFrequencySettings, compute, figure, verdict,
                            singles=singles)
 
-`singles(pool, settings)` lists the single analysis runs a study is made of ((analysis name, settings) pairs), so
-that bench/studies_cost.py can time a study against them (the issue asks for ≤ 1.2× their cost).
+`singles(pool, settings)` lists the single runs a study is made of, so that bench/studies_cost.py can time a study
+against them (the issue asks for ≤ 1.2× their cost): (analysis name, settings) for a run of a registered analysis
+(`forgetlab finetune …`), or (label, job) for a command that is no analysis, `job(pool)` running it as the command
+does (`forgetlab merge RECIPE OUT --eval`: ("merge --eval", job)).
 """
 from __future__ import annotations
 

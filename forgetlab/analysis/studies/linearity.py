@@ -20,7 +20,9 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
@@ -30,7 +32,6 @@ from plotly.subplots import make_subplots
 
 from forgetlab.analysis.linearity import DEFAULT_ALPHAS, LinearitySettings, nonlinearity_scores
 from forgetlab.analysis.retention import gain_share, own_tasks
-from forgetlab.analysis.slwm_weights import SlwmWeightsSettings
 from forgetlab.analysis.study import StudyInfo, Verdict, study_analysis
 from forgetlab.core.anatomy import LEVELS
 from forgetlab.core.errors import ParameterError
@@ -39,6 +40,7 @@ from forgetlab.core.progress import report, scaled
 from forgetlab.core.scorecards import Budget, pool_scorecard
 from forgetlab.core.settings import count_field, device_field, seed_field, setting
 from forgetlab.merge.api import merge_state_dicts
+from forgetlab.merge.workflow import merge_and_evaluate, pool_recipe
 from forgetlab.merge.methods.slwm import DEFAULT_LEVEL, DEFAULT_RIDGE, DEFAULT_SAMPLES, SLWM_LEVELS, slwm_weights
 
 PARENT = {"layer": "model", "attn": "layer", "mlp": "layer", "head": "attn"}
@@ -324,13 +326,32 @@ def summarize(rows: Sequence[dict], keys: dict) -> dict:
     return out
 
 
-def slwm_singles_of(pool, s: SlwmStudySettings, runs: Sequence[tuple[Sequence[int], int, Optional[int]]]):
-    """The `forgetlab slwm-weights` runs the study's SLWM merges stand for ((subset, samples, seed) each)."""
+def merge_single(pool, s: SlwmStudySettings, method: str, subset: Sequence[int], params: dict):
+    """("merge --eval", job) of one merge the study scores, as a user runs it alone: `forgetlab merge RECIPE OUT
+    --eval --max-general … --max-task …` (`merge_and_evaluate`, into a temporary folder). An SLWM merge solves its
+    weights inside the merge from the same number of probe pairs (the first ones: a recipe takes no seed; the cost
+    is the same)."""
     models, tasks = study_models(pool, s)
-    return [("slwm-weights", SlwmWeightsSettings(models=tuple(models[i] for i in sub),
-                                                 tasks=tuple(tasks[i] for i in sub), level=s.level, samples=n,
-                                                 ridge=s.ridge, seed=seed, device=s.device))
-            for sub, n, seed in runs]
+    names = [models[i] for i in subset]
+    if method == "slwm":
+        params = {**params, "tasks": ",".join(tasks[i] for i in subset)}
+    recipe = pool_recipe(pool, method, names, params)
+
+    def job(pool):
+        with tempfile.TemporaryDirectory() as tmp:
+            return merge_and_evaluate(recipe, Path(tmp) / "merge", pool, overwrite=True, device=s.device or "cpu",
+                                      max_general=s.max_general, max_task=s.max_task)
+    return "merge --eval", job
+
+
+def slwm_singles_of(pool, s: SlwmStudySettings, runs: Sequence[tuple[Sequence[int], int, Optional[int]]],
+                    plain: Sequence[tuple[Sequence[int], str, dict]] = ()):
+    """The single runs the study's merges stand for: one `forgetlab merge --eval` per SLWM merge ((subset,
+    samples, seed) each; SLWM solves its weights inside the merge) and per merge of a method without probe data
+    (`plain`: (subset, method, params) each)."""
+    out = [merge_single(pool, s, "slwm", sub, {"level": s.level, "samples": n, "ridge": s.ridge})
+           for sub, n, _ in runs]
+    return out + [merge_single(pool, s, method, sub, params) for sub, method, params in plain]
 
 
 def check_counts(name: str, counts) -> list[int]:
@@ -393,6 +414,12 @@ def data_runs(pool, s: SlwmDataSettings) -> list[tuple[tuple[int, ...], int, Opt
     return [(everyone, n, s.seed + d * len(models)) for n in counts for d in range(1 if n == most else s.draws)]
 
 
+def data_plain(pool, s: SlwmDataSettings) -> list[tuple[tuple[int, ...], str, dict]]:
+    """The reference merge: the plain average of every model (task arithmetic at λ = 1/T)."""
+    n = len(study_models(pool, s)[0])
+    return [(tuple(range(n)), "task_arithmetic", {"lam": 1.0 / n})]
+
+
 def data_compute(pool, s: SlwmDataSettings, progress=None, executor=None) -> pd.DataFrame:
     """Per count, the SLWM merges of the draws summarized (`summarize`), after the plain average (1/T each, what
     SLWM falls back to with no data) as the reference row with samples 0."""
@@ -440,7 +467,7 @@ def data_verdict(table: pd.DataFrame, settings=None) -> Verdict:
 
 
 DATA_STUDY = study_analysis(DATA_INFO, SlwmDataSettings, data_compute, data_figure, data_verdict,
-                            singles=lambda pool, s: slwm_singles_of(pool, s, data_runs(pool, s)))
+                            singles=lambda pool, s: slwm_singles_of(pool, s, data_runs(pool, s), data_plain(pool, s)))
 
 
 # ================================================================================================ slwm-models
@@ -481,6 +508,11 @@ def models_runs(pool, s: SlwmModelsSettings) -> list[tuple[tuple[int, ...], int,
     models, tasks = study_models(pool, s)
     n = min(s.samples, probe_count(pool, tasks))
     return [(sub, n, s.seed + d * len(models)) for sub in model_subsets(pool, s) for d in range(s.draws)]
+
+
+def models_plain(pool, s: SlwmModelsSettings) -> list[tuple[tuple[int, ...], str, dict]]:
+    """Task arithmetic of every subset at every λ of the grid."""
+    return [(sub, "task_arithmetic", {"lam": float(lam)}) for sub in model_subsets(pool, s) for lam in s.lams]
 
 
 def models_compute(pool, s: SlwmModelsSettings, progress=None, executor=None) -> pd.DataFrame:
@@ -543,4 +575,5 @@ def models_verdict(table: pd.DataFrame, settings=None) -> Verdict:
 
 
 MODELS_STUDY = study_analysis(MODELS_INFO, SlwmModelsSettings, models_compute, models_figure, models_verdict,
-                              singles=lambda pool, s: slwm_singles_of(pool, s, models_runs(pool, s)))
+                              singles=lambda pool, s: slwm_singles_of(pool, s, models_runs(pool, s),
+                                                                      models_plain(pool, s)))
