@@ -289,3 +289,9 @@ def figures_html(figures, title: str = "forgetlab") -> str:
     parts = [f.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, f in enumerate(figures)]
     return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body>{''.join(parts)}" \
            "</body></html>"
+
+
+def annotation(text: "str | None") -> dict:
+    """The keyword arguments of `add_hline`/`add_vline` that write `text` beside the line, or none: plotly writes
+    "new text" on a line whose annotation_text is None."""
+    return {"annotation_text": text} if text else {}

@@ -42,6 +42,7 @@ from forgetlab.core.settings import count_field, device_field, seed_field, setti
 from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.workflow import merge_and_evaluate, pool_recipe
 from forgetlab.merge.methods.slwm import DEFAULT_LEVEL, DEFAULT_RIDGE, DEFAULT_SAMPLES, SLWM_LEVELS, slwm_weights
+from forgetlab.plots import annotation
 
 PARENT = {"layer": "model", "attn": "layer", "mlp": "layer", "head": "attn"}
 """Each submodule level's parent level (the module it is part of)."""
@@ -366,7 +367,7 @@ def check_counts(name: str, counts) -> list[int]:
 def merge_figure(table: pd.DataFrame, x: str, title: str, xtitle: str, log: bool = False) -> go.Figure:
     """The average normalized score and the general loss against `x`, one line per method, std as error bars;
     methods with one point (no `x`) as dashed lines."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("average normalized score (share of the gain kept)",
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("share of the gain kept (↑)",
                                                         "general loss (↓)"))
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     for k, (method, rows) in enumerate(table.groupby("method", sort=False)):
@@ -379,9 +380,10 @@ def merge_figure(table: pd.DataFrame, x: str, title: str, xtitle: str, log: bool
                               row=1, col=col)
             else:
                 fig.add_hline(y=float(rows[name].iloc[0]), line_dash="dash", line_color=colors[k % len(colors)],
-                              row=1, col=col, annotation_text=method if col == 1 else None)
+                              row=1, col=col, **annotation(method if col == 1 else None))
         for col in (1, 2):
-            fig.update_xaxes(title_text=xtitle, type="log" if log else "linear", row=1, col=col)
+            fig.update_xaxes(title_text=xtitle, type="log" if log else "linear", row=1, col=col,
+                             **({} if log else {"dtick": 1}))             # whole counts: no 2.5 models
     fig.update_layout(title=title, height=380)
     return fig
 

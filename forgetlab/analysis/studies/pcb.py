@@ -36,6 +36,7 @@ from forgetlab.merge.api import merge_state_dicts
 from forgetlab.merge.methods.common import LAM_RANGE
 from forgetlab.merge.methods.pcb import ACTIVATIONS
 from forgetlab.merge.workflow import default_merge_models, pool_recipe
+from forgetlab.plots import annotation
 
 PAPER = "PCB-merging"
 RATIOS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
@@ -256,7 +257,7 @@ def figure_ratio(table: pd.DataFrame) -> go.Figure:
     column, _, word = speciality_text(table[table.kind == "curve"])
     curve, base, found = table[table.kind == "curve"], table[table.kind == "base"], table[table.kind == "searched"]
     search = table[table.kind == "search"]
-    fig = make_subplots(rows=1, cols=3, subplot_titles=(word, "general loss (↓)", "validation search: probe loss"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=(word, "general loss (↓)", "search: probe loss (↓)"))
     for col, name in ((1, column), (2, "general_loss")):
         fig.add_trace(go.Scatter(x=curve.keep, y=curve[name], mode="lines+markers", name="PCB, λ fixed",
                                  showlegend=col == 1, line=dict(color="#1f77b4")), row=1, col=col)
@@ -265,7 +266,7 @@ def figure_ratio(table: pd.DataFrame) -> go.Figure:
                       row=1, col=col)
         for _, b in base.iterrows():
             fig.add_hline(y=b[name], line_dash="dash", line_color="#7f7f7f", row=1, col=col,
-                          annotation_text="base" if col == 1 else None)
+                          **annotation("base" if col == 1 else None))
         fig.update_xaxes(title_text="keep ratio r", row=1, col=col)
     for r, part in search.groupby("keep"):
         fig.add_trace(go.Scatter(x=part.lam, y=part.probe_loss, mode="lines+markers", name=f"search r = {r:g}"),
@@ -361,7 +362,7 @@ def figure_activation(table: pd.DataFrame) -> go.Figure:
                       row=1, col=col)
         for _, b in base.iterrows():
             fig.add_hline(y=b[name], line_dash="dash", line_color="#7f7f7f", row=1, col=col,
-                          annotation_text="base" if col == 1 else None)
+                          **annotation("base" if col == 1 else None))
     fig.layout.annotations[0].text = word
     return fig
 
