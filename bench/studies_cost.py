@@ -2,9 +2,9 @@
 
 A study declares its single runs (`Analysis.singles(pool, settings)`: (analysis name, settings) pairs — e.g. one
 `forgetlab finetune` per run of a fine-tune study, with the study's budget and records — or (label, job) pairs for
-a command that is no analysis, e.g. one `forgetlab merge RECIPE OUT --eval` per merge an SLWM study scores). This script runs each
-study at its defaults (as `forgetlab study NAME POOL` does, the run not saved), then its singles one after another
-through the same registry, and prints both costs in wall and CPU seconds and their ratio. The issue's aim: ≤ 1.2×
+a command that is no analysis, e.g. one `forgetlab merge RECIPE OUT --eval` per merge an SLWM study scores). This
+script runs each study at its defaults (as `forgetlab study NAME POOL` does, the run not saved), then its singles
+one after another (an analysis through the same registry, a command's job as it is), and prints both costs in wall and CPU seconds and their ratio. The issue's aim: ≤ 1.2×
 (a study shares the base's scoring and its data; it must not cost more than running its parts by hand).
 
     FORGETLAB_HOME=… python bench/studies_cost.py [POOL] [--study NAME[,NAME…]] [--skip-peer]

@@ -141,6 +141,16 @@ def study_analysis(info: StudyInfo, settings: type,
     return ANALYSES.add(analysis.name, analysis)
 
 
+def study_task(pool, task: Optional[str]) -> Optional[str]:
+    """The task a study runs on: the given one, else the pool's first (None without a pool to ask)."""
+    if task is not None or pool is None:
+        return task
+    if not pool.task_names:
+        raise ParameterError(f"The pool {pool.name} has no tasks; add one under tasks: in its pool file (or build the "
+                             "demo zoo: forgetlab zoo build).")
+    return pool.task_names[0]
+
+
 def studies(page: Optional[str] = None) -> list[Analysis]:
     """Every study (those of one app page when `page` is given), in the order of their names."""
     return [a for _, a in ANALYSES.items() if a.study is not None and (page is None or a.study.page == page)]

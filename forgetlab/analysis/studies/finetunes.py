@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 import pandas as pd
 
 from forgetlab.analysis.finetune import FinetuneSettings
+from forgetlab.analysis.study import study_task
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.progress import Progress
 from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
@@ -50,14 +51,8 @@ class FinetuneStudySettings:
 
 
 def with_task(pool, settings):
-    """The settings with the task filled in: the pool's first task where none is given."""
-    if settings.task is not None or pool is None:
-        return settings
-    tasks = pool.task_names
-    if not tasks:
-        raise ParameterError(f"The pool {pool.name} has no tasks to fine-tune on; add one under tasks: in its pool "
-                             "file (or build the demo zoo: forgetlab zoo build).")
-    return replace(settings, task=tasks[0])
+    """The settings with the task filled in: the pool's first task where none is given (`study_task`)."""
+    return replace(settings, task=study_task(pool, settings.task))
 
 
 def budget_of(pool, settings: FinetuneStudySettings) -> dict:
@@ -112,8 +107,8 @@ def check_task(settings: FinetuneStudySettings, pool=None) -> None:
 
 def estimate_runs(pool, settings: FinetuneStudySettings, configs: Sequence[FinetuneConfig]):
     """The peak of the largest run (`forgetlab.train.memory.estimate_finetune`)."""
-    return estimate_finetune(pool, with_task(pool, settings).task, configs=list(configs), device=settings.device, dtype=settings.dtype,
-                             max_train=settings.max_train, max_length=settings.max_length)
+    return estimate_finetune(pool, with_task(pool, settings).task, configs=list(configs), device=settings.device,
+                             dtype=settings.dtype, max_train=settings.max_train, max_length=settings.max_length)
 
 
 def finetune_singles(pool, settings: FinetuneStudySettings,

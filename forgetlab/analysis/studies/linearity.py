@@ -32,7 +32,7 @@ from plotly.subplots import make_subplots
 
 from forgetlab.analysis.linearity import DEFAULT_ALPHAS, LinearitySettings, nonlinearity_scores
 from forgetlab.analysis.retention import gain_share, own_tasks
-from forgetlab.analysis.study import StudyInfo, Verdict, study_analysis
+from forgetlab.analysis.study import StudyInfo, Verdict, study_analysis, study_task
 from forgetlab.core.anatomy import LEVELS
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.evaluate import evaluate
@@ -57,15 +57,6 @@ def draws_field(default: int):
 def study_seed_field():
     """`seed`: the base seed of the draws (draw d uses a seed of its own, the module docstring)."""
     return seed_field("base seed of the probe draws")
-
-
-def default_task(pool, task: Optional[str]) -> str:
-    """The task, or the pool's first one."""
-    if task is not None:
-        return task
-    if pool is None or not pool.task_names:
-        raise ParameterError("The pool has no tasks; add one under tasks: in its pool file.")
-    return pool.task_names[0]
 
 
 def probe_count(pool, tasks: Sequence[str]) -> int:
@@ -112,7 +103,7 @@ class NlsDrawsSettings:
 
 def nls_runs(pool, s: NlsDrawsSettings) -> list[LinearitySettings]:
     """One `forgetlab linearity` run per draw: draw d with seed `seed + d`."""
-    task = default_task(pool, s.task)
+    task = study_task(pool, s.task)
     n = min(s.samples, probe_count(pool, [task])) if pool is not None else s.samples
     return [LinearitySettings(task=task, model=s.model, levels=tuple(s.levels), alphas=tuple(s.alphas), samples=n,
                               seed=s.seed + d, batch_size=s.batch_size, device=s.device) for d in range(s.draws)]
