@@ -36,7 +36,7 @@ import torch
 from forgetlab.analysis.base import ANALYSES, Analysis, Output
 from forgetlab.analysis.linearity_memory import estimate_linearity
 from forgetlab.analysis.linearity_results import NonlinearityResult, SubmoduleScore, takeaway
-from forgetlab.core.anatomy import LEVELS, Anatomy
+from forgetlab.core.anatomy import DENSE_LEVELS, LEVELS, Anatomy
 from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report
@@ -51,7 +51,7 @@ from forgetlab.plots.linearity import figures
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 """α ∈ {0, 0.1, …, 0.9} (docs/methods.md)."""
-DEFAULT_LEVELS = LEVELS
+DEFAULT_LEVELS = DENSE_LEVELS
 
 
 class DistanceCurve:
