@@ -67,8 +67,11 @@ def _write_probes(root: Path) -> None:
 
 
 def make_tiny_pool(root: Path, family: str = "llama", n_finetuned: int = 2, scale: float = 0.02) -> TinyPool:
-    """A random base and `n_finetuned` perturbed copies (θ0 + small seeded noise), saved as HF folders."""
+    """A random base of `family` (llama, gpt2, or any of tests/architectures.py's FAMILIES) and `n_finetuned`
+    perturbed copies (θ0 + small seeded noise), saved as HF folders."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from tests.architectures import FAMILIES, tiny_model
 
     root.mkdir(parents=True, exist_ok=True)
     tok_dir = root / "tokenizer"
@@ -84,6 +87,8 @@ def make_tiny_pool(root: Path, family: str = "llama", n_finetuned: int = 2, scal
         cfg = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=4, n_positions=256,
                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
         model = GPT2LMHeadModel(cfg)
+    elif family in FAMILIES:   # tests/architectures.py: every other tested decoder family
+        model = tiny_model(family, len(tok), bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     else:
         raise ValueError(family)
     model.eval()
