@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import transformers
 
 from forgetlab.core.errors import ParameterError
 
@@ -140,8 +141,6 @@ _SKELETON_LOCK = threading.Lock()
 def skeleton(config) -> torch.nn.Module:
     """The causal-LM model of ``config`` built on the ``meta`` device (no memory, no weights; cached per
     config), so that a layout can be read from a config alone."""
-    import transformers
-
     key = config.to_json_string(use_diff=False)
     with _SKELETON_LOCK:
         model = _SKELETONS.get(key)
