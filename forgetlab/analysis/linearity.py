@@ -285,8 +285,9 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                         batch_size: int = 8, max_length: int = 128, device: Optional[str] = None, dtype=None,
                         progress: Progress = None) -> NonlinearityResult:
     """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (docs/methods.md#distance-curve,
-    #nls, #property-1) at every requested level (None: every level the model has), layer, head and expert, on ``samples`` probe pairs of ``task``: the
-    first ones, or — with a ``seed`` — drawn at random with that seed (`select_pairs`, docs/methods.md#probe-draws).
+    #nls, #property-1) at every requested level (None: every level the model has), layer, head and expert, on
+    ``samples`` probe pairs of ``task``: the first ones, or — with a ``seed`` — drawn at random with that seed
+    (`select_pairs`, docs/methods.md#probe-draws).
 
     ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
