@@ -58,7 +58,8 @@ def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str]
                        seed: Optional[int] = None, batch_size: int = 8, max_length: int = 128,
                        device: Optional[str] = None, dtype=None, **_: Any) -> MemoryEstimate:
     """The peak of `nonlinearity_scores` on a pool at ``levels`` (None: every level; weights, captures, one
-    layer's work; module docstring), with the flags that shrink it in the order they help most. Reads headers and the probe texts, no weights."""
+    layer's work; module docstring), with the flags that shrink it in the order they help most. Reads headers and
+    the probe texts, no weights."""
     dt = job_dtype(dtype, device)
     name = pool.model_for_task(task, model)
     size = ModelSize.of(pool.checkpoint(name))
