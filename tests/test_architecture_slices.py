@@ -191,3 +191,58 @@ def test_default_levels_are_the_models_own(tok):
         base, ft = _pair(family, tok)
         res = nonlinearity_scores((base, ft, tok, PAIRS), "math", samples=2, alphas=(0.0, 0.5))
         assert set(res.levels) == want and {s.level for s in res.scores} == want
+
+
+# ------------------------------------------------------------------ t-SNE features at head and expert level
+
+def test_pooling_keeps_only_routed_tokens():
+    from forgetlab.analysis.features import _pool_rows
+
+    x = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)  # sample 0: 0..3, sample 1: 4..7
+    lengths, starts = torch.tensor([4, 3]), torch.tensor([1, 1])
+    keep = torch.tensor([[True, False, True, True], [True, False, False, True]])
+    # sample 0: answer tokens 1..3, routed 2 and 3 → mean(2, 3); sample 1: answer 1..2, none routed → 0
+    assert _pool_rows(x, lengths, starts, "answer", keep).flatten().tolist() == [2.5, 0.0]
+    assert _pool_rows(x, lengths, starts, "last", keep).flatten().tolist() == [3.0, 0.0]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "phi3", "gpt_neox", "gemma2", "olmo2", "granite"])
+def test_head_features_sum_to_the_attention_features(family, tok):
+    from forgetlab.analysis.features import capture_features
+
+    base, ft = _pair(family, tok)
+    data = ({"ft": ft}, tok, {"math": PAIRS})
+    attn = capture_features(data, level="attn", layer=0, samples=4)
+    heads = [capture_features(data, level="head", layer=0, head=h, samples=4) for h in range(4)]
+    o = _parts(ft)[0]["o"]
+    bias = 0.0 if o.bias is None else o.bias.detach().double().numpy()
+    np.testing.assert_allclose(sum(h.X for h in heads) + bias, attn.X, atol=1e-5)
+    assert np.abs(heads[0].X - heads[1].X).max() > 1e-4
+
+
+@pytest.mark.parametrize("family", MOE_FAMILIES)
+def test_expert_features_are_the_expert_on_its_routed_last_token(family, tok):
+    """pooling="last": expert e's output (act(x·W_gateᵀ) ⊙ x·W_upᵀ)·W_downᵀ from its 3-D weight slices on the
+    last token when the router sent that token to e, else the zero vector."""
+    from forgetlab.analysis.features import capture_features
+
+    base, ft = _pair(family, tok)
+    enc = encode_samples(tok, PAIRS[:4])
+    experts = _parts(ft)[1]["experts"]
+    caps = _capture(ft, enc.input_ids)
+    x, index = caps[1]["experts"][0][:2]
+    s = enc.input_ids.shape[1]
+    rows = torch.arange(4) * s + enc.lengths - 1                  # each sample's last real token
+    hit = 0
+    for e in range(4):
+        fs = capture_features(({"ft": ft}, tok, {"math": PAIRS}), level="expert", layer=1, head=e,
+                              pooling="last", samples=4)
+        gate, up = (x[rows] @ experts.gate_up_proj[e].T).chunk(2, dim=-1)
+        want = (experts.act_fn(gate) * up) @ experts.down_proj[e].T
+        routed = (index[rows] == e).any(-1)
+        want = (want * routed[:, None]).detach().numpy()
+        np.testing.assert_allclose(fs.X, want, atol=1e-5)
+        hit += int(routed.sum())
+    assert 0 < hit < 16
+    with pytest.raises(Exception, match="expert's index"):
+        capture_features(({"ft": ft}, tok, {"math": PAIRS}), level="expert", layer=1, head=9, samples=2)

@@ -402,31 +402,29 @@ def attention_bias(anatomy: Anatomy, attn) -> Optional[torch.Tensor]:
 
 
 @torch.no_grad()
+def one_expert(experts, x: torch.Tensor, index: torch.Tensor, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``expert``'s output on the token rows ``x`` ``[tokens, hidden]`` that the router sent it
+    (``index`` ``[tokens, top_k]``: the experts each token went to), without the routing weight: transformers'
+    experts module called with every token routed to ``expert`` alone, with weight 1, then zero on the tokens the
+    router did not send to it. Returns the output ``[tokens, hidden]`` and the routed tokens ``[tokens]``
+    (bool)."""
+    n = x.shape[0]
+    only = torch.full((n, 1), expert, dtype=index.dtype, device=index.device)
+    y = first_tensor(experts(x, only, torch.ones((n, 1), dtype=x.dtype, device=x.device)))
+    routed = (index == expert).any(dim=-1)
+    return y * routed[:, None].to(y.dtype), routed
+
+
+@torch.no_grad()
 def expert_outputs(work, anatomy: Anatomy, layer: int, cap: LayerInputs) -> torch.Tensor:
     """Every expert's output on the tokens the router sent it in the capture pass, ``[batch, experts, seq,
-    hidden]``: transformers' experts module of the working copy called with every token routed to expert e alone
-    with weight 1 (so without the routing weight), then zero on the tokens the router did not send to e. The
-    routing (which tokens, which experts) is the capture pass's and stays fixed; only the experts' parameters
-    move."""
+    hidden]`` (`one_expert`; zero on the tokens not routed to it). The routing (which tokens, which experts) is
+    the capture pass's and stays fixed; only the experts' parameters move."""
     experts = work.module(anatomy.experts_path(layer))
     x, index = cap.routing()
     b, s = cap.mlp_input().shape[:2]
-    n = x.shape[0]
-    outs = []
-    for e in range(anatomy.num_experts):
-        only = torch.full((n, 1), e, dtype=index.dtype, device=index.device)
-        y = first_tensor(experts(x, only, torch.ones((n, 1), dtype=x.dtype, device=x.device)))
-        routed = (index == e).any(dim=-1).to(y.dtype)
-        outs.append((y * routed[:, None]).reshape(b, s, -1))
+    outs = [one_expert(experts, x, index, e)[0].reshape(b, s, -1) for e in range(anatomy.num_experts)]
     return torch.stack(outs, dim=1)
-
-
-def routed_mask(anatomy: Anatomy, cap: LayerInputs) -> torch.Tensor:
-    """``[batch, experts, seq]``: True where the capture pass's router sent that token to that expert."""
-    _, index = cap.routing()
-    b, s = cap.mlp_input().shape[:2]
-    hit = torch.stack([(index == e).any(dim=-1) for e in range(anatomy.num_experts)], dim=0)
-    return hit.reshape(anatomy.num_experts, b, s).transpose(0, 1)
 
 
 @torch.no_grad()
@@ -444,7 +442,8 @@ def run_submodule(work, anatomy: Anatomy, layer: int, level: str, cap: LayerInpu
         return head_outputs(anatomy, work.module(anatomy.attn_path(layer)), cap.attn_args, cap.attn_kwargs)
     if level == "expert":
         return expert_outputs(work, anatomy, layer, cap)
-    raise ParameterError(f"Unknown submodule level {level!r}; choose one of {', '.join(SUBMODULE_LEVELS)}, expert.")
+    raise ParameterError(f"Unknown submodule level {level!r}; choose one of {', '.join(SUBMODULE_LEVELS)}, "
+                         "expert.")
 
 
 def check_head_decomposition(work, anatomy: Anatomy, layer: int, cap: LayerInputs,
