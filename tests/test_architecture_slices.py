@@ -246,3 +246,27 @@ def test_expert_features_are_the_expert_on_its_routed_last_token(family, tok):
     assert 0 < hit < 16
     with pytest.raises(Exception, match="expert's index"):
         capture_features(({"ft": ft}, tok, {"math": PAIRS}), level="expert", layer=1, head=9, samples=2)
+
+
+def test_expert_rows_unchanged_expert_and_heatmap(tok):
+    """An expert the fine-tune left alone scores NaN (like any unchanged submodule); the table names experts in its
+    head column and the heatmap gives each expert its own row after the heads."""
+    from forgetlab.analysis.linearity_results import NonlinearityResult, takeaway
+    from forgetlab.core.anatomy import part_words
+    from forgetlab.plots.linearity import nls_heatmap
+
+    base, ft = _pair("mixtral", tok)
+    with torch.no_grad():
+        for name in ("gate_up_proj", "down_proj"):
+            getattr(ft.model.layers[0].mlp.experts, name)[3].copy_(getattr(base.model.layers[0].mlp.experts, name)[3])
+    res = nonlinearity_scores((base, ft, tok, PAIRS), "math", levels=("expert", "head"), samples=3,
+                              alphas=(0.0, 0.5))
+    assert np.isnan(res.get("expert", 0, 3).nls).all() and np.isfinite(res.get("expert", 0, 2).nls).all()
+    df = res.to_frame()
+    assert sorted(df[df.level == "expert"].module)[0] == "model.layers.0.mlp.experts.0"
+    assert res.by_level().set_index("level").loc["expert", "unchanged"] == 1
+    assert part_words(1, "expert", 2) == "layer 1's expert 2" and takeaway(res)
+    rows = list(nls_heatmap(res).data[0].y)
+    assert rows == [f"head {h}" for h in range(4)] + [f"expert {e}" for e in range(4)]
+    back = NonlinearityResult.from_dict(res.to_dict())
+    assert back.get("expert", 1, 2).nls_mean == pytest.approx(res.get("expert", 1, 2).nls_mean)
