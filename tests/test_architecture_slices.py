@@ -270,3 +270,19 @@ def test_expert_rows_unchanged_expert_and_heatmap(tok):
     assert rows == [f"head {h}" for h in range(4)] + [f"expert {e}" for e in range(4)]
     back = NonlinearityResult.from_dict(res.to_dict())
     assert back.get("expert", 1, 2).nls_mean == pytest.approx(res.get("expert", 1, 2).nls_mean)
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2", "mixtral"])
+def test_cached_scores_equal_direct_recomputation(family, tok):
+    """`direct_scores` (a full forward pass per α with only that submodule moved; a head: only its slices) agrees
+    with the cached-input scores on fused and soft-capped attention and on experts."""
+    from forgetlab.analysis.linearity_reference import direct_scores
+
+    base, ft = _pair(family, tok)
+    levels = ("attn", "mlp", "head") + (("expert",) if family in MOE_FAMILIES else ())
+    kw = dict(levels=levels, samples=2, alphas=(0.0, 0.3, 0.7))
+    fast = {(s.level, s.layer, s.head): s.nls for s in nonlinearity_scores((base, ft, tok, PAIRS), "math", **kw).scores}
+    slow = {(s.level, s.layer, s.head): s.nls for s in direct_scores((base, ft, tok, PAIRS), "math", **kw).scores}
+    assert set(fast) == set(slow)
+    for key in fast:
+        np.testing.assert_allclose(fast[key], slow[key], atol=1e-5, err_msg=str(key))
