@@ -11,7 +11,9 @@ For a submodule k with base parameters θ0,k and task vector τk, and an input x
 Norms are Frobenius norms over every (non-padding) token position and feature of one sample.
 Levels: ``model`` (features: last hidden state of the decoder), ``layer`` (a decoder block), ``attn``, ``mlp`` and
 ``head`` (head h's contribution to the attention output: softmax(q_h k_gᵀ·scale) v_g times head h's columns of
-the output projection; the per-head contributions plus the output bias sum to the attention output).
+the output projection; the per-head contributions plus the output bias sum to the attention output), and for
+a mixture of experts ``expert`` (expert e's output on the tokens the capture pass routed to it, without the
+routing weight; `forgetlab.core.submodules.one_expert`).
 
 How it stays cheap: the inputs of every layer, attention and MLP are captured ONCE with forward hooks (by default
 from the fine-tuned model's forward pass on the task's probe samples; ``capture="base"`` uses the base) together
