@@ -29,7 +29,8 @@ pool = start_page(MENU, "Do the tasks look different inside the model, and does 
 anatomy = None
 with show_errors():
     anatomy = pool.anatomy
-level_options = list(FEATURE_LEVELS) if anatomy is not None else ["model"]
+level_options = ([lv for lv in FEATURE_LEVELS if lv in anatomy.levels] if anatomy is not None
+                 else ["model"])
 panel = AnalysisPanel(ANALYSIS, page="features", button="Map features",
                       label=lambda s: "Capturing features and mapping them with t-SNE")
 device, dtype = device_settings()
@@ -41,13 +42,17 @@ with left:
     level = field_widget(FeaturesSettings, "level", key="features_level", options=level_options,
                          default=level_options[min(1, len(level_options) - 1)], label="submodule",
                          format_func={"model": "last hidden state", "layer": "decoder layer", "attn": "attention",
-                                      "mlp": "MLP", "head": "attention head"}.get, help=explain("submodule"))
+                                      "mlp": "MLP", "head": "attention head", "expert": "expert"}.get,
+                         help=explain("submodule"))
     layer = head = None
     if level != "model":
         layer = field_widget(FeaturesSettings, "layer", key="features_layer", options=list(range(anatomy.num_layers)),
                              default=anatomy.num_layers - 1)
     if level == "head":
         head = field_widget(FeaturesSettings, "head", key="features_head", options=list(range(anatomy.num_heads)))
+    if level == "expert":
+        head = field_widget(FeaturesSettings, "head", key="features_expert", label="expert",
+                            options=list(range(anatomy.num_experts)))
     pooling = field_widget(FeaturesSettings, "pooling", key="features_pooling", radio=True,
                            format_func={"answer": "mean over answer tokens", "last": "last token"}.get,
                            help=explain("pooling"))

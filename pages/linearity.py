@@ -64,7 +64,8 @@ with left:
         level_options = ["model"]
     levels = field_widget(LinearitySettings, "levels", key="linearity_levels", options=level_options,
                           help=explain("submodule") + "  \nmodel: the whole network; layer: one decoder block; "
-                               "attn / mlp: its attention / MLP; head: one attention head.")
+                               "attn / mlp: its attention / MLP; head: one attention head; expert: one expert of a "
+                               "mixture of experts, on the tokens its router sent it.")
     capture = field_widget(LinearitySettings, "capture", key="linearity_capture", label="inputs captured from",
                            format_func={"finetuned": "the fine-tuned model", "base": "the base model"}.get, radio=True)
     settings = LinearitySettings(task=task, model=model, levels=levels or ("model",), alphas=alphas or (0.0,),

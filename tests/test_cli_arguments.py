@@ -485,6 +485,10 @@ EXPECTED["taskvec"].update(models=(("--models",), None, False, None, None, "+", 
                            no_cosines=(("--no-cosines",), False, False, None, None, 0, None),
                            no_save=(("--no-save",), False, False, None, None, 0, None), dry_run=_DRY_RUN)
 
+# Issue 46: the expert level of a mixture of experts; linearity's default is every level the model has (None)
+_LEVELS46 = ('model', 'layer', 'attn', 'mlp', 'head', 'expert')
+EXPECTED["features"]["level"] = (('--level',), 'layer', False, 'word', _LEVELS46, None, None)
+EXPECTED["linearity"]["levels"] = (('--levels',), None, False, None, _LEVELS46, '+', None)
 
 @pytest.mark.parametrize("path", list(EXPECTED))
 def test_every_command_keeps_its_arguments(parsers, path):

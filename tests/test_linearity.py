@@ -196,15 +196,18 @@ def test_bad_input_messages(tok):
 
 
 def test_unknown_architecture_keeps_model_level_only(tok):
-    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+    """Falcon's fused query_key_value (multi-query: all q heads, then one k and one v) is not GPT-NeoX's per-head
+    layout, so forgetlab refuses to slice it: submodule levels exit with a message naming the families."""
+    from transformers import FalconConfig, FalconForCausalLM
 
     torch.manual_seed(0)
-    base = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=48,
-                                            num_hidden_layers=2, num_attention_heads=4,
-                                            max_position_embeddings=128)).eval()
+    base = FalconForCausalLM(FalconConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2,
+                                          num_attention_heads=4)).eval()
     ft = _perturbed(base)
-    with pytest.raises(ForgetlabError, match="'head' level is unavailable.*llama"):
+    with pytest.raises(ForgetlabError, match="'head' level is unavailable.*falcon.*Llama.*GPT-NeoX"):
         nonlinearity_scores((base, ft, tok, PAIRS), "math", levels=("model", "head"), samples=2)
+    with pytest.raises(ForgetlabError, match="'layer' level is unavailable"):
+        nonlinearity_scores((base, ft, tok, PAIRS), "math", samples=2)    # the default: every level
     df = nonlinearity_scores((base, ft, tok, PAIRS), "math", levels=("model",), samples=2).to_frame()
     assert len(df) == 1 and df.nls_mean.iloc[0] > 0
 

@@ -3,8 +3,11 @@
 `capture_features` runs each model (base, fine-tuned, merged: any set) on the probe samples of each task and
 reads one submodule's output with a forward hook: the decoder's last hidden state (``model``), a decoder layer
 (``layer``), its attention (``attn``), its MLP (``mlp``) or one head's contribution to the attention output
-(``head``, see `forgetlab.core.submodules.head_outputs`). Each sample becomes one vector: the mean over its answer
-tokens (``pooling="answer"``) or its last token (``pooling="last"``).
+(``head``, see `forgetlab.core.submodules.head_outputs`) or, in a mixture of experts, one expert's output on the
+tokens the model's router sent it, without the routing weight (``expert``, see
+`forgetlab.core.submodules.one_expert`). Each sample becomes one vector: the mean over its answer tokens
+(``pooling="answer"``) or its last token (``pooling="last"``); at the expert level only the tokens routed to the
+expert count, and a sample none of whose pooled tokens reached it gets the zero vector.
 
 `embed_tsne` standardises nothing and reduces with PCA to at most 50 dimensions, then runs t-SNE (openTSNE;
 scikit-learn's TSNE when openTSNE is missing), seeded. It returns the 2-D coordinates with their (task, model)
@@ -30,11 +33,11 @@ from forgetlab.core.errors import MissingDependencyError, ParameterError
 from forgetlab.core.memory import dtype_name, job_dtype
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.core.settings import count_field, device_field, dtype_field, setting
-from forgetlab.core.submodules import (encode_samples, head_outputs, last_hidden, select_pairs, first_tensor,
-                                       strip_kwargs)
+from forgetlab.core.submodules import (encode_samples, head_outputs, last_hidden, one_expert, select_pairs,
+                                       first_tensor, strip_kwargs)
 from forgetlab.plots.features import figures
 
-FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head")
+FEATURE_LEVELS = ("model", "layer", "attn", "mlp", "head", "expert")
 POOLINGS = ("answer", "last")
 BACKENDS = ("auto", "opentsne", "sklearn")
 SEED_MAX = 2**32 - 1        # numpy's legacy seeding, which scikit-learn's PCA and both t-SNEs use
@@ -80,26 +83,40 @@ def _resolve(pool_or_data, models, tasks, device, dtype):
     return dict.fromkeys(names), load, pool.tokenizer, pairs, getattr(pool.probes, "template", None)
 
 
-def _pool_rows(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, pooling: str) -> torch.Tensor:
-    """[b, s, h] → [b, h]: mean over answer positions [start, length) or the last real token."""
+def _pool_rows(x: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor, pooling: str,
+               keep: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[b, s, h] → [b, h]: mean over answer positions [start, length) or the last real token; with ``keep``
+    ([b, s] bool: an expert's routed tokens) only the kept ones count (the zero vector where none is)."""
     if pooling == "last":
+        if keep is not None:
+            x = x * keep[:, :, None].to(x.dtype)
         return x[torch.arange(x.shape[0]), lengths - 1]
     pos = torch.arange(x.shape[1])[None, :]
-    m = ((pos >= starts[:, None]) & (pos < lengths[:, None])).to(x.dtype)
+    m = (pos >= starts[:, None]) & (pos < lengths[:, None])
+    m = (m if keep is None else m & keep).to(x.dtype)
     return (x * m[:, :, None]).sum(1) / m.sum(1, keepdim=True).clamp_min(1)
 
 
 @torch.no_grad()
 def _model_features(model, anatomy: Optional[Anatomy], ids, level, layer, head):
+    """The submodule's output ``[batch, seq, hidden]`` on ``ids`` and the tokens that count (an expert's routed
+    tokens ``[batch, seq]``; None: all)."""
     if level == "model":
-        return last_hidden(model, anatomy, ids)
+        return last_hidden(model, anatomy, ids), None
     mods = dict(model.named_modules())
     got: dict[str, Any] = {}
-    if level == "head":
+    if level == "expert":
+        target = mods[anatomy.experts_path(layer)]
+
+        def routed(mod, args, kwargs):
+            names = ("hidden_states", "top_k_index")
+            got["in"] = list(args[:2]) + [kwargs.get(n) for n in names[len(args[:2]):]]
+        handle = target.register_forward_pre_hook(routed, with_kwargs=True)
+    elif level == "head":
         target = mods[anatomy.attn_path(layer)]
 
         def pre(mod, args, kwargs):
-            got["x"] = args[0] if args else kwargs["hidden_states"]
+            got["args"] = tuple(args)
             got["kw"] = strip_kwargs(kwargs)
         handle = target.register_forward_pre_hook(pre, with_kwargs=True)
     else:
@@ -110,8 +127,11 @@ def _model_features(model, anatomy: Optional[Anatomy], ids, level, layer, head):
     finally:
         handle.remove()
     if level == "head":
-        return head_outputs(anatomy, target, got["x"], got["kw"])[:, head]
-    return got["out"]
+        return head_outputs(anatomy, target, got["args"], got["kw"])[:, head], None
+    if level == "expert":
+        y, routed = one_expert(target, got["in"][0], got["in"][1], head)
+        return y.reshape(*ids.shape, -1), routed.reshape(ids.shape).cpu()
+    return got["out"], None
 
 
 def _check_anatomy(anatomy: Optional[Anatomy], name: str, model) -> None:
@@ -137,9 +157,12 @@ def _check_position(anatomy: Optional[Anatomy], level: str, layer: Optional[int]
     n = anatomy.num_layers
     if layer is None or not (-n <= layer < n):
         raise ParameterError(f"Layer {layer!r} does not exist: this model has layers 0..{n - 1} (or -1 for last).")
+    anatomy.check_level(level)
     if level == "head" and (head is None or not (0 <= head < anatomy.num_heads)):
         raise ParameterError(f"The head level needs head= one of 0..{anatomy.num_heads - 1}.")
-    return layer % n, head if level == "head" else None
+    if level == "expert" and (head is None or not (0 <= head < anatomy.num_experts)):
+        raise ParameterError(f"The expert level needs head= the expert's index, one of 0..{anatomy.num_experts - 1}.")
+    return layer % n, head if level in ("head", "expert") else None
 
 
 def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models: Optional[Sequence[str]] = None, *,
@@ -151,7 +174,8 @@ def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models
 
     ``pool_or_data``: a ModelPool (``models`` are pool names, default base + every fine-tuned model; ``tasks``
     default every task) or a ``({label: model}, tokenizer, {task: pairs})`` tuple (e.g. with a merged model).
-    ``layer`` may be negative (−1 = last layer); ``head`` is needed for the ``head`` level.
+    ``layer`` may be negative (−1 = last layer); ``head`` is needed for the ``head`` level (the head) and the
+    ``expert`` level (the expert's index).
     ``dtype`` (None: bfloat16 on cuda, float32 elsewhere; a tuple's models keep theirs unless one is given) is
     the precision the models run in; the pooling and everything after it are in float32. From a pool the models
     are loaded one at a time and released after their features are taken. Its peak:
@@ -199,8 +223,8 @@ def capture_features(pool_or_data, tasks: Optional[Sequence[str]] = None, models
             for t, enc in encs.items():
                 for a in range(0, len(enc), batch_size):
                     chunk = enc.chunk(a, min(a + batch_size, len(enc)))
-                    feats = _model_features(model, anatomy, chunk.input_ids.to(dev), level, layer, head)
-                    rows.append(_pool_rows(feats.float().cpu(), chunk.lengths, chunk.answer_starts, pooling))
+                    feats, keep = _model_features(model, anatomy, chunk.input_ids.to(dev), level, layer, head)
+                    rows.append(_pool_rows(feats.float().cpu(), chunk.lengths, chunk.answer_starts, pooling, keep))
                     del feats
                     labels += [{"task": t, "model": mname, "sample": a + i} for i in range(len(chunk))]
                     done += 1
@@ -325,7 +349,7 @@ class FeaturesSettings:
     tasks: Optional[tuple[str, ...]] = setting(None, help="tasks (default: all)")
     level: str = setting("layer", help="submodule", choices=FEATURE_LEVELS)
     layer: Optional[int] = setting(-1, help="layer index (negative counts from the end)")
-    head: Optional[int] = setting(None, help="head index, for --level head")
+    head: Optional[int] = setting(None, help="head index for --level head; the expert's index for --level expert")
     pooling: str = setting("answer", help="mean over the answer tokens, or the last token", choices=POOLINGS)
     samples: Optional[int] = count_field(None, "probe samples per task (default: all)")
     perplexity: float = setting(30.0, help="t-SNE's neighbourhood size: about how many neighbours each point keeps "

@@ -11,7 +11,9 @@ For a submodule k with base parameters θ0,k and task vector τk, and an input x
 Norms are Frobenius norms over every (non-padding) token position and feature of one sample.
 Levels: ``model`` (features: last hidden state of the decoder), ``layer`` (a decoder block), ``attn``, ``mlp`` and
 ``head`` (head h's contribution to the attention output: softmax(q_h k_gᵀ·scale) v_g times head h's columns of
-the output projection; the per-head contributions plus the output bias sum to the attention output).
+the output projection; the per-head contributions plus the output bias sum to the attention output), and for
+a mixture of experts ``expert`` (expert e's output on the tokens the capture pass routed to it, without the
+routing weight; `forgetlab.core.submodules.one_expert`).
 
 How it stays cheap: the inputs of every layer, attention and MLP are captured ONCE with forward hooks (by default
 from the fine-tuned model's forward pass on the task's probe samples; ``capture="base"`` uses the base) together
@@ -41,17 +43,19 @@ from forgetlab.core.errors import ParameterError
 from forgetlab.core.memory import job_dtype
 from forgetlab.core.progress import Progress, report
 from forgetlab.core.settings import count_field, device_field, dtype_field, seed_field, setting
-from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_bias, attention_from_projections,
-                                       attention_is_affine, attention_projections, capture_inputs,
-                                       check_head_decomposition, check_same_structure, encode_samples, last_hidden,
-                                       mlp_from_projections, mlp_projections, param_dict, run_submodule, select_pairs,
-                                       split_heads)
+from forgetlab.core.submodules import (CAPTURES, LayerInputs, attend, attention_and_heads, attention_bias,
+                                       attention_from_projections, attention_is_affine, attention_projections,
+                                       attention_shortcut, capture_inputs, check_head_decomposition,
+                                       check_same_structure, encode_samples, last_hidden, mlp_from_projections,
+                                       mlp_projections, param_dict, run_submodule, select_pairs, split_heads)
 from forgetlab.merge.working_copy import WorkingCopy
 from forgetlab.plots.linearity import figures
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(10))
 """α ∈ {0, 0.1, …, 0.9} (docs/methods.md)."""
-DEFAULT_LEVELS = DENSE_LEVELS
+DEFAULT_LEVELS = None
+"""None: every level the model has (`forgetlab.core.anatomy.Anatomy.levels`: the dense ones, plus ``expert`` for a
+mixture of experts)."""
 
 
 class DistanceCurve:
@@ -97,15 +101,17 @@ def _same(fast: torch.Tensor, ref: torch.Tensor, tol: float = 1e-4) -> bool:
 
 
 class _LayerRerun:
-    """The outputs of one layer's submodules (``layer``, ``attn``, ``mlp``, ``head``) of the working copy on
-    their cached inputs, for the α its parameters are currently set to.
+    """The outputs of one layer's submodules (``layer``, ``attn``, ``mlp``, ``head``, ``expert``) of the working
+    copy on their cached inputs, for the α its parameters are currently set to.
 
     Why it is cheap: with the input held fixed, the attention's q/k/v projections and the MLP's input
     projections are affine in the parameters, so they are computed at α = 0 and α = 1 only and interpolated
     for every other α; per α only the attention core, the output projections and the whole layer are re-run.
-    Call `outputs` for α = 1 and α = 0 before any other α. Whether the shortcut reproduces a module (an
-    unknown variant might not) is checked once per run against the capture pass's own outputs (``fast``
-    holds the verdict per module kind); where it does not, the module is re-run whole."""
+    Call `outputs` for the capture α first, then for the other end (0 or 1), then any other α. The attention
+    shortcut is used only where `attention_shortcut` says it can be exact (Llama-style separate q/k/v, GPT-2);
+    whether a shortcut reproduces its module is checked once per layer against the capture pass's own outputs
+    (``fast`` holds the verdict per (module kind, layer)); where it does not, the module is re-run whole by
+    transformers and the heads read from its output projection's input (`attention_and_heads`)."""
 
     def __init__(self, work: WorkingCopy, anatomy: Anatomy, layer: int, cap: LayerInputs, levels: Sequence[str],
                  cap_alpha: float, fast: dict[str, bool]):
@@ -115,6 +121,7 @@ class _LayerRerun:
         self.mlp = work.module(anatomy.mlp_path(layer))
         self.ends: dict[tuple[str, float], Optional[tuple]] = {}
         self.affine_heads = attention_is_affine(self.attn)
+        self.shortcut = attention_shortcut(anatomy, self.attn, cap.attn_kwargs)
 
     def _attention(self, qkv: tuple, per_head: bool) -> torch.Tensor:
         if self.affine_heads:
@@ -135,39 +142,56 @@ class _LayerRerun:
         return None if lo is None else _lerp_all(lo, hi, alpha)
 
     def _verified(self, kind: str, fast_out: Optional[torch.Tensor]) -> bool:
-        if kind not in self.fast:
-            self.fast[kind] = fast_out is not None and _same(fast_out, self.cap.outputs[kind])
-        return self.fast[kind]
+        key = (kind, self.layer)
+        if key not in self.fast:
+            self.fast[key] = fast_out is not None and _same(fast_out, self.cap.outputs[kind])
+        return self.fast[key]
+
+    def _fast(self, kind: str) -> bool:
+        return bool(self.fast.get((kind, self.layer)))
+
+    def _attention_levels(self, alpha: float, at_capture: bool) -> dict[str, torch.Tensor]:
+        a, want_heads, outs = self.anatomy, "head" in self.levels, {}
+        if self.shortcut:
+            qkv = self._projections("attn", alpha)
+            if at_capture or self._fast("attn"):
+                heads = self._attention(qkv, per_head=True) if want_heads else None
+                if heads is not None:
+                    bias = attention_bias(a, self.attn)
+                    total = heads.sum(1) + (bias if bias is not None else 0)
+                else:
+                    total = self._attention(qkv, per_head=False)
+                if at_capture:
+                    self._verified("attn", total)
+                if self._fast("attn"):
+                    return {"attn": total, **({"head": heads} if want_heads else {})}
+        elif at_capture:
+            self._verified("attn", None)
+        # one computation path for every α, so that an unchanged module gives bitwise-equal ends
+        if want_heads:
+            outs["attn"], outs["head"] = attention_and_heads(a, self.attn, self.cap.attn_args, self.cap.attn_kwargs)
+        else:
+            outs["attn"] = run_submodule(self.work, a, self.layer, "attn", self.cap)
+        return outs
 
     def outputs(self, alpha: float) -> dict[str, torch.Tensor]:
         """``{level: features}`` at the working copy's current parameters (θ0 + α·τ on this layer)."""
         a, cap, outs = self.anatomy, self.cap, {}
         at_capture = alpha == self.cap_alpha  # the capture pass ran these very inputs at these parameters
         if "head" in self.levels or "attn" in self.levels:
-            qkv = self._projections("attn", alpha)
-            if "head" in self.levels:
-                outs["head"] = self._attention(qkv, per_head=True)
-                if "attn" in self.levels:
-                    bias = attention_bias(a, self.attn)
-                    outs["attn"] = outs["head"].sum(1) + (bias if bias is not None else 0)
-            else:
-                fast_out = None
-                if at_capture or self.fast.get("attn"):
-                    fast_out = self._attention(qkv, per_head=False)
-                if at_capture:
-                    self._verified("attn", fast_out)
-                # one computation path for every α, so that an unchanged module gives bitwise-equal ends
-                outs["attn"] = fast_out if self.fast.get("attn") else run_submodule(self.work, a, self.layer,
-                                                                                    "attn", cap)
+            got = self._attention_levels(alpha, at_capture)
+            outs.update({k: v for k, v in got.items() if k in self.levels})
         if "mlp" in self.levels:
             pre = self._projections("mlp", alpha)
             fast_out = None
-            if pre is not None and (at_capture or self.fast.get("mlp")):
+            if pre is not None and (at_capture or self._fast("mlp")):
                 fast_out = mlp_from_projections(a, self.mlp, pre)
             if at_capture:
                 self._verified("mlp", fast_out)
-            outs["mlp"] = fast_out if self.fast.get("mlp") and fast_out is not None else run_submodule(
+            outs["mlp"] = fast_out if self._fast("mlp") and fast_out is not None else run_submodule(
                 self.work, a, self.layer, "mlp", cap)
+        if "expert" in self.levels:
+            outs["expert"] = run_submodule(self.work, a, self.layer, "expert", cap)
         if "layer" in self.levels:
             outs["layer"] = cap.outputs["layer"] if at_capture else run_submodule(self.work, a, self.layer, "layer",
                                                                                   cap)
@@ -188,8 +212,11 @@ def check_alphas(alphas) -> tuple:
 
 
 def check_levels(levels, anatomy: Optional[Anatomy], anatomy_error: Optional[Exception]) -> tuple:
-    """The asked levels, each once, in order; ParameterError for none, an unknown one, or a submodule level on
-    an architecture whose anatomy forgetlab cannot read (`anatomy_error` says why)."""
+    """The asked levels, each once, in order (None: every level the model has, `Anatomy.levels`);
+    ParameterError for none, an unknown one, one the model lacks (``expert`` on a dense model), or a submodule
+    level on an architecture whose anatomy forgetlab cannot read (`anatomy_error` says why)."""
+    if levels is None:
+        levels = anatomy.levels if anatomy is not None else DENSE_LEVELS
     lv = tuple(dict.fromkeys([levels] if isinstance(levels, str) else levels))
     if not lv:
         raise ParameterError(f"No level asked; choose from {', '.join(LEVELS)}.")
@@ -198,6 +225,8 @@ def check_levels(levels, anatomy: Optional[Anatomy], anatomy_error: Optional[Exc
             raise ParameterError(f"Unknown level {level!r}; choose from {', '.join(LEVELS)}.")
         if level != "model" and anatomy is None:
             raise ParameterError(f"The {level!r} level is unavailable for this architecture: {anatomy_error}")
+        if anatomy is not None:
+            anatomy.check_level(level)
     return lv
 
 
@@ -252,13 +281,15 @@ def _lean_inputs(pool_or_models, task, model, device, dtype) -> tuple[_Inputs, W
 
 
 def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Optional[str] = None,
-                        levels: Sequence[str] = DEFAULT_LEVELS, alphas: Sequence[float] = DEFAULT_ALPHAS,
-                        samples: Optional[int] = 30, seed: Optional[int] = None, capture: str = "finetuned",
+                        levels: Optional[Sequence[str]] = DEFAULT_LEVELS,
+                        alphas: Sequence[float] = DEFAULT_ALPHAS, samples: Optional[int] = 30,
+                        seed: Optional[int] = None, capture: str = "finetuned",
                         batch_size: int = 8, max_length: int = 128, device: Optional[str] = None, dtype=None,
                         progress: Progress = None) -> NonlinearityResult:
     """Distance curves d_x(α), non-linearity scores NLS_x and Property 1 residuals (docs/methods.md#distance-curve,
-    #nls, #property-1) at every requested level, layer and head, on ``samples`` probe pairs of ``task``: the
-    first ones, or — with a ``seed`` — drawn at random with that seed (`select_pairs`, docs/methods.md#probe-draws).
+    #nls, #property-1) at every requested level (None: every level the model has), layer, head and expert, on
+    ``samples`` probe pairs of ``task``: the first ones, or — with a ``seed`` — drawn at random with that seed
+    (`select_pairs`, docs/methods.md#probe-draws).
 
     ``pool_or_models`` is a `forgetlab.core.pool.ModelPool` or a ``(base, finetuned, tokenizer, pairs)`` tuple.
     Submodule inputs are captured once per batch from the ``capture`` model ("finetuned" or "base") and held
@@ -328,26 +359,29 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
                 acc.setdefault(("model", None), []).append(curve.finish())
             for i in layers:
                 names = anatomy.params_of("layer", layer=i)
-                f1: dict[str, torch.Tensor] = {}
+                ends: dict[str, dict[float, torch.Tensor]] = {}
                 curves: dict[str, DistanceCurve] = {}
                 rerun = _LayerRerun(work, anatomy, i, caps[i], sub, cap_alpha, fast)
-                for alpha in order:
+                # the capture α first (it checks the shortcuts), then the other end, then the grid
+                for alpha in [cap_alpha, 1.0 - cap_alpha] + order[2:]:
                     work.lerp(target, alpha, names)
                     outs = rerun.outputs(alpha)
                     if "head" in outs and not head_checked:
                         check_head_decomposition(work, anatomy, i, caps[i], outs["head"])
                         head_checked = True
                     for level, fa in outs.items():
-                        if alpha == 1.0:
-                            f1[level] = fa
-                        elif alpha == 0.0:
-                            curves[level] = DistanceCurve(f1[level], fa, mask, al)
-                        if alpha in al:
+                        if alpha in (0.0, 1.0):
+                            ends.setdefault(level, {})[alpha] = fa
+                            if len(ends[level]) == 2:
+                                curves[level] = DistanceCurve(ends[level][1.0], ends[level][0.0], mask, al)
+                                if 0.0 in al:
+                                    curves[level].add(0.0, ends[level][0.0])
+                        elif alpha in al:
                             curves[level].add(alpha, fa)
                     tick(f"layer {i}, α = {alpha:g}")
                 for level, c in curves.items():
                     acc.setdefault((level, i), []).append(c.finish())
-                f1.clear()
+                ends.clear()
                 caps[i] = None  # this layer's inputs are no longer needed
             del caps
 
@@ -359,11 +393,11 @@ def nonlinearity_scores(pool_or_models, task: Optional[str] = None, *, model: Op
             d = torch.cat([p.d for p in parts], dim=0).numpy()
             res = torch.cat([p.res for p in parts], dim=0).numpy()
             ideal = 1.0 - np.asarray(al)
-            if level == "head":
-                for h in range(anatomy.num_heads):
-                    dh = d[:, h, :]
-                    scores.append(make_score(level, key[1], h, anatomy.attn_path(key[1]) + f".head{h}",
-                                              dh, res[:, h, :], ideal))
+            if level in ("head", "expert"):
+                for h in range(d.shape[1]):
+                    where = (anatomy.attn_path(key[1]) + f".head{h}" if level == "head"
+                             else f"{anatomy.experts_path(key[1])}.{h}")
+                    scores.append(make_score(level, key[1], h, where, d[:, h, :], res[:, h, :], ideal))
             else:
                 path = anatomy.module_path(level, key[1]) if anatomy is not None else "model"
                 scores.append(make_score(level, key[1], None, path, d, res, ideal))
@@ -391,7 +425,8 @@ class LinearitySettings:
 
     task: Optional[str] = setting(None, help="task whose probe samples are used", required=True)
     model: Optional[str] = setting(None, help="fine-tuned model (default: the one named like the task)")
-    levels: tuple[str, ...] = setting(DEFAULT_LEVELS, help="levels to score", choices=LEVELS)
+    levels: Optional[tuple[str, ...]] = setting(DEFAULT_LEVELS, help="levels to score (default: every level the "
+                                                "model has; expert for a mixture of experts)", choices=LEVELS)
     alphas: tuple[float, ...] = setting(DEFAULT_ALPHAS, help="α grid, comma-separated; α = 1 is the reference",
                                         range=(0.0, 1.0), label="α grid")
     samples: Optional[int] = count_field(30, "probe samples per task")
@@ -445,7 +480,7 @@ def cli_report(result: NonlinearityResult) -> list:
 
 ANALYSIS = ANALYSES.add("linearity", Analysis(
     "linearity", "non-linearity scores", LinearitySettings, compute, NonlinearityResult,
-    help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head",
+    help="non-linearity scores (NLS) and d(α) curves per model/layer/attn/mlp/head/expert",
     description="Distance curves d(α) and non-linearity scores NLS = Σα |d(α) − (1 − α)| of a fine-tuned model "
                 "and of each submodule, re-run on inputs captured once (docs/methods.md#submodule-levels).",
     checks=check_settings, estimate_fn=estimate, figures_fn=figures, recipe=recipe,

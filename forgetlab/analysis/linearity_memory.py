@@ -40,6 +40,8 @@ def linearity_parts(size: ModelSize, *, dtype, batch: int, seq: int, levels: Seq
                  + curve * sum(x in sub for x in ("layer", "attn", "mlp")))
         if "head" in sub:
             rerun += heads * curve
+        if "expert" in sub:     # every expert's output on every token, then masked to its routed ones
+            rerun += max(int(getattr(size, "experts", 0) or 0), 1) * curve
     return {"weights": size.bytes(dtype), "captured inputs": captures, "one layer's work": max(lerp, rerun)}
 
 
@@ -52,18 +54,20 @@ def _longest(pool, task: str, samples: Optional[int], max_length: int, seed: Opt
 
 @register_estimator("linearity")
 def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str] = None,
-                       levels: Sequence[str] = ("model", "layer", "attn", "mlp", "head"), samples: Optional[int] = 30,
+                       levels: Optional[Sequence[str]] = None, samples: Optional[int] = 30,
                        seed: Optional[int] = None, batch_size: int = 8, max_length: int = 128,
                        device: Optional[str] = None, dtype=None, **_: Any) -> MemoryEstimate:
-    """The peak of `nonlinearity_scores` on a pool (weights, captures, one layer's work; module docstring), with
-    the flags that shrink it in the order they help most. Reads headers and the probe texts, no weights."""
+    """The peak of `nonlinearity_scores` on a pool at ``levels`` (None: every level; weights, captures, one
+    layer's work; module docstring), with the flags that shrink it in the order they help most. Reads headers and
+    the probe texts, no weights."""
     dt = job_dtype(dtype, device)
     name = pool.model_for_task(task, model)
     size = ModelSize.of(pool.checkpoint(name))
     n = len(pool.probes.task(task).probe) if samples is None else samples
     batch = max(1, min(int(batch_size), int(n)))
     seq = _longest(pool, task, samples, max_length, seed)
-    levels = (levels,) if isinstance(levels, str) else tuple(levels)
+    levels = ("model", "layer", "attn", "mlp", "head", "expert") if levels is None else (
+        (levels,) if isinstance(levels, str) else tuple(levels))
     stored = {stored_float_dtype(pool.checkpoint(x)) for x in ("base", name)}
     parts = linearity_parts(size, dtype=dt, batch=batch, seq=seq, levels=levels,
                             stored_float32=stored == {torch.float32})

@@ -59,7 +59,9 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
                   max_length: int = 128, progress: Progress = None) -> NonlinearityResult:
     """The same scores as `nonlinearity_scores`, by naive recomputation: for every submodule and every α, the
     whole ``capture`` model is run with only that submodule's parameters (a head: only its slices) set to
-    θ0 + α·τ, and the submodule's output is read with a hook. Slow; the reference for tests and benchmarks."""
+    θ0 + α·τ, and the submodule's output is read with a hook (an expert: the capture model's routing, then its
+    MLP block at θ0 + α·τ and `forgetlab.core.submodules.one_expert`). Slow; the reference for tests and
+    benchmarks."""
     if capture not in CAPTURES:
         raise ParameterError(f"capture must be one of {', '.join(CAPTURES)}; got {capture!r}.")
     al = check_alphas(alphas)
@@ -94,6 +96,10 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
                     _set_head_slices(work, anatomy, target, layer, head, alpha)
                     caps, _ = capture_inputs(work.model, anatomy, ids, [layer])
                     fa = run_submodule(work, anatomy, layer, "head", caps[layer])[:, head]
+                elif level == "expert":   # the routing of the capture model, then the MLP block at α
+                    caps, _ = capture_inputs(work.model, anatomy, ids, [layer])
+                    work.lerp(target, alpha, anatomy.params_of("mlp", layer=layer))
+                    fa = run_submodule(work, anatomy, layer, "expert", caps[layer])[:, head]
                 else:
                     work.lerp(target, alpha, anatomy.params_of(level, layer=layer))
                     got = {}
@@ -115,7 +121,8 @@ def direct_scores(pool_or_models, task: Optional[str] = None, *, model: Optional
             r_parts.append(curve.res)
         d = torch.cat(d_parts).numpy()
         r = torch.cat(r_parts).numpy()
-        module = (anatomy.attn_path(layer) + f".head{head}") if level == "head" else anatomy.module_path(level, layer)
+        module = (anatomy.attn_path(layer) + f".head{head}" if level == "head" else
+                  f"{anatomy.experts_path(layer)}.{head}" if level == "expert" else anatomy.module_path(level, layer))
         scores.append(make_score(level, layer, head, module, d, r, ideal))
         report(progress, (si + 1) / len(subs), f"{level} {layer if layer is not None else ''}")
     return NonlinearityResult(inp.task, inp.model_name, al, len(pairs), capture, lv, scores)

@@ -140,6 +140,8 @@ class LayerInputs:
     attn_kwargs: dict = field(default_factory=dict)
     mlp_args: tuple = ()
     mlp_kwargs: dict = field(default_factory=dict)
+    experts_args: tuple = ()
+    experts_kwargs: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)
 
     def attn_input(self) -> torch.Tensor:
@@ -149,6 +151,17 @@ class LayerInputs:
     def mlp_input(self) -> torch.Tensor:
         """The hidden states that entered the MLP."""
         return self.mlp_args[0] if self.mlp_args else self.mlp_kwargs["hidden_states"]
+
+    def routing(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A mixture of experts' routing in the capture pass: the token rows that entered its experts module
+        ``[tokens, hidden]`` and the experts each token was sent to ``[tokens, top_k]``."""
+        names = ("hidden_states", "top_k_index")
+        got = list(self.experts_args[:2]) + [self.experts_kwargs.get(n) for n in names[len(self.experts_args):]]
+        if len(got) < 2 or any(t is None for t in got[:2]):
+            raise ParameterError("The experts module's inputs were not captured (hidden states and top_k_index); "
+                                 "the 'expert' level needs a mixture of experts whose block calls its experts "
+                                 "module with (hidden_states, top_k_index, top_k_weights).")
+        return got[0], got[1]
 
 
 def _decoder(work_model, anatomy: Optional[Anatomy]):
@@ -183,8 +196,9 @@ def strip_kwargs(kwargs: dict) -> dict:
 def capture_inputs(model, anatomy: Anatomy, input_ids: torch.Tensor, layers: Iterable[int],
                    want_last_hidden: bool = False,
                    want_outputs: bool = False) -> tuple[dict[int, LayerInputs], Optional[torch.Tensor]]:
-    """One forward pass with pre-hooks on each requested layer, its attention and its MLP: returns their
-    inputs (args + kwargs) per layer (and their outputs in ``.outputs`` when asked), and the last hidden
+    """One forward pass with pre-hooks on each requested layer, its attention, its MLP (and a mixture of
+    experts' experts module: the routed tokens, `LayerInputs.routing`): returns their inputs (args + kwargs) per
+    layer (and their outputs in ``.outputs`` when asked), and the last hidden
     state when asked."""
     mods = dict(model.named_modules())
     got: dict[int, LayerInputs] = {i: LayerInputs() for i in layers}
@@ -203,8 +217,10 @@ def capture_inputs(model, anatomy: Anatomy, input_ids: torch.Tensor, layers: Ite
 
     try:
         for i in got:
-            for slot, path in (("layer", anatomy.layer_path(i)), ("attn", anatomy.attn_path(i)),
-                               ("mlp", anatomy.mlp_path(i))):
+            slots = [("layer", anatomy.layer_path(i)), ("attn", anatomy.attn_path(i)), ("mlp", anatomy.mlp_path(i))]
+            if anatomy.num_experts and anatomy.experts_path(i) in mods:
+                slots.append(("experts", anatomy.experts_path(i)))
+            for slot, path in slots:
                 handles.append(mods[path].register_forward_pre_hook(hook(i, slot), with_kwargs=True))
                 if want_outputs:
                     handles.append(mods[path].register_forward_hook(out_hook(i, slot)))
@@ -221,14 +237,46 @@ def _apply_rotary(x, cos, sin):
     return x * cos + rotated * sin
 
 
+def output_projection(anatomy: Anatomy, attn) -> torch.nn.Module:
+    """The attention module's output projection (``o_proj``, ``dense``, ``c_proj``, … as its layout names it)."""
+    return getattr(attn, anatomy.layout.attention.o)
+
+
+def attention_shortcut(anatomy: Anatomy, attn, kwargs: dict) -> bool:
+    """Whether the projection shortcut (`attention_projections` → `split_heads` → `attend`) can be exact for this
+    attention module: separate q/k/v projections (Llama family) or GPT-2's ``c_attn``, full rotary embeddings on
+    every head, no step between the projections and the heads that is not linear in them other than head-sized
+    q/k norms (which `split_heads` re-applies per α), and plain softmax attention. Refused: fused Phi-3 / GPT-NeoX
+    projections, q/k norms spanning every head (OLMo-2), clipped q/k/v (OLMo), soft-capped attention logits
+    (Gemma-2), partial rotary embeddings. Where it is True the shortcut is still checked numerically against the
+    capture pass before it is used (`forgetlab.analysis.linearity`); elsewhere heads come from
+    `attention_and_heads`."""
+    lay = anatomy.layout.attention
+    if anatomy.family not in ("llama", "gpt2") or lay.norm_per_head:
+        return False
+    cfg = getattr(attn, "config", None)
+    for quirk in ("attn_logit_softcapping", "clip_qkv", "logit_cap"):
+        if getattr(cfg, quirk, None) or getattr(attn, quirk, None):
+            return False
+    pe = kwargs.get("position_embeddings")
+    if anatomy.family == "llama" and pe is not None and int(pe[0].shape[-1]) != anatomy.head_dim:
+        return False
+    return True
+
+
 @torch.no_grad()
 def attention_projections(anatomy: Anatomy, attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The raw query, key and value projections ``[batch, seq, width]`` of an attention module on input ``x``
     (before q/k norms and rotary embeddings). They are affine in the module's parameters, so for parameters
-    θ0 + α·τ they equal lerp(projections at θ0, projections at θ0 + τ, α)."""
+    θ0 + α·τ they equal lerp(projections at θ0, projections at θ0 + τ, α). Only for the modules
+    `attention_shortcut` accepts."""
+    lay = anatomy.layout.attention
     if anatomy.family == "llama":
-        return attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    return tuple(attn.c_attn(x).split(anatomy.hidden_size, dim=2))
+        return getattr(attn, lay.q)(x), getattr(attn, lay.k)(x), getattr(attn, lay.v)(x)
+    if anatomy.family == "gpt2":
+        return tuple(getattr(attn, lay.qkv)(x).split(anatomy.hidden_size, dim=2))
+    raise ParameterError(f"The projection shortcut does not model {anatomy.model_type}'s fused attention; its "
+                         "heads come from attention_and_heads.")
 
 
 def attention_is_affine(attn) -> bool:
@@ -240,8 +288,9 @@ def attention_is_affine(attn) -> bool:
 @torch.no_grad()
 def split_heads(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 kwargs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-head queries, keys and values ``[batch, heads, seq, head_dim]`` from raw projections: q/k norms
-    (Qwen3), rotary embeddings from the captured ``position_embeddings``, key/value heads repeated per group."""
+    """Per-head queries, keys and values ``[batch, heads, seq, head_dim]`` from raw projections: head-sized q/k
+    norms (Qwen3, Gemma-3), rotary embeddings from the captured ``position_embeddings``, key/value heads repeated
+    per group (see `attention_shortcut` for where this is exact)."""
     b, s, _ = q.shape
     nh, nkv, d = anatomy.num_heads, anatomy.num_kv_heads, anatomy.head_dim
     if anatomy.family != "llama":
@@ -261,6 +310,19 @@ def split_heads(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: tor
     return q, k, v
 
 
+def per_head_contributions(anatomy: Anatomy, o_proj, x: torch.Tensor) -> torch.Tensor:
+    """Head by head, what the output projection makes of its input ``x`` ``[batch, seq, heads·head_dim]`` (head
+    h's block at columns h·head_dim…): ``[batch, heads, seq, hidden]``, head h's block times head h's columns of
+    the weight (rows of GPT-2's Conv1D), without the bias. Summed over heads plus the bias: the projection's
+    output."""
+    b, s, _ = x.shape
+    nh, d = anatomy.num_heads, anatomy.head_dim
+    xh = x.reshape(b, s, nh, d).to(o_proj.weight.dtype)
+    if anatomy.layout.attention.conv1d:
+        return torch.einsum("bsnd,ndh->bnsh", xh, o_proj.weight.view(nh, d, -1))
+    return torch.einsum("bsnd,hnd->bnsh", xh, o_proj.weight.view(-1, nh, d))
+
+
 @torch.no_grad()
 def attend(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kwargs: dict,
            per_head: bool = True) -> torch.Tensor:
@@ -268,19 +330,15 @@ def attend(anatomy: Anatomy, attn, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     module's output projection: per head ``[batch, heads, seq, hidden]`` (no bias) when ``per_head``, else the
     module's output ``[batch, seq, hidden]`` (bias included)."""
     b, nh, s, d = q.shape
-    hid = anatomy.hidden_size
     mask = kwargs.get("attention_mask")
     scale = getattr(attn, "scaling", None) or 1.0 / math.sqrt(d)
     if isinstance(mask, torch.Tensor):
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[..., :s, :s], scale=scale)
     else:
         o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
-    proj = attn.o_proj if anatomy.family == "llama" else attn.c_proj
-    if not per_head:
-        return proj(o.transpose(1, 2).reshape(b, s, nh * d))
-    if anatomy.family == "llama":
-        return torch.einsum("bnsd,hnd->bnsh", o, proj.weight.view(hid, nh, d))
-    return torch.einsum("bnsd,ndh->bnsh", o, proj.weight.view(nh, d, hid))
+    proj = output_projection(anatomy, attn)
+    o = o.transpose(1, 2).reshape(b, s, nh * d)
+    return per_head_contributions(anatomy, proj, o) if per_head else proj(o)
 
 
 @torch.no_grad()
@@ -291,26 +349,39 @@ def attention_from_projections(anatomy: Anatomy, attn, q: torch.Tensor, k: torch
 
 
 @torch.no_grad()
-def head_outputs(anatomy: Anatomy, attn, x: torch.Tensor, kwargs: dict) -> torch.Tensor:
-    """Per-head contributions ``[batch, heads, seq, hidden]`` of an attention module on input ``x``.
+def attention_and_heads(anatomy: Anatomy, attn, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention module's own output on its captured ``args`` / ``kwargs`` and its heads' contributions
+    ``[batch, heads, seq, hidden]``: transformers runs the module (whatever its layout: fused projections,
+    partial rotary, q/k norms, soft-capping, sliding windows, multipliers), a pre-hook reads the output
+    projection's input, and head h's contribution is its block of that input times its columns of the output
+    projection (`per_head_contributions`). Where q/k norms span every head (OLMo-2) head h's queries and keys are
+    normalised over all heads, so its contribution also depends on the other heads' q/k rows."""
+    got: dict = {}
+    hook = output_projection(anatomy, attn).register_forward_pre_hook(
+        lambda mod, a: got.__setitem__("x", a[0]))
+    try:
+        out = first_tensor(attn(*args, **kwargs))
+    finally:
+        hook.remove()
+    return out, per_head_contributions(anatomy, output_projection(anatomy, attn), got["x"])
 
-    Head h: softmax(q_h·k_gᵀ·scale + mask)·v_g (g = its key/value head) times head h's columns of o_proj
-    (Llama family, rotary embeddings from the captured ``position_embeddings``; Qwen3's q/k norms applied) or
-    head h's rows of ``attn.c_proj`` (GPT-2). Summed over heads, plus the output-projection bias, they give the
-    module's output; `attention_bias` returns that bias.
-    """
-    return attention_from_projections(anatomy, attn, *attention_projections(anatomy, attn, x), kwargs)
+
+@torch.no_grad()
+def head_outputs(anatomy: Anatomy, attn, args: tuple, kwargs: dict) -> torch.Tensor:
+    """Per-head contributions ``[batch, heads, seq, hidden]`` of an attention module on its captured inputs
+    (`attention_and_heads`). Summed over heads, plus the output-projection bias (`attention_bias`), they give the
+    module's output."""
+    return attention_and_heads(anatomy, attn, args, kwargs)[1]
 
 
 @torch.no_grad()
 def mlp_projections(anatomy: Anatomy, mlp, x: torch.Tensor) -> Optional[tuple[torch.Tensor, ...]]:
-    """The MLP's input projections on ``x`` (Llama family: gate and up; GPT-2: c_fc), affine in its parameters
-    like `attention_projections`; None for an MLP of another shape (it is then re-run whole)."""
-    if anatomy.family == "llama":
-        if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-            return mlp.gate_proj(x), mlp.up_proj(x)
-        return None
-    if all(hasattr(mlp, n) for n in ("c_fc", "c_proj", "act")):
+    """The MLP's input projections on ``x`` (gated MLPs with separate gate_proj / up_proj: both; GPT-2: c_fc),
+    affine in its parameters like `attention_projections`; None for an MLP of another shape (fused gate_up_proj,
+    GPT-NeoX's, a mixture of experts: it is then re-run whole)."""
+    if all(hasattr(mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return mlp.gate_proj(x), mlp.up_proj(x)
+    if all(hasattr(mlp, n) for n in ("c_fc", "c_proj", "act", "dropout")):
         return (mlp.c_fc(x),)
     return None
 
@@ -319,7 +390,7 @@ def mlp_projections(anatomy: Anatomy, mlp, x: torch.Tensor) -> Optional[tuple[to
 def mlp_from_projections(anatomy: Anatomy, mlp, pre: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The MLP's output from its input projections (see `mlp_projections`) with its own activation and
     output projection."""
-    if anatomy.family == "llama":
+    if len(pre) == 2:
         gate, up = pre
         return mlp.down_proj(mlp.act_fn(gate) * up)
     return mlp.dropout(mlp.c_proj(mlp.act(pre[0])))
@@ -327,14 +398,40 @@ def mlp_from_projections(anatomy: Anatomy, mlp, pre: tuple[torch.Tensor, ...]) -
 
 def attention_bias(anatomy: Anatomy, attn) -> Optional[torch.Tensor]:
     """The output projection's bias (shared by all heads), or None."""
-    proj = attn.o_proj if anatomy.family == "llama" else attn.c_proj
-    return getattr(proj, "bias", None)
+    return getattr(output_projection(anatomy, attn), "bias", None)
+
+
+@torch.no_grad()
+def one_expert(experts, x: torch.Tensor, index: torch.Tensor, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Expert ``expert``'s output on the token rows ``x`` ``[tokens, hidden]`` that the router sent it
+    (``index`` ``[tokens, top_k]``: the experts each token went to), without the routing weight: transformers'
+    experts module called with every token routed to ``expert`` alone, with weight 1, then zero on the tokens the
+    router did not send to it. Returns the output ``[tokens, hidden]`` and the routed tokens ``[tokens]``
+    (bool)."""
+    n = x.shape[0]
+    only = torch.full((n, 1), expert, dtype=index.dtype, device=index.device)
+    y = first_tensor(experts(x, only, torch.ones((n, 1), dtype=x.dtype, device=x.device)))
+    routed = (index == expert).any(dim=-1)
+    return y * routed[:, None].to(y.dtype), routed
+
+
+@torch.no_grad()
+def expert_outputs(work, anatomy: Anatomy, layer: int, cap: LayerInputs) -> torch.Tensor:
+    """Every expert's output on the tokens the router sent it in the capture pass, ``[batch, experts, seq,
+    hidden]`` (`one_expert`; zero on the tokens not routed to it). The routing (which tokens, which experts) is
+    the capture pass's and stays fixed; only the experts' parameters move."""
+    experts = work.module(anatomy.experts_path(layer))
+    x, index = cap.routing()
+    b, s = cap.mlp_input().shape[:2]
+    outs = [one_expert(experts, x, index, e)[0].reshape(b, s, -1) for e in range(anatomy.num_experts)]
+    return torch.stack(outs, dim=1)
 
 
 @torch.no_grad()
 def run_submodule(work, anatomy: Anatomy, layer: int, level: str, cap: LayerInputs) -> torch.Tensor:
     """Re-run one submodule (``layer``, ``attn``, ``mlp``) of the working copy on its cached inputs; for
-    ``head`` return all heads' contributions ``[batch, heads, seq, hidden]``."""
+    ``head`` return all heads' contributions ``[batch, heads, seq, hidden]`` (`head_outputs`), for ``expert``
+    every expert's output on its routed tokens ``[batch, experts, seq, hidden]`` (`expert_outputs`)."""
     if level == "layer":
         return first_tensor(work.module(anatomy.layer_path(layer))(*cap.layer_args, **cap.layer_kwargs))
     if level == "attn":
@@ -342,14 +439,18 @@ def run_submodule(work, anatomy: Anatomy, layer: int, level: str, cap: LayerInpu
     if level == "mlp":
         return first_tensor(work.module(anatomy.mlp_path(layer))(*cap.mlp_args, **cap.mlp_kwargs))
     if level == "head":
-        return head_outputs(anatomy, work.module(anatomy.attn_path(layer)), cap.attn_input(), cap.attn_kwargs)
-    raise ParameterError(f"Unknown submodule level {level!r}; choose one of {', '.join(SUBMODULE_LEVELS)}.")
+        return head_outputs(anatomy, work.module(anatomy.attn_path(layer)), cap.attn_args, cap.attn_kwargs)
+    if level == "expert":
+        return expert_outputs(work, anatomy, layer, cap)
+    raise ParameterError(f"Unknown submodule level {level!r}; choose one of {', '.join(SUBMODULE_LEVELS)}, "
+                         "expert.")
 
 
 def check_head_decomposition(work, anatomy: Anatomy, layer: int, cap: LayerInputs,
                              heads: Optional[torch.Tensor] = None, tol: float = 1e-4) -> None:
     """Raise ParameterError unless Σ_h head contributions + output bias equals the attention module's own
-    output on the cached input (it would not for an attention variant forgetlab does not model)."""
+    output on the cached input (it would not for an attention variant forgetlab does not model, e.g. one that
+    transforms the output projection's result)."""
     heads = run_submodule(work, anatomy, layer, "head", cap) if heads is None else heads
     total = heads.sum(1)
     bias = attention_bias(anatomy, work.module(anatomy.attn_path(layer)))

@@ -11,17 +11,19 @@ SYMBOLS = ("circle", "diamond", "square", "x", "triangle-up", "star", "cross", "
 
 
 LEVEL_NAMES = {"model": "last hidden state", "layer": "decoder layer", "attn": "attention", "mlp": "MLP",
-               "head": "attention head"}
+               "head": "attention head", "expert": "expert"}
 
 
 def submodule_title(meta: dict) -> str:
     """Where the features come from, said once: "decoder layer 3", "MLP of layer 1", "head 2 of layer 3",
-    "last hidden state" (the level's name and the layer are not repeated)."""
+    "expert 1 of layer 0", "last hidden state" (the level's name and the layer are not repeated)."""
     level, layer, head = meta.get("level") or "", meta.get("layer"), meta.get("head")
     if level == "layer" and layer is not None:
         return f"decoder layer {layer}"
     if level == "head" and layer is not None:
         return f"head {head} of layer {layer}" if head is not None else f"the heads of layer {layer}"
+    if level == "expert" and layer is not None and head is not None:
+        return f"expert {head} of layer {layer}"
     name = LEVEL_NAMES.get(level, level)
     return f"{name} of layer {layer}" if layer is not None else name
 

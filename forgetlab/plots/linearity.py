@@ -14,11 +14,12 @@ _ROW_ORDER = ("layer", "attn", "mlp")
 
 
 def _row_label(level: str, head) -> str:
-    return f"head {int(head)}" if level == "head" else level
+    return f"{level} {int(head)}" if level in ("head", "expert") else level
 
 
 def nls_heatmap(result: NonlinearityResult) -> go.Figure:
-    """Heatmap of mean NLS: one column per layer, one row per module (layer, attn, mlp, then each head)."""
+    """Heatmap of mean NLS: one column per layer, one row per module (layer, attn, mlp, then each head, then each
+    expert of a mixture of experts)."""
     df = result.to_frame()
     df = df[df["level"] != "model"].copy()
     if df.empty:
@@ -27,8 +28,8 @@ def nls_heatmap(result: NonlinearityResult) -> go.Figure:
         return fig
     df["row"] = [_row_label(lv, h) for lv, h in zip(df["level"], df["head"])]
     order = [r for r in _ROW_ORDER if r in set(df["row"])]
-    heads = sorted({int(h) for h in df["head"].dropna()})
-    order += [f"head {h}" for h in heads]
+    for level in ("head", "expert"):
+        order += [f"{level} {h}" for h in sorted({int(h) for h in df.loc[df["level"] == level, "head"].dropna()})]
     grid = df.pivot_table(index="row", columns="layer", values="nls_mean", aggfunc="first").reindex(order)
     std = df.pivot_table(index="row", columns="layer", values="nls_std", aggfunc="first").reindex(order)
     text = np.vectorize(lambda m, s: "" if np.isnan(m) else f"NLS {m:.4f} ± {s:.4f}")(grid.to_numpy(float),

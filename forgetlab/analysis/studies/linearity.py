@@ -91,7 +91,8 @@ class NlsDrawsSettings:
 
     task: Optional[str] = setting(None, help="task whose probe samples are drawn (default: the pool's first task)")
     model: Optional[str] = setting(None, help="fine-tuned model (default: the one named like the task)")
-    levels: tuple[str, ...] = setting(LEVELS, help="levels to score", choices=LEVELS)
+    levels: Optional[tuple[str, ...]] = setting(None, help="levels to score (default: every level the model has)",
+                                                choices=LEVELS)
     samples: int = count_field(16, "probe samples per draw (at most the task's probe count)")
     draws: int = draws_field(3)
     seed: int = study_seed_field()
@@ -105,7 +106,8 @@ def nls_runs(pool, s: NlsDrawsSettings) -> list[LinearitySettings]:
     """One `forgetlab linearity` run per draw: draw d with seed `seed + d`."""
     task = study_task(pool, s.task)
     n = min(s.samples, probe_count(pool, [task])) if pool is not None else s.samples
-    return [LinearitySettings(task=task, model=s.model, levels=tuple(s.levels), alphas=tuple(s.alphas), samples=n,
+    levels = None if s.levels is None else tuple(s.levels)
+    return [LinearitySettings(task=task, model=s.model, levels=levels, alphas=tuple(s.alphas), samples=n,
                               seed=s.seed + d, batch_size=s.batch_size, device=s.device) for d in range(s.draws)]
 
 
