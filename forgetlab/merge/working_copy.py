@@ -18,7 +18,8 @@ import torch
 
 from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
 from forgetlab.core.devicemap import ParamAccess, Placement
-from forgetlab.core.errors import IncompatibleModelsError, ParameterError
+from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError, ParameterError
+from forgetlab.core.layouts import skeleton
 from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import TensorJob, get_method, validate_params
 
@@ -142,6 +143,21 @@ def checkpoint_params(ckpt, model, names: Sequence[str]) -> Mapping[str, torch.T
     loaded = {n: full[n].detach() for n in rest}
     del full
     return PartlyStored(LazyTensors(ckpt, lazy), loaded, names)
+
+
+def renamed_numel(ckpt) -> int:
+    """Entries of the parameters `checkpoint_params` holds in memory for `ckpt` (those its model names otherwise
+    than the checkpoint, e.g. a MoE's fused experts), from headers and the model built on the meta device; 0 when
+    every parameter is stored under its name, or when that cannot be read."""
+    if type(ckpt) is not SafetensorsCheckpoint:
+        return 0
+    try:
+        model = skeleton(ckpt.config)
+        infos = ckpt.infos()
+    except (ForgetlabError, OSError, ValueError):
+        return 0
+    return sum(p.numel() for n, p in model.named_parameters()
+               if n not in infos or tuple(infos[n].shape) != tuple(p.shape))
 
 
 class WorkingCopy:
