@@ -321,3 +321,23 @@ def test_pages_main_buttons(family, tmp_path_factory, tmp_path, monkeypatch):
     at.button(key="finetune_run").click().run()
     finish_cleanly(at, "finetune")
     assert len(at.dataframe[0].value) == 1
+
+
+def test_inspect_of_an_unreadable_architecture_says_which_levels_and_why(tmp_path_factory, monkeypatch, capsys):
+    """An architecture whose anatomy cannot be read still lists its tensors; the per-level part is the anatomy's
+    message (the levels unavailable, why, the supported families) instead of a failure."""
+    from forgetlab.cli import main
+    from forgetlab.commands import models
+    from forgetlab.core.anatomy import unsupported
+
+    tiny = _pool_for("gpt_neox", tmp_path_factory)
+
+    def refuse(config, names=None):
+        raise unsupported(config, "forgetlab cannot read the attention projections")
+
+    monkeypatch.setattr(models.Anatomy, "from_config", staticmethod(refuse))
+    assert main(["inspect", str(tiny.base), "--tensors"]) == 0
+    out = capsys.readouterr().out
+    assert "layer, attention, MLP, head and expert levels are unavailable" in out
+    assert "cannot read the attention projections" in out and "Tested families" in out
+    assert "gpt_neox.layers.0.attention.query_key_value.weight" in out
