@@ -4,7 +4,7 @@ from __future__ import annotations
 import streamlit as st
 
 from forgetlab.analysis.attribution import ANALYSIS, AttributionSettings, linearity_nls, recipe_from_map
-from forgetlab.analysis.attribution_inputs import LEVELS
+from forgetlab.analysis.attribution_inputs import levels_of
 from forgetlab.analysis.measures import pareto_mask
 from forgetlab.analysis.sweeps import default_task
 from forgetlab.core.memory import dtype_name
@@ -45,9 +45,12 @@ with left:
     task = field_widget(AttributionSettings, "task", key=f"attribution_task_{model}", options=tasks,
                         default=default_task(pool, model), label="speciality task",
                         help=explain("speciality")) if tasks else None
-    level = field_widget(AttributionSettings, "level", key="attribution_level", options=LEVELS, radio=True,
+    level = field_widget(AttributionSettings, "level", key="attribution_level", options=levels_of(pool),
+                         radio=True,
                          help="layer: one part per decoder layer; module: attn / mlp / norm per layer; head: "
-                              "attention heads one by one. Embeddings, final norm and lm_head are parts of their own.")
+                              "attention heads one by one; expert (a mixture of experts): each expert of each "
+                              "layer, the router staying in the layer's MLP. Embeddings, final norm and lm_head are "
+                              "parts of their own.")
     alphas = field_widget(AttributionSettings, "alphas", key="attribution_alphas",
                           help="Empty: the 0/1 maps. Values such as 0, 0.5, 1 evaluate every part along a line.")
     readable = alphas is not None or not st.session_state.get("attribution_alphas", "").strip()
@@ -107,7 +110,8 @@ def merge_recipe(r, frame) -> None:
     front = [k for k, on in zip(only["key"], pareto_mask(list(y), list(only["d_general_loss"]))) if on]
     options = list(only["key"])
     if not options:
-        st.info("Head-level maps give one α per head, which a merge cannot apply; compute a module-level map.")
+        st.info("Head- and expert-level maps give one α per head or expert, which a merge cannot apply; compute a "
+                "module-level map.")
         return
     keep_keys = st.multiselect("submodules whose τ to keep", options, default=[k for k in front if k in options],
                                key=f"attribution_keep_{r.model}_{r.level}",

@@ -9,7 +9,10 @@ is cut into parts τ = Σk τk at a level (docs/methods.md notation; parts from 
   rows and its o_proj columns — `Anatomy.head_slices`); attention entries that belong to no head (an o_proj
   bias, q/k norms) are one more ``attn`` part with no head. Under grouped-query attention the k/v rows are
   shared by the heads of a group: the part being studied is written last, so only-this of head h includes its
-  group's k/v rows and leave-one-out of head h removes them.
+  group's k/v rows and leave-one-out of head h removes them;
+- ``expert`` (a mixture of experts only): as ``module`` with each layer's experts cut one by one (expert e: index e
+  of the fused 3-D expert tensors, `Anatomy.expert_slices`, or a checkpoint's ``experts.{e}.…`` tensors); the
+  router and a shared expert stay in the layer's ``mlp`` part.
 
 Two maps, each scored by `forgetlab.core.evaluate.evaluate` (generality: general loss; speciality: exact match and
 answer loss on the task):
@@ -29,6 +32,7 @@ result reports the seconds and the number of evaluations.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -61,9 +65,10 @@ from forgetlab.plots.attribution import figures
 
 @dataclass(frozen=True)
 class Part:
-    """One submodule of a level: its key (``"3"``, ``"3.mlp"``, ``"3.attn.h1"``, ``"embed"``, ``"norm"``,
-    ``"lm_head"``), layer (None outside the layers), module (``layer``, ``attn``, ``mlp``, ``norm``, ``embed``,
-    ``lm_head``), head, its whole tensors and its tensor slices (head level)."""
+    """One submodule of a level: its key (``"3"``, ``"3.mlp"``, ``"3.attn.h1"``, ``"3.mlp.e2"``, ``"embed"``,
+    ``"norm"``, ``"lm_head"``), layer (None outside the layers), module (``layer``, ``attn``, ``mlp``, ``norm``,
+    ``expert``, ``embed``, ``lm_head``), head (the head's or the expert's index), its whole tensors and its tensor
+    slices (head and expert levels)."""
 
     key: str
     layer: Optional[int]
@@ -90,6 +95,8 @@ def parts_of(anatomy, names: Sequence[str], level: str) -> list[Part]:
     """The parts of `level` over the parameter `names` (a partition of them, heads aside: see the module
     docstring), in model order: the embeddings, then layer by layer, then the final norm and lm_head."""
     level = check_level(level)
+    if level in ("head", "expert"):
+        anatomy.check_level(level)
     by_layer: dict[int, dict[str, list[str]]] = {}
     outside: dict[str, list[str]] = {}
     for n in names:
@@ -120,6 +127,17 @@ def parts_of(anatomy, names: Sequence[str], level: str) -> list[Part]:
                 rest = tuple(n for n in tensors if n not in sliced)
                 if rest:
                     parts.append(Part(f"{i}.attn", i, "attn", None, rest))
+                continue
+            if level == "expert" and module == "mlp":
+                taken: set[str] = set()
+                for e in range(anatomy.num_experts):
+                    whole = tuple(n for n in anatomy.expert_tensors(i, e) if n in have)
+                    sl = tuple(s for s in anatomy.expert_slices(i, e) if s.name in have)
+                    taken.update(whole, (s.name for s in sl))
+                    parts.append(Part(f"{i}.mlp.e{e}", i, "expert", e, whole, sl))
+                rest = tuple(n for n in tensors if n not in taken)     # the router, a shared expert
+                if rest:
+                    parts.append(Part(f"{i}.mlp", i, "mlp", None, rest))
                 continue
             parts.append(Part(f"{i}.{module}", i, module, None, tuple(tensors)))
     for key in ("norm", "lm_head"):
@@ -333,17 +351,17 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
     """A `submodule_alpha` merge recipe (`forgetlab.merge.methods.submodule`): θk = θ0,k + αk·τk.
 
     `keep` is a list of part keys (α = 1 for each: a mask keeping those parts of τ) or a mapping key → α; every
-    other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head keys are
-    not (a merge applies one α per tensor): pick at the module level instead.
+    other submodule gets `default` (0: the base's weights). Layer and module keys are accepted; head and expert
+    keys are not (a merge applies one α per tensor): pick at the module level instead.
     """
     check_swept_model(pool, model)
     alphas = dict(keep) if isinstance(keep, Mapping) else {str(k): 1.0 for k in keep}
     if not alphas:
         raise ParameterError("No submodule chosen: pick at least one submodule to keep in the recipe.")
-    heads = [k for k in alphas if ".h" in k]
+    heads = [k for k in alphas if re.search(r"\.(h|e)\d+$", k)]
     if heads:
-        raise ParameterError(f"A merge recipe gives one α per tensor; head parts ({', '.join(heads)}) cannot be "
-                             "kept alone. Choose at the module or layer level.")
+        raise ParameterError(f"A merge recipe gives one α per tensor; head and expert parts ({', '.join(heads)}) "
+                             "cannot be kept alone. Choose at the module or layer level.")
     alphas = parse_alphas(alphas)
     check_fraction("default", default)
     return Recipe(method="submodule_alpha", base=str(pool.checkpoint("base").path),
@@ -355,7 +373,7 @@ def recipe_from_map(pool, model: str, keep: Sequence[str] | Mapping[str, float],
 def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
     """Part keys → mean NLS from a linearity table (`forgetlab.analysis.linearity_results.NonlinearityResult
     .to_frame`): level ``layer`` → ``"3"``, ``attn``/``mlp`` → ``"3.attn"``/``"3.mlp"``, ``head`` →
-    ``"3.attn.h1"``."""
+    ``"3.attn.h1"``, ``expert`` (its index in the head column) → ``"3.mlp.e2"``."""
     out: dict[str, float] = {}
     for _, r in frame.iterrows():
         if pd.isna(r.get("layer")):
@@ -364,6 +382,8 @@ def nls_keys(frame: pd.DataFrame) -> dict[str, float]:
         key = {"layer": f"{i}", "attn": f"{i}.attn", "mlp": f"{i}.mlp"}.get(level)
         if level == "head" and not pd.isna(r.get("head")):
             key = f"{i}.attn.h{int(r['head'])}"
+        if level == "expert" and not pd.isna(r.get("head")):
+            key = f"{i}.mlp.e{int(r['head'])}"
         if key is not None and not pd.isna(r["nls_mean"]):
             out[key] = float(r["nls_mean"])
     return out
@@ -394,7 +414,8 @@ class AttributionSettings:
     model: Optional[str] = setting(None, help="the fine-tuned model (or LoRA adapter) of the pool", required=True)
     task: Optional[str] = setting(None, help="task whose exact match is the speciality (default: the task named in "
                                              "the model's name)")
-    level: str = setting("module", help="layer, module (attn/mlp/norm per layer) or head")
+    level: str = setting("module", help="layer, module (attn/mlp/norm per layer), head, or expert (a mixture of "
+                                        "experts: each expert of each layer)")
     select: Optional[tuple[str, ...]] = setting(None, help="only these submodule keys (e.g. 3.mlp 2 embed)")
     alphas: Optional[tuple[float, ...]] = setting(None, help="an α line per submodule instead of 0/1, e.g. 0,0.5,1",
                                                   range=(0.0, 1.0), label="α line per part (optional)")

@@ -6,9 +6,11 @@ from __future__ import annotations
 from typing import Optional
 
 from forgetlab.analysis.sweeps import check_swept_model, default_task
+from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.errors import ParameterError, ProbeDataError, check_fraction
 
-LEVELS = ("layer", "module", "head")
+LEVELS = ("layer", "module", "head", "expert")
+"""Attribution's levels; ``expert`` (each expert of each MoE layer) only for a mixture of experts."""
 
 
 def check_level(level: str) -> str:
@@ -19,12 +21,32 @@ def check_level(level: str) -> str:
     return level
 
 
+def levels_of(pool) -> tuple[str, ...]:
+    """The attribution levels the pool's architecture has: `LEVELS`, ``expert`` only for a mixture of experts;
+    the whole list when the anatomy cannot be read (choosing a level then says why it is unavailable)."""
+    try:
+        experts = Anatomy.from_config(pool.config, names=()).num_experts
+    except ParameterError:
+        return LEVELS
+    return LEVELS if experts else tuple(lv for lv in LEVELS if lv != "expert")
+
+
+def check_pool_level(pool, level: str) -> None:
+    """ParameterError when the pool's architecture lacks `level`: ``expert`` on a dense model, any per-part
+    level on an architecture whose anatomy cannot be read (the anatomy's message)."""
+    check_level(level)
+    anatomy = Anatomy.from_config(pool.config, names=())
+    if level in ("head", "expert"):
+        anatomy.check_level(level)
+
+
 def resolve_attribution(pool, model: str, task: Optional[str], level: str, select,
                         alphas) -> tuple[str, Optional[list[str]], list[float]]:
     """(task, selected submodules, α grid) of an attribution, checked against the pool: a fine-tuned model,
     held-out text, the task (guessed from the model's name when not given) and the level's selection."""
     check_level(level)
     check_swept_model(pool, model)
+    check_pool_level(pool, level)
     if not pool.probes.general:
         raise ProbeDataError("Attribution needs held-out general text to measure generality; add "
                              "`probes: general:` to the pool file.")

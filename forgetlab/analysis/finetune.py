@@ -101,8 +101,9 @@ class FinetuneSettings:
                                   range=(1, None), cli_type="rank", metavar="R", label="LoRA rank r")
     lora_alpha: Optional[float] = setting(None, help="LoRA alpha (default 2·R)", metavar="A", label="LoRA α")
     lora_targets: Optional[tuple[str, ...]] = setting(
-        None, help="modules that get an adapter (default: every linear layer of the blocks, e.g. "
-                   "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)", cli_type="names",
+        None, help="modules that get an adapter (default: every linear layer of the blocks by the model's own "
+                   "names, e.g. q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj for Llama, qkv_proj,o_proj,"
+                   "gate_up_proj,down_proj for Phi-3; a MoE's experts cannot have one)", cli_type="names",
         metavar="NAME[,NAME…]", label="adapted layers")
     save_as: Optional[str] = setting(None, help="save the fine-tuned model into the pool under this name")
     measure: str = measure_field("at every record")

@@ -86,24 +86,34 @@ def token_scores(logits_base: torch.Tensor, logits_model: torch.Tensor, targets:
     return out
 
 
+def final_norm(decoder) -> Optional[torch.nn.Module]:
+    """The decoder stack's final norm: its one direct child that is a norm module (``norm``, GPT-2's ``ln_f``,
+    GPT-NeoX's ``final_layer_norm``, …); None when there is none or more than one (then no logit lens)."""
+    norms = [m for n, m in decoder.named_children() if "norm" in type(m).__name__.lower()
+             or n.startswith("ln_") or "norm" in n]
+    return norms[0] if len(norms) == 1 else None
+
+
 class LogitReader:
     """How one model's hidden states become logits: the decoder's final hidden states through the head (and
-    the residual stream after each layer through the final norm and the head, for the logit lens)."""
+    the residual stream after each layer through the final norm and the head, for the logit lens), then the
+    model's own output transforms: Cohere's ``logit_scale`` multiplies, Granite's ``logits_scaling`` divides,
+    Gemma-2/3's ``final_logit_softcapping`` caps (in that order, as the models compute them)."""
 
     def __init__(self, model, lens: bool):
         self.model = model
         self.head = model.get_output_embeddings()
-        self.cap = getattr(model.config, "final_logit_softcapping", None)
-        self.scale = getattr(model.config, "logit_scale", None)
+        config = model.config
+        self.cap = getattr(config, "final_logit_softcapping", None)
+        self.scale = getattr(config, "logit_scale", None)
+        self.divide = getattr(config, "logits_scaling", None)
         mods = dict(model.named_modules())
         try:
             self.anatomy = Anatomy.from_model(model)
         except ForgetlabError:
             self.anatomy = None
         self.decoder = mods.get(self.anatomy.prefix.rstrip(".")) if self.anatomy is not None else None
-        self.norm = None
-        if self.anatomy is not None:
-            self.norm = mods.get(self.anatomy.prefix + ("norm" if self.anatomy.family == "llama" else "ln_f"))
+        self.norm = final_norm(self.decoder) if self.decoder is not None else None
         self.layers = [mods[self.anatomy.layer_path(i)] for i in range(self.anatomy.num_layers)] \
             if self.anatomy is not None else []
         self.lens = bool(lens and self.norm is not None and self.layers and self.head is not None)
@@ -113,9 +123,12 @@ class LogitReader:
         return self.decoder is None or self.head is None
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits the model computes from final hidden states `hidden` (head, then its output transforms)."""
         out = self.head(hidden).float()
         if isinstance(self.scale, (int, float)) and self.scale not in (0, 1):
             out = out * self.scale
+        if isinstance(self.divide, (int, float)) and self.divide not in (0, 1):
+            out = out / self.divide
         if self.cap:
             out = torch.tanh(out / self.cap) * self.cap
         return out

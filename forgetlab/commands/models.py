@@ -13,7 +13,7 @@ from forgetlab.commands.io import emit, emit_estimate, emit_frame, tqdm_progress
 from forgetlab.core.anatomy import Anatomy
 from forgetlab.core.benchmarks import BenchmarkSpec, check_limit, checked_manager, parse_tasks
 from forgetlab.core.checkpoints import LoraCheckpoint, config_mismatch, open_checkpoint
-from forgetlab.core.errors import IncompatibleModelsError
+from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError
 from forgetlab.core.eval_memory import estimate_eval
 from forgetlab.core.evaluate import (GENERAL_LOSS_HELP, GENERAL_LOSS_MODES, evaluate, scorecards_frame,
                                      scorecards_takeaway)
@@ -51,6 +51,23 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
+def anatomy_line(anatomy) -> str:
+    """One line of a model's anatomy: family (model type), layers, heads (kv), head dim, width, the attention's
+    storage, experts and router, and the levels forgetlab's per-level jobs offer."""
+    lay = anatomy.layout
+    att = lay.attention
+    store = f"fused {att.qkv} ({att.fused})" if att.qkv else f"separate {att.q}/{att.k}/{att.v}"
+    moe = ""
+    if anatomy.num_experts:
+        router = lay.mlp.router or "none found"
+        moe = f"; {anatomy.num_experts} experts ({lay.mlp.name}.{lay.mlp.experts}), router {lay.mlp.name}.{router}"
+        if lay.mlp.shared:
+            moe += f", shared {', '.join(lay.mlp.shared)}"
+    return (f"{anatomy.family} ({anatomy.model_type}): {anatomy.num_layers} layers, {anatomy.num_heads} heads "
+            f"({anatomy.num_kv_heads} kv), head dim {anatomy.head_dim}, hidden {anatomy.hidden_size}; attention "
+            f"{store}{moe}; levels {', '.join(anatomy.levels)}")
+
+
 def cmd_inspect(args) -> int:
     ckpt = open_checkpoint(args.ref, base=args.base)
     cfg = ckpt.config
@@ -70,17 +87,17 @@ def cmd_inspect(args) -> int:
              f"{ckpt.stored_bytes / 2**20:.1f} MiB as stored")
     try:
         anatomy = Anatomy.from_config(cfg)
+    except ForgetlabError as exc:  # an unknown architecture still lists its tensors; the message says which
+        emit(f"(no per-level counts) {exc}")   # levels are unavailable and why
+    else:
         rows = []
         for i in infos.values():
             role = anatomy.role(i.name)
-            rows.append({"layer": role.layer if role.layer is not None else -1, "module": role.module or "other",
+            module = "expert" if role.expert is not None else role.module or "other"
+            rows.append({"layer": role.layer if role.layer is not None else -1, "module": module,
                          "params": i.numel})
         df = pd.DataFrame(rows).groupby(["module"], as_index=False)["params"].sum()
-    except Exception as exc:  # an unknown architecture still lists its tensors
-        emit(f"(no per-level counts: {exc})")
-    else:
-        emit(f"{anatomy.num_layers} layers, {anatomy.num_heads} heads ({anatomy.num_kv_heads} kv), "
-             f"head dim {anatomy.head_dim}")
+        emit(f"anatomy: {anatomy_line(anatomy)}")
         emit_frame(df)
     if args.tensors:
         emit_frame(pd.DataFrame([{"name": i.name, "shape": "x".join(map(str, i.shape)), "dtype": str(i.dtype)}

@@ -13,7 +13,8 @@ from forgetlab.core.anatomy import Anatomy
 FIRST = "first"
 LAST = "last"
 _LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
-_LAST_RE = re.compile(r"(?:^|\.)(?:lm_head|norm|ln_f|final_layernorm|final_layer_norm)(?:\.|$)")
+_LAST_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out|norm|ln_f|final_layernorm|final_layer_norm|final_norm)"
+                      r"(?:\.|$)")
 _OUTPUT_EMBEDDING_RE = re.compile(r"(?:^|\.)(?:lm_head|embed_out)\.weight$")
 
 

@@ -18,7 +18,8 @@ import torch
 
 from forgetlab.core.checkpoints import SafetensorsCheckpoint, load_model
 from forgetlab.core.devicemap import ParamAccess, Placement
-from forgetlab.core.errors import IncompatibleModelsError, ParameterError
+from forgetlab.core.errors import ForgetlabError, IncompatibleModelsError, ParameterError
+from forgetlab.core.layouts import skeleton
 from forgetlab.merge.layers import layer_locator, num_layers_of
 from forgetlab.merge.registry import TensorJob, get_method, validate_params
 
@@ -102,6 +103,63 @@ def stored_params(ckpt, model, device=None) -> Optional[LazyTensors]:
     return LazyTensors(ckpt, list(params), device, alias={n: stored[id(p)] for n, p in params.items()})
 
 
+class PartlyStored(Mapping):
+    """A read-only mapping name → float32 tensor: the names a checkpoint stores as they are read lazily from it
+    (`LazyTensors`), the others (renamed or fused on load, e.g. a MoE's experts) held as loaded."""
+
+    def __init__(self, lazy: LazyTensors, loaded: dict[str, torch.Tensor], names: Sequence[str]):
+        self.lazy, self.loaded, self._names = lazy, loaded, list(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.loaded[name] if name in self.loaded else self.lazy[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.loaded or name in self.lazy
+
+
+def checkpoint_params(ckpt, model, names: Sequence[str]) -> Mapping[str, torch.Tensor]:
+    """The parameters `names` of `model` as the checkpoint `ckpt` holds them, in float32: read lazily where a
+    safetensors folder stores a parameter under the model's name and shape; the others (a checkpoint whose names
+    transformers converts on load: a MoE's per-expert tensors fused into 3-D ones, GPT-NeoX's ``embed_out``, or a
+    .bin/GGUF file) taken from the checkpoint loaded once on the CPU, keeping only those tensors (they stay in
+    memory: for a MoE most of the model). IncompatibleModelsError when the checkpoint lacks one of them."""
+    infos = ckpt.infos() if type(ckpt) is SafetensorsCheckpoint else {}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    lazy = [n for n in names if n in infos and tuple(infos[n].shape) == tuple(params[n].shape)]
+    rest = [n for n in names if n not in set(lazy)]
+    if not rest:
+        return LazyTensors(ckpt, names)
+    full = dict(load_model(ckpt, device="cpu", dtype=torch.float32).named_parameters(remove_duplicate=False))
+    for n in rest:
+        if n not in full or tuple(full[n].shape) != tuple(params[n].shape):
+            raise IncompatibleModelsError(f"Parameter {n} of the model is not stored in {ckpt.ref}; the checkpoint "
+                                          "does not match its config.")
+    loaded = {n: full[n].detach() for n in rest}
+    del full
+    return PartlyStored(LazyTensors(ckpt, lazy), loaded, names)
+
+
+def renamed_numel(ckpt) -> int:
+    """Entries of the parameters `checkpoint_params` holds in memory for `ckpt` (those its model names otherwise
+    than the checkpoint, e.g. a MoE's fused experts), from headers and the model built on the meta device; 0 when
+    every parameter is stored under its name, or when that cannot be read."""
+    if type(ckpt) is not SafetensorsCheckpoint:
+        return 0
+    try:
+        model = skeleton(ckpt.config)
+        infos = ckpt.infos()
+    except (ForgetlabError, OSError, ValueError):
+        return 0
+    return sum(p.numel() for n, p in model.named_parameters()
+               if n not in infos or tuple(infos[n].shape) != tuple(p.shape))
+
+
 class WorkingCopy:
     """One model whose parameters are rewritten in place with weights built by a `TensorMerger`.
 
@@ -131,7 +189,7 @@ class WorkingCopy:
     @classmethod
     def load(cls, pool, model: str, device=None, dtype=None) -> "WorkingCopy":
         """The pool's base loaded afresh (never the pool's cached model) as a working copy for fine-tuned model
-        `model`, with θ0 read lazily from the base checkpoint. `device` may be a
+        `model`, with θ0 and θt read from the checkpoints (`checkpoint_params`: lazily where names match). `device` may be a
         `forgetlab.core.devicemap.Placement` (an offload folder of the copy's own is made when it names none);
         `dtype` (default float32) is the copy's precision: merged tensors are computed in float32 and rounded
         once when written."""
@@ -145,14 +203,8 @@ class WorkingCopy:
             device = Placement(device.device_map, device.max_memory, offload.name)
         loaded = load_model(base_ck, device=device, dtype=dtype or torch.float32)
         names = [n for n, _ in loaded.named_parameters()]
-        base_names, tuned_names = set(base_ck.names()), set(tuned_ck.names())
-        for name in names:
-            if name not in base_names or name not in tuned_names:
-                where = "the base" if name not in base_names else model
-                raise IncompatibleModelsError(f"Parameter {name} of the model is not stored in {where}; "
-                                              "the checkpoint does not match its config.")
-        work = cls(loaded, LazyTensors(base_ck, names), offload_dir=offload)
-        work.tuned = LazyTensors(tuned_ck, names)
+        work = cls(loaded, checkpoint_params(base_ck, loaded, names), offload_dir=offload)
+        work.tuned = checkpoint_params(tuned_ck, loaded, names)
         return work
 
     @torch.no_grad()

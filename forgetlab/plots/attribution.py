@@ -33,7 +33,9 @@ def _column(row) -> str:
 def _row(row) -> str:
     if row["module"] == "layer":
         return "layer"
-    return row["module"] if pd.isna(row["head"]) else f"{row['module']} h{int(row['head'])}"
+    if pd.isna(row["head"]):
+        return row["module"]
+    return f"expert {int(row['head'])}" if row["module"] == "expert" else f"{row['module']} h{int(row['head'])}"
 
 
 def heatmap_figure(result, measure: str = "d_general_loss", which: str = "only_this") -> go.Figure:

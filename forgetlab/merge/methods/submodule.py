@@ -19,6 +19,7 @@ from typing import Mapping
 import torch
 
 from forgetlab.core.errors import ParameterError
+from forgetlab.core.layouts import ATTENTION_NAMES, MLP_NAMES
 from forgetlab.merge.methods.interpolation import wise_ft
 from forgetlab.merge.registry import ParamSpec, TensorJob, WorkingMemory, method
 
@@ -68,12 +69,15 @@ def format_alphas(alphas: Mapping[str, float]) -> str:
 
 
 def module_of(name: str) -> str:
-    """A decoder-layer parameter's module from its name: ``attn`` (self_attn / attn), ``mlp``, else ``norm``
-    (the same split as `forgetlab.core.anatomy.Anatomy.role` for the Llama and GPT-2 families)."""
-    if re.search(r"\.(?:self_attn|attn)\.", name):
-        return "attn"
-    if ".mlp." in name:
-        return "mlp"
+    """A decoder-layer parameter's module from its name: ``attn`` (a path segment in
+    `forgetlab.core.layouts.ATTENTION_NAMES`: self_attn, attn, attention, …), ``mlp`` (in `MLP_NAMES`: mlp,
+    block_sparse_moe, feed_forward, …; a MoE's router and experts included), else ``norm`` — the anatomy's split
+    (`forgetlab.core.anatomy.Anatomy.role`), for the model's names and a checkpoint's."""
+    for part in name.split("."):
+        if part in ATTENTION_NAMES:
+            return "attn"
+        if part in MLP_NAMES:
+            return "mlp"
     return "norm"
 
 
