@@ -20,8 +20,9 @@ through transformers 5's conversion and merges and writes each layer's experts a
 outputs are compared as the models transformers loads from them; every tensor but the experts within the
 tolerances, and the experts too for a TIES at density 1 (elementwise, so the fused and per-expert merges agree).
 At density 0.3 they differ (TIES's top-k spans all experts in mergekit, one expert's tensor in forgetlab):
-`test_experts_are_merged_expert_by_expert` checks forgetlab's against TIES written out per expert. Mixtral's
-SLERP with an `mlp` filter is a strict xfail: mergekit matches filters against transformers 5's names.
+`test_experts_are_merged_expert_by_expert` checks forgetlab's against TIES written out per expert. SLERP's `mlp`
+filter reaches Mixtral's router (`block_sparse_moe.gate` in the file, `mlp.gate` loaded) in both, as mergekit
+matches filters against transformers 5's names (forgetlab.merge.layers.filter_names).
 """
 from __future__ import annotations
 
@@ -145,11 +146,7 @@ def _worst(theirs: dict, mine: dict, names) -> tuple[float, str]:
     return max((float((theirs[k] - mine[k]).abs().max()), k) for k in names)
 
 
-FILTER_NAMES = pytest.mark.xfail(
-    strict=True, reason="mergekit 0.1.5 matches a filter against transformers 5's names (mlp.gate.weight), "
-    "forgetlab against the checkpoint's (block_sparse_moe.gate.weight): the `mlp` filter's t differs")
-CASES = [pytest.param(f, m, id=f"{f}-{m}", marks=[FILTER_NAMES] if (f, m) == ("mixtral", "slerp") else [])
-         for f in FAMILIES for m in METHODS if m != "ties_dense" or f in MOE_FAMILIES]
+CASES = [(f, m) for f in FAMILIES for m in METHODS if m != "ties_dense" or f in MOE_FAMILIES]
 
 
 @pytest.mark.parametrize("family,method", CASES)
@@ -250,3 +247,23 @@ def test_router_is_merged_like_any_other_tensor(pools, tmp_path, family):
         assert float((merged_ties[name] - want).abs().max()) <= 1e-6, name
         assert float((merged_ties[name] - base).abs().max()) > 1e-3   # the TIES merge changed the router
         assert float((merged_linear[name] - (2 * a + b) / 3).abs().max()) <= 1e-6, name
+
+
+def test_filters_match_the_checkpoint_name_and_the_loaded_one():
+    """A filter is matched against a tensor's checkpoint name and the name transformers 5 loads it under (what
+    mergekit 0.1.5 matches): Mixtral's router and experts are `mlp` tensors once loaded."""
+    from forgetlab.merge import settings
+    from forgetlab.merge.layers import filter_names
+    from tests.architectures import tiny_config
+
+    names = filter_names(tiny_config("mixtral", 300))
+    assert names("model.layers.0.block_sparse_moe.gate.weight") == (
+        "model.layers.0.block_sparse_moe.gate.weight", "model.layers.0.mlp.gate.weight")
+    assert "model.layers.1.mlp.experts.gate_up_proj" in names("model.layers.1.block_sparse_moe.experts.2.w3.weight")
+    assert names("model.layers.0.self_attn.q_proj.weight") == ("model.layers.0.self_attn.q_proj.weight",)
+    assert filter_names(tiny_config("llama", 300))("model.layers.0.mlp.up_proj.weight") == (
+        "model.layers.0.mlp.up_proj.weight",)
+    value = [{"filter": "mlp", "value": 1.0}, {"filter": "block_sparse_moe", "value": 2.0}, {"value": 0.0}]
+    assert settings.evaluate(value, names("model.layers.0.block_sparse_moe.gate.weight"), 0.0) == 1.0
+    assert settings.evaluate(value[1:], names("model.layers.0.block_sparse_moe.gate.weight"), 0.0) == 2.0
+    assert settings.evaluate(value, names("model.norm.weight"), 0.0) == 0.0

@@ -33,6 +33,7 @@ from forgetlab.merge import vocab as vb
 from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
+from forgetlab.merge.layers import filter_names
 from forgetlab.merge.slicing import output_layers, sliced_stream
 from forgetlab.merge.vocab import AlignedSource
 
@@ -159,12 +160,14 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
                                  "its parameters cannot vary by tensor; give plain values instead of gradients or "
                                  "filters (or scope: tensor).")
         cache: dict = {}
-        params_for = (lambda name, layer, n: recipe.params_at(name, settings.layer_t(layer, n), cache=cache))
+        params_for = (lambda name, layer, n: recipe.params_at(names_of(name), settings.layer_t(layer, n),
+                                                              cache=cache))
     cfg_file = Path(base_ck.config_dir) / "config.json"
     # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions
     # or the folder has no config.json to copy (GGUF).
     config = base_ck.config if (spec.needs_layers or spec.needs_pool or recipe.varying or not cfg_file.exists()) \
         else None
+    names_of = filter_names(config) if recipe.varying else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
             pool = ModelPool.from_yaml(recipe.pool)
