@@ -305,7 +305,8 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
                              "do not have; use scope: tensor or a per-tensor method.")
     by_ref = {recipe.base: sources.base, **{m.model: s for m, s in zip(recipe.models, sources.models)}}
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
-    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype)
+    names_of = filter_names(sources.base_ck.config) if recipe.varying else None
+    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype, filter_names_of=names_of)
     cfg_file = Path(sources.base_ck.config_dir) / "config.json"
     cfg_json = json.loads(cfg_file.read_text())
     keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]
