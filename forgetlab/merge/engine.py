@@ -30,10 +30,10 @@ from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatib
                                   resident_budget, resident_bytes)
 from forgetlab.merge import settings
 from forgetlab.merge import vocab as vb
+from forgetlab.merge.layers import filter_names
 from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
-from forgetlab.merge.layers import filter_names
 from forgetlab.merge.slicing import output_layers, sliced_stream
 from forgetlab.merge.vocab import AlignedSource
 

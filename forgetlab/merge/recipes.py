@@ -147,7 +147,8 @@ class Recipe:
         """Parameters for the method: global ones, per-model ones gathered into lists, and the seed. Values that
         vary by tensor are evaluated for `tensor` (its name, or its names: `forgetlab.merge.layers.filter_names`)
         at layer position `t` (per-model values for `model_tensor`, the name in that model, default `tensor`);
-        without a tensor, `pick(setting)` chooses the value (default: its first). A filter list that matches nothing leaves the parameter at the method's default."""
+        without a tensor, `pick(setting)` chooses the value (default: its first). A filter list that matches
+        nothing leaves the parameter at the method's default."""
         spec = get_method(self.method)
         if tensor is None:
             pick = pick or (lambda v: settings.leaves(v)[0])
