@@ -27,3 +27,17 @@ def test_readme_starts_with_the_two_setup_commands_in_their_own_blocks():
     assert [len(c) for c in commands] == [1, 1], commands
     assert "streamlit run app.py" in commands[0][0] and "run-tests" not in commands[0][0]
     assert commands[1][0] == "bash tools/run-tests"
+
+
+def test_readme_lists_the_tested_architectures():
+    """The README's "Bring your own model" table is forgetlab.core.layouts.FAMILIES, family by family, so that
+    the families the error messages name and the ones the README promises are the same."""
+    from forgetlab.core.layouts import FAMILIES
+
+    text = README.read_text(encoding="utf-8")
+    start = text.index("### Bring your own model")
+    section = text[start:text.index("\n#", start + 1)]
+    rows = re.findall(r"^\| ([^|`]+?) \| (`.+?`) \|$", section, re.M)
+    table = {name: tuple(re.findall(r"`([^`]+)`", types)) for name, types in rows if name != "Family"}
+    assert table == FAMILIES
+    assert "docs/methods.md#architectures" in section

@@ -42,6 +42,10 @@ all v rows (Phi-3, GPT-2's Conv1D columns); ``per_head`` = head by head, q, k an
 PER_HEAD_TYPES = ("gpt_neox",)
 """The model types whose ``query_key_value`` is known to be per-head interleaved (another model type with that
 name is refused rather than sliced by guess)."""
+FUSED_TYPES = {"qkv_proj": ("phi3",), "c_attn": ("gpt2",), "query_key_value": PER_HEAD_TYPES}
+"""The model types each fused projection's order is known for. The same name elsewhere is refused rather than
+sliced by guess: CodeGen's ``qkv_proj`` holds (q, v, k) per block of heads, GPT-BigCode's ``c_attn`` is a
+multi-query Linear, Falcon's ``query_key_value`` groups each kv head's queries before its k and v."""
 
 
 def supported_text() -> str:
@@ -187,7 +191,7 @@ def _attention_layout(layer, model_type: str) -> Optional[AttentionLayout]:
             return AttentionLayout(name, o, q=q, k=k, v=v, conv1d=conv1d, norms=norms)
     for n, how in FUSED_QKV.items():
         if n in children and _linear_like(children[n]):
-            if how == "per_head" and model_type not in PER_HEAD_TYPES:
+            if model_type not in FUSED_TYPES[n]:
                 return None
             return AttentionLayout(name, o, qkv=n, fused=how, conv1d=conv1d, norms=norms)
     return None

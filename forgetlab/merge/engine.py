@@ -30,6 +30,7 @@ from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatib
                                   resident_budget, resident_bytes)
 from forgetlab.merge import settings
 from forgetlab.merge import vocab as vb
+from forgetlab.merge.layers import filter_names
 from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
@@ -159,12 +160,14 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
                                  "its parameters cannot vary by tensor; give plain values instead of gradients or "
                                  "filters (or scope: tensor).")
         cache: dict = {}
-        params_for = (lambda name, layer, n: recipe.params_at(name, settings.layer_t(layer, n), cache=cache))
+        params_for = (lambda name, layer, n: recipe.params_at(names_of(name), settings.layer_t(layer, n),
+                                                              cache=cache))
     cfg_file = Path(base_ck.config_dir) / "config.json"
     # transformers' AutoConfig costs seconds of imports: read it only when the method needs layer positions
     # or the folder has no config.json to copy (GGUF).
     config = base_ck.config if (spec.needs_layers or spec.needs_pool or recipe.varying or not cfg_file.exists()) \
         else None
+    names_of = filter_names(config) if recipe.varying else None
     if spec.needs_pool and prepared is None:
         if pool is None and recipe.pool:
             pool = ModelPool.from_yaml(recipe.pool)
@@ -302,7 +305,8 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
                              "do not have; use scope: tensor or a per-tensor method.")
     by_ref = {recipe.base: sources.base, **{m.model: s for m, s in zip(recipe.models, sources.models)}}
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
-    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype)
+    names_of = filter_names(sources.base_ck.config) if recipe.varying else None
+    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype, filter_names_of=names_of)
     cfg_file = Path(sources.base_ck.config_dir) / "config.json"
     cfg_json = json.loads(cfg_file.read_text())
     keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]

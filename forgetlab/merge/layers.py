@@ -6,9 +6,12 @@ architectures it knows, the parameter name (`layers.<i>`, `h.<i>`) for the other
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Callable, Sequence
+
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping
 
 from forgetlab.core.anatomy import Anatomy
+from forgetlab.core.layouts import text_config
 
 FIRST = "first"
 LAST = "last"
@@ -73,3 +76,23 @@ def num_layers_of(config, names: Sequence[str] = ()) -> int:
             return v
     idx = [i for i in (layer_from_name(n) for n in names) if isinstance(i, int)]
     return (max(idx) + 1) if idx else 1
+
+
+def filter_names(config=None) -> Callable[[str], tuple[str, ...]]:
+    """A function name → the names a parameter filter is matched against (forgetlab.merge.settings.evaluate):
+    the checkpoint's name and, where transformers ≥ 5 renames the tensor on loading (its checkpoint conversion:
+    Mixtral's `block_sparse_moe.*` → `mlp.*`, per-expert tensors → fused `experts.gate_up_proj` / `down_proj`),
+    the loaded model's name, which is what mergekit 0.1.5 matches its filters against
+    (docs/methods.md#architectures)."""
+    model_type = getattr(text_config(config), "model_type", None) if config is not None else None
+    transforms = list(get_checkpoint_conversion_mapping(model_type) or []) if model_type else []
+
+    def names(name: str) -> tuple[str, ...]:
+        loaded = name
+        for tr in transforms:
+            renamed, pattern = tr.rename_source_key(loaded)
+            if pattern is not None:
+                loaded = renamed
+        return (name,) if loaded == name else (name, loaded)
+
+    return names

@@ -142,12 +142,13 @@ class Recipe:
         values = list(self.params.values()) + [v for m in self.models for v in m.params.values()]
         return any(settings.is_setting(v) for v in values)
 
-    def method_params(self, tensor: str | None = None, t: float = 0.0, model_tensor: str | None = None,
-                      pick=None) -> dict[str, Any]:
+    def method_params(self, tensor: str | tuple[str, ...] | None = None, t: float = 0.0,
+                      model_tensor: str | None = None, pick=None) -> dict[str, Any]:
         """Parameters for the method: global ones, per-model ones gathered into lists, and the seed. Values that
-        vary by tensor are evaluated for `tensor` at layer position `t` (per-model values for `model_tensor`, the
-        name in that model, default `tensor`); without a tensor, `pick(setting)` chooses the value (default: its
-        first). A filter list that matches nothing leaves the parameter at the method's default."""
+        vary by tensor are evaluated for `tensor` (its name, or its names: `forgetlab.merge.layers.filter_names`)
+        at layer position `t` (per-model values for `model_tensor`, the name in that model, default `tensor`);
+        without a tensor, `pick(setting)` chooses the value (default: its first). A filter list that matches
+        nothing leaves the parameter at the method's default."""
         spec = get_method(self.method)
         if tensor is None:
             pick = pick or (lambda v: settings.leaves(v)[0])
@@ -192,7 +193,8 @@ class Recipe:
                             n_models=len(self.models))
         return out
 
-    def params_at(self, tensor: str, t: float, model_tensor: str | None = None, cache: dict | None = None) -> dict:
+    def params_at(self, tensor: str | tuple[str, ...], t: float, model_tensor: str | None = None,
+                  cache: dict | None = None) -> dict:
         """The validated parameters for one tensor (see method_params); `cache` (a dict) reuses the validation of
         equal raw values."""
         raw = self.method_params(tensor, t, model_tensor)

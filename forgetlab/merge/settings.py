@@ -7,7 +7,9 @@ A parameter's value in a recipe is a plain value, or
   [0, 1] numbers are interpolated linearly, i = ⌊t·(n − 1)⌋, f = t·(n − 1) − i, v = (1 − f)·v_i + f·v_{i+1}
   (booleans and strings take v_⌊t·(n − 1)⌋); any length n ≥ 1 is meaningful (one value: constant);
 - a **filter list** — `[{filter: self_attn, value: 0.5}, {value: 1.0}]`: the first entry whose `filter` is a
-  substring of the tensor's name (or is absent or `*`) gives the value, which may itself be a gradient; a list
+  substring of the tensor's name (or is absent or `*`) gives the value (the name in the checkpoint, or the one
+  transformers ≥ 5 gives it on loading, which is what mergekit 0.1.5 matches: Mixtral's `block_sparse_moe.gate`
+  loads as `mlp.gate`), which may itself be a gradient; a list
   that matches nothing leaves the parameter unset (the method's default).
 
 t is the position of the tensor's layer in its stack: decoder layer i of L gets t = i/(L − 1) (t = 1 when
@@ -81,9 +83,11 @@ def check(value: Any, where: str) -> Any:
     return value
 
 
-def evaluate(value: Any, tensor_name: str, t: float) -> Any:
+def evaluate(value: Any, tensor_name: str | tuple[str, ...], t: float) -> Any:
     """The plain value of a (checked) setting for one tensor at layer position t (None: a filter list matched
-    nothing). Plain values are returned as they are."""
+    nothing). Plain values are returned as they are. `tensor_name` may be several names of one tensor (its
+    checkpoint's and its loaded model's: `forgetlab.merge.layers.filter_names`); a filter matches when it is a
+    substring of any of them."""
     if is_gradient(value):
         values = value["gradient"]
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
@@ -97,7 +101,8 @@ def evaluate(value: Any, tensor_name: str, t: float) -> Any:
     if is_filter_list(value):
         for entry in value:
             flt = entry.get("filter")
-            if flt is None or flt == "*" or (tensor_name and flt in tensor_name):
+            names = (tensor_name,) if isinstance(tensor_name, str) or tensor_name is None else tensor_name
+            if flt is None or flt == "*" or any(n and flt in n for n in names):
                 return evaluate(entry["value"], tensor_name, t)
         return None
     return value

@@ -60,10 +60,10 @@ def output_layers(recipe) -> int:
 
 
 def sliced_stream(recipe, spec, sources: dict[str, CheckpointSource], base: CheckpointSource, device: str,
-                  out_dtype, progress=None) -> tuple[list[ck.TensorInfo], Iterator]:
+                  out_dtype, progress=None, filter_names_of=None) -> tuple[list[ck.TensorInfo], Iterator]:
     """(plan of the output tensors, a generator of (name, merged tensor)) for a recipe with slices; `sources`
     maps every model reference of the slices to its opened source; `base` gives config and outside tensors'
-    names."""
+    names; `filter_names_of` (forgetlab.merge.layers.filter_names) gives the names a filter is matched against."""
     base_entries = base.entries()
     tied = tied_head(base)
     if tied:
@@ -124,7 +124,8 @@ def sliced_stream(recipe, spec, sources: dict[str, CheckpointSource], base: Chec
             if not ents:
                 continue
             b, ms = renamed(sub, names_of)
-            params_for = (lambda name, layer, nl, sub=sub, t=t: sub.params_at(name, t, cache=cache.setdefault(id(sub), {})))
+            params_for = (lambda name, layer, nl, sub=sub, t=t: sub.params_at(
+                filter_names_of(name) if filter_names_of else name, t, cache=cache.setdefault(id(sub), {})))
             yield from merge_tensors(spec, None, b, ms, ents, device=device, out_dtype=out_dtype,
                                      params_for=params_for)
             if progress is not None:
