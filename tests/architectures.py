@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import transformers
 
-FAMILIES = ("llama", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "gemma3_text", "phi3", "gpt_neox", "olmo",
-            "olmo2", "granite", "mixtral", "qwen2_moe", "olmoe")
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "gpt2", "gemma", "gemma2", "gemma3_text", "phi3",
+            "gpt_neox", "olmo", "olmo2", "granite", "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 """Every family the architecture tests run on (its config model_type)."""
 
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "olmoe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
 
 
 def tiny_config(family: str, vocab: int, bos: int = 1, eos: int = 2, pad: int = 0):
@@ -22,6 +22,10 @@ def tiny_config(family: str, vocab: int, bos: int = 1, eos: int = 2, pad: int = 
     gqa = dict(num_key_value_heads=2)
     if family == "llama":
         return transformers.LlamaConfig(**common, **gqa, tie_word_embeddings=False)
+    if family == "mistral":
+        return transformers.MistralConfig(**common, **gqa, head_dim=8, sliding_window=4)
+    if family == "smollm3":
+        return transformers.SmolLM3Config(**common, **gqa, no_rope_layers=[1, 0])
     if family == "qwen2":
         return transformers.Qwen2Config(**common, **gqa)
     if family == "qwen3":
@@ -56,6 +60,9 @@ def tiny_config(family: str, vocab: int, bos: int = 1, eos: int = 2, pad: int = 
         return transformers.Qwen2MoeConfig(**common, **gqa, num_experts=4, num_experts_per_tok=2,
                                            moe_intermediate_size=24, shared_expert_intermediate_size=40,
                                            decoder_sparse_step=1, mlp_only_layers=[])
+    if family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(**common, **gqa, head_dim=8, num_experts=4, num_experts_per_tok=2,
+                                           moe_intermediate_size=24, decoder_sparse_step=1, mlp_only_layers=[])
     if family == "olmoe":
         return transformers.OlmoeConfig(**common, num_experts=4, num_experts_per_tok=2)
     raise ValueError(f"no tiny config for family {family!r}; one of {', '.join(FAMILIES)}")

@@ -253,7 +253,7 @@ def attribute(pool, model: str, *, task: Optional[str] = None, level: str = "mod
     start = time.perf_counter()
     report(progress, 0.0, f"loading a working copy of {model}")
     work = WorkingCopy.load(pool, model, device=device, dtype=job_dtype(dtype, device))
-    anatomy = Anatomy.from_config(pool.config, names=work.names)
+    anatomy = Anatomy.from_model(work.model)   # from the model: an untested family's heads are checked first
     parts = parts_of(anatomy, work.names, level)
     if sel is not None:
         known = {p.key for p in parts}

@@ -20,12 +20,13 @@ from forgetlab.core.errors import ParameterError
 
 FAMILIES = {
     "Llama": ("llama",), "Mistral": ("mistral",), "Qwen2/Qwen3": ("qwen2", "qwen3"),
-    "SmolLM": ("smollm", "smollm3"), "GPT-2": ("gpt2",),
+    "SmolLM3": ("smollm3",), "GPT-2": ("gpt2",),
     "Gemma/Gemma-2/Gemma-3": ("gemma", "gemma2", "gemma3_text"), "Phi-3/Phi-4": ("phi3",),
     "GPT-NeoX/Pythia": ("gpt_neox",), "OLMo/OLMo-2": ("olmo", "olmo2"), "Granite": ("granite",),
     "Mixtral": ("mixtral",), "Qwen2-MoE/Qwen3-MoE": ("qwen2_moe", "qwen3_moe"), "OLMoE": ("olmoe",),
 }
-"""The families forgetlab is tested on (tests/test_architectures.py), with their config ``model_type`` values.
+"""The families forgetlab is tested on (tests/test_architectures.py), with their config ``model_type`` values
+(SmolLM and SmolLM2 checkpoints say ``llama``).
 Other decoders whose module tree `discover` can read work too, after a numerical check of their head slices
 (`forgetlab.core.anatomy.Anatomy.verify_heads`)."""
 

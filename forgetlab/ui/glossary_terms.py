@@ -166,13 +166,17 @@ SECTIONS: dict[str, dict[str, Term]] = {
                    "weights.", "submodule-levels", "head", "heads"),
         "mlp": _t("MLP", "The feed-forward part of a layer, applied to each position on its own.",
                   "submodule-levels", "mlp"),
+        "expert": _t("expert", "In a mixture-of-experts model (Mixtral, Qwen2-MoE, OLMoE), one of the several MLPs "
+                     "of a layer; a small router sends each token to a few of them. The expert level scores each "
+                     "on the tokens the router sent it.", "architectures", "experts", "router",
+                     "mixture of experts", "MoE"),
         "embeddings": _t("embeddings", "The table that turns each token into the vector layer 0 reads (embed); "
                          "lm_head turns the last vector back into next-token scores; norm rescales vectors.",
                          "submodule-levels", "embed", "embedding", "lm_head", "norm layer"),
         "submodule": _t("submodule", "A part of the network scored on its own: a decoder layer, its attention, its "
-                        "MLP or one attention head.", "submodule-levels", "submodules", "part", "parts"),
-        "level": _t("level", "The size of the parts scored: the whole model, layers, attn / mlp modules, or heads "
-                    "(attn_mlp: attention + MLP; head_mlp: heads + MLP).", "submodule-levels", "levels", "attn_mlp",
+                        "MLP, one attention head or one expert.", "submodule-levels", "submodules", "part", "parts"),
+        "level": _t("level", "The size of the parts scored: the whole model, layers, attn / mlp modules, heads or "
+                    "experts (attn_mlp: attention + MLP; head_mlp: heads + MLP).", "submodule-levels", "levels", "attn_mlp",
                     "head_mlp"),
         "hidden": _t("hidden state", "The vector a layer passes to the next at one position; the last one feeds the "
                      "next-token prediction.", "tsne-features", "last hidden state"),
