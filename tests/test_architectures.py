@@ -70,7 +70,7 @@ def test_inspect_shows_the_anatomy(fam, capsys):
     assert main(["inspect", str(tiny.base)]) == 0
     out = capsys.readouterr().out
     anatomy = Anatomy.from_config(pool.config)
-    assert f"anatomy: {anatomy.family} ({family}): 2 layers, 4 heads" in out
+    assert f"anatomy: {family}: 2 layers, 4 heads" in out
     assert f"levels {', '.join(anatomy.levels)}" in out
     assert ("experts" in out and "router" in out) == (family in MOE_FAMILIES)
     assert "expert" in anatomy.levels if family in MOE_FAMILIES else "expert" not in anatomy.levels

@@ -52,7 +52,7 @@ def register(sub) -> None:
 
 
 def anatomy_line(anatomy) -> str:
-    """One line of a model's anatomy: family (model type), layers, heads (kv), head dim, width, the attention's
+    """One line of a model's anatomy: its model type, layers, heads (kv), head dim, width, the attention's
     storage, experts and router, and the levels forgetlab's per-level jobs offer."""
     lay = anatomy.layout
     att = lay.attention
@@ -63,7 +63,7 @@ def anatomy_line(anatomy) -> str:
         moe = f"; {anatomy.num_experts} experts ({lay.mlp.name}.{lay.mlp.experts}), router {lay.mlp.name}.{router}"
         if lay.mlp.shared:
             moe += f", shared {', '.join(lay.mlp.shared)}"
-    return (f"{anatomy.family} ({anatomy.model_type}): {anatomy.num_layers} layers, {anatomy.num_heads} heads "
+    return (f"{anatomy.model_type}: {anatomy.num_layers} layers, {anatomy.num_heads} heads "
             f"({anatomy.num_kv_heads} kv), head dim {anatomy.head_dim}, hidden {anatomy.hidden_size}; attention "
             f"{store}{moe}; levels {', '.join(anatomy.levels)}")
 

@@ -401,9 +401,9 @@ class Anatomy:
         return all(getattr(self, k) == getattr(other, k) for k in key)
 
     def describe(self) -> str:
-        """One line: family, layers, heads (kv heads), head size, width, experts."""
+        """One line: model type, layers, heads (kv heads), head size, width, experts."""
         experts = f", {self.num_experts} experts" if self.num_experts else ""
-        return (f"{self.family} ({self.model_type}): {self.num_layers} layers, {self.num_heads} heads "
+        return (f"{self.model_type}: {self.num_layers} layers, {self.num_heads} heads "
                 f"({self.num_kv_heads} kv), head_dim {self.head_dim}, hidden {self.hidden_size}{experts}")
 
     def __repr__(self) -> str:
