@@ -28,6 +28,7 @@ from forgetlab.core.pool import ModelPool, warn_dtype_mismatch
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors,
                                   resident_budget, resident_bytes)
+from forgetlab.merge import experts as ex
 from forgetlab.merge import settings
 from forgetlab.merge import vocab as vb
 from forgetlab.merge.layers import filter_names
@@ -153,6 +154,12 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
         return _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes,
                            tokenizer_from, t0, vocab)
     entries = check_compatible(base, models)
+    # a mixture of experts: each group of expert tensors that transformers fuses on loading is merged as that one
+    # tensor (forgetlab.merge.experts), then written back as the checkpoint's per-expert tensors
+    groups = ex.expert_groups(_model_type(base_ck), entries)
+    if groups:
+        entries = ex.fused_entries(entries, groups)
+        base, models = ex.FusedSource(base, groups), [ex.FusedSource(m, groups) for m in models]
     params_for = None
     if recipe.varying:
         if spec.needs_global_pass(params) or spec.needs_pool:
@@ -188,8 +195,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), reader=reader,
                           inputs=kept)
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
-    plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
-            for e in entries]
+    plan = ex.output_plan(entries, groups, lambda dt: out_dtype if (out_dtype and dt.is_floating_point) else dt)
     extra = {} if vocab is None else vocab.tokenizer_files()
     if cfg_file.exists():
         cfg_arg = None if (recipe.dtype or vocab) else cfg_file
@@ -211,13 +217,26 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
                            params_for=params_for, inputs=kept)
+    if groups:
+        stream = ex.split_stream(stream, groups)
     recipe_text = _recipe_text(recipe, params)
     ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
                        extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes,
                        inputs=inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
-    return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
+    return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan),
                        time.perf_counter() - t0, glob, stats, list(recipe.notes))
+
+
+def _model_type(base_ck) -> str | None:
+    """The base's model_type, from its config.json when it has one (no AutoConfig import), else its config."""
+    cfg_file = Path(base_ck.config_dir) / "config.json"
+    try:
+        if cfg_file.exists():
+            return json.loads(cfg_file.read_text()).get("model_type")
+        return getattr(base_ck.config, "model_type", None)
+    except Exception:   # no readable config: nothing is known to be fused
+        return None
 
 
 def _recipe_text(recipe: Recipe, params: dict) -> str:
