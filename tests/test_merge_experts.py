@@ -116,3 +116,25 @@ def test_dense_merge_is_untouched(tmp_path, monkeypatch):
     out = run(_ties(paths), tmp_path / "out").out_dir
     assert list(load_file(str(out / "model.safetensors"))) == list(load_file(str(Path(paths[0]) /
                                                                                   "model.safetensors")))
+
+
+def test_sliced_merge_fuses_the_experts_too(pools, tmp_path):
+    """A recipe with slices (layers 0–1 of the three models, then layer 1 again) merges each output layer's experts
+    as the fused tensor too: every output tensor equals the plain merge's tensor of its input layer, the repeated
+    layer's experts written under layer 2's per-expert names."""
+    pool = pools["mixtral"]
+    paths = [str(p.resolve()) for p in (pool.base, *pool.finetuned.values())]
+    plain = load_file(str(run(_ties(paths), tmp_path / "plain").out_dir / "model.safetensors"))
+
+    def sources(lo):
+        return [{"model": paths[0], "layer_range": [lo, 2]},
+                {"model": paths[1], "layer_range": [lo, 2], "parameters": {"weight": 1.0, "density": 0.3}},
+                {"model": paths[2], "layer_range": [lo, 2], "parameters": {"weight": 0.5, "density": 0.3}}]
+    rec = {"merge_method": "ties", "base_model": paths[0], "slices": [{"sources": sources(0)}, {"sources": sources(1)}],
+           "parameters": {"normalize": True}, "dtype": "float32"}
+    sliced = load_file(str(run(rec, tmp_path / "sliced").out_dir / "model.safetensors"))
+    want = {**plain, **{n.replace("layers.1.", "layers.2."): t for n, t in plain.items() if "layers.1." in n}}
+    assert set(sliced) == set(want)
+    assert any("layers.2.block_sparse_moe.experts.3.w1" in n for n in sliced)
+    for name, t in want.items():
+        assert float((sliced[name] - t).abs().max()) <= 1e-6, name

@@ -31,11 +31,11 @@ from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatib
 from forgetlab.merge import experts as ex
 from forgetlab.merge import settings
 from forgetlab.merge import vocab as vb
-from forgetlab.merge.layers import filter_names
+from forgetlab.merge.layers import filter_names, layer_from_name
 from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
-from forgetlab.merge.slicing import output_layers, sliced_stream
+from forgetlab.merge.slicing import output_layers, sliced_stream, with_layer
 from forgetlab.merge.vocab import AlignedSource
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
@@ -325,7 +325,18 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     by_ref = {recipe.base: sources.base, **{m.model: s for m, s in zip(recipe.models, sources.models)}}
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     names_of = filter_names(sources.base_ck.config) if recipe.varying else None
-    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype, filter_names_of=names_of)
+    base_src = sources.base
+    model_type = _model_type(sources.base_ck)   # experts merged as the fused tensors (forgetlab.merge.experts)
+    srcs = {id(s): s for s in [base_src, *by_ref.values()]}
+    groups_of = {k: ex.expert_groups(model_type, list(s.entries().values())) for k, s in srcs.items()}
+    wrapped = {k: (ex.FusedSource(s, groups_of[k]) if groups_of[k] else s) for k, s in srcs.items()}
+    by_ref = {ref: wrapped[id(s)] for ref, s in by_ref.items()}
+    plan, stream = sliced_stream(recipe, spec, by_ref, wrapped[id(base_src)], device, out_dtype,
+                                 filter_names_of=names_of)
+    out_groups = _sliced_groups(plan, [g for gs in groups_of.values() for g in gs.values()])
+    if out_groups:
+        plan = ex.output_plan(plan, out_groups, lambda dt: out_dtype if (out_dtype and dt.is_floating_point) else dt)
+        stream = ex.split_stream(stream, out_groups)
     cfg_file = Path(sources.base_ck.config_dir) / "config.json"
     cfg_json = json.loads(cfg_file.read_text())
     keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]
@@ -344,6 +355,20 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False,
                        notes=list(recipe.notes))
+
+
+def _sliced_groups(plan, groups) -> dict:
+    """The expert groups of a sliced merge's output: each fused tensor of output layer j is written as the
+    members of an input group of the same name and shape, moved to layer j."""
+    templates = {(with_layer(g.name, 0), g.shape): g for g in groups}
+    out = {}
+    for e in plan:
+        g = templates.get((with_layer(e.name, 0), tuple(e.shape)))
+        j = layer_from_name(e.name)
+        if g is not None and isinstance(j, int):
+            out[e.name] = ex.ExpertGroup(e.name, tuple(tuple(with_layer(m, j) for m in parts) for parts in g.members),
+                                         g.rows, g.rest, g.dtype)
+    return out
 
 
 def _version() -> str:
