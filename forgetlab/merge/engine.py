@@ -4,7 +4,9 @@
 adapters read as base + ΔW), checks names and shapes from the headers, runs the method's global first pass
 when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.select.RadixSelect), then
 merges one tensor at a time into `write_hf_folder` (sharded safetensors + index, config and tokenizer from
-the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. The output appears only
+the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. A mixture of experts' expert
+tensors are merged as the fused tensors transformers loads and written back per expert (forgetlab.merge.experts),
+so for them "one tensor" is a layer's experts together. The output appears only
 when complete (a temporary folder renamed into place); a failure removes it and leaves inputs untouched.
 """
 from __future__ import annotations
