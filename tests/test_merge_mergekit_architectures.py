@@ -16,13 +16,14 @@ saves, so mergekit is given copies of the GPT-NeoX checkpoints with those buffer
 the comparison is over forgetlab's tensors (mergekit's extra ones are exactly those buffers).
 
 Mixtures of experts (docs/methods.md#architectures, "mergekit"): mergekit reads a checkpoint's per-expert tensors
-through transformers 5's conversion and merges and writes each layer's experts as ONE fused tensor [E, …], so the
-outputs are compared as the models transformers loads from them; every tensor but the experts within the
-tolerances, and the experts too for a TIES at density 1 (elementwise, so the fused and per-expert merges agree).
-At density 0.3 they differ (TIES's top-k spans all experts in mergekit, one expert's tensor in forgetlab):
-`test_experts_are_merged_expert_by_expert` checks forgetlab's against TIES written out per expert. SLERP's `mlp`
-filter reaches Mixtral's router (`block_sparse_moe.gate` in the file, `mlp.gate` loaded) in both, as mergekit
-matches filters against transformers 5's names (forgetlab.merge.layers.filter_names).
+through transformers 5's conversion and merges and writes each layer's experts as ONE fused tensor [E, …];
+forgetlab merges the same fused tensor (forgetlab.merge.experts) and writes it back per expert as the checkpoint
+stores them, so the outputs are compared as the models transformers loads from them, every tensor within the
+tolerances (TIES's top-k and SLERP's angle span all experts of a layer in both).
+`test_experts_are_merged_as_the_fused_tensor` checks forgetlab's experts against TIES applied by hand to the fused
+tensor, and the output's per-expert names and shapes. SLERP's `mlp` filter reaches Mixtral's router
+(`block_sparse_moe.gate` in the file, `mlp.gate` loaded) in both, as mergekit matches filters against transformers
+5's names (forgetlab.merge.layers.filter_names).
 """
 from __future__ import annotations
 
@@ -155,12 +156,12 @@ def test_same_tensors_as_mergekit(pools, mergekit_out, tmp_path, family, method)
     ours = run(rec, tmp_path / "ours")
     tol = TOL[method.split("_")[0]]
     if family in MOE_FAMILIES:
-        # mergekit (on transformers 5) reads the experts fused and writes them fused: compare the loaded models;
-        # the experts only where the method is elementwise (TIES at density 1), see the module docstring
+        # mergekit (on transformers 5) reads the experts fused and writes them fused: compare the loaded models
         theirs, mine = _loaded(mk_dir), _loaded(ours.out_dir)
         assert set(theirs) == set(mine)
-        names = [k for k in mine if method == "ties_dense" or ".mlp.experts." not in k]
+        names = list(mine)
         assert any(".mlp.gate." in k for k in names)   # the router is compared
+        assert any(k.endswith("mlp.experts.gate_up_proj") for k in names)   # and the fused experts
     else:
         theirs, mine = _tensors(mk_dir), _tensors(ours.out_dir)
         extra = set(theirs) - set(mine)
@@ -182,24 +183,38 @@ def test_same_tensors_as_mergekit(pools, mergekit_out, tmp_path, family, method)
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_experts_are_merged_expert_by_expert(pools, mergekit_out, tmp_path, family):
-    """Where TIES's top-k and SLERP's angle span a whole tensor, forgetlab's experts (merged as the checkpoint
-    stores them, one tensor per expert and projection) differ from mergekit 0.1.5's (one fused tensor for all
-    experts): the difference is real, not a rounding, and each of forgetlab's expert tensors is the method
-    applied to that expert alone (`_ties_reference`)."""
-    mk_dir, rec = mergekit_out[family, "ties"]
-    ours = run(rec, tmp_path / "ours")
-    theirs, mine = _loaded(mk_dir), _loaded(ours.out_dir)
-    experts = [k for k in mine if ".mlp.experts." in k]
-    assert experts and _worst(theirs, mine, experts)[0] > 1e-4
-    paths = [pools[family].base, *pools[family].finetuned.values()]
-    files = [_tensors(p) for p in paths]
-    merged = _tensors(ours.out_dir)
-    per_expert = [k for k in merged if ".experts.3." in k]
-    assert per_expert
-    for name in per_expert:
-        want = _ties_reference(files[0][name], [files[1][name], files[2][name]], [1.0, 0.5], 0.3)
-        assert float((merged[name] - want).abs().max()) <= 1e-6, name
+def test_experts_are_merged_as_the_fused_tensor(pools, tmp_path, family):
+    """forgetlab's merged experts are TIES (`_ties_reference`) applied to each layer's fused tensor as transformers
+    loads it — the members stacked over the experts, gate and up rows concatenated — split back per expert, and
+    differ from TIES applied expert by expert (so the fusion matters); the output file holds exactly the input
+    checkpoint's per-expert names, shapes and dtypes."""
+    pool = pools[family]
+    paths = [str(p.resolve()) for p in (pool.base, *pool.finetuned.values())]
+    files = [_tensors(Path(p)) for p in paths]
+    ours = run(_recipes(*paths)["ties"], tmp_path / "ours").out_dir
+    merged = _tensors(ours)
+    raw_in, raw_out = load_file(str(Path(paths[0]) / "model.safetensors")), load_file(str(ours / "model.safetensors"))
+    assert {k: (tuple(v.shape), v.dtype) for k, v in raw_in.items()} == \
+        {k: (tuple(v.shape), v.dtype) for k, v in raw_out.items()}
+    w1, w2, w3 = ("w1", "w2", "w3") if family == "mixtral" else ("gate_proj", "down_proj", "up_proj")
+    n_exp, per_expert_gap = 4, 0.0
+    for layer in (0, 1):
+        prefix = next(k for k in merged if f"layers.{layer}." in k and ".experts.0." in k).split(".experts.0.")[0]
+        name = lambda e, w: f"{prefix}.experts.{e}.{w}.weight"   # noqa: E731
+        for parts in ((w1, w3), (w2,)):
+            fused = [torch.stack([torch.cat([f[name(e, w)] for w in parts]) for e in range(n_exp)]) for f in files]
+            want = _ties_reference(fused[0], fused[1:], [1.0, 0.5], 0.3)
+            off = 0
+            for w in parts:
+                rows = files[0][name(0, w)].shape[0]
+                for e in range(n_exp):
+                    got = merged[name(e, w)]
+                    assert float((got - want[e, off:off + rows]).abs().max()) <= 1e-6, name(e, w)
+                    alone = _ties_reference(files[0][name(e, w)], [files[1][name(e, w)], files[2][name(e, w)]],
+                                            [1.0, 0.5], 0.3)
+                    per_expert_gap = max(per_expert_gap, float((got - alone).abs().max()))
+                off += rows
+    assert per_expert_gap > 1e-4   # expert-by-expert TIES is a different merge
 
 
 def _router_names(folder: Path) -> list[str]:

@@ -4,7 +4,9 @@
 adapters read as base + ΔW), checks names and shapes from the headers, runs the method's global first pass
 when it has one (TIES/PCB with scope="global": exact statistics streamed, see forgetlab.merge.select.RadixSelect), then
 merges one tensor at a time into `write_hf_folder` (sharded safetensors + index, config and tokenizer from
-the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. The output appears only
+the base, recipe.yaml). Peak memory: one tensor per model plus the output tensor. A mixture of experts' expert
+tensors are merged as the fused tensors transformers loads and written back per expert (forgetlab.merge.experts),
+so for them "one tensor" is a layer's experts together. The output appears only
 when complete (a temporary folder renamed into place); a failure removes it and leaves inputs untouched.
 """
 from __future__ import annotations
@@ -28,13 +30,14 @@ from forgetlab.core.pool import ModelPool, warn_dtype_mismatch
 from forgetlab.core.progress import Progress, report, scaled
 from forgetlab.merge.core import (CheckpointSource, TensorReader, check_compatible, collect_stats, merge_tensors,
                                   resident_budget, resident_bytes)
+from forgetlab.merge import experts as ex
 from forgetlab.merge import settings
 from forgetlab.merge import vocab as vb
-from forgetlab.merge.layers import filter_names
+from forgetlab.merge.layers import filter_names, layer_from_name
 from forgetlab.merge.mergekit_params import base_policy
 from forgetlab.merge.recipes import TOKENIZER_SOURCES, Recipe
 from forgetlab.merge.registry import PrepareContext, get_method
-from forgetlab.merge.slicing import output_layers, sliced_stream
+from forgetlab.merge.slicing import output_layers, sliced_stream, with_layer
 from forgetlab.merge.vocab import AlignedSource
 
 # Merging is element-wise and memory-bound. bench/merge_vs_mergekit.py measured 1 torch thread faster than 2
@@ -153,6 +156,12 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
         return _run_slices(recipe, spec, params, sources, out, device, progress, overwrite, max_shard_bytes,
                            tokenizer_from, t0, vocab)
     entries = check_compatible(base, models)
+    # a mixture of experts: each group of expert tensors that transformers fuses on loading is merged as that one
+    # tensor (forgetlab.merge.experts), then written back as the checkpoint's per-expert tensors
+    groups = ex.expert_groups(_model_type(base_ck), entries)
+    if groups:
+        entries = ex.fused_entries(entries, groups)
+        base, models = ex.FusedSource(base, groups), [ex.FusedSource(m, groups) for m in models]
     params_for = None
     if recipe.varying:
         if spec.needs_global_pass(params) or spec.needs_pool:
@@ -188,8 +197,7 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     stats = collect_stats(spec, params, base, models, entries, device, scaled(progress, start, mid), reader=reader,
                           inputs=kept)
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
-    plan = [ck.TensorInfo(e.name, e.shape, (out_dtype if (out_dtype and e.dtype.is_floating_point) else e.dtype))
-            for e in entries]
+    plan = ex.output_plan(entries, groups, lambda dt: out_dtype if (out_dtype and dt.is_floating_point) else dt)
     extra = {} if vocab is None else vocab.tokenizer_files()
     if cfg_file.exists():
         cfg_arg = None if (recipe.dtype or vocab) else cfg_file
@@ -211,13 +219,26 @@ def _run(recipe, out_dir, progress, overwrite, device, pool, prepared, max_shard
     stream = merge_tensors(spec, params, base, models, entries, stats=stats, prepared=prepared, config=config,
                            device=device, out_dtype=out_dtype, progress=scaled(progress, mid, 1.0), reader=reader,
                            params_for=params_for, inputs=kept)
+    if groups:
+        stream = ex.split_stream(stream, groups)
     recipe_text = _recipe_text(recipe, params)
     ck.write_hf_folder(out, stream, cfg_arg, plan=plan, tokenizer_from=tokenizer_from, overwrite=overwrite,
                        extra_files={**extra, "recipe.yaml": recipe_text}, max_shard_bytes=max_shard_bytes,
                        inputs=inputs, kind="merge")
     report(progress, 1.0, f"merged into {out}")
-    return MergeResult(out, spec.name, params, len(entries), sum(e.numel for e in entries),
+    return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan),
                        time.perf_counter() - t0, glob, stats, list(recipe.notes))
+
+
+def _model_type(base_ck) -> str | None:
+    """The base's model_type, from its config.json when it has one (no AutoConfig import), else its config."""
+    cfg_file = Path(base_ck.config_dir) / "config.json"
+    try:
+        if cfg_file.exists():
+            return json.loads(cfg_file.read_text()).get("model_type")
+        return getattr(base_ck.config, "model_type", None)
+    except Exception:   # no readable config: nothing is known to be fused
+        return None
 
 
 def _recipe_text(recipe: Recipe, params: dict) -> str:
@@ -306,7 +327,18 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     by_ref = {recipe.base: sources.base, **{m.model: s for m, s in zip(recipe.models, sources.models)}}
     out_dtype = _DTYPES[recipe.dtype] if recipe.dtype else None
     names_of = filter_names(sources.base_ck.config) if recipe.varying else None
-    plan, stream = sliced_stream(recipe, spec, by_ref, sources.base, device, out_dtype, filter_names_of=names_of)
+    base_src = sources.base
+    model_type = _model_type(sources.base_ck)   # experts merged as the fused tensors (forgetlab.merge.experts)
+    srcs = {id(s): s for s in [base_src, *by_ref.values()]}
+    groups_of = {k: ex.expert_groups(model_type, list(s.entries().values())) for k, s in srcs.items()}
+    wrapped = {k: (ex.FusedSource(s, groups_of[k]) if groups_of[k] else s) for k, s in srcs.items()}
+    by_ref = {ref: wrapped[id(s)] for ref, s in by_ref.items()}
+    plan, stream = sliced_stream(recipe, spec, by_ref, wrapped[id(base_src)], device, out_dtype,
+                                 filter_names_of=names_of)
+    out_groups = _sliced_groups(plan, [g for gs in groups_of.values() for g in gs.values()])
+    if out_groups:
+        plan = ex.output_plan(plan, out_groups, lambda dt: out_dtype if (out_dtype and dt.is_floating_point) else dt)
+        stream = ex.split_stream(stream, out_groups)
     cfg_file = Path(sources.base_ck.config_dir) / "config.json"
     cfg_json = json.loads(cfg_file.read_text())
     keys = [k for k in ("num_hidden_layers", "n_layer", "num_layers") if k in cfg_json] or ["num_hidden_layers"]
@@ -325,6 +357,20 @@ def _run_slices(recipe, spec, params, sources, out, device, progress, overwrite,
     report(progress, 1.0, f"merged into {out}")
     return MergeResult(out, spec.name, params, len(plan), sum(e.numel for e in plan), time.perf_counter() - t0, False,
                        notes=list(recipe.notes))
+
+
+def _sliced_groups(plan, groups) -> dict:
+    """The expert groups of a sliced merge's output: each fused tensor of output layer j is written as the
+    members of an input group of the same name and shape, moved to layer j."""
+    templates = {(with_layer(g.name, 0), g.shape): g for g in groups}
+    out = {}
+    for e in plan:
+        g = templates.get((with_layer(e.name, 0), tuple(e.shape)))
+        j = layer_from_name(e.name)
+        if g is not None and isinstance(j, int):
+            out[e.name] = ex.ExpertGroup(e.name, tuple(tuple(with_layer(m, j) for m in parts) for parts in g.members),
+                                         g.rows, g.rest, g.dtype)
+    return out
 
 
 def _version() -> str:
