@@ -7,9 +7,7 @@ weights get θ0 + α·Σt τt in forgetlab (the TSV paper "defaults to task arit
 fusion-bench, so those are compared as T × fusion-bench's."""
 from __future__ import annotations
 
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,13 +15,11 @@ import torch
 from forgetlab.merge import merge_state_dicts
 from forgetlab.merge.methods.fisher import fisher_average
 from forgetlab.merge.methods.regmean import regmean_solve
+from tests.reference_tools import FUSIONBENCH_PYTHON, FUSIONBENCH_VENV, reference_env
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("FUSIONBENCH_VENV", ROOT / ".venv-fusionbench"))
-PY = VENV / "bin" / "python"
 
 pytestmark = pytest.mark.skipif(
-    not PY.exists(), reason=f"fusion-bench venv missing at {VENV}: create it with `bash tools/fusionbench_env.sh`")
+    not FUSIONBENCH_PYTHON.exists(), reason=f"fusion-bench venv missing at {FUSIONBENCH_VENV}: create it with `bash tools/fusionbench_env.sh`")
 
 SCRIPT = r'''
 import sys, torch
@@ -47,11 +43,6 @@ torch.save(out, sys.argv[2])
 '''
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
@@ -71,7 +62,7 @@ def reference(tmp_path_factory):
     torch.save({"taus": taus, "grams": grams, "weights": weights, "biases": biases, "fishers": fishers},
                root / "in.pt")
     (root / "run.py").write_text(SCRIPT)
-    r = subprocess.run([str(PY), str(root / "run.py"), str(root / "in.pt"), str(root / "out.pt")], env=_env(),
+    r = subprocess.run([str(FUSIONBENCH_PYTHON), str(root / "run.py"), str(root / "in.pt"), str(root / "out.pt")], env=reference_env(),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return dict(base=base, fts=fts, T=T, grams=grams, weights=weights, biases=biases, fishers=fishers,

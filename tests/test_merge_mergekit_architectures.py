@@ -28,7 +28,6 @@ tensor, and the output's per-expert names and shapes. SLERP's `mlp` filter reach
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -41,12 +40,9 @@ from safetensors.torch import load_file, save_file
 from forgetlab.merge import run
 from tests.architectures import FAMILIES, MOE_FAMILIES
 from tests.conftest import make_tiny_pool
+from tests.reference_tools import MERGEKIT_MULTI, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_MULTI = VENV / "bin" / "mergekit-multi"
-pytestmark = pytest.mark.skipif(
-    not MK_MULTI.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+pytestmark = skip_without_mergekit(MERGEKIT_MULTI)
 
 INFERRED = ("olmo", "qwen2_moe", "olmoe")
 """Families without a JSON definition in mergekit 0.1.5: it infers their layout from the transformers model."""
@@ -90,11 +86,6 @@ def _with_neox_buffers(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
 
 @pytest.fixture(scope="module")
 def pools(tmp_path_factory):
@@ -121,8 +112,8 @@ def mergekit_out(pools, tmp_path_factory):
             ours[fam, method] = ours_rec[method]
     multi = root / "multi.yaml"
     multi.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    proc = subprocess.run([str(MK_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
-                           "--no-copy-tokenizer", "--quiet"], env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(MERGEKIT_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
+                           "--no-copy-tokenizer", "--quiet"], env=reference_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"mergekit-multi failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return {key: (root / "mk" / f"out-{key[0]}-{key[1]}", rec) for key, rec in ours.items()}
 

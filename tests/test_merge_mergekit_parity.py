@@ -11,7 +11,6 @@ others through one `mergekit-multi` call (the same merge code, one interpreter s
 """
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -21,22 +20,11 @@ import yaml
 from safetensors.torch import load_file
 
 from forgetlab.merge import run
-
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_YAML = VENV / "bin" / "mergekit-yaml"
-MK_MULTI = VENV / "bin" / "mergekit-multi"
-
-pytestmark = pytest.mark.skipif(
-    not MK_YAML.exists(),
-    reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`",
-)
+from tests.reference_tools import MERGEKIT_MULTI, MERGEKIT_YAML, reference_env, skip_without_mergekit
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
+pytestmark = skip_without_mergekit(MERGEKIT_YAML)
+
 
 
 def _recipes(pool) -> dict[str, dict]:
@@ -130,10 +118,10 @@ def mergekit_outputs(tiny_llama, tmp_path_factory):
     multi.write_text(yaml.safe_dump_all([{**recipes[n], "name": f"out-{n}"} for n in MULTI], sort_keys=False))
     inter = root / "multi-out"
     # both mergekit processes at once: most of their time is interpreter start-up
-    procs = [subprocess.Popen([str(MK_YAML), str(files["ties"]), str(out["ties"]), *flags], env=_env(),
+    procs = [subprocess.Popen([str(MERGEKIT_YAML), str(files["ties"]), str(out["ties"]), *flags], env=reference_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT),
-             subprocess.Popen([str(MK_MULTI), str(multi), "-I", str(inter), "--no-lazy",
-                               *[f for f in flags if f != "--no-lazy-unpickle"]], env=_env(),
+             subprocess.Popen([str(MERGEKIT_MULTI), str(multi), "-I", str(inter), "--no-lazy",
+                               *[f for f in flags if f != "--no-lazy-unpickle"]], env=reference_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)]
     for p in procs:
         log, _ = p.communicate(timeout=600)

@@ -13,7 +13,6 @@ recipe for every YAML case here and in tests/test_merge_mergekit_parity.py.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -27,12 +26,9 @@ from forgetlab.merge import run
 from forgetlab.merge.mergekit_yaml import from_mergekit, mergekit_methods, to_mergekit
 from forgetlab.merge.recipes import Recipe
 from tests.conftest import make_tiny_pool
+from tests.reference_tools import MERGEKIT_MULTI, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_MULTI = VENV / "bin" / "mergekit-multi"
-needs_mergekit = pytest.mark.skipif(
-    not MK_MULTI.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+needs_mergekit = skip_without_mergekit(MERGEKIT_MULTI)
 
 RANDOM = ("della", "della_linear", "dare_ties", "dare_linear")
 # LazyMergekit's SLERP: t by filter, a gradient over the layers for attention and MLP
@@ -129,11 +125,6 @@ def forgetlab_cases(pool) -> dict[str, dict]:
     return out
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
 
 @pytest.fixture(scope="module")
 def merged(pool3, tmp_path_factory):
@@ -152,8 +143,8 @@ def merged(pool3, tmp_path_factory):
         ours[f"fl-{name}"] = run(Recipe.from_dict(d), root / "ours" / f"fl-{name}").out_dir
     multi = root / "multi.yaml"
     multi.write_text(yaml.safe_dump_all([{**d, "name": f"out-{n}"} for n, d in docs.items()], sort_keys=False))
-    proc = subprocess.run([str(MK_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
-                           "--no-copy-tokenizer", "--quiet"], env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(MERGEKIT_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
+                           "--no-copy-tokenizer", "--quiet"], env=reference_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"mergekit-multi failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return {n: (root / "mk" / f"out-{n}", ours[n], docs[n]) for n in docs}
 

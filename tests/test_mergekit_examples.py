@@ -19,7 +19,6 @@ are built so that none is left:
 """
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -29,12 +28,9 @@ import yaml
 from safetensors.torch import load_file
 
 from forgetlab.cli import main
+from tests.reference_tools import MERGEKIT_YAML, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_YAML = VENV / "bin" / "mergekit-yaml"
-pytestmark = pytest.mark.skipif(
-    not MK_YAML.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+pytestmark = skip_without_mergekit(MERGEKIT_YAML)
 
 EXAMPLES = {
     "arcee_fusion.yml": """\
@@ -195,11 +191,6 @@ def _bfloat16_set(root: Path) -> None:
     _save(model, ft_state, torch.bfloat16, root / "ft0")
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
 
 @pytest.fixture(scope="module")
 def mergekit_outputs(tmp_path_factory):
@@ -215,7 +206,7 @@ def mergekit_outputs(tmp_path_factory):
         files[name] = root / name
         files[name].write_text(text)
     flags = ["--no-write-model-card", "--no-copy-tokenizer", "--no-lazy-unpickle", "--quiet"]
-    procs = {name: subprocess.Popen([str(MK_YAML), str(f), str(root / f"mk-{name}"), *flags], env=_env(),
+    procs = {name: subprocess.Popen([str(MERGEKIT_YAML), str(f), str(root / f"mk-{name}"), *flags], env=reference_env(),
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for name, f in files.items()}
     for name, p in procs.items():
         log, _ = p.communicate(timeout=600)

@@ -13,7 +13,6 @@ differ), the share of entries changed and the mean |merged − base| agree withi
 """
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -29,12 +28,9 @@ from forgetlab.merge.mergekit_yaml import from_mergekit
 from forgetlab.merge.recipe_io import load_recipe
 from forgetlab.merge.recipes import Recipe
 from tests.conftest import make_tiny_pool
+from tests.reference_tools import MERGEKIT_MULTI, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_MULTI = VENV / "bin" / "mergekit-multi"
-needs_mergekit = pytest.mark.skipif(
-    not MK_MULTI.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+needs_mergekit = skip_without_mergekit(MERGEKIT_MULTI)
 
 RANDOM = ("dare_ties", "dare_linear", "della")
 SCE_NOTE = ("mergekit's sce ignores `weight` (SCE weighs each model by the mean square of its selected task "
@@ -89,11 +85,6 @@ def cases(pool) -> dict[str, dict]:
     }
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
 
 @pytest.fixture(scope="module")
 def mergekit_outputs(pool3, tmp_path_factory):
@@ -106,8 +97,8 @@ def mergekit_outputs(pool3, tmp_path_factory):
         files[name].write_text(yaml.safe_dump(d, sort_keys=False))
     multi = root / "multi.yaml"
     multi.write_text(yaml.safe_dump_all([{**d, "name": f"out-{n}"} for n, d in docs.items()], sort_keys=False))
-    proc = subprocess.run([str(MK_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
-                           "--no-copy-tokenizer", "--quiet"], env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(MERGEKIT_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
+                           "--no-copy-tokenizer", "--quiet"], env=reference_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"mergekit-multi failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return {n: (files[n], root / "mk" / f"out-{n}") for n in docs}
 
