@@ -7,6 +7,8 @@ evaluates it again and again (`forgetlab.core.evaluate`). On top of the weights,
 - one evaluation batch: a layer's activations (hidden states, the MLP's intermediate tensors, eager attention
   scores in float32) while the logits (batch × sequence × vocab, in the job's dtype) are made, then the
   logits and one sequence's float32 copy with its cross-entropy (`token_losses`).
+A checkpoint whose names transformers converts on load (a mixture of experts' per-expert tensors) has θ0 and θ1
+of those R entries held in float32 (`forgetlab.merge.working_copy.checkpoint_params`): 2·R·4 more.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from forgetlab.core.evaluate import largest_eval_batch
 from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_fixes, dtype_name, job_dtype,
                                    register_estimator)
 from forgetlab.core.pool import stored_float_dtype
+from forgetlab.merge.working_copy import renamed_numel
 
 F32 = 4
 
@@ -46,5 +49,8 @@ def estimate_attribution(pool, model: str, *, task: Optional[str] = None, level:
     extra = max(write_bytes(size, stored == {torch.float32}), eval_batch_bytes(size, dtype=dt, batch=rows, seq=seq))
     fixes = dtype_fixes(dt) + (
         ["a smaller --batch-size"] if batch_size > 1 else [])
-    return MemoryEstimate("attribution", str(device or "cpu"), dtype_name(dt),
-                          {"weights": size.bytes(dt), "one write or evaluation batch": extra}, fixes=fixes)
+    parts = {"weights": size.bytes(dt), "one write or evaluation batch": extra}
+    renamed = renamed_numel(pool.checkpoint("base"))
+    if renamed:
+        parts["θ0, θ1 of converted tensors"] = 2 * renamed * F32
+    return MemoryEstimate("attribution", str(device or "cpu"), dtype_name(dt), parts, fixes=fixes)

@@ -6,6 +6,8 @@ time) and, per batch of probe samples, every layer's captured inputs and outputs
   as float32 copies when the checkpoints are not stored in float32 (else the reads are memory-map views);
 - one layer's re-run: the q/k/v and MLP input projections at α = 0 and 1 and interpolated, the attention
   scores, and per level the float32 tensors `_Curve` keeps (f(1), −f(1), Δ, u) — per head for the head level.
+A checkpoint whose names transformers converts on load (a mixture of experts' per-expert tensors) has θ0 and θ1
+of those R entries held in float32 (`forgetlab.merge.working_copy.checkpoint_params`): 2·R·4 more.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from forgetlab.core.memory import (MemoryEstimate, ModelSize, dtype_bytes, dtype
                                    register_estimator)
 from forgetlab.core.pool import stored_float_dtype
 from forgetlab.core.submodules import encode_samples, select_pairs
+from forgetlab.merge.working_copy import renamed_numel
 
 F32 = 4
 
@@ -71,6 +74,9 @@ def estimate_linearity(pool, task: Optional[str] = None, *, model: Optional[str]
     stored = {stored_float_dtype(pool.checkpoint(x)) for x in ("base", name)}
     parts = linearity_parts(size, dtype=dt, batch=batch, seq=seq, levels=levels,
                             stored_float32=stored == {torch.float32})
+    renamed = renamed_numel(pool.checkpoint("base"))
+    if renamed:
+        parts["θ0, θ1 of converted tensors"] = 2 * renamed * F32
     fixes = dtype_fixes(dt)
     if "head" in levels:
         fixes.append("--levels without head")
