@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MERGEKIT_VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
 MERGEKIT_YAML = MERGEKIT_VENV / "bin" / "mergekit-yaml"
 MERGEKIT_MULTI = MERGEKIT_VENV / "bin" / "mergekit-multi"
+MERGEKIT_PYTHON = MERGEKIT_VENV / "bin" / "python"
 FUSIONBENCH_VENV = Path(os.environ.get("FUSIONBENCH_VENV", ROOT / ".venv-fusionbench"))
 FUSIONBENCH_PYTHON = FUSIONBENCH_VENV / "bin" / "python"
 
@@ -20,6 +21,13 @@ def skip_without_mergekit(program: Path = MERGEKIT_MULTI) -> pytest.MarkDecorato
     """Skip unless mergekit's `program` (mergekit-multi by default) is installed."""
     return pytest.mark.skipif(not program.exists(), reason=f"mergekit venv missing at {MERGEKIT_VENV}: create it "
                                                            "with `bash tools/mergekit_env.sh`")
+
+
+def skip_without_fusionbench() -> pytest.MarkDecorator:
+    """Skip unless fusion-bench's venv is installed."""
+    return pytest.mark.skipif(not FUSIONBENCH_PYTHON.exists(), reason=f"fusion-bench venv missing at "
+                                                                     f"{FUSIONBENCH_VENV}: create it with `bash "
+                                                                     "tools/fusionbench_env.sh`")
 
 
 def reference_env() -> dict[str, str]:

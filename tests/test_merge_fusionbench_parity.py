@@ -15,11 +15,10 @@ import torch
 from forgetlab.merge import merge_state_dicts
 from forgetlab.merge.methods.fisher import fisher_average
 from forgetlab.merge.methods.regmean import regmean_solve
-from tests.reference_tools import FUSIONBENCH_PYTHON, FUSIONBENCH_VENV, reference_env
+from tests.reference_tools import FUSIONBENCH_PYTHON, reference_env, skip_without_fusionbench
 
 
-pytestmark = pytest.mark.skipif(
-    not FUSIONBENCH_PYTHON.exists(), reason=f"fusion-bench venv missing at {FUSIONBENCH_VENV}: create it with `bash tools/fusionbench_env.sh`")
+pytestmark = skip_without_fusionbench()
 
 SCRIPT = r'''
 import sys, torch

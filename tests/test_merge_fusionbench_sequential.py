@@ -23,7 +23,9 @@ import torch
 
 from forgetlab.merge import merge_state_dicts
 
-from tests.test_merge_fusionbench_parity import PY, _env, pytestmark  # noqa: F401 - the one venv and its skip
+from tests.reference_tools import FUSIONBENCH_PYTHON, reference_env, skip_without_fusionbench
+
+pytestmark = skip_without_fusionbench()
 
 SCRIPT = r'''
 import copy, os, sys, types
@@ -109,7 +111,7 @@ def reference(tmp_path_factory):
     root = tmp_path_factory.mktemp("fb_seq")
     torch.save({"base": base, "fts": fts, "alphas": list(ALPHAS)}, root / "in.pt")
     (root / "run.py").write_text(SCRIPT)
-    r = subprocess.run([str(PY), str(root / "run.py"), str(root / "in.pt"), str(root / "out.pt")], env=_env(),
+    r = subprocess.run([str(FUSIONBENCH_PYTHON), str(root / "run.py"), str(root / "in.pt"), str(root / "out.pt")], env=reference_env(),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return dict(base=base, fts=fts, taus=taus, out=torch.load(root / "out.pt"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 from pathlib import Path
 
@@ -26,12 +25,9 @@ from safetensors.torch import load_file, save_file
 from forgetlab.core.errors import ParameterError
 from forgetlab.merge import merge_state_dicts
 from forgetlab.merge.registry import TensorJob, get_method, validate_params
+from tests.reference_tools import MERGEKIT_PYTHON, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_PY = VENV / "bin" / "python"
-needs_mergekit = pytest.mark.skipif(
-    not MK_PY.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+needs_mergekit = skip_without_mergekit(MERGEKIT_PYTHON)
 
 SHAPES = {"norm.weight": (64,), "proj.weight": (48, 80), "embed.weight": (400, 16)}
 
@@ -160,9 +156,7 @@ def mergekit_results(tmp_path_factory):
     cases += [{"id": c, "method": m, "kind": "random", "n": n, "params": mp, "with_base": True}
               for c, m, n, _, mp in RANDOM_CASES]
     (root / "cases.json").write_text(json.dumps(cases))
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    env.pop("PYTHONPATH", None)
-    proc = subprocess.run([str(MK_PY), "-c", MK_SCRIPT, str(root)], env=env, capture_output=True, text=True,
+    proc = subprocess.run([str(MERGEKIT_PYTHON), "-c", MK_SCRIPT, str(root)], env=reference_env(), capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {c["id"]: load_file(str(root / f"out-{c['id']}.safetensors")) for c in cases}

@@ -8,7 +8,6 @@ rows of the fill rules, independent of mergekit.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -19,12 +18,9 @@ from safetensors.torch import load_file
 
 from forgetlab.merge import run
 from tests.conftest import make_tiny_pool
+from tests.reference_tools import MERGEKIT_MULTI, reference_env, skip_without_mergekit
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = Path(os.environ.get("MERGEKIT_VENV", ROOT / ".venv-mergekit"))
-MK_MULTI = VENV / "bin" / "mergekit-multi"
-needs_mergekit = pytest.mark.skipif(
-    not MK_MULTI.exists(), reason=f"mergekit venv missing at {VENV}: create it with `bash tools/mergekit_env.sh`")
+needs_mergekit = skip_without_mergekit(MERGEKIT_MULTI)
 
 EMBED, HEAD = "model.embed_tokens.weight", "lm_head.weight"
 
@@ -93,12 +89,6 @@ def cases(p) -> dict[str, dict]:
     }
 
 
-def _env():
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("PYTHONPATH", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def merged(vpool, tmp_path_factory):
     root = tmp_path_factory.mktemp("mixed-out")
@@ -106,8 +96,8 @@ def merged(vpool, tmp_path_factory):
     ours = {n: run(d, root / "ours" / n).out_dir for n, d in docs.items()}
     multi = root / "multi.yaml"
     multi.write_text(yaml.safe_dump_all([{**d, "name": f"out-{n}"} for n, d in docs.items()], sort_keys=False))
-    proc = subprocess.run([str(MK_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
-                           "--quiet"], env=_env(), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(MERGEKIT_MULTI), str(multi), "-I", str(root / "mk"), "--no-lazy", "--no-write-model-card",
+                           "--quiet"], env=reference_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"mergekit-multi failed:\n{(proc.stdout + proc.stderr)[-4000:]}"
     return {n: (root / "mk" / f"out-{n}", ours[n]) for n in docs}
 
